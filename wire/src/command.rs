@@ -1,0 +1,111 @@
+//! Entries of the replicated log and what applying them returns.
+//!
+//! Only these are logged: session create/close/expire, lease checkpoints, node writes
+//! (create, delete, set data, transactions) and no-ops. KeepAlives, reads and watch
+//! registrations never touch the log.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::types::{Reply, RequestId, SessionId, TxnOp};
+
+/// One application entry of the Raft log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Does nothing (a leader's first entry, or a barrier).
+    Noop,
+    /// Opens a session; its id is this entry's log index.
+    CreateSession,
+    /// Ends a session at the client's request; its ephemeral nodes are deleted.
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// Ends sessions whose lease ran out at the leader; their ephemerals are deleted here,
+    /// at this one log position on every replica.
+    ExpireSessions {
+        /// The sessions.
+        sessions: Vec<SessionId>,
+    },
+    /// A node write from a session, deduplicated by (session, request id).
+    Write {
+        /// The writing session.
+        session: SessionId,
+        /// Its request id.
+        request_id: RequestId,
+        /// Results for ids below this may be forgotten.
+        ack_below: RequestId,
+        /// The write itself: a transaction of one or more ops.
+        ops: Vec<TxnOp>,
+        /// True when the client sent a single op (the reply is then that op's own reply
+        /// rather than a transaction result).
+        single: bool,
+    },
+    /// Lease bookkeeping that lets a dead client's session expire even when leaders change
+    /// faster than the lease (see `replica/src/leader/leases.rs`).
+    LeaseCheckpoint(LeaseCheckpoint),
+}
+
+/// Lease facts a leader commits so that the next leader may grant less than a full lease.
+///
+/// The rule: once a session is marked *silent* in the log, no leader acknowledges a
+/// KeepAlive for it until a `renewed` entry naming it has committed. A new leader may
+/// therefore give a silent session only `lease − silent_ms` instead of a full lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseCheckpoint {
+    /// Mark every open session silent with 0 ms of silence (a new leader does this when it
+    /// takes over; live sessions clear the mark with their next KeepAlive).
+    pub mark_all: bool,
+    /// Sessions proven silent for at least this many milliseconds.
+    pub silent: Vec<(SessionId, u64)>,
+    /// Sessions that renewed: their silent mark is cleared.
+    pub renewed: Vec<SessionId>,
+}
+
+/// What applying one log entry returned to its proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandOutput {
+    /// The answer to send back to the client.
+    pub result: Result<Reply, Error>,
+}
+
+impl Default for CommandOutput {
+    fn default() -> Self {
+        CommandOutput { result: Ok(Reply::Closed) }
+    }
+}
+
+/// Something a committed entry changed, for the watch table and cacher list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    /// A node was created.
+    Created {
+        /// Its path.
+        path: String,
+    },
+    /// A node's data changed.
+    DataChanged {
+        /// Its path.
+        path: String,
+    },
+    /// A node was deleted.
+    Deleted {
+        /// Its path.
+        path: String,
+    },
+    /// A node's set of children changed.
+    ChildrenChanged {
+        /// The parent's path.
+        path: String,
+    },
+    /// A session opened.
+    SessionOpened {
+        /// The session.
+        session: SessionId,
+    },
+    /// A session ended (closed or expired).
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+    },
+}

@@ -1,0 +1,203 @@
+//! Typed errors. Each variant says what went wrong and carries what the client needs to
+//! act on it. An error answer means nothing changed, except where a variant says so.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{ReplicaId, SessionId};
+
+/// Every error a client or peer can receive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Error {
+    /// This replica does not lead; send writes and linearizable reads to `leader_addr`.
+    #[error("not the leader (leader: {})", leader_addr.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        /// The leader this replica knows of.
+        leader_id: Option<ReplicaId>,
+        /// Its address.
+        leader_addr: Option<String>,
+    },
+    /// The cell cannot answer now (no quorum, election in progress). The request may or
+    /// may not have been applied; retry it with the same request id.
+    #[error("cell unavailable: {reason}")]
+    Unavailable {
+        /// What the replica saw.
+        reason: String,
+    },
+    /// No node at this path.
+    #[error("no node at {path}")]
+    NoNode {
+        /// The path.
+        path: String,
+    },
+    /// A node already exists at this path.
+    #[error("node {path} already exists")]
+    NodeExists {
+        /// The path.
+        path: String,
+    },
+    /// A compare-and-set or compare-and-delete saw another version.
+    #[error("version mismatch at {path}: expected {expected}, found {actual}")]
+    BadVersion {
+        /// The path.
+        path: String,
+        /// The version the request expected.
+        expected: u64,
+        /// The node's current version.
+        actual: u64,
+    },
+    /// A node with children cannot be deleted.
+    #[error("node {path} has children")]
+    NotEmpty {
+        /// The path.
+        path: String,
+    },
+    /// Ephemeral nodes cannot have children.
+    #[error("parent {path} is ephemeral and cannot have children")]
+    EphemeralParent {
+        /// The parent path.
+        path: String,
+    },
+    /// The root node cannot be created, deleted or written.
+    #[error("the root node cannot be {action}")]
+    RootNode {
+        /// What was attempted.
+        action: String,
+    },
+    /// A value larger than [`crate::VALUE_BYTES_MAX`].
+    #[error("value of {len} bytes exceeds the maximum of {max} bytes")]
+    ValueTooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A malformed path.
+    #[error("invalid path {path:?}: {reason}")]
+    InvalidPath {
+        /// The path (truncated if very long).
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The session id was never issued by this cell.
+    #[error("unknown session {session}")]
+    UnknownSession {
+        /// The session id.
+        session: SessionId,
+    },
+    /// The session has ended (expired or closed): its ephemeral nodes are gone and a new
+    /// session is needed.
+    #[error("session {session} has expired or was closed")]
+    SessionExpired {
+        /// The session id.
+        session: SessionId,
+    },
+    /// This request id is older than the results the cell still remembers for the session.
+    /// It was answered before; its result can no longer be returned.
+    #[error("request {request_id} of session {session} is older than the dedup window")]
+    StaleRequest {
+        /// The session.
+        session: SessionId,
+        /// The request id.
+        request_id: u64,
+    },
+    /// The operation needs a session and none was given.
+    #[error("operation requires a session")]
+    SessionRequired,
+    /// Client and server speak different protocol versions.
+    #[error("protocol version mismatch: client speaks {client}, server speaks {server}")]
+    ProtocolVersion {
+        /// The client's version.
+        client: u32,
+        /// The server's version.
+        server: u32,
+    },
+    /// A frame longer than the protocol's maximum.
+    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    FrameTooLarge {
+        /// Announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Bytes that do not decode as the expected message.
+    #[error("malformed message: {reason}")]
+    Malformed {
+        /// The decoder's complaint.
+        reason: String,
+    },
+    /// A request arrived before the connection's hello.
+    #[error("the connection's first stream must carry a hello")]
+    HelloRequired,
+    /// A transaction failed at op `index`; nothing was applied.
+    #[error("transaction op {index} failed: {error}")]
+    TxnFailed {
+        /// Position of the failing op.
+        index: usize,
+        /// Why it failed.
+        error: Box<Error>,
+    },
+    /// A request that is well-formed but not acceptable (e.g. too many transaction ops).
+    #[error("bad request: {reason}")]
+    BadRequest {
+        /// Why.
+        reason: String,
+    },
+    /// A membership change was refused.
+    #[error("membership change refused: {reason}")]
+    Membership {
+        /// Why.
+        reason: String,
+    },
+    /// The client gave up waiting. The request may or may not have been applied.
+    #[error("timed out after {after_ms} ms: {what}")]
+    Timeout {
+        /// What was being waited for.
+        what: String,
+        /// How long.
+        after_ms: u64,
+    },
+    /// A connection or stream failed.
+    #[error("connection error: {reason}")]
+    Connection {
+        /// The transport's complaint.
+        reason: String,
+    },
+    /// A replica-side failure that is not the client's fault.
+    #[error("internal error: {reason}")]
+    Internal {
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// True when the request may have been applied and is safe to retry with the same
+    /// request id (the cell's dedup makes the retry return the original answer).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::NotLeader { .. }
+                | Error::Unavailable { .. }
+                | Error::Timeout { .. }
+                | Error::Connection { .. }
+        )
+    }
+
+    /// A deterministic error is decided by the state machine from the log alone: every
+    /// replica reaches the same one at the same log position.
+    pub fn is_deterministic(&self) -> bool {
+        !matches!(
+            self,
+            Error::NotLeader { .. }
+                | Error::Unavailable { .. }
+                | Error::Timeout { .. }
+                | Error::Connection { .. }
+                | Error::Internal { .. }
+                | Error::ProtocolVersion { .. }
+                | Error::FrameTooLarge { .. }
+                | Error::Malformed { .. }
+                | Error::HelloRequired
+        )
+    }
+}

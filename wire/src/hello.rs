@@ -1,0 +1,56 @@
+//! The first exchange on every connection.
+//!
+//! The client opens a bidirectional stream, sends a [`Hello`] frame and reads a
+//! [`HelloReply`]. A version mismatch is answered with [`crate::Error::ProtocolVersion`]
+//! and the connection is closed, so a mismatched client fails at once instead of hanging.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::ReplicaId;
+
+/// The protocol version spoken by this build. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// ALPN for client (and proxy) connections to a replica.
+pub const ALPN_CLIENT: &[u8] = b"lockservice-client";
+/// ALPN for replica↔replica Raft traffic.
+pub const ALPN_PEER: &[u8] = b"lockservice-peer";
+
+/// The first frame on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The sender's [`PROTOCOL_VERSION`].
+    pub protocol_version: u32,
+    /// Free-form description of the sender, for logs ("lockctl 0.1.0", "replica 3").
+    pub agent: String,
+}
+
+/// The answer to a [`Hello`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloOk {
+    /// The server's [`PROTOCOL_VERSION`].
+    pub protocol_version: u32,
+    /// The answering replica.
+    pub replica_id: ReplicaId,
+}
+
+/// The hello answer frame.
+pub type HelloReply = Result<HelloOk, crate::Error>;
+
+impl Hello {
+    /// A hello for this build.
+    pub fn new(agent: impl Into<String>) -> Self {
+        Hello { protocol_version: PROTOCOL_VERSION, agent: agent.into() }
+    }
+
+    /// Checks the version against this build's.
+    pub fn check(&self) -> Result<(), crate::Error> {
+        if self.protocol_version != PROTOCOL_VERSION {
+            return Err(crate::Error::ProtocolVersion {
+                client: self.protocol_version,
+                server: PROTOCOL_VERSION,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! # wire: the vocabulary of the lock service
+//!
+//! Every byte that crosses a process boundary is defined here, so that replicas, proxies,
+//! the directory, the client SDK and the tools agree on one protocol.
+//!
+//! # Layout
+//!
+//! - [`types`]: identifiers, node metadata ([`types::NodeStat`]), the client operations
+//!   ([`types::Op`]) and their replies ([`types::Reply`]).
+//! - [`error`]: [`Error`], the typed errors a client can receive. Each variant names the
+//!   problem; none is ever returned for a request that changed state, except where the
+//!   variant says so.
+//! - [`command`]: [`command::Command`], the entries of the replicated log.
+//! - [`raft`]: the openraft type configuration and the replica↔replica RPC messages.
+//! - [`frame`]: length-prefixed postcard frames with a named maximum size.
+//! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
+//! - [`tls`] and [`quic`]: certificates (a development CA built with rcgen) and QUIC
+//!   endpoint construction shared by every process.
+//!
+//! # Encoding rules
+//!
+//! postcard is positional: enum variants and struct fields may only be appended, never
+//! reordered or removed, and a change that breaks that rule bumps [`PROTOCOL_VERSION`].
+
+pub mod command;
+pub mod error;
+pub mod frame;
+pub mod hello;
+pub mod limits;
+pub mod path;
+pub mod quic;
+pub mod raft;
+pub mod tls;
+pub mod types;
+
+pub use error::Error;
+pub use hello::PROTOCOL_VERSION;
+pub use limits::*;

@@ -1,0 +1,28 @@
+//! Named bounds, each with the reason for its number.
+
+/// Largest node value in bytes. Chubby-style cells hold small config and lock data only;
+/// 64 KiB keeps the whole namespace (~100k nodes) around 100 MB in memory.
+pub const VALUE_BYTES_MAX: usize = 65_536;
+
+/// Longest path in bytes. Long enough for deep hierarchies, short enough that a list of
+/// 2 000 lock waiters stays a few hundred kilobytes.
+pub const PATH_BYTES_MAX: usize = 1_024;
+
+/// Largest frame a client may send or receive. A transaction may carry several values,
+/// and a children listing of a busy lock several thousand names: 4 MiB covers both.
+pub const CLIENT_FRAME_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Largest frame between replicas. AppendEntries batches and snapshot chunks (openraft's
+/// `snapshot_max_chunk_size`, which the replica sets to 4 MiB) must fit.
+pub const PEER_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Largest number of operations in one transaction: keeps one log entry bounded.
+pub const TXN_OPS_MAX: usize = 128;
+
+/// Largest number of write results the cell remembers per session for deduplication.
+/// The SDK keeps fewer requests than this in flight per session.
+pub const DEDUP_RESULTS_MAX: usize = 64;
+
+/// Largest number of ended sessions the state machine remembers, so that a late request
+/// from an expired session gets `SessionExpired` rather than `UnknownSession`.
+pub const ENDED_SESSIONS_MAX: usize = 100_000;

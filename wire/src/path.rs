@@ -1,0 +1,99 @@
+//! Path validation, shared by the client (to fail early) and the state machine (to be sure).
+
+use crate::error::Error;
+use crate::limits::PATH_BYTES_MAX;
+
+/// Checks that `path` is a valid node path: absolute, at most [`PATH_BYTES_MAX`] bytes, no
+/// empty, `.` or `..` components, no trailing slash (except the root `/` itself), and no
+/// control characters.
+pub fn validate(path: &str) -> Result<(), Error> {
+    let bad = |reason: &str| Err(Error::InvalidPath { path: truncate(path), reason: reason.into() });
+    if path.is_empty() {
+        return bad("empty path");
+    }
+    if path.len() > PATH_BYTES_MAX {
+        return bad(&format!("longer than {PATH_BYTES_MAX} bytes"));
+    }
+    if !path.starts_with('/') {
+        return bad("not absolute (must start with '/')");
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path.ends_with('/') {
+        return bad("trailing '/'");
+    }
+    for component in path[1..].split('/') {
+        match component {
+            "" => return bad("empty component ('//')"),
+            "." | ".." => return bad("'.' and '..' components are not allowed"),
+            _ => {}
+        }
+        if component.chars().any(|c| c.is_control()) {
+            return bad("control character in path");
+        }
+    }
+    Ok(())
+}
+
+/// The parent of a valid, non-root path.
+pub fn parent(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+/// The last component of a valid, non-root path.
+pub fn name(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(i) => &path[i + 1..],
+        None => path,
+    }
+}
+
+/// Joins a parent path and a child name.
+pub fn join(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+fn truncate(path: &str) -> String {
+    if path.len() <= 128 {
+        return path.to_string();
+    }
+    let mut end = 128;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &path[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_and_rejects() {
+        for ok in ["/", "/a", "/a/b", "/locks/db-1", "/ünï"] {
+            assert!(validate(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a", "/a/", "//", "/a//b", "/./a", "/a/..", "/a\n"] {
+            assert!(matches!(validate(bad), Err(Error::InvalidPath { .. })), "{bad:?}");
+        }
+        let long = format!("/{}", "x".repeat(PATH_BYTES_MAX));
+        assert!(validate(&long).is_err());
+    }
+
+    #[test]
+    fn parent_name_join() {
+        assert_eq!(parent("/a"), "/");
+        assert_eq!(parent("/a/b"), "/a");
+        assert_eq!(name("/a/b"), "b");
+        assert_eq!(join("/", "a"), "/a");
+        assert_eq!(join("/a", "b"), "/a/b");
+    }
+}

@@ -1,0 +1,76 @@
+//! QUIC endpoints shared by every process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// UDP socket buffer size. With the kernel default (~208 KiB) a burst of handshakes from
+/// thousands of clients drops datagrams; 4 MiB is `net.core.rmem_max` on our hosts.
+pub const UDP_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Idle timeout of a connection: a peer silent this long is considered gone. Short, so a
+/// client notices a dead replica well inside its 4 s KeepAlive interval.
+pub const IDLE_TIMEOUT_MS: u64 = 3_000;
+
+/// QUIC keep-alive interval; must be below [`IDLE_TIMEOUT_MS`].
+pub const KEEP_ALIVE_MS: u64 = 500;
+
+/// Concurrent bidirectional streams a peer may open (one per request).
+pub const STREAMS_MAX: u32 = 4_096;
+
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(STREAMS_MAX.into());
+    t.max_concurrent_uni_streams(256u32.into());
+    t.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_MS)));
+    t.max_idle_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS).try_into().expect("idle")));
+    Arc::new(t)
+}
+
+fn socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let domain = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
+    let sock = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    // Best effort: the kernel caps these at rmem_max/wmem_max.
+    let _ = sock.set_recv_buffer_size(UDP_BUFFER_BYTES);
+    let _ = sock.set_send_buffer_size(UDP_BUFFER_BYTES);
+    sock.bind(&addr.into())?;
+    Ok(sock.into())
+}
+
+/// A QUIC endpoint that accepts connections on `addr` with `tls`, and can also dial out
+/// with `client_tls` if given.
+pub fn server_endpoint(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    client_tls: Option<rustls::ClientConfig>,
+) -> Result<quinn::Endpoint, String> {
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(transport());
+    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
+    let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    let mut ep = quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), sock, runtime)
+        .map_err(|e| format!("endpoint on {addr}: {e}"))?;
+    if let Some(c) = client_tls {
+        ep.set_default_client_config(client_config(c)?);
+    }
+    Ok(ep)
+}
+
+/// A client-only QUIC endpoint on an ephemeral loopback-or-any port.
+pub fn client_endpoint(tls: rustls::ClientConfig, bind: SocketAddr) -> Result<quinn::Endpoint, String> {
+    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
+    let sock = socket(bind).map_err(|e| format!("bind {bind}: {e}"))?;
+    let mut ep = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, sock, runtime)
+        .map_err(|e| format!("client endpoint: {e}"))?;
+    ep.set_default_client_config(client_config(tls)?);
+    Ok(ep)
+}
+
+/// A quinn client configuration from a rustls one.
+pub fn client_config(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, String> {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    cfg.transport_config(transport());
+    Ok(cfg)
+}

@@ -1,0 +1,324 @@
+//! Identifiers, node metadata, client operations and their replies.
+
+use serde::{Deserialize, Serialize};
+
+/// A session's id: the Raft log index of its `CreateSession` entry. Unique for the life of
+/// the cell. `0` means "no session".
+pub type SessionId = u64;
+/// A client-chosen request id, unique and increasing within one session.
+pub type RequestId = u64;
+/// A Raft log index.
+pub type LogIndex = u64;
+/// A replica's id within its cell.
+pub type ReplicaId = u64;
+
+/// Metadata of one node, as returned by reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStat {
+    /// Number of data changes since creation (0 when created).
+    pub version: u64,
+    /// Number of changes to the set of children (creates and deletes beneath it).
+    pub children_version: u64,
+    /// Log index of the entry that created the node: the fencing token of a lock node.
+    pub create_index: LogIndex,
+    /// Log index of the entry that last changed the node's data.
+    pub mod_index: LogIndex,
+    /// The owning session of an ephemeral node; `None` for persistent nodes.
+    pub ephemeral_owner: Option<SessionId>,
+    /// Length of the data in bytes.
+    pub data_len: u32,
+    /// Number of children.
+    pub children_count: u32,
+}
+
+/// How a node is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateMode {
+    /// Deleted when the owning session ends. Ephemeral nodes cannot have children.
+    pub ephemeral: bool,
+    /// The cell appends the parent's sequence counter, zero-padded to 10 digits.
+    pub sequential: bool,
+}
+
+/// One operation inside a transaction ([`Op::Txn`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOp {
+    /// Require that `path` exists and, if given, has this version. Changes nothing.
+    Check {
+        /// Node path.
+        path: String,
+        /// Expected version, or any version when `None`.
+        version: Option<u64>,
+    },
+    /// Create a node (see [`Op::Create`]).
+    Create {
+        /// Node path (the prefix when sequential).
+        path: String,
+        /// Initial data.
+        data: Vec<u8>,
+        /// Ephemeral and/or sequential.
+        mode: CreateMode,
+    },
+    /// Delete a node (see [`Op::Delete`]).
+    Delete {
+        /// Node path.
+        path: String,
+        /// Expected version, or any version when `None`.
+        version: Option<u64>,
+    },
+    /// Replace a node's data (see [`Op::SetData`]).
+    SetData {
+        /// Node path.
+        path: String,
+        /// New data.
+        data: Vec<u8>,
+        /// Expected version, or any version when `None`.
+        version: Option<u64>,
+    },
+}
+
+/// The result of one operation of a successful transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnResult {
+    /// A `Check` passed.
+    Checked,
+    /// A `Create` made this node.
+    Created {
+        /// Actual path (with the sequence suffix when sequential).
+        path: String,
+        /// The new node's metadata.
+        stat: NodeStat,
+    },
+    /// A `Delete` removed its node.
+    Deleted,
+    /// A `SetData` wrote; the node's new metadata.
+    Set {
+        /// The node's new metadata.
+        stat: NodeStat,
+    },
+}
+
+/// The node just below a new sequential node among its siblings, computed when the create
+/// was applied. `None` in [`Reply::Created`] means no lower sibling existed at that log
+/// position, so a lock recipe knows it holds the lock without another read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Predecessor {
+    /// Name (last path component) of the sibling.
+    pub name: String,
+    /// Its create index.
+    pub create_index: LogIndex,
+}
+
+/// A Raft member as seen by clients.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// Replica id.
+    pub id: ReplicaId,
+    /// Address clients and peers use (`host:port`).
+    pub addr: String,
+    /// Voter (true) or learner (false).
+    pub voter: bool,
+}
+
+/// The answer to [`Op::Status`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The replica that answered.
+    pub id: ReplicaId,
+    /// `Leader`, `Follower`, `Candidate`, `Learner` or `Shutdown`.
+    pub role: String,
+    /// Current Raft term.
+    pub term: u64,
+    /// The leader this replica knows of.
+    pub leader: Option<MemberInfo>,
+    /// Last log index applied to this replica's state machine.
+    pub last_applied: LogIndex,
+    /// Last log index in this replica's log.
+    pub last_log_index: LogIndex,
+    /// Index of the last snapshot, if any.
+    pub snapshot_index: Option<LogIndex>,
+    /// Index below which the log was purged, if any.
+    pub purged_index: Option<LogIndex>,
+    /// Members of the cell (voters and learners).
+    pub members: Vec<MemberInfo>,
+    /// Open sessions in this replica's state machine.
+    pub session_count: u64,
+    /// Nodes in this replica's state machine (including `/`).
+    pub node_count: u64,
+}
+
+/// A request from a client (or proxy) to a replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The session the request belongs to (0 for session-less operations such as
+    /// `CreateSession`, `Status` and membership changes).
+    pub session: SessionId,
+    /// Unique, increasing id within the session. A retry reuses the id, so a write whose
+    /// outcome was unknown is never applied twice.
+    pub request_id: RequestId,
+    /// The client has received answers to every request id below this one; the cell may
+    /// forget their stored results.
+    pub ack_below: RequestId,
+    /// What to do.
+    pub op: Op,
+}
+
+/// Everything a client can ask of a cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Open a session. Reply: [`Reply::SessionCreated`].
+    CreateSession,
+    /// Extend the session's lease. Never logged. Reply: [`Reply::KeepAlive`].
+    KeepAlive,
+    /// End the session now; its ephemeral nodes are deleted. Reply: [`Reply::Closed`].
+    CloseSession,
+    /// Create a node. The parent must exist and must not be ephemeral.
+    Create {
+        /// Path (the prefix when sequential).
+        path: String,
+        /// Initial data, at most [`crate::VALUE_BYTES_MAX`] bytes.
+        data: Vec<u8>,
+        /// Ephemeral and/or sequential.
+        mode: CreateMode,
+    },
+    /// Delete a node that has no children.
+    Delete {
+        /// Path.
+        path: String,
+        /// Expected version (compare-and-delete), any when `None`.
+        version: Option<u64>,
+    },
+    /// Replace a node's data.
+    SetData {
+        /// Path.
+        path: String,
+        /// New data, at most [`crate::VALUE_BYTES_MAX`] bytes.
+        data: Vec<u8>,
+        /// Expected version (compare-and-set), any when `None`.
+        version: Option<u64>,
+    },
+    /// Read a node's data and metadata (linearizable). Reply: [`Reply::Data`].
+    Get {
+        /// Path.
+        path: String,
+    },
+    /// Read a node's metadata if it exists (linearizable). Reply: [`Reply::Exists`].
+    Exists {
+        /// Path.
+        path: String,
+    },
+    /// List a node's children with their metadata, in name order (linearizable).
+    Children {
+        /// Path.
+        path: String,
+    },
+    /// All or nothing: every op applies, or none does and the first failure is returned.
+    Txn {
+        /// At most [`crate::TXN_OPS_MAX`] operations.
+        ops: Vec<TxnOp>,
+    },
+    /// Who leads, what is applied, who is a member. Served by any replica.
+    Status,
+    /// Add a non-voting learner (leader only).
+    AddLearner {
+        /// New replica's id.
+        id: ReplicaId,
+        /// Its address.
+        addr: String,
+    },
+    /// Promote a learner to voter (leader only).
+    Promote {
+        /// The learner's id.
+        id: ReplicaId,
+    },
+    /// Remove a voter or learner from the cell (leader only).
+    RemoveMember {
+        /// The member's id.
+        id: ReplicaId,
+    },
+}
+
+impl Op {
+    /// True for operations that go through the log.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Op::CreateSession
+                | Op::CloseSession
+                | Op::Create { .. }
+                | Op::Delete { .. }
+                | Op::SetData { .. }
+                | Op::Txn { .. }
+        )
+    }
+}
+
+/// Successful answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// A new session and the lease granted to it.
+    SessionCreated {
+        /// The session's id.
+        session: SessionId,
+        /// Lease length in milliseconds; the client renews every third of it.
+        session_lease_ms: u64,
+    },
+    /// The lease was extended by `session_lease_ms` from when the replica received the
+    /// KeepAlive.
+    KeepAlive {
+        /// Lease length in milliseconds.
+        session_lease_ms: u64,
+    },
+    /// The session is closed.
+    Closed,
+    /// A node was created.
+    Created {
+        /// Its actual path (with the sequence suffix when sequential).
+        path: String,
+        /// Its metadata (`create_index` is the fencing token).
+        stat: NodeStat,
+        /// For sequential nodes: the sibling just below at the create's log position.
+        predecessor: Option<Predecessor>,
+    },
+    /// The node was deleted.
+    Deleted,
+    /// The node's data was replaced.
+    Set {
+        /// Its new metadata.
+        stat: NodeStat,
+    },
+    /// A node's data and metadata.
+    Data {
+        /// Data.
+        data: Vec<u8>,
+        /// Metadata.
+        stat: NodeStat,
+    },
+    /// A node's metadata, or `None` if it does not exist.
+    Exists {
+        /// Metadata if the node exists.
+        stat: Option<NodeStat>,
+    },
+    /// A node's children, in name order.
+    Children {
+        /// The parent's metadata.
+        stat: NodeStat,
+        /// (name, metadata) of each child.
+        children: Vec<(String, NodeStat)>,
+    },
+    /// A transaction applied; one result per op.
+    Txn {
+        /// Results in op order.
+        results: Vec<TxnResult>,
+    },
+    /// Replica status.
+    Status(Status),
+    /// A membership change committed.
+    MembershipChanged {
+        /// The cell's members after the change.
+        members: Vec<MemberInfo>,
+    },
+}
+
+/// One frame sent in answer to a [`Request`].
+pub type Response = Result<Reply, crate::Error>;
