@@ -1,0 +1,565 @@
+//! # The replicated state machine
+//!
+//! A namespace of nodes, a table of sessions and the per-session dedup record, changed only
+//! by applying log entries ([`wire::command::Command`]) in order. It is plain,
+//! deterministic Rust: no I/O, no clock, no randomness, no actors. Time enters only as data
+//! (an expiry is a command the leader proposes; a lease checkpoint carries milliseconds
+//! measured by the leader). Every replica that applies the same log holds the same state,
+//! byte for byte, which is what the property tests in [`tests`] check against a model.
+//!
+//! ## Rules enforced here
+//!
+//! - Paths are validated ([`wire::path::validate`]); values are at most
+//!   [`wire::VALUE_BYTES_MAX`] bytes; a transaction has at most [`wire::TXN_OPS_MAX`] ops.
+//! - A node's parent must exist and must not be ephemeral; a node with children cannot be
+//!   deleted; the root can be neither created, deleted nor written.
+//! - `create_index` (the fencing token) is the log index of the creating entry, so tokens
+//!   only go up, across leader changes too.
+//! - A write from a session that is not open fails here, at apply, whatever the leader
+//!   believed when it proposed it (etcd-io/etcd#11456 was a grant to a lapsed lease).
+//! - (session, request id) → result is remembered, so a retried write returns its first
+//!   answer and is not applied twice.
+//! - A transaction applies all of its ops or none.
+//!
+//! Applying returns the client's answer and the list of [`Effect`]s for the watch table and
+//! the cacher list (leader-local, in `crate::leader`).
+
+mod session;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use wire::command::{Command, Effect, LeaseCheckpoint};
+use wire::types::{
+    CreateMode, LogIndex, NodeStat, Predecessor, Reply, RequestId, SessionId, TxnOp, TxnResult,
+};
+use wire::{path, Error};
+
+pub use session::Session;
+
+/// Digits of the sequence suffix of sequential nodes.
+pub const SEQUENCE_DIGITS: usize = 10;
+
+/// One node of the namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Its data (at most [`wire::VALUE_BYTES_MAX`] bytes).
+    pub data: Vec<u8>,
+    /// Data changes since creation.
+    pub version: u64,
+    /// Changes to the set of children.
+    pub children_version: u64,
+    /// Index of the creating entry (the fencing token).
+    pub create_index: LogIndex,
+    /// Index of the last data change.
+    pub mod_index: LogIndex,
+    /// Owner of an ephemeral node.
+    pub ephemeral_owner: Option<SessionId>,
+    /// Next sequence number for sequential children.
+    pub sequence_next: u64,
+    /// Names of the children.
+    pub children: BTreeSet<String>,
+}
+
+impl Node {
+    fn new(data: Vec<u8>, index: LogIndex, owner: Option<SessionId>) -> Node {
+        Node {
+            data,
+            version: 0,
+            children_version: 0,
+            create_index: index,
+            mod_index: index,
+            ephemeral_owner: owner,
+            sequence_next: 0,
+            children: BTreeSet::new(),
+        }
+    }
+
+    /// The node's metadata as clients see it.
+    pub fn stat(&self) -> NodeStat {
+        NodeStat {
+            version: self.version,
+            children_version: self.children_version,
+            create_index: self.create_index,
+            mod_index: self.mod_index,
+            ephemeral_owner: self.ephemeral_owner,
+            data_len: self.data.len() as u32,
+            children_count: self.children.len() as u32,
+        }
+    }
+}
+
+/// The whole replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateMachine {
+    nodes: BTreeMap<String, Node>,
+    sessions: BTreeMap<SessionId, Session>,
+    /// Recently ended sessions (bounded by [`wire::ENDED_SESSIONS_MAX`]), so a late
+    /// request gets `SessionExpired` rather than `UnknownSession`.
+    ended: BTreeSet<SessionId>,
+    /// Highest index applied.
+    last_index: LogIndex,
+}
+
+impl Default for StateMachine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How to undo one change of a multi-op transaction.
+enum Undo {
+    Node(String, Option<Node>),
+    Ephemeral { session: SessionId, path: String, added: bool },
+}
+
+impl StateMachine {
+    /// An empty namespace holding only `/`.
+    pub fn new() -> StateMachine {
+        let mut nodes = BTreeMap::new();
+        nodes.insert("/".to_string(), Node::new(Vec::new(), 0, None));
+        StateMachine { nodes, sessions: BTreeMap::new(), ended: BTreeSet::new(), last_index: 0 }
+    }
+
+    /// Highest log index applied.
+    pub fn last_index(&self) -> LogIndex {
+        self.last_index
+    }
+
+    /// Number of nodes, `/` included.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of open sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Open sessions with their recorded silence (see [`LeaseCheckpoint`]).
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, &Session)> {
+        self.sessions.iter().map(|(id, s)| (*id, s))
+    }
+
+    /// One open session.
+    pub fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(&id)
+    }
+
+    /// Checks that `id` is an open session, with the error a client should see if not.
+    pub fn check_session(&self, id: SessionId) -> Result<&Session, Error> {
+        if let Some(s) = self.sessions.get(&id) {
+            return Ok(s);
+        }
+        if id == 0 {
+            return Err(Error::SessionRequired);
+        }
+        if self.ended.contains(&id) || (id <= self.last_index && self.is_forgotten_end(id)) {
+            return Err(Error::SessionExpired { session: id });
+        }
+        Err(Error::UnknownSession { session: id })
+    }
+
+    /// True when `id` is below every remembered ended session while the ended set is full:
+    /// it may have been a session whose end was forgotten.
+    fn is_forgotten_end(&self, id: SessionId) -> bool {
+        self.ended.len() >= wire::ENDED_SESSIONS_MAX
+            && self.ended.first().is_some_and(|first| id < *first)
+    }
+
+    /// A node by path.
+    pub fn node(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(path)
+    }
+
+    /// `Get`: data and metadata.
+    pub fn get(&self, p: &str) -> Result<Reply, Error> {
+        path::validate(p)?;
+        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.to_string() })?;
+        Ok(Reply::Data { data: n.data.clone(), stat: n.stat() })
+    }
+
+    /// `Exists`: metadata or nothing.
+    pub fn exists(&self, p: &str) -> Result<Reply, Error> {
+        path::validate(p)?;
+        Ok(Reply::Exists { stat: self.nodes.get(p).map(Node::stat) })
+    }
+
+    /// `Children`: names and metadata in name order.
+    pub fn children(&self, p: &str) -> Result<Reply, Error> {
+        path::validate(p)?;
+        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.to_string() })?;
+        let children = n
+            .children
+            .iter()
+            .map(|c| {
+                let child = &self.nodes[&path::join(p, c)];
+                (c.clone(), child.stat())
+            })
+            .collect();
+        Ok(Reply::Children { stat: n.stat(), children })
+    }
+
+    /// Applies the entry at `index`. Returns the client's answer and what changed.
+    pub fn apply(&mut self, index: LogIndex, cmd: &Command) -> (Result<Reply, Error>, Vec<Effect>) {
+        assert!(index > self.last_index, "apply out of order: {index} after {}", self.last_index);
+        self.last_index = index;
+        let mut effects = Vec::new();
+        let result = match cmd {
+            Command::Noop => Ok(Reply::Closed),
+            Command::CreateSession => {
+                self.sessions.insert(index, Session::default());
+                effects.push(Effect::SessionOpened { session: index });
+                Ok(Reply::SessionCreated { session: index, session_lease_ms: 0 })
+            }
+            Command::CloseSession { session } => match self.check_session(*session) {
+                Ok(_) => {
+                    self.end_session(*session, index, &mut effects);
+                    Ok(Reply::Closed)
+                }
+                Err(e) => Err(e),
+            },
+            Command::ExpireSessions { sessions } => {
+                for s in sessions {
+                    if self.sessions.contains_key(s) {
+                        self.end_session(*s, index, &mut effects);
+                    }
+                }
+                Ok(Reply::Closed)
+            }
+            Command::LeaseCheckpoint(cp) => {
+                self.apply_checkpoint(cp);
+                Ok(Reply::Closed)
+            }
+            Command::Write { session, request_id, ack_below, ops, single } => {
+                self.apply_write(index, *session, *request_id, *ack_below, ops, *single, &mut effects)
+            }
+        };
+        (result, effects)
+    }
+
+    fn apply_checkpoint(&mut self, cp: &LeaseCheckpoint) {
+        if cp.mark_all {
+            for s in self.sessions.values_mut() {
+                s.silent_ms.get_or_insert(0);
+            }
+        }
+        for (id, ms) in &cp.silent {
+            if let Some(s) = self.sessions.get_mut(id) {
+                s.silent_ms = Some(*ms);
+            }
+        }
+        for id in &cp.renewed {
+            if let Some(s) = self.sessions.get_mut(id) {
+                s.silent_ms = None;
+            }
+        }
+    }
+
+    fn end_session(&mut self, id: SessionId, index: LogIndex, effects: &mut Vec<Effect>) {
+        let session = self.sessions.remove(&id).expect("end_session of an open session");
+        // Children before parents cannot happen (ephemerals have no children), so any
+        // order works; name order keeps effects deterministic.
+        for p in &session.ephemerals {
+            self.remove_node(p, index, effects);
+        }
+        self.ended.insert(id);
+        while self.ended.len() > wire::ENDED_SESSIONS_MAX {
+            self.ended.pop_first();
+        }
+        effects.push(Effect::SessionEnded { session: id });
+    }
+
+    fn remove_node(&mut self, p: &str, index: LogIndex, effects: &mut Vec<Effect>) {
+        let node = self.nodes.remove(p).expect("remove_node of an existing node");
+        debug_assert!(node.children.is_empty(), "removing {p} with children");
+        let parent_path = path::parent(p);
+        let parent = self.nodes.get_mut(parent_path).expect("parent of an existing node");
+        parent.children.remove(path::name(p));
+        parent.children_version += 1;
+        let _ = index;
+        effects.push(Effect::Deleted { path: p.to_string() });
+        effects.push(Effect::ChildrenChanged { path: parent_path.to_string() });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_write(
+        &mut self,
+        index: LogIndex,
+        session_id: SessionId,
+        request_id: RequestId,
+        ack_below: RequestId,
+        ops: &[TxnOp],
+        single: bool,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Error> {
+        let session = match self.sessions.get_mut(&session_id) {
+            Some(s) => s,
+            None => return Err(self.check_session(session_id).err().expect("not open")),
+        };
+        if let Some(stored) = session.results.get(&request_id) {
+            return stored.clone();
+        }
+        if request_id < session.forgotten_below {
+            return Err(Error::StaleRequest { session: session_id, request_id });
+        }
+        session.forget_below(ack_below.min(request_id));
+
+        let result = self.execute(index, session_id, ops, single, effects);
+        let session = self.sessions.get_mut(&session_id).expect("session still open");
+        session.remember(request_id, result.clone());
+        result
+    }
+
+    fn execute(
+        &mut self,
+        index: LogIndex,
+        session: SessionId,
+        ops: &[TxnOp],
+        single: bool,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Error> {
+        if ops.is_empty() {
+            return Err(Error::BadRequest { reason: "empty transaction".into() });
+        }
+        if ops.len() > wire::TXN_OPS_MAX {
+            return Err(Error::BadRequest {
+                reason: format!("{} ops exceed the maximum of {}", ops.len(), wire::TXN_OPS_MAX),
+            });
+        }
+        if single {
+            let mut undo = None;
+            return match self.execute_op(index, session, &ops[0], &mut undo, effects) {
+                Ok(TxnResult::Created { path, stat }) => {
+                    let predecessor = if ops_is_sequential(&ops[0]) {
+                        self.predecessor(&path)
+                    } else {
+                        None
+                    };
+                    Ok(Reply::Created { path, stat, predecessor })
+                }
+                Ok(TxnResult::Deleted) => Ok(Reply::Deleted),
+                Ok(TxnResult::Set { stat }) => Ok(Reply::Set { stat }),
+                Ok(TxnResult::Checked) => Ok(Reply::Txn { results: vec![TxnResult::Checked] }),
+                Err(e) => Err(e),
+            };
+        }
+        let mut undo = Some(Vec::new());
+        let mut txn_effects = Vec::new();
+        let mut results = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            match self.execute_op(index, session, op, &mut undo, &mut txn_effects) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    self.rollback(undo.take().unwrap_or_default());
+                    return Err(Error::TxnFailed { index: i, error: Box::new(e) });
+                }
+            }
+        }
+        effects.extend(txn_effects);
+        Ok(Reply::Txn { results })
+    }
+
+    fn rollback(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Node(p, Some(n)) => {
+                    self.nodes.insert(p, n);
+                }
+                Undo::Node(p, None) => {
+                    self.nodes.remove(&p);
+                }
+                Undo::Ephemeral { session, path, added } => {
+                    if let Some(s) = self.sessions.get_mut(&session) {
+                        if added {
+                            s.ephemerals.remove(&path);
+                        } else {
+                            s.ephemerals.insert(path);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn save(&self, undo: &mut Option<Vec<Undo>>, p: &str) {
+        if let Some(u) = undo {
+            u.push(Undo::Node(p.to_string(), self.nodes.get(p).cloned()));
+        }
+    }
+
+    fn execute_op(
+        &mut self,
+        index: LogIndex,
+        session: SessionId,
+        op: &TxnOp,
+        undo: &mut Option<Vec<Undo>>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<TxnResult, Error> {
+        match op {
+            TxnOp::Check { path: p, version } => {
+                path::validate(p)?;
+                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                check_version(p, n, *version)?;
+                Ok(TxnResult::Checked)
+            }
+            TxnOp::Create { path: p, data, mode } => {
+                self.create(index, session, p, data, *mode, undo, effects)
+            }
+            TxnOp::Delete { path: p, version } => {
+                path::validate(p)?;
+                if p == "/" {
+                    return Err(Error::RootNode { action: "deleted".into() });
+                }
+                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                check_version(p, n, *version)?;
+                if !n.children.is_empty() {
+                    return Err(Error::NotEmpty { path: p.clone() });
+                }
+                let owner = n.ephemeral_owner;
+                self.save(undo, p);
+                self.save(undo, path::parent(p));
+                if let Some(owner) = owner {
+                    if let Some(s) = self.sessions.get_mut(&owner) {
+                        s.ephemerals.remove(p);
+                    }
+                    if let Some(u) = undo {
+                        u.push(Undo::Ephemeral { session: owner, path: p.clone(), added: false });
+                    }
+                }
+                self.remove_node(p, index, effects);
+                Ok(TxnResult::Deleted)
+            }
+            TxnOp::SetData { path: p, data, version } => {
+                path::validate(p)?;
+                check_value(data)?;
+                if p == "/" {
+                    return Err(Error::RootNode { action: "written".into() });
+                }
+                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                check_version(p, n, *version)?;
+                self.save(undo, p);
+                let n = self.nodes.get_mut(p).expect("checked above");
+                n.data = data.clone();
+                n.version += 1;
+                n.mod_index = index;
+                let stat = n.stat();
+                effects.push(Effect::DataChanged { path: p.clone() });
+                Ok(TxnResult::Set { stat })
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        index: LogIndex,
+        session: SessionId,
+        p: &str,
+        data: &[u8],
+        mode: CreateMode,
+        undo: &mut Option<Vec<Undo>>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<TxnResult, Error> {
+        if p == "/" {
+            return Err(Error::RootNode { action: "created".into() });
+        }
+        // Validate the shape with a full-width suffix so the final name is valid too.
+        if mode.sequential {
+            path::validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))?;
+        } else {
+            path::validate(p)?;
+        }
+        check_value(data)?;
+        let parent_path = path::parent(p).to_string();
+        let parent = self.nodes.get(&parent_path).ok_or_else(|| Error::NoNode {
+            path: parent_path.clone(),
+        })?;
+        if parent.ephemeral_owner.is_some() {
+            return Err(Error::EphemeralParent { path: parent_path });
+        }
+        let full = if mode.sequential {
+            format!("{p}{:0width$}", parent.sequence_next, width = SEQUENCE_DIGITS)
+        } else {
+            p.to_string()
+        };
+        if self.nodes.contains_key(&full) {
+            return Err(Error::NodeExists { path: full });
+        }
+        self.save(undo, &parent_path);
+        self.save(undo, &full);
+        let parent = self.nodes.get_mut(&parent_path).expect("checked above");
+        if mode.sequential {
+            parent.sequence_next += 1;
+        }
+        parent.children.insert(path::name(&full).to_string());
+        parent.children_version += 1;
+        let owner = mode.ephemeral.then_some(session);
+        let node = Node::new(data.to_vec(), index, owner);
+        let stat = node.stat();
+        self.nodes.insert(full.clone(), node);
+        if let Some(owner) = owner {
+            self.sessions.get_mut(&owner).expect("writer is open").ephemerals.insert(full.clone());
+            if let Some(u) = undo {
+                u.push(Undo::Ephemeral { session: owner, path: full.clone(), added: true });
+            }
+        }
+        effects.push(Effect::Created { path: full.clone() });
+        effects.push(Effect::ChildrenChanged { path: parent_path });
+        Ok(TxnResult::Created { path: full, stat })
+    }
+
+    /// The sibling of the sequential node `p` with the highest sequence number below its
+    /// own (sequence numbers of one parent follow creation order, whatever the prefix).
+    pub fn predecessor(&self, p: &str) -> Option<Predecessor> {
+        let own = sequence_of(path::name(p))?;
+        let parent_path = path::parent(p);
+        let parent = self.nodes.get(parent_path)?;
+        let mut best: Option<(u64, &String)> = None;
+        for c in &parent.children {
+            if let Some(seq) = sequence_of(c) {
+                if seq < own && best.is_none_or(|(b, _)| seq > b) {
+                    best = Some((seq, c));
+                }
+            }
+        }
+        best.map(|(_, name)| Predecessor {
+            name: name.clone(),
+            create_index: self.nodes[&path::join(parent_path, name)].create_index,
+        })
+    }
+}
+
+/// The sequence number at the end of a sequential node's name.
+pub fn sequence_of(name: &str) -> Option<u64> {
+    if name.len() < SEQUENCE_DIGITS {
+        return None;
+    }
+    let tail = &name[name.len() - SEQUENCE_DIGITS..];
+    if !tail.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    tail.parse().ok()
+}
+
+fn ops_is_sequential(op: &TxnOp) -> bool {
+    matches!(op, TxnOp::Create { mode, .. } if mode.sequential)
+}
+
+fn check_version(p: &str, n: &Node, expected: Option<u64>) -> Result<(), Error> {
+    match expected {
+        Some(v) if v != n.version => {
+            Err(Error::BadVersion { path: p.to_string(), expected: v, actual: n.version })
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_value(data: &[u8]) -> Result<(), Error> {
+    if data.len() > wire::VALUE_BYTES_MAX {
+        return Err(Error::ValueTooLarge { len: data.len(), max: wire::VALUE_BYTES_MAX });
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! A session's replicated record.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use wire::types::{Reply, RequestId};
+use wire::Error;
+
+/// What every replica knows about one open session. Lease deadlines are *not* here: they
+/// live only in the leader's memory (`crate::leader::leases`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// Paths of the session's ephemeral nodes.
+    pub ephemerals: BTreeSet<String>,
+    /// Stored results by request id (at most [`wire::DEDUP_RESULTS_MAX`]).
+    pub results: BTreeMap<RequestId, Result<Reply, Error>>,
+    /// Results of request ids below this were forgotten.
+    pub forgotten_below: RequestId,
+    /// `Some(ms)`: the session is marked silent in the log, with at least `ms` of proven
+    /// silence. No leader acknowledges its KeepAlives until a checkpoint clears the mark.
+    pub silent_ms: Option<u64>,
+}
+
+impl Session {
+    /// Forgets results of requests below `below` (the client has their answers).
+    pub fn forget_below(&mut self, below: RequestId) {
+        if below <= self.forgotten_below {
+            return;
+        }
+        self.forgotten_below = below;
+        self.results = self.results.split_off(&below);
+    }
+
+    /// Remembers one result, evicting the oldest beyond [`wire::DEDUP_RESULTS_MAX`].
+    pub fn remember(&mut self, request_id: RequestId, result: Result<Reply, Error>) {
+        self.results.insert(request_id, result);
+        while self.results.len() > wire::DEDUP_RESULTS_MAX {
+            let (oldest, _) = self.results.pop_first().expect("non-empty");
+            self.forgotten_below = self.forgotten_below.max(oldest + 1);
+        }
+    }
+}

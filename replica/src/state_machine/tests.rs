@@ -1,0 +1,380 @@
+//! Table tests of the state machine's rules, and property tests against a simple model.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use wire::command::{Command, Effect, LeaseCheckpoint};
+use wire::types::{CreateMode, Reply, TxnOp, TxnResult};
+use wire::Error;
+
+use super::StateMachine;
+
+struct Harness {
+    sm: StateMachine,
+    index: u64,
+    next_request: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness { sm: StateMachine::new(), index: 0, next_request: 1 }
+    }
+
+    fn apply(&mut self, cmd: Command) -> (Result<Reply, Error>, Vec<Effect>) {
+        self.index += 1;
+        self.sm.apply(self.index, &cmd)
+    }
+
+    fn session(&mut self) -> u64 {
+        match self.apply(Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn write(&mut self, session: u64, op: TxnOp) -> Result<Reply, Error> {
+        let request_id = self.next_request;
+        self.next_request += 1;
+        self.write_id(session, request_id, op)
+    }
+
+    fn write_id(&mut self, session: u64, request_id: u64, op: TxnOp) -> Result<Reply, Error> {
+        self.apply(Command::Write { session, request_id, ack_below: 0, ops: vec![op], single: true })
+            .0
+    }
+}
+
+fn create(path: &str, data: &[u8], ephemeral: bool, sequential: bool) -> TxnOp {
+    TxnOp::Create {
+        path: path.into(),
+        data: data.to_vec(),
+        mode: CreateMode { ephemeral, sequential },
+    }
+}
+
+fn set(path: &str, data: &[u8], version: Option<u64>) -> TxnOp {
+    TxnOp::SetData { path: path.into(), data: data.to_vec(), version }
+}
+
+fn del(path: &str, version: Option<u64>) -> TxnOp {
+    TxnOp::Delete { path: path.into(), version }
+}
+
+#[test]
+fn create_get_set_delete_round_trip() {
+    let mut h = Harness::new();
+    let s = h.session();
+    assert!(matches!(h.write(s, create("/a", b"1", false, false)), Ok(Reply::Created { .. })));
+    let Ok(Reply::Data { data, stat }) = h.sm.get("/a") else { panic!() };
+    assert_eq!((data.as_slice(), stat.version, stat.create_index), (&b"1"[..], 0, 2));
+    assert!(matches!(h.write(s, set("/a", b"2", Some(0))), Ok(Reply::Set { stat }) if stat.version == 1));
+    // Stale CAS: refused, nothing changes.
+    let before = h.sm.clone();
+    let err = h.write(s, set("/a", b"3", Some(0))).unwrap_err();
+    assert_eq!(err, Error::BadVersion { path: "/a".into(), expected: 0, actual: 1 });
+    assert_eq!(before.nodes, h.sm.nodes);
+    assert!(matches!(h.write(s, del("/a", Some(5))), Err(Error::BadVersion { .. })));
+    assert!(matches!(h.write(s, del("/a", Some(1))), Ok(Reply::Deleted)));
+    assert!(matches!(h.sm.get("/a"), Err(Error::NoNode { .. })));
+}
+
+#[test]
+fn structural_rules() {
+    let mut h = Harness::new();
+    let s = h.session();
+    assert!(matches!(h.write(s, create("/x/y", b"", false, false)), Err(Error::NoNode { path }) if path == "/x"));
+    h.write(s, create("/x", b"", false, false)).unwrap();
+    assert!(matches!(h.write(s, create("/x", b"", false, false)), Err(Error::NodeExists { .. })));
+    h.write(s, create("/x/y", b"", false, false)).unwrap();
+    assert!(matches!(h.write(s, del("/x", None)), Err(Error::NotEmpty { .. })));
+    h.write(s, create("/e", b"", true, false)).unwrap();
+    assert!(matches!(h.write(s, create("/e/c", b"", false, false)), Err(Error::EphemeralParent { .. })));
+    assert!(matches!(h.write(s, del("/", None)), Err(Error::RootNode { .. })));
+    assert!(matches!(h.write(s, set("/", b"", None)), Err(Error::RootNode { .. })));
+    assert!(matches!(h.write(s, create("/", b"", false, false)), Err(Error::RootNode { .. })));
+    let big = vec![0u8; wire::VALUE_BYTES_MAX + 1];
+    assert!(matches!(h.write(s, create("/big", &big, false, false)), Err(Error::ValueTooLarge { .. })));
+    let ok = vec![0u8; wire::VALUE_BYTES_MAX];
+    assert!(h.write(s, create("/big", &ok, false, false)).is_ok());
+    for bad in ["", "rel", "/a/", "/a//b", "/a/../b", "/./a"] {
+        assert!(matches!(h.write(s, create(bad, b"", false, false)), Err(Error::InvalidPath { .. })), "{bad}");
+    }
+}
+
+#[test]
+fn sessions_must_be_open() {
+    let mut h = Harness::new();
+    assert_eq!(h.write(99, create("/a", b"", false, false)), Err(Error::UnknownSession { session: 99 }));
+    assert_eq!(h.write(0, create("/a", b"", false, false)), Err(Error::SessionRequired));
+    let s = h.session();
+    h.write(s, create("/e", b"", true, false)).unwrap();
+    let (r, effects) = h.apply(Command::ExpireSessions { sessions: vec![s] });
+    assert!(r.is_ok());
+    assert!(effects.contains(&Effect::Deleted { path: "/e".into() }));
+    assert!(h.sm.node("/e").is_none());
+    assert_eq!(h.write(s, create("/a", b"", false, false)), Err(Error::SessionExpired { session: s }));
+    assert!(h.sm.node("/a").is_none());
+    assert_eq!(h.apply(Command::CloseSession { session: s }).0, Err(Error::SessionExpired { session: s }));
+}
+
+#[test]
+fn sequential_names_and_predecessor() {
+    let mut h = Harness::new();
+    let s = h.session();
+    h.write(s, create("/lock", b"", false, false)).unwrap();
+    let mut names = Vec::new();
+    for i in 0..3 {
+        let Ok(Reply::Created { path, predecessor, .. }) =
+            h.write(s, create("/lock/n-", b"", true, true))
+        else {
+            panic!()
+        };
+        assert_eq!(path, format!("/lock/n-{i:010}"));
+        assert_eq!(predecessor.map(|p| p.name), names.last().cloned());
+        names.push(path.rsplit('/').next().unwrap().to_string());
+    }
+    // Different prefixes share the parent's counter and order by sequence.
+    let Ok(Reply::Created { path, predecessor, .. }) = h.write(s, create("/lock/a-", b"", true, true))
+    else {
+        panic!()
+    };
+    assert_eq!(path, "/lock/a-0000000003");
+    assert_eq!(predecessor.unwrap().name, "n-0000000002");
+}
+
+#[test]
+fn dedup_returns_first_answer() {
+    let mut h = Harness::new();
+    let s = h.session();
+    let first = h.write_id(s, 7, create("/q-", b"", false, true)).unwrap();
+    let again = h.write_id(s, 7, create("/q-", b"", false, true)).unwrap();
+    assert_eq!(first, again);
+    assert_eq!(h.sm.node("/").unwrap().children.len(), 1);
+    // ack_below forgets; an older id is then stale.
+    let (r, _) = h.apply(Command::Write {
+        session: s,
+        request_id: 9,
+        ack_below: 9,
+        ops: vec![create("/z", b"", false, false)],
+        single: true,
+    });
+    assert!(r.is_ok());
+    assert_eq!(
+        h.write_id(s, 7, create("/q-", b"", false, true)),
+        Err(Error::StaleRequest { session: s, request_id: 7 })
+    );
+}
+
+#[test]
+fn transactions_are_all_or_nothing() {
+    let mut h = Harness::new();
+    let s = h.session();
+    h.write(s, create("/cfg", b"v0", false, false)).unwrap();
+    let before = h.sm.nodes.clone();
+    let ops = vec![
+        create("/a", b"", false, false),
+        create("/a/b", b"", true, false),
+        set("/cfg", b"v1", None),
+        del("/cfg", Some(0)), // version is 1 after the set: fails
+    ];
+    let r = h.apply(Command::Write { session: s, request_id: 100, ack_below: 0, ops, single: false });
+    assert!(matches!(r.0, Err(Error::TxnFailed { index: 3, .. })), "{r:?}");
+    assert!(r.1.is_empty());
+    assert_eq!(before, h.sm.nodes);
+    assert!(h.sm.session(s).unwrap().ephemerals.is_empty());
+
+    let ops = vec![
+        TxnOp::Check { path: "/cfg".into(), version: Some(0) },
+        create("/a", b"", false, false),
+        set("/cfg", b"v1", Some(0)),
+    ];
+    let r = h.apply(Command::Write { session: s, request_id: 101, ack_below: 0, ops, single: false });
+    let Ok(Reply::Txn { results }) = r.0 else { panic!("{r:?}") };
+    assert!(matches!(results[..], [TxnResult::Checked, TxnResult::Created { .. }, TxnResult::Set { .. }]));
+}
+
+#[test]
+fn lease_checkpoints() {
+    let mut h = Harness::new();
+    let a = h.session();
+    let b = h.session();
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint { mark_all: true, ..Default::default() }));
+    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(0));
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
+        mark_all: false,
+        silent: vec![(a, 5_000)],
+        renewed: vec![b],
+    }));
+    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
+    assert_eq!(h.sm.session(b).unwrap().silent_ms, None);
+    // mark_all keeps accumulated silence.
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint { mark_all: true, ..Default::default() }));
+    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
+}
+
+// ---- Property tests against a model ----
+
+#[derive(Debug, Clone)]
+enum Action {
+    NewSession,
+    EndSession(usize, bool),
+    Create { parent: usize, name: usize, ephemeral: bool, sequential: bool, session: usize },
+    Set { path: usize, cas: bool, session: usize },
+    Delete { path: usize, cas: bool, session: usize },
+    Retry(usize),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        1 => Just(Action::NewSession),
+        1 => (0..4usize, any::<bool>()).prop_map(|(s, e)| Action::EndSession(s, e)),
+        5 => (0..3usize, 0..3usize, any::<bool>(), any::<bool>(), 0..4usize).prop_map(
+            |(parent, name, ephemeral, sequential, session)| Action::Create {
+                parent, name, ephemeral, sequential, session
+            }
+        ),
+        3 => (0..12usize, any::<bool>(), 0..4usize).prop_map(|(path, cas, session)| Action::Set { path, cas, session }),
+        3 => (0..12usize, any::<bool>(), 0..4usize).prop_map(|(path, cas, session)| Action::Delete { path, cas, session }),
+        2 => (0..64usize).prop_map(Action::Retry),
+    ]
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct ModelNode {
+    data: Vec<u8>,
+    version: u64,
+    owner: Option<u64>,
+    create_index: u64,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matches_model(actions in proptest::collection::vec(action(), 1..60)) {
+        let mut h = Harness::new();
+        let mut model: BTreeMap<String, ModelNode> = BTreeMap::new();
+        let mut sessions: Vec<u64> = Vec::new();
+        let mut open: Vec<u64> = Vec::new();
+        let mut history: Vec<(u64, u64, TxnOp, Result<Reply, Error>)> = Vec::new();
+        let mut last_token = 0u64;
+        let mut last_seq: BTreeMap<String, u64> = BTreeMap::new();
+        let parents = ["/", "/p", "/p/q"];
+        let names = ["a", "b", "p"];
+        // A persistent skeleton so deeper paths are reachable.
+        let boot = h.session();
+        h.write(boot, create("/p", b"", false, false)).unwrap();
+        h.write(boot, create("/p/q", b"", false, false)).unwrap();
+        for p in ["/p", "/p/q"] {
+            let n = h.sm.node(p).unwrap();
+            model.insert(p.into(), ModelNode { data: vec![], version: 0, owner: None, create_index: n.create_index });
+        }
+        sessions.push(boot);
+        open.push(boot);
+
+        for act in actions {
+            let pick = |i: usize| sessions[i % sessions.len()];
+            match act {
+                Action::NewSession => {
+                    let s = h.session();
+                    sessions.push(s);
+                    open.push(s);
+                }
+                Action::EndSession(i, expire) => {
+                    let s = pick(i);
+                    let cmd = if expire { Command::ExpireSessions { sessions: vec![s] } } else { Command::CloseSession { session: s } };
+                    let was_open = open.contains(&s);
+                    let (r, _) = h.apply(cmd);
+                    if was_open {
+                        prop_assert!(r.is_ok());
+                        model.retain(|_, n| n.owner != Some(s));
+                        open.retain(|x| *x != s);
+                    }
+                }
+                Action::Create { parent, name, ephemeral, sequential, session } => {
+                    let s = pick(session);
+                    let p = parents[parent];
+                    let path = if p == "/" { format!("/{}", names[name]) } else { format!("{p}/{}", names[name]) };
+                    let op = create(&path, b"d", ephemeral, sequential);
+                    let request_id = h.next_request;
+                    let r = h.write(s, op.clone());
+                    let parent_ok = p == "/" || model.get(p).is_some_and(|n| n.owner.is_none());
+                    if let Ok(Reply::Created { path: full, stat, .. }) = &r {
+                        prop_assert!(open.contains(&s) && parent_ok);
+                        prop_assert!(!model.contains_key(full));
+                        prop_assert!(stat.create_index > last_token, "tokens increase");
+                        last_token = stat.create_index;
+                        if sequential {
+                            let seq = super::sequence_of(full).unwrap();
+                            if let Some(prev) = last_seq.get(p) { prop_assert!(seq > *prev, "sequence increases"); }
+                            last_seq.insert(p.to_string(), seq);
+                        }
+                        model.insert(full.clone(), ModelNode { data: b"d".to_vec(), version: 0, owner: ephemeral.then_some(s), create_index: stat.create_index });
+                    } else {
+                        prop_assert!(!open.contains(&s) || !parent_ok || (!sequential && model.contains_key(&path)), "{r:?}");
+                    }
+                    history.push((s, request_id, op, r));
+                }
+                Action::Set { path, cas, session } => {
+                    let s = pick(session);
+                    let keys: Vec<String> = model.keys().cloned().collect();
+                    if keys.is_empty() { continue; }
+                    let p = keys[path % keys.len()].clone();
+                    let version = cas.then(|| model[&p].version);
+                    let op = set(&p, b"v", version);
+                    let request_id = h.next_request;
+                    let r = h.write(s, op.clone());
+                    if open.contains(&s) {
+                        prop_assert!(r.is_ok(), "{r:?}");
+                        let n = model.get_mut(&p).unwrap();
+                        n.version += 1;
+                        n.data = b"v".to_vec();
+                    } else {
+                        prop_assert!(r.is_err());
+                    }
+                    history.push((s, request_id, op, r));
+                }
+                Action::Delete { path, cas, session } => {
+                    let s = pick(session);
+                    let keys: Vec<String> = model.keys().cloned().collect();
+                    if keys.is_empty() { continue; }
+                    let p = keys[path % keys.len()].clone();
+                    let version = cas.then(|| model[&p].version + 1); // always wrong when cas
+                    let op = del(&p, version);
+                    let request_id = h.next_request;
+                    let r = h.write(s, op.clone());
+                    let has_children = model.keys().any(|k| k.starts_with(&format!("{p}/")));
+                    if open.contains(&s) && !cas && !has_children {
+                        prop_assert!(r.is_ok(), "{r:?}");
+                        model.remove(&p);
+                    } else {
+                        prop_assert!(r.is_err());
+                    }
+                    history.push((s, request_id, op, r));
+                }
+                Action::Retry(i) => {
+                    if history.is_empty() { continue; }
+                    let (s, request_id, op, first) = history[i % history.len()].clone();
+                    let before = h.sm.nodes.clone();
+                    let again = h.write_id(s, request_id, op);
+                    if open.contains(&s) {
+                        prop_assert_eq!(&again, &first, "a retry returns the first answer");
+                        prop_assert_eq!(&before, &h.sm.nodes, "a retry changes nothing");
+                    }
+                }
+            }
+            // The namespace equals the model.
+            let sm_paths: Vec<&String> = h.sm.nodes.keys().filter(|k| *k != "/").collect();
+            let model_paths: Vec<&String> = model.keys().collect();
+            prop_assert_eq!(sm_paths, model_paths);
+            for (p, m) in &model {
+                let n = h.sm.node(p).unwrap();
+                prop_assert_eq!((&n.data, n.version, n.ephemeral_owner, n.create_index), (&m.data, m.version, m.owner, m.create_index));
+            }
+            // Ephemerals belong to open sessions only.
+            for n in h.sm.nodes.values() {
+                if let Some(owner) = n.ephemeral_owner { prop_assert!(open.contains(&owner)); }
+            }
+        }
+    }
+}
