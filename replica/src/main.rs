@@ -1,1 +1,47 @@
-fn main() {}
+//! `replica`: one Raft member of a lock-service cell.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// One replica of a lock-service cell.
+///
+/// Configuration comes from a TOML file (see `ops/replica.example.toml`) with environment
+/// overrides: `LOCKSVC_REPLICA__<SECTION>__<KEY>`, e.g. `LOCKSVC_REPLICA__SESSION__LEASE_MS`.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Configuration file (TOML).
+    #[arg(short, long)]
+    config: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn".into()
+            }),
+        )
+        .init();
+    let cfg = replica::config::ReplicaConfig::load(Some(&args.config))?;
+    let system = actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    });
+    system.block_on(async move {
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        replica::server::run(cfg, shutdown).await
+    })
+}

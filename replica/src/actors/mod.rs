@@ -1,0 +1,15 @@
+//! The replica's actors. Each file holds the messages, and a thin actor whose handlers
+//! forward to plain logic that is tested without actix.
+//!
+//! - [`raft_node::RaftNode`]: wraps the openraft handle: proposes commands with a timeout,
+//!   changes membership, and reports leadership changes to the session manager.
+//! - [`session_manager::SessionManager`]: leader-only lease deadlines
+//!   ([`crate::leader::leases`]), KeepAlives, expiries and lease checkpoints.
+//! - [`snapshotter::Snapshotter`]: writes snapshot files off the async runtime.
+//!
+//! The watch table and cacher list (later issues) join as actors fed by the same
+//! [`crate::raft::sm_store::Applied`] stream the session manager reads.
+
+pub mod raft_node;
+pub mod session_manager;
+pub mod snapshotter;

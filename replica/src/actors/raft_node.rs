@@ -1,0 +1,170 @@
+//! The Raft-node actor: the one place commands enter the log.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, ResponseFuture};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use wire::command::Command;
+use wire::raft::NodeId;
+use wire::types::{MemberInfo, Reply};
+use wire::Error;
+
+use crate::raft::Raft;
+
+/// Propose a command and wait for its result (applied on this leader).
+#[derive(Message)]
+#[rtype(result = "Result<Reply, Error>")]
+pub struct Propose(pub Command);
+
+/// A membership change.
+#[derive(Message)]
+#[rtype(result = "Result<Reply, Error>")]
+pub enum ChangeMembership {
+    /// Add a learner and wait until it has caught up.
+    AddLearner {
+        /// Its id.
+        id: NodeId,
+        /// Its address.
+        addr: String,
+    },
+    /// Promote a learner to voter.
+    Promote {
+        /// Its id.
+        id: NodeId,
+    },
+    /// Remove a voter or learner.
+    Remove {
+        /// Its id.
+        id: NodeId,
+    },
+}
+
+/// Sent to subscribers when this replica starts or stops leading.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct LeadershipChanged {
+    /// True when this replica now leads.
+    pub leading: bool,
+    /// The term.
+    pub term: u64,
+}
+
+/// The actor.
+pub struct RaftNode {
+    raft: Raft,
+    timeout: Duration,
+    subscribers: Vec<Recipient<LeadershipChanged>>,
+}
+
+impl RaftNode {
+    /// Wraps `raft`; requests wait at most `timeout` for a commit.
+    pub fn new(raft: Raft, timeout: Duration, subscribers: Vec<Recipient<LeadershipChanged>>) -> Self {
+        RaftNode { raft, timeout, subscribers }
+    }
+}
+
+impl Actor for RaftNode {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Watch openraft's metrics and tell subscribers when leadership changes.
+        let mut metrics = self.raft.metrics();
+        let subscribers = self.subscribers.clone();
+        let fut = async move {
+            let mut leading = false;
+            let mut term = 0;
+            loop {
+                let (now_leading, now_term) = {
+                    let m = metrics.borrow_and_update();
+                    (m.state == ServerState::Leader, m.current_term)
+                };
+                if now_leading != leading || (now_leading && now_term != term) {
+                    leading = now_leading;
+                    term = now_term;
+                    tracing::info!(leading, term, "leadership changed");
+                    for s in &subscribers {
+                        s.do_send(LeadershipChanged { leading, term });
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        ctx.spawn(actix::fut::wrap_future(fut));
+    }
+}
+
+fn timeout_error(what: &str, d: Duration) -> Error {
+    Error::Unavailable { reason: format!("{what} not committed within {} ms", d.as_millis()) }
+}
+
+impl Handler<Propose> for RaftNode {
+    type Result = ResponseFuture<Result<Reply, Error>>;
+
+    fn handle(&mut self, msg: Propose, _: &mut Context<Self>) -> Self::Result {
+        let raft = self.raft.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, raft.client_write(msg.0)).await {
+                Ok(Ok(resp)) => resp.data.result,
+                Ok(Err(e)) => Err(crate::errors::from_client_write(e)),
+                Err(_) => Err(timeout_error("write", timeout)),
+            }
+        })
+    }
+}
+
+/// The cell's members as clients see them.
+pub fn members(raft: &Raft) -> Vec<MemberInfo> {
+    let m = raft.metrics().borrow().membership_config.clone();
+    let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
+    m.membership()
+        .nodes()
+        .map(|(id, n)| MemberInfo { id: *id, addr: n.addr.clone(), voter: voters.contains(id) })
+        .collect()
+}
+
+impl Handler<ChangeMembership> for RaftNode {
+    type Result = ResponseFuture<Result<Reply, Error>>;
+
+    fn handle(&mut self, msg: ChangeMembership, _: &mut Context<Self>) -> Self::Result {
+        let raft = self.raft.clone();
+        // Catching up a learner from a snapshot may take a while: allow more time.
+        let timeout = self.timeout * 6;
+        Box::pin(async move {
+            let fut = async {
+                match msg {
+                    ChangeMembership::AddLearner { id, addr } => {
+                        raft.add_learner(id, BasicNode { addr }, true).await
+                    }
+                    ChangeMembership::Promote { id } => {
+                        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+                            .await
+                    }
+                    ChangeMembership::Remove { id } => {
+                        let voter = raft
+                            .metrics()
+                            .borrow()
+                            .membership_config
+                            .membership()
+                            .voter_ids()
+                            .any(|v| v == id);
+                        let change = if voter {
+                            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+                        } else {
+                            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+                        };
+                        raft.change_membership(change, false).await
+                    }
+                }
+            };
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(Ok(_)) => Ok(Reply::MembershipChanged { members: members(&raft) }),
+                Ok(Err(e)) => Err(crate::errors::from_client_write(e)),
+                Err(_) => Err(timeout_error("membership change", timeout)),
+            }
+        })
+    }
+}

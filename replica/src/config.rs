@@ -1,0 +1,205 @@
+//! The replica's configuration: one documented struct with defaults, loaded with the
+//! `config` crate from a TOML file plus `LOCKSVC_REPLICA__*` environment overrides (e.g.
+//! `LOCKSVC_REPLICA__SESSION__LEASE_MS=5000`), validated at start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One initial voter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Replica id (unique within the cell, > 0).
+    pub id: u64,
+    /// Its address (`host:port`), used by clients and peers alike.
+    pub addr: String,
+}
+
+/// TLS files. All replicas of a cell present certificates signed by one CA for the DNS
+/// name `lockservice`; `lockctl dev` generates such a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsConfig {
+    /// CA certificate (PEM) trusted when dialing peers.
+    pub ca: PathBuf,
+    /// This replica's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Raft timing and log compaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RaftConfig {
+    /// Leader heartbeat period. openraft 0.9 also uses it as the AppendEntries timeout, so
+    /// below ~100 ms debug builds time out.
+    pub heartbeat_interval_ms: u64,
+    /// Lower bound of the randomized election timeout: long enough that a slow fsync or a
+    /// short blip does not start an election, short enough for fail-over well inside a lease.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the randomized election timeout.
+    pub election_timeout_max_ms: u64,
+    /// Take a snapshot (and purge the log behind it) every this many applied entries.
+    pub snapshot_interval_entries: u64,
+    /// Entries kept in the log behind a snapshot, so a follower that lags slightly catches
+    /// up from the log rather than from a whole snapshot.
+    pub log_entries_kept_after_snapshot: u64,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        RaftConfig {
+            heartbeat_interval_ms: 150,
+            election_timeout_min_ms: 1_000,
+            election_timeout_max_ms: 2_000,
+            snapshot_interval_entries: 100_000,
+            log_entries_kept_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// Session leases.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionConfig {
+    /// Session lease. Clients renew every third of it. 12 s outlasts GC pauses and the
+    /// cell's own fail-over (1–3 s) while keeping takeover after a holder's death < 15 s.
+    pub lease_ms: u64,
+    /// How often the leader commits lease checkpoints for silent sessions, so a dead
+    /// client's session expires even when leaders change faster than the lease.
+    pub checkpoint_interval_ms: u64,
+    /// How often the leader looks for expired leases.
+    pub expiry_scan_interval_ms: u64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig { lease_ms: 12_000, checkpoint_interval_ms: 1_000, expiry_scan_interval_ms: 100 }
+    }
+}
+
+/// The whole configuration of one replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaConfig {
+    /// This replica's id (> 0, unique in the cell).
+    pub id: u64,
+    /// UDP address the QUIC listener binds (clients, proxies and peers).
+    pub listen: SocketAddr,
+    /// Address advertised to peers and clients; defaults to `listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Directory for the log (fjall) and snapshots.
+    pub data_dir: PathBuf,
+    /// Initialize a new cell with `members` as voters if this replica's log is empty. Set it
+    /// on one replica of a new cell; replicas that join later leave it false.
+    #[serde(default)]
+    pub bootstrap: bool,
+    /// Initial voters (used only with `bootstrap`).
+    #[serde(default)]
+    pub members: Vec<Member>,
+    /// TLS files.
+    pub tls: TlsConfig,
+    /// Raft timing.
+    #[serde(default)]
+    pub raft: RaftConfig,
+    /// Session leases.
+    #[serde(default)]
+    pub session: SessionConfig,
+    /// Longest a client request waits for a commit or a leadership check before the client
+    /// gets `Unavailable` (the write may still commit later; retry with the same id).
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_request_timeout_ms() -> u64 {
+    5_000
+}
+
+impl ReplicaConfig {
+    /// Loads a configuration file (TOML) with environment overrides.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<ReplicaConfig> {
+        let mut b = config::Config::builder();
+        if let Some(f) = file {
+            b = b.add_source(config::File::from(f).format(config::FileFormat::Toml));
+        }
+        b = b.add_source(
+            config::Environment::with_prefix("LOCKSVC_REPLICA").prefix_separator("__").separator("__"),
+        );
+        let cfg: ReplicaConfig = b.build()?.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the values make sense together.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.id > 0, "id must be > 0");
+        let r = &self.raft;
+        anyhow::ensure!(r.heartbeat_interval_ms >= 20, "raft.heartbeat_interval_ms must be >= 20");
+        anyhow::ensure!(
+            r.election_timeout_min_ms > r.heartbeat_interval_ms * 2,
+            "raft.election_timeout_min_ms must exceed twice the heartbeat interval"
+        );
+        anyhow::ensure!(
+            r.election_timeout_max_ms > r.election_timeout_min_ms,
+            "raft.election_timeout_max_ms must exceed election_timeout_min_ms"
+        );
+        anyhow::ensure!(r.snapshot_interval_entries >= 1, "raft.snapshot_interval_entries must be >= 1");
+        let s = &self.session;
+        anyhow::ensure!(s.lease_ms >= 1_000, "session.lease_ms must be >= 1000");
+        anyhow::ensure!(
+            s.lease_ms > r.election_timeout_max_ms,
+            "session.lease_ms must exceed raft.election_timeout_max_ms, or fail-overs expire sessions"
+        );
+        anyhow::ensure!(s.checkpoint_interval_ms >= 50, "session.checkpoint_interval_ms must be >= 50");
+        anyhow::ensure!(s.expiry_scan_interval_ms >= 10, "session.expiry_scan_interval_ms must be >= 10");
+        if self.bootstrap {
+            anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");
+            anyhow::ensure!(
+                self.members.iter().any(|m| m.id == self.id),
+                "bootstrap members must include this replica ({})",
+                self.id
+            );
+        }
+        Ok(())
+    }
+
+    /// The address peers and clients use for this replica.
+    pub fn advertised(&self) -> String {
+        self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_file_with_defaults_and_validates() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("r.toml");
+        std::fs::write(
+            &f,
+            r#"
+id = 2
+listen = "127.0.0.1:7002"
+data_dir = "/tmp/x"
+[tls]
+ca = "ca.pem"
+cert = "server.pem"
+key = "server.key"
+[session]
+lease_ms = 6000
+"#,
+        )
+        .unwrap();
+        let c = ReplicaConfig::load(Some(&f)).unwrap();
+        assert_eq!(c.id, 2);
+        assert_eq!(c.session.lease_ms, 6000);
+        assert_eq!(c.raft, RaftConfig::default());
+        assert_eq!(c.advertised(), "127.0.0.1:7002");
+        let mut bad = c.clone();
+        bad.session.lease_ms = 1500;
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! The gateway: the replica's QUIC listener.
+//!
+//! One endpoint serves both kinds of connection, told apart by ALPN: `lockservice-peer`
+//! connections carry Raft RPCs ([`crate::raft::network::serve_peer`]); `lockservice-client`
+//! connections carry the client protocol. A client connection starts with a hello stream
+//! (protocol version check); then every request is one bidirectional stream: a
+//! [`Request`] frame in, a [`Response`] frame out. A malformed frame gets a typed error on
+//! its own stream and the connection keeps working.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use wire::command::Command;
+use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
+use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp};
+use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
+
+use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
+use crate::actors::session_manager::{KeepAlive, SessionManager};
+use crate::leader::read_gate::ReadGate;
+use crate::raft::sm_store::SharedState;
+use crate::raft::Raft;
+
+/// Largest hello frame.
+const HELLO_BYTES_MAX: usize = 4_096;
+
+/// Everything a request handler needs.
+pub struct Gateway {
+    /// This replica's id.
+    pub id: u64,
+    /// Raft handle (metrics, peers).
+    pub raft: Raft,
+    /// Where commands are proposed.
+    pub raft_node: Addr<RaftNode>,
+    /// Where KeepAlives go.
+    pub sessions: Addr<SessionManager>,
+    /// Leadership checks for linearizable reads.
+    pub gate: ReadGate,
+    /// The applied state, for reads.
+    pub state: SharedState,
+    /// Session lease granted to clients.
+    pub lease_ms: u64,
+}
+
+/// Accepts connections until the endpoint is closed.
+pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("handshake failed: {e}");
+                    return;
+                }
+            };
+            let alpn = conn
+                .handshake_data()
+                .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+                .and_then(|h| h.protocol);
+            if alpn.as_deref() == Some(ALPN_PEER) {
+                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id).await;
+            } else {
+                serve_client(conn, gw).await;
+            }
+        });
+    }
+}
+
+async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
+    let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
+    let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
+        Ok(h) => h.check().map(|_| HelloOk { protocol_version: wire::PROTOCOL_VERSION, replica_id: gw.id }),
+        Err(e) => Err(e),
+    };
+    let ok = reply.is_ok();
+    if let Err(e) = &reply {
+        tracing::info!(remote = %conn.remote_address(), "refused client hello: {e}");
+    }
+    let _ = frame::write(&mut send, &reply, HELLO_BYTES_MAX).await;
+    let _ = send.finish();
+    if !ok {
+        // Give the error frame time to reach the client before closing.
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        conn.close(2u32.into(), b"hello refused");
+        return;
+    }
+    loop {
+        let (mut send, mut recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let received = Instant::now();
+            let resp: Response = match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+                Ok(req) => gw.handle(req, received).await,
+                Err(e) => Err(e),
+            };
+            let resp = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
+                Ok(buf) => buf,
+                Err(e) => frame::encode(&Response::Err(e), CLIENT_FRAME_BYTES_MAX).expect("small"),
+            };
+            let _ = send.write_all(&resp).await;
+            let _ = send.finish();
+        });
+    }
+}
+
+/// Checks a write op before it is proposed, so bad input never reaches the log.
+pub fn prevalidate(op: &TxnOp) -> Result<(), Error> {
+    let value = |data: &[u8]| {
+        if data.len() > wire::VALUE_BYTES_MAX {
+            return Err(Error::ValueTooLarge { len: data.len(), max: wire::VALUE_BYTES_MAX });
+        }
+        Ok(())
+    };
+    match op {
+        TxnOp::Check { path: p, .. } | TxnOp::Delete { path: p, .. } => path::validate(p),
+        TxnOp::SetData { path: p, data, .. } => {
+            path::validate(p)?;
+            value(data)
+        }
+        TxnOp::Create { path: p, data, mode } => {
+            if mode.sequential {
+                path::validate(&format!("{p}{}", "0".repeat(crate::state_machine::SEQUENCE_DIGITS)))?;
+            } else {
+                path::validate(p)?;
+            }
+            value(data)
+        }
+    }
+}
+
+impl Gateway {
+    /// Answers one request.
+    pub async fn handle(&self, req: Request, received: Instant) -> Response {
+        let r = self.dispatch(req, received).await;
+        self.with_leader_hint(r)
+    }
+
+    fn with_leader_hint(&self, r: Response) -> Response {
+        match r {
+            Err(Error::NotLeader { leader_id: None, .. }) => {
+                let m = self.raft.metrics().borrow().clone();
+                let leader_id = m.current_leader.filter(|l| *l != self.id);
+                let leader_addr = leader_id.and_then(|l| {
+                    m.membership_config.membership().get_node(&l).map(|n| n.addr.clone())
+                });
+                Err(Error::NotLeader { leader_id, leader_addr })
+            }
+            other => other,
+        }
+    }
+
+    async fn propose(&self, cmd: Command) -> Response {
+        self.raft_node
+            .send(Propose(cmd))
+            .await
+            .unwrap_or_else(|e| Err(Error::Internal { reason: format!("raft node: {e}") }))
+    }
+
+    async fn write(&self, req: &Request, ops: Vec<TxnOp>, single: bool) -> Response {
+        if req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        if ops.is_empty() {
+            return Err(Error::BadRequest { reason: "empty transaction".into() });
+        }
+        if ops.len() > wire::TXN_OPS_MAX {
+            return Err(Error::BadRequest {
+                reason: format!("{} ops exceed the maximum of {}", ops.len(), wire::TXN_OPS_MAX),
+            });
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if let Err(e) = prevalidate(op) {
+                return Err(if single { e } else { Error::TxnFailed { index: i, error: Box::new(e) } });
+            }
+        }
+        if let Err(e @ Error::SessionExpired { .. }) =
+            self.state.read().expect("state lock").sm.check_session(req.session).map(|_| ())
+        {
+            return Err(e);
+        }
+        self.propose(Command::Write {
+            session: req.session,
+            request_id: req.request_id,
+            ack_below: req.ack_below,
+            ops,
+            single,
+        })
+        .await
+    }
+
+    async fn read(&self, p: &str, f: impl FnOnce(&crate::state_machine::StateMachine) -> Response) -> Response {
+        path::validate(p)?;
+        self.gate.confirm().await?;
+        let s = self.state.read().expect("state lock");
+        f(&s.sm)
+    }
+
+    async fn dispatch(&self, req: Request, received: Instant) -> Response {
+        match req.op.clone() {
+            Op::CreateSession => match self.propose(Command::CreateSession).await? {
+                Reply::SessionCreated { session, .. } => {
+                    Ok(Reply::SessionCreated { session, session_lease_ms: self.lease_ms })
+                }
+                other => Err(Error::Internal { reason: format!("unexpected {other:?}") }),
+            },
+            Op::KeepAlive => {
+                if req.session == 0 {
+                    return Err(Error::SessionRequired);
+                }
+                self.sessions
+                    .send(KeepAlive { session: req.session, received })
+                    .await
+                    .unwrap_or_else(|e| Err(Error::Internal { reason: format!("session manager: {e}") }))
+            }
+            Op::CloseSession => {
+                if req.session == 0 {
+                    return Err(Error::SessionRequired);
+                }
+                self.propose(Command::CloseSession { session: req.session }).await
+            }
+            Op::Create { path, data, mode } => {
+                self.write(&req, vec![TxnOp::Create { path, data, mode }], true).await
+            }
+            Op::Delete { path, version } => self.write(&req, vec![TxnOp::Delete { path, version }], true).await,
+            Op::SetData { path, data, version } => {
+                self.write(&req, vec![TxnOp::SetData { path, data, version }], true).await
+            }
+            Op::Txn { ops } => self.write(&req, ops, false).await,
+            Op::Get { path } => self.read(&path, |sm| sm.get(&path)).await,
+            Op::Exists { path } => self.read(&path, |sm| sm.exists(&path)).await,
+            Op::Children { path } => self.read(&path, |sm| sm.children(&path)).await,
+            Op::Status => Ok(Reply::Status(self.status())),
+            Op::AddLearner { id, addr } => {
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(Error::BadRequest { reason: format!("bad address {addr:?}") });
+                }
+                self.change(ChangeMembership::AddLearner { id, addr }).await
+            }
+            Op::Promote { id } => self.change(ChangeMembership::Promote { id }).await,
+            Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
+        }
+    }
+
+    async fn change(&self, c: ChangeMembership) -> Response {
+        self.raft_node
+            .send(c)
+            .await
+            .unwrap_or_else(|e| Err(Error::Internal { reason: format!("raft node: {e}") }))
+    }
+
+    /// This replica's view of the cell.
+    pub fn status(&self) -> Status {
+        let m = self.raft.metrics().borrow().clone();
+        let members = members(&self.raft);
+        let leader = m.current_leader.and_then(|l| {
+            members.iter().find(|x| x.id == l).cloned().or(Some(MemberInfo {
+                id: l,
+                addr: String::new(),
+                voter: true,
+            }))
+        });
+        let (sessions, nodes) = {
+            let s = self.state.read().expect("state lock");
+            (s.sm.session_count() as u64, s.sm.node_count() as u64)
+        };
+        Status {
+            id: self.id,
+            role: format!("{:?}", m.state),
+            term: m.current_term,
+            leader,
+            last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            members,
+            session_count: sessions,
+            node_count: nodes,
+        }
+    }
+}

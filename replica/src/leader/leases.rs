@@ -1,0 +1,384 @@
+//! Session lease deadlines on the leader, and the checkpoint rule that lets a dead client's
+//! session expire even when leaders change faster than the lease.
+//!
+//! ## The problem
+//!
+//! KeepAlives are never logged, so a new leader does not know when each session last
+//! renewed. Giving every session a full lease on takeover is safe (no live client is
+//! expired by a fail-over) but, if leaders change faster than the lease, a dead client's
+//! session is extended forever (etcd-io/etcd#9888, #17132).
+//!
+//! ## The rule
+//!
+//! A session may be *marked silent* in the log with a proven silence `S` ms. While it is
+//! marked, no leader acknowledges a KeepAlive for it until a checkpoint entry naming it as
+//! `renewed` has committed. So after the mark commits, no leader extended that session's
+//! lease without the log saying so, and the last acknowledged renewal happened at least `S`
+//! before the mark. Every leader's deadline for it was therefore at most
+//! `mark_time − S + lease`, and a new leader (taking over after the mark) may safely give
+//! it `lease − S` from its takeover instead of a full lease.
+//!
+//! - A new leader first commits `mark_all` (every session marked, keeping any recorded
+//!   silence), so silence keeps accumulating across leaders. Live clients clear the mark
+//!   with their next KeepAlive, batched into one checkpoint entry.
+//! - Every `checkpoint_interval` the leader commits the silence of marked sessions:
+//!   recorded silence at takeover plus time since takeover, a lower bound of the truth.
+//! - Only one checkpoint is in flight at a time, so `renewed` and `silent` entries commit
+//!   in the order the leader decided them.
+//!
+//! The cost: one small entry per checkpoint interval while some session is silent, and one
+//! batched entry after each fail-over as live clients renew. Steady-state KeepAlives of
+//! healthy sessions never touch the log.
+//!
+//! This struct is plain logic with time passed in; the session-manager actor drives it.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use wire::command::LeaseCheckpoint;
+use wire::types::SessionId;
+
+#[derive(Debug, Clone)]
+struct Lease {
+    deadline: Instant,
+    /// Marked silent in the log (or a mark is in flight): renewals need a checkpoint.
+    marked: bool,
+    /// Silence recorded in the log when this leader took over.
+    silent_base_ms: u64,
+    /// When this leader started counting the session's silence.
+    silent_since: Instant,
+    /// An expiry entry is in flight.
+    expiring: bool,
+    /// A renewal is waiting for the next checkpoint.
+    renewal_pending: bool,
+}
+
+/// What to do with a KeepAlive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeepAliveStep {
+    /// Renew after confirming leadership.
+    Renew,
+    /// The session is marked silent: renew once a checkpoint naming it commits.
+    NeedsCheckpoint,
+    /// Not a session this leader tracks.
+    Unknown,
+    /// Its lease already ran out here.
+    Expired,
+}
+
+/// The leader's lease table.
+#[derive(Debug)]
+pub struct Leases {
+    lease: Duration,
+    checkpoint_interval: Duration,
+    sessions: HashMap<SessionId, Lease>,
+    /// `mark_all` has not committed yet (sessions opened meanwhile start marked).
+    mark_all_unapplied: bool,
+    mark_all_proposed: bool,
+    checkpoint_in_flight: bool,
+    last_silence_checkpoint: Option<Instant>,
+    active: bool,
+}
+
+impl Leases {
+    /// An inactive table (this replica does not lead).
+    pub fn new(lease: Duration, checkpoint_interval: Duration) -> Leases {
+        Leases {
+            lease,
+            checkpoint_interval,
+            sessions: HashMap::new(),
+            mark_all_unapplied: false,
+            mark_all_proposed: false,
+            checkpoint_in_flight: false,
+            last_silence_checkpoint: None,
+            active: false,
+        }
+    }
+
+    /// True while this replica leads and the table is loaded.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Number of tracked sessions.
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// True when no session is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    /// Takes over: every session known to the state machine gets `lease − silence` from
+    /// `now` (a full lease unless the log proves silence).
+    pub fn become_leader(&mut self, now: Instant, sessions: impl IntoIterator<Item = (SessionId, Option<u64>)>) {
+        self.sessions.clear();
+        for (id, silent_ms) in sessions {
+            let silent = silent_ms.unwrap_or(0);
+            let remaining = self.lease.saturating_sub(Duration::from_millis(silent));
+            self.sessions.insert(
+                id,
+                Lease {
+                    deadline: now + remaining,
+                    marked: true,
+                    silent_base_ms: silent,
+                    silent_since: now,
+                    expiring: false,
+                    renewal_pending: false,
+                },
+            );
+        }
+        self.mark_all_unapplied = true;
+        self.mark_all_proposed = false;
+        self.checkpoint_in_flight = false;
+        self.last_silence_checkpoint = Some(now);
+        self.active = true;
+    }
+
+    /// Stops leading: forget everything.
+    pub fn step_down(&mut self) {
+        self.sessions.clear();
+        self.active = false;
+        self.checkpoint_in_flight = false;
+    }
+
+    /// A session was created (applied) while leading: a full lease.
+    pub fn opened(&mut self, id: SessionId, now: Instant) {
+        if !self.active {
+            return;
+        }
+        self.sessions.entry(id).or_insert(Lease {
+            deadline: now + self.lease,
+            marked: self.mark_all_unapplied,
+            silent_base_ms: 0,
+            silent_since: now,
+            expiring: false,
+            renewal_pending: false,
+        });
+    }
+
+    /// A session ended (applied).
+    pub fn ended(&mut self, id: SessionId) {
+        self.sessions.remove(&id);
+    }
+
+    /// Classifies a KeepAlive received at `now`.
+    pub fn keepalive(&mut self, id: SessionId, now: Instant) -> KeepAliveStep {
+        let Some(l) = self.sessions.get_mut(&id) else { return KeepAliveStep::Unknown };
+        if l.expiring || now >= l.deadline {
+            return KeepAliveStep::Expired;
+        }
+        if l.marked {
+            l.renewal_pending = true;
+            return KeepAliveStep::NeedsCheckpoint;
+        }
+        KeepAliveStep::Renew
+    }
+
+    /// Extends a lease to `received + lease` after leadership was confirmed (and, for a
+    /// marked session, after its renewal committed). Returns false if the session is gone
+    /// or expired meanwhile.
+    pub fn renew(&mut self, id: SessionId, received: Instant, now: Instant) -> bool {
+        let Some(l) = self.sessions.get_mut(&id) else { return false };
+        if l.expiring || now >= l.deadline || l.marked {
+            return false;
+        }
+        l.deadline = l.deadline.max(received + self.lease);
+        l.silent_base_ms = 0;
+        l.silent_since = received;
+        true
+    }
+
+    /// Sessions whose lease ran out by `now`; they are flagged so each is proposed once.
+    pub fn take_expired(&mut self, now: Instant) -> Vec<SessionId> {
+        let mut out: Vec<SessionId> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, l)| !l.expiring && now >= l.deadline)
+            .map(|(id, l)| {
+                l.expiring = true;
+                *id
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// An expiry proposal failed: these may be proposed again.
+    pub fn expiry_failed(&mut self, ids: &[SessionId]) {
+        for id in ids {
+            if let Some(l) = self.sessions.get_mut(id) {
+                l.expiring = false;
+            }
+        }
+    }
+
+    /// The next checkpoint to propose, if any is due and none is in flight.
+    pub fn next_checkpoint(&mut self, now: Instant) -> Option<LeaseCheckpoint> {
+        if !self.active || self.checkpoint_in_flight {
+            return None;
+        }
+        let mut cp = LeaseCheckpoint::default();
+        if self.mark_all_unapplied && !self.mark_all_proposed {
+            cp.mark_all = true;
+        }
+        let mut renewed: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, l)| l.marked && l.renewal_pending && !l.expiring)
+            .map(|(id, _)| *id)
+            .collect();
+        renewed.sort_unstable();
+        cp.renewed = renewed;
+        let silence_due = self
+            .last_silence_checkpoint
+            .is_none_or(|t| now.duration_since(t) >= self.checkpoint_interval);
+        if silence_due {
+            let mut silent: Vec<(SessionId, u64)> = self
+                .sessions
+                .iter()
+                .filter(|(_, l)| l.marked && !l.renewal_pending && !l.expiring)
+                .map(|(id, l)| {
+                    (*id, l.silent_base_ms + now.duration_since(l.silent_since).as_millis() as u64)
+                })
+                .collect();
+            silent.sort_unstable();
+            cp.silent = silent;
+            self.last_silence_checkpoint = Some(now);
+        }
+        if !cp.mark_all && cp.renewed.is_empty() && cp.silent.is_empty() {
+            return None;
+        }
+        if cp.mark_all {
+            self.mark_all_proposed = true;
+        }
+        self.checkpoint_in_flight = true;
+        Some(cp)
+    }
+
+    /// The checkpoint `cp` committed (`ok`) or failed. Returns the sessions whose mark was
+    /// cleared: their waiting KeepAlives may now be renewed.
+    pub fn checkpoint_done(&mut self, cp: &LeaseCheckpoint, ok: bool) -> Vec<SessionId> {
+        self.checkpoint_in_flight = false;
+        if !ok {
+            if cp.mark_all {
+                self.mark_all_proposed = false;
+            }
+            return Vec::new();
+        }
+        if cp.mark_all {
+            self.mark_all_unapplied = false;
+        }
+        let mut cleared = Vec::new();
+        for id in &cp.renewed {
+            if let Some(l) = self.sessions.get_mut(id) {
+                l.marked = false;
+                l.renewal_pending = false;
+                cleared.push(*id);
+            }
+        }
+        cleared
+    }
+
+    /// The deadline of one session (for tests and status).
+    pub fn deadline(&self, id: SessionId) -> Option<Instant> {
+        self.sessions.get(&id).map(|l| l.deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(12);
+    const CP: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn takeover_gives_full_lease_unless_silence_is_recorded() {
+        let t0 = Instant::now();
+        let mut l = Leases::new(LEASE, CP);
+        l.become_leader(t0, [(1, None), (2, Some(5_000)), (3, Some(20_000))]);
+        assert_eq!(l.deadline(1), Some(t0 + LEASE));
+        assert_eq!(l.deadline(2), Some(t0 + Duration::from_secs(7)));
+        assert_eq!(l.deadline(3), Some(t0));
+        assert_eq!(l.take_expired(t0), vec![3]);
+    }
+
+    #[test]
+    fn marked_sessions_renew_only_through_a_checkpoint() {
+        let t0 = Instant::now();
+        let mut l = Leases::new(LEASE, CP);
+        l.become_leader(t0, [(1, None), (2, None)]);
+        // First checkpoint marks everyone.
+        let cp = l.next_checkpoint(t0).unwrap();
+        assert!(cp.mark_all);
+        assert!(l.next_checkpoint(t0).is_none(), "one checkpoint in flight at a time");
+        // Session 1 renews while the mark is in flight: it must wait.
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(l.keepalive(1, t1), KeepAliveStep::NeedsCheckpoint);
+        assert!(!l.renew(1, t1, t1));
+        assert!(l.checkpoint_done(&cp, true).is_empty());
+        let cp2 = l.next_checkpoint(t1).unwrap();
+        assert_eq!(cp2.renewed, vec![1]);
+        assert!(cp2.silent.is_empty(), "silence is not due yet");
+        assert_eq!(l.checkpoint_done(&cp2, true), vec![1]);
+        assert!(l.renew(1, t1, t1));
+        assert_eq!(l.deadline(1), Some(t1 + LEASE));
+        assert_eq!(l.keepalive(1, t1), KeepAliveStep::Renew);
+        // Session 2 stays silent: its silence is checkpointed.
+        let t2 = t0 + Duration::from_secs(3);
+        let cp3 = l.next_checkpoint(t2).unwrap();
+        assert_eq!(cp3.silent, vec![(2, 3_000)]);
+        l.checkpoint_done(&cp3, true);
+    }
+
+    #[test]
+    fn silence_accumulates_across_fast_leader_changes() {
+        // Each leader lives 4 s (< 12 s lease) and checkpoints before it dies; the
+        // dead session's recorded silence grows until a leader expires it.
+        let mut now = Instant::now();
+        let mut recorded: Option<u64> = None;
+        let mut expired_at_leader = None;
+        for leader in 0..10 {
+            let mut l = Leases::new(LEASE, CP);
+            l.become_leader(now, [(7, recorded)]);
+            let cp = l.next_checkpoint(now).unwrap();
+            l.checkpoint_done(&cp, true);
+            let mut expired = false;
+            for _ in 0..40 {
+                now += Duration::from_millis(100);
+                if !l.take_expired(now).is_empty() {
+                    expired = true;
+                    break;
+                }
+                if let Some(cp) = l.next_checkpoint(now) {
+                    if let Some((_, ms)) = cp.silent.first() {
+                        recorded = Some(*ms);
+                    }
+                    l.checkpoint_done(&cp, true);
+                }
+            }
+            if expired {
+                expired_at_leader = Some(leader);
+                break;
+            }
+        }
+        assert!(expired_at_leader.is_some(), "a dead session must expire under leader churn");
+    }
+
+    #[test]
+    fn expired_leases_are_not_renewed() {
+        let t0 = Instant::now();
+        let mut l = Leases::new(LEASE, CP);
+        l.become_leader(t0, [(1, None)]);
+        let cp = l.next_checkpoint(t0).unwrap();
+        l.checkpoint_done(&cp, true);
+        let late = t0 + LEASE + Duration::from_millis(1);
+        assert_eq!(l.keepalive(1, late), KeepAliveStep::Expired);
+        assert_eq!(l.take_expired(late), vec![1]);
+        assert!(l.take_expired(late).is_empty(), "proposed once");
+        l.expiry_failed(&[1]);
+        assert_eq!(l.take_expired(late), vec![1]);
+    }
+}

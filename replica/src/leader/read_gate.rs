@@ -1,0 +1,58 @@
+//! Coalesced leadership checks.
+//!
+//! openraft 0.9 runs one quorum round per `ensure_linearizable` call. Reads and KeepAlives
+//! arriving together share one round here: callers that arrive while a round is running
+//! wait for the *next* round (one that starts after they arrived), so every caller's answer
+//! is confirmed by a quorum heartbeat that happened after its request was received.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use wire::Error;
+
+use crate::raft::Raft;
+
+type Waiter = oneshot::Sender<Result<(), Error>>;
+
+/// A cheap handle to the gate's task.
+#[derive(Clone)]
+pub struct ReadGate {
+    tx: mpsc::UnboundedSender<Waiter>,
+}
+
+impl ReadGate {
+    /// Starts the gate's task on the current tokio runtime.
+    pub fn start(raft: Raft, timeout: Duration) -> ReadGate {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
+                }
+                let result = match tokio::time::timeout(timeout, raft.ensure_linearizable()).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(crate::errors::from_check_leader(e)),
+                    Err(_) => Err(Error::Unavailable {
+                        reason: format!(
+                            "leadership not confirmed by a quorum within {} ms",
+                            timeout.as_millis()
+                        ),
+                    }),
+                };
+                for w in batch {
+                    let _ = w.send(result.clone());
+                }
+            }
+        });
+        ReadGate { tx }
+    }
+
+    /// Resolves once a quorum confirmed this replica's leadership after the call, and the
+    /// state machine has applied everything committed before it.
+    pub async fn confirm(&self) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(tx).map_err(|_| Error::Unavailable { reason: "replica shutting down".into() })?;
+        rx.await.map_err(|_| Error::Unavailable { reason: "replica shutting down".into() })?
+    }
+}

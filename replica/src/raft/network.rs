@@ -1,0 +1,224 @@
+//! Raft RPCs between replicas over QUIC.
+//!
+//! Each replica keeps one QUIC connection per peer (opened lazily, reopened after a
+//! failure). Each RPC is one bidirectional stream: a [`PeerRequest`] frame out, a
+//! [`PeerResponse`] frame back. Snapshots travel as openraft's chunked `InstallSnapshot`
+//! RPCs on the same connection. The first stream of a connection carries the hello.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use tokio::sync::Mutex;
+use wire::hello::{Hello, HelloReply};
+use wire::raft::{NodeId, PeerRequest, PeerResponse, TypeConfig};
+use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
+
+use crate::raft::Raft;
+
+/// Creates per-peer clients sharing one QUIC endpoint.
+#[derive(Clone)]
+pub struct PeerNetworkFactory {
+    endpoint: quinn::Endpoint,
+    peer_tls: quinn::ClientConfig,
+    self_id: NodeId,
+}
+
+impl PeerNetworkFactory {
+    /// Peers are dialed from `endpoint` with `peer_tls` (ALPN `lockservice-peer`).
+    pub fn new(endpoint: quinn::Endpoint, peer_tls: quinn::ClientConfig, self_id: NodeId) -> Self {
+        PeerNetworkFactory { endpoint, peer_tls, self_id }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            endpoint: self.endpoint.clone(),
+            tls: self.peer_tls.clone(),
+            target,
+            addr: node.addr.clone(),
+            self_id: self.self_id,
+            conn: Arc::new(Mutex::new(None)),
+        }
+    }
+}
+
+/// One peer's client.
+pub struct PeerClient {
+    endpoint: quinn::Endpoint,
+    tls: quinn::ClientConfig,
+    target: NodeId,
+    addr: String,
+    self_id: NodeId,
+    conn: Arc<Mutex<Option<quinn::Connection>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Failure(String);
+
+enum CallError {
+    Unreachable(String),
+    Network(String),
+}
+
+impl PeerClient {
+    async fn connection(&self) -> Result<quinn::Connection, CallError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let addr: SocketAddr = self
+            .addr
+            .parse()
+            .map_err(|e| CallError::Unreachable(format!("bad peer address {}: {e}", self.addr)))?;
+        let connecting = self
+            .endpoint
+            .connect_with(self.tls.clone(), addr, tls::SERVER_NAME)
+            .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
+        let conn = tokio::time::timeout(Duration::from_secs(2), connecting)
+            .await
+            .map_err(|_| CallError::Unreachable(format!("connect {addr}: timed out")))?
+            .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
+        // Hello on the first stream.
+        let (mut send, mut recv) =
+            conn.open_bi().await.map_err(|e| CallError::Unreachable(e.to_string()))?;
+        frame::write(&mut send, &Hello::new(format!("replica {}", self.self_id)), 1024)
+            .await
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let _ = send.finish();
+        let reply: HelloReply =
+            frame::read(&mut recv, 1024).await.map_err(|e| CallError::Unreachable(e.to_string()))?;
+        reply.map_err(|e| CallError::Unreachable(format!("peer {} refused hello: {e}", self.target)))?;
+        *guard = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn call(&self, req: PeerRequest, ttl: Duration) -> Result<PeerResponse, CallError> {
+        let fut = async {
+            let conn = self.connection().await?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| {
+                CallError::Unreachable(format!("stream to {}: {e}", self.target))
+            })?;
+            frame::write(&mut send, &req, PEER_FRAME_BYTES_MAX)
+                .await
+                .map_err(|e| CallError::Network(e.to_string()))?;
+            let _ = send.finish();
+            frame::read::<_, PeerResponse>(&mut recv, PEER_FRAME_BYTES_MAX)
+                .await
+                .map_err(|e| CallError::Network(e.to_string()))
+        };
+        match tokio::time::timeout(ttl, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Network(format!("rpc to {} timed out", self.target))),
+        }
+    }
+}
+
+fn rpc_err<E: std::error::Error>(e: CallError) -> RPCError<NodeId, BasicNode, E> {
+    match e {
+        CallError::Unreachable(m) => RPCError::Unreachable(Unreachable::new(&Failure(m))),
+        CallError::Network(m) => RPCError::Network(NetworkError::new(&Failure(m))),
+    }
+}
+
+fn unexpected<E: std::error::Error>(what: &str) -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Network(NetworkError::new(&Failure(format!("unexpected peer response to {what}"))))
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        match self.call(PeerRequest::AppendEntries(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+            PeerResponse::AppendEntries(Ok(r)) => Ok(r),
+            PeerResponse::AppendEntries(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(unexpected("append_entries")),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self.call(PeerRequest::InstallSnapshot(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+            PeerResponse::InstallSnapshot(Ok(r)) => Ok(r),
+            PeerResponse::InstallSnapshot(Err(e)) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            _ => Err(unexpected("install_snapshot")),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+            PeerResponse::Vote(Ok(r)) => Ok(r),
+            PeerResponse::Vote(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            _ => Err(unexpected("vote")),
+        }
+    }
+}
+
+/// Serves one accepted peer connection: the hello, then one RPC per stream.
+pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
+    // Hello first.
+    let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
+    let hello: Result<Hello, _> = frame::read(&mut recv, 1024).await;
+    let reply: HelloReply = match hello {
+        Ok(h) => h.check().map(|_| wire::hello::HelloOk {
+            protocol_version: wire::PROTOCOL_VERSION,
+            replica_id: self_id,
+        }),
+        Err(e) => Err(e),
+    };
+    let ok = reply.is_ok();
+    let _ = frame::write(&mut send, &reply, 1024).await;
+    let _ = send.finish();
+    if !ok {
+        conn.close(1u32.into(), b"bad hello");
+        return;
+    }
+    loop {
+        let (mut send, mut recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let resp = match frame::read::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX).await {
+                Ok(PeerRequest::AppendEntries(r)) => PeerResponse::AppendEntries(raft.append_entries(r).await),
+                Ok(PeerRequest::Vote(r)) => PeerResponse::Vote(raft.vote(r).await),
+                Ok(PeerRequest::InstallSnapshot(r)) => {
+                    PeerResponse::InstallSnapshot(raft.install_snapshot(r).await)
+                }
+                Err(e) => PeerResponse::Refused(e),
+            };
+            let _ = frame::write(&mut send, &resp, PEER_FRAME_BYTES_MAX).await;
+            let _ = send.finish();
+        });
+    }
+}

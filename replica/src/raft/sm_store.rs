@@ -1,0 +1,249 @@
+//! openraft's state-machine side: the in-memory [`StateMachine`] plus snapshots.
+//!
+//! Applying publishes each batch's [`Effect`]s on a channel (never awaiting an actor and
+//! never calling back into Raft). Snapshots are serialized here and written to disk by the
+//! snapshotter actor (or directly, when no actor system runs, as in storage tests).
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, RaftSnapshotBuilder, StorageError, StorageIOError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use wire::command::{CommandOutput, Effect};
+use wire::raft::{Entry, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig};
+use wire::types::Reply;
+
+use crate::raft::snapshot_file;
+use crate::state_machine::StateMachine;
+
+/// Everything a snapshot holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SmState {
+    /// Last log id applied.
+    pub last_applied: Option<LogId>,
+    /// Last membership applied.
+    pub membership: StoredMembership,
+    /// The namespace and sessions.
+    pub sm: StateMachine,
+}
+
+/// The state shared with readers (gateway, session manager).
+pub type SharedState = Arc<RwLock<SmState>>;
+
+/// What one applied batch changed.
+#[derive(Debug, Clone)]
+pub enum Applied {
+    /// Effects of the entry at `index`.
+    Effects {
+        /// The entry's log index.
+        index: u64,
+        /// What it changed.
+        effects: Vec<Effect>,
+    },
+    /// The whole state was replaced by an installed snapshot.
+    SnapshotInstalled {
+        /// The snapshot's last index.
+        index: u64,
+    },
+}
+
+/// Where built or received snapshots are persisted.
+#[derive(Clone)]
+pub enum SnapshotSink {
+    /// Write the file from the calling task (tests).
+    Direct(PathBuf),
+    /// Ask the snapshotter actor.
+    Actor(actix::Addr<crate::actors::snapshotter::Snapshotter>),
+}
+
+impl SnapshotSink {
+    async fn write(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError<NodeId>> {
+        let r = match self {
+            SnapshotSink::Direct(dir) => {
+                snapshot_file::write(dir, meta, &data).map(|_| ()).map_err(|e| e.to_string())
+            }
+            SnapshotSink::Actor(addr) => addr
+                .send(crate::actors::snapshotter::WriteSnapshot { meta: meta.clone(), data })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r),
+        };
+        r.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e)).into())
+    }
+}
+
+/// The openraft state machine.
+pub struct SmStore {
+    state: SharedState,
+    dir: PathBuf,
+    sink: SnapshotSink,
+    applied_tx: Option<mpsc::UnboundedSender<Applied>>,
+    snapshot_counter: u64,
+}
+
+fn sm_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::read_state_machine(&e).into()
+}
+
+impl SmStore {
+    /// Opens the store, restoring the newest valid snapshot in `dir`.
+    pub fn open(
+        dir: &Path,
+        sink: SnapshotSink,
+        applied_tx: Option<mpsc::UnboundedSender<Applied>>,
+    ) -> anyhow::Result<SmStore> {
+        let mut state = SmState::default();
+        if let Some(file) = snapshot_file::latest(dir)? {
+            state = postcard::from_bytes(&file.data)?;
+            tracing::info!(
+                index = file.meta.last_log_id.map(|l| l.index).unwrap_or(0),
+                nodes = state.sm.node_count(),
+                sessions = state.sm.session_count(),
+                "restored snapshot"
+            );
+        }
+        Ok(SmStore {
+            state: Arc::new(RwLock::new(state)),
+            dir: dir.to_path_buf(),
+            sink,
+            applied_tx,
+            snapshot_counter: 0,
+        })
+    }
+
+    /// A store that writes snapshots itself and publishes nothing (storage tests).
+    pub fn open_standalone(dir: &Path) -> anyhow::Result<SmStore> {
+        SmStore::open(dir, SnapshotSink::Direct(dir.to_path_buf()), None)
+    }
+
+    /// The shared state, for readers.
+    pub fn shared(&self) -> SharedState {
+        self.state.clone()
+    }
+}
+
+/// Builds snapshots from a consistent copy of the state.
+pub struct SmSnapshotBuilder {
+    state: SharedState,
+    sink: SnapshotSink,
+    counter: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let (data, meta) = {
+            let s = self.state.read().expect("state lock");
+            let data = postcard::to_allocvec(&*s).map_err(sm_err)?;
+            let last = s.last_applied;
+            let meta = SnapshotMeta {
+                last_log_id: last,
+                last_membership: s.membership.clone(),
+                snapshot_id: format!(
+                    "{}-{}-{}",
+                    last.map(|l| l.leader_id.term).unwrap_or(0),
+                    last.map(|l| l.index).unwrap_or(0),
+                    self.counter
+                ),
+            };
+            (data, meta)
+        };
+        let started = std::time::Instant::now();
+        self.sink.write(&meta, data.clone()).await?;
+        tracing::info!(
+            index = meta.last_log_id.map(|l| l.index).unwrap_or(0),
+            bytes = data.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "snapshot written"
+        );
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for SmStore {
+    type SnapshotBuilder = SmSnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership), StorageError<NodeId>> {
+        let s = self.state.read().expect("state lock");
+        Ok((s.last_applied, s.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandOutput>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut outputs = Vec::new();
+        let mut published = Vec::new();
+        {
+            let mut s = self.state.write().expect("state lock");
+            for entry in entries {
+                s.last_applied = Some(entry.log_id);
+                let result = match entry.payload {
+                    EntryPayload::Blank => Ok(Reply::Closed),
+                    EntryPayload::Normal(cmd) => {
+                        let (result, effects) = s.sm.apply(entry.log_id.index, &cmd);
+                        if !effects.is_empty() {
+                            published.push(Applied::Effects { index: entry.log_id.index, effects });
+                        }
+                        result
+                    }
+                    EntryPayload::Membership(m) => {
+                        s.membership = StoredMembership::new(Some(entry.log_id), m);
+                        Ok(Reply::Closed)
+                    }
+                };
+                outputs.push(CommandOutput { result });
+            }
+        }
+        if let Some(tx) = &self.applied_tx {
+            for a in published {
+                let _ = tx.send(a);
+            }
+        }
+        Ok(outputs)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshot_counter += 1;
+        SmSnapshotBuilder { state: self.state.clone(), sink: self.sink.clone(), counter: self.snapshot_counter }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let mut new_state: SmState = postcard::from_bytes(&data).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e))
+        })?;
+        new_state.last_applied = meta.last_log_id;
+        new_state.membership = meta.last_membership.clone();
+        self.sink.write(meta, data).await?;
+        *self.state.write().expect("state lock") = new_state;
+        if let Some(tx) = &self.applied_tx {
+            let _ = tx.send(Applied::SnapshotInstalled {
+                index: meta.last_log_id.map(|l| l.index).unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let dir = self.dir.clone();
+        let file = tokio::task::spawn_blocking(move || snapshot_file::latest(&dir))
+            .await
+            .map_err(sm_err)?
+            .map_err(sm_err)?;
+        Ok(file.map(|f| Snapshot { meta: f.meta, snapshot: Box::new(Cursor::new(f.data)) }))
+    }
+}

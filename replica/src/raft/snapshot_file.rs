@@ -1,0 +1,144 @@
+//! Snapshot files: written atomically, checksummed, a few kept as backups.
+//!
+//! Format: the magic `LKSNAP1\n`, a big-endian CRC-32 of the body, the body's length as a
+//! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
+//! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
+//! leaves either the old set of snapshots or the new one, never a torn file. A file whose
+//! checksum does not match is skipped (and renamed `*.corrupt`) and the next older one used.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use wire::raft::SnapshotMeta;
+
+const MAGIC: &[u8; 8] = b"LKSNAP1\n";
+
+/// How many snapshot files to keep (the newest plus backups).
+pub const SNAPSHOTS_KEPT: usize = 3;
+
+/// What a snapshot file holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotFile {
+    /// openraft's metadata (last log id, membership, snapshot id).
+    pub meta: SnapshotMeta,
+    /// The serialized state machine (the same bytes peers receive).
+    pub data: Vec<u8>,
+}
+
+fn file_name(meta: &SnapshotMeta) -> String {
+    let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
+    format!("snapshot-{index:020}.snap")
+}
+
+/// Writes `meta` + `data` atomically into `dir`, then prunes old files beyond
+/// [`SNAPSHOTS_KEPT`]. Returns the final path.
+pub fn write(dir: &Path, meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let body = postcard::to_allocvec(&SnapshotFile { meta: meta.clone(), data: data.to_vec() })
+        .map_err(std::io::Error::other)?;
+    let crc = crc32fast::hash(&body);
+    let path = dir.join(file_name(meta));
+    let tmp = path.with_extension("snap.tmp");
+    {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&crc.to_be_bytes())?;
+        f.write_all(&(body.len() as u64).to_be_bytes())?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, &path)?;
+    fs::File::open(dir)?.sync_all()?;
+    prune(dir)?;
+    Ok(path)
+}
+
+/// Snapshot files in `dir`, newest first.
+pub fn list(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match fs::read_dir(dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "snap"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    files.sort();
+    files.reverse();
+    Ok(files)
+}
+
+fn prune(dir: &Path) -> std::io::Result<()> {
+    for old in list(dir)?.into_iter().skip(SNAPSHOTS_KEPT) {
+        fs::remove_file(old)?;
+    }
+    Ok(())
+}
+
+/// Reads and verifies one snapshot file.
+pub fn read(path: &Path) -> Result<SnapshotFile, String> {
+    let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() < 20 || &bytes[..8] != MAGIC {
+        return Err(format!("{}: not a snapshot file", path.display()));
+    }
+    let crc = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let len = u64::from_be_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
+    let body = &bytes[20..];
+    if body.len() != len {
+        return Err(format!("{}: truncated ({} of {len} bytes)", path.display(), body.len()));
+    }
+    if crc32fast::hash(body) != crc {
+        return Err(format!("{}: checksum mismatch", path.display()));
+    }
+    postcard::from_bytes(body).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The newest snapshot in `dir` that verifies. Corrupt files are renamed `*.corrupt` and
+/// skipped.
+pub fn latest(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
+    for path in list(dir)? {
+        match read(&path) {
+            Ok(s) => return Ok(Some(s)),
+            Err(e) => {
+                tracing::error!("skipping snapshot: {e}");
+                let _ = fs::rename(&path, path.with_extension("corrupt"));
+            }
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: Default::default(),
+            snapshot_id: format!("s{index}"),
+        }
+    }
+
+    #[test]
+    fn write_read_prune_and_skip_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 1..=5 {
+            write(dir.path(), &meta(i * 10), &[i as u8; 100]).unwrap();
+        }
+        assert_eq!(list(dir.path()).unwrap().len(), SNAPSHOTS_KEPT);
+        let newest = latest(dir.path()).unwrap().unwrap();
+        assert_eq!(newest.meta.snapshot_id, "s50");
+        // Corrupt the newest: the next older one is used.
+        let p = list(dir.path()).unwrap()[0].clone();
+        let mut bytes = fs::read(&p).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&p, bytes).unwrap();
+        let s = latest(dir.path()).unwrap().unwrap();
+        assert_eq!(s.meta.snapshot_id, "s40");
+        assert!(p.with_extension("corrupt").exists());
+    }
+}

@@ -1,0 +1,117 @@
+//! Starting and stopping a replica: the library call `main.rs` makes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, AsyncContext, SyncArbiter};
+use openraft::{BasicNode, SnapshotPolicy};
+use tokio::sync::mpsc;
+use wire::hello::{ALPN_CLIENT, ALPN_PEER};
+
+use crate::actors::raft_node::RaftNode;
+use crate::actors::session_manager::{AppliedMsg, SessionManager};
+use crate::actors::snapshotter::Snapshotter;
+use crate::config::ReplicaConfig;
+use crate::gateway::Gateway;
+use crate::leader::read_gate::ReadGate;
+use crate::raft::log_store::LogStore;
+use crate::raft::network::PeerNetworkFactory;
+use crate::raft::sm_store::{SmStore, SnapshotSink};
+use crate::raft::Raft;
+
+/// openraft's configuration from ours.
+pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
+    let r = &cfg.raft;
+    let c = openraft::Config {
+        cluster_name: "lockservice".into(),
+        heartbeat_interval: r.heartbeat_interval_ms,
+        election_timeout_min: r.election_timeout_min_ms,
+        election_timeout_max: r.election_timeout_max_ms,
+        install_snapshot_timeout: 5_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(r.snapshot_interval_entries),
+        max_in_snapshot_log_to_keep: r.log_entries_kept_after_snapshot,
+        snapshot_max_chunk_size: 4 * 1024 * 1024,
+        ..Default::default()
+    };
+    Ok(c.validate()?)
+}
+
+/// Runs a replica until `shutdown` resolves. Must be called inside an actix system whose
+/// tokio runtime is multi-threaded (see `main.rs`).
+pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let log_dir = cfg.data_dir.join("log");
+    let snap_dir = cfg.data_dir.join("snapshots");
+    std::fs::create_dir_all(&log_dir)?;
+    std::fs::create_dir_all(&snap_dir)?;
+
+    let server_tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT, ALPN_PEER])
+        .map_err(anyhow::Error::msg)?;
+    let peer_tls = wire::quic::client_config(
+        wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint(cfg.listen, server_tls, None).map_err(anyhow::Error::msg)?;
+
+    let dir = snap_dir.clone();
+    let snapshotter = SyncArbiter::start(1, move || Snapshotter::new(dir.clone()));
+    let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
+    let sm_store = SmStore::open(&snap_dir, SnapshotSink::Actor(snapshotter), Some(applied_tx))?;
+    let state = sm_store.shared();
+    let log_store = LogStore::open(&log_dir)?;
+
+    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
+    let raft = Raft::new(cfg.id, Arc::new(raft_config(&cfg)?), network, log_store, sm_store).await?;
+
+    if cfg.bootstrap && !raft.is_initialized().await? {
+        let members: BTreeMap<u64, BasicNode> =
+            cfg.members.iter().map(|m| (m.id, BasicNode { addr: m.addr.clone() })).collect();
+        tracing::info!(?members, "initializing a new cell");
+        raft.initialize(members).await?;
+    }
+
+    let timeout = Duration::from_millis(cfg.request_timeout_ms);
+    let gate = ReadGate::start(raft.clone(), timeout);
+    let mut raft_node_addr = None;
+    let session_manager = SessionManager::create(|ctx| {
+        let rn = RaftNode::new(raft.clone(), timeout, vec![ctx.address().recipient()]).start();
+        raft_node_addr = Some(rn.clone());
+        SessionManager::new(
+            rn,
+            gate.clone(),
+            state.clone(),
+            Duration::from_millis(cfg.session.lease_ms),
+            Duration::from_millis(cfg.session.checkpoint_interval_ms),
+            Duration::from_millis(cfg.session.expiry_scan_interval_ms),
+        )
+    });
+    let raft_node = raft_node_addr.expect("raft node started");
+
+    let sm_for_applied = session_manager.clone();
+    tokio::spawn(async move {
+        while let Some(a) = applied_rx.recv().await {
+            sm_for_applied.do_send(AppliedMsg(a));
+        }
+    });
+
+    let gw = Arc::new(Gateway {
+        id: cfg.id,
+        raft: raft.clone(),
+        raft_node,
+        sessions: session_manager,
+        gate,
+        state,
+        lease_ms: cfg.session.lease_ms,
+    });
+    let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
+    tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    endpoint.close(0u32.into(), b"shutdown");
+    let _ = raft.shutdown().await;
+    serve.abort();
+    Ok(())
+}
