@@ -1,1 +1,32 @@
+//! # client-sdk: talk to a lock-service cell
+//!
+//! # Layout
+//!
+//! - [`Client`]: QUIC connections to the cell's replicas, leader discovery and retries of
+//!   requests whose outcome is unknown (with the same request id, so the cell's dedup
+//!   makes a retry safe).
+//! - [`Session`]: one session with its KeepAlive loop, local lease clock and state
+//!   ([`SessionState`]: healthy, jeopardy, expired), and the node operations.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), client_sdk::Error> {
+//! use client_sdk::{Client, ClientConfig, CreateMode};
+//! let client = Client::connect(ClientConfig::new(
+//!     vec!["127.0.0.1:7101".into()],
+//!     "cell-data/tls/ca.pem".into(),
+//! ))
+//! .await?;
+//! let session = client.open_session().await?;
+//! let created = session.create("/config", b"v1".to_vec(), CreateMode::default()).await?;
+//! println!("created {} with token {}", created.path, created.stat.create_index);
+//! session.close().await?;
+//! # Ok(()) }
+//! ```
 
+mod client;
+mod session;
+
+pub use client::{Client, ClientConfig};
+pub use session::{Created, Session, SessionState};
+pub use wire::types::{CreateMode, NodeStat, Predecessor, Reply, Status, TxnOp, TxnResult};
+pub use wire::Error;

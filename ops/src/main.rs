@@ -1,1 +1,223 @@
-fn main() {}
+//! `lockctl`: the operator CLI and the local dev-cell launcher.
+//!
+//! - `lockctl dev` starts a local cell of replica processes on loopback, shows it working,
+//!   and stops them cleanly on Ctrl-C.
+//! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
+
+mod dev;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use client_sdk::{Client, ClientConfig, CreateMode, Reply};
+use wire::types::Op;
+
+/// Operate a lock-service cell.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// Replica addresses (comma-separated).
+    #[arg(long, env = "LOCKCTL_ENDPOINTS", default_value = dev::DEFAULT_ENDPOINTS, global = true)]
+    endpoints: String,
+    /// The cell's CA certificate.
+    #[arg(long, env = "LOCKCTL_CA", default_value = "cell-data/tls/ca.pem", global = true)]
+    ca: PathBuf,
+    /// Give up on a request after this many seconds.
+    #[arg(long, default_value_t = 15, global = true)]
+    timeout_secs: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start a local cell on loopback (data under --data), show it working, run until Ctrl-C.
+    Dev(dev::DevArgs),
+    /// Show every replica's role, term, applied index and the cell's members.
+    Status,
+    /// Create a node.
+    Create {
+        /// Path (the prefix when --sequential).
+        path: String,
+        /// Data (UTF-8).
+        #[arg(default_value = "")]
+        data: String,
+        /// Ephemeral: deleted when this command's session closes (at once).
+        #[arg(long)]
+        ephemeral: bool,
+        /// Append a sequence number.
+        #[arg(long)]
+        sequential: bool,
+    },
+    /// Print a node's data and metadata.
+    Get {
+        /// Path.
+        path: String,
+    },
+    /// Replace a node's data; with --version, only if the node has that version.
+    Set {
+        /// Path.
+        path: String,
+        /// New data (UTF-8).
+        data: String,
+        /// Expected version (compare-and-set).
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// List a node's children.
+    Ls {
+        /// Path.
+        #[arg(default_value = "/")]
+        path: String,
+    },
+    /// Delete a node; with --version, only if it has that version.
+    Rm {
+        /// Path.
+        path: String,
+        /// Expected version.
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Change the cell's membership (one member at a time).
+    #[command(subcommand)]
+    Member(MemberCommand),
+    /// Run one replica in this process (used by `lockctl dev`; same as the `replica` binary).
+    #[command(hide = true)]
+    Replica {
+        /// Configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MemberCommand {
+    /// Add a non-voting learner; returns once it has caught up.
+    AddLearner {
+        /// Its replica id.
+        id: u64,
+        /// Its address (host:port).
+        addr: String,
+    },
+    /// Promote a learner to voter.
+    Promote {
+        /// Its replica id.
+        id: u64,
+    },
+    /// Remove a voter or learner.
+    Remove {
+        /// Its replica id.
+        id: u64,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = if matches!(cli.command, Command::Replica { .. }) {
+        "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(cli) {
+        eprintln!("lockctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Replica { config } = &cli.command {
+        return dev::run_replica(config);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Dev(args) => dev::run(args).await,
+            other => command(&cli.endpoints, &cli.ca, cli.timeout_secs, other).await,
+        }
+    })
+}
+
+async fn connect(endpoints: &str, ca: &std::path::Path, timeout_secs: u64) -> anyhow::Result<Client> {
+    let mut cfg = ClientConfig::new(
+        endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        ca.to_path_buf(),
+    );
+    cfg.request_timeout = Duration::from_secs(timeout_secs);
+    cfg.agent = format!("lockctl {}", env!("CARGO_PKG_VERSION"));
+    Client::connect(cfg).await.with_context(|| format!("cannot reach the cell (CA {})", ca.display()))
+}
+
+async fn command(endpoints: &str, ca: &std::path::Path, timeout_secs: u64, cmd: Command) -> anyhow::Result<()> {
+    let client = connect(endpoints, ca, timeout_secs).await?;
+    match cmd {
+        Command::Status => dev::print_status(&client).await,
+        Command::Create { path, data, ephemeral, sequential } => {
+            let session = client.open_session().await?;
+            let r = session.create(&path, data.into_bytes(), CreateMode { ephemeral, sequential }).await;
+            session.close().await?;
+            let c = r?;
+            println!("created {} (token {})", c.path, c.stat.create_index);
+            Ok(())
+        }
+        Command::Get { path } => {
+            let (data, stat) = client.get(&path).await?;
+            println!("{}", String::from_utf8_lossy(&data));
+            eprintln!(
+                "version={} create_index={} mod_index={} children={} ephemeral_owner={}",
+                stat.version,
+                stat.create_index,
+                stat.mod_index,
+                stat.children_count,
+                stat.ephemeral_owner.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
+            );
+            Ok(())
+        }
+        Command::Set { path, data, version } => {
+            let session = client.open_session().await?;
+            let r = session.set_data(&path, data.into_bytes(), version).await;
+            session.close().await?;
+            let stat = r?;
+            println!("{path} now at version {}", stat.version);
+            Ok(())
+        }
+        Command::Ls { path } => {
+            for (name, stat) in client.children(&path).await? {
+                let flag = if stat.ephemeral_owner.is_some() { " (ephemeral)" } else { "" };
+                println!("{name}\tversion={} token={}{flag}", stat.version, stat.create_index);
+            }
+            Ok(())
+        }
+        Command::Rm { path, version } => {
+            let session = client.open_session().await?;
+            let r = session.delete(&path, version).await;
+            session.close().await?;
+            r?;
+            println!("deleted {path}");
+            Ok(())
+        }
+        Command::Member(m) => {
+            let op = match m {
+                MemberCommand::AddLearner { id, addr } => Op::AddLearner { id, addr },
+                MemberCommand::Promote { id } => Op::Promote { id },
+                MemberCommand::Remove { id } => Op::RemoveMember { id },
+            };
+            match client.request(op).await? {
+                Reply::MembershipChanged { members } => {
+                    for m in members {
+                        println!("{}\t{}\t{}", m.id, m.addr, if m.voter { "voter" } else { "learner" });
+                    }
+                    Ok(())
+                }
+                other => anyhow::bail!("unexpected reply {other:?}"),
+            }
+        }
+        Command::Dev(_) | Command::Replica { .. } => unreachable!("handled above"),
+    }
+}

@@ -19,6 +19,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn".into()

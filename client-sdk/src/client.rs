@@ -1,0 +1,274 @@
+//! Connections, leader discovery and retries.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
+use wire::types::{Op, Reply, Request, Response, SessionId, Status};
+use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
+
+/// How to reach a cell.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Replica (or, later, proxy) addresses, `host:port`.
+    pub endpoints: Vec<String>,
+    /// The cell's CA certificate (PEM).
+    pub ca: PathBuf,
+    /// How long one operation may take, retries included, before it fails with
+    /// [`Error::Timeout`] (default 15 s).
+    pub request_timeout: Duration,
+    /// How long one attempt waits for an answer (default 6 s, above the replicas' own
+    /// 5 s commit timeout).
+    pub attempt_timeout: Duration,
+    /// Agent string sent in the hello.
+    pub agent: String,
+}
+
+impl ClientConfig {
+    /// Defaults for the given endpoints and CA file.
+    pub fn new(endpoints: Vec<String>, ca: PathBuf) -> ClientConfig {
+        ClientConfig {
+            endpoints,
+            ca,
+            request_timeout: Duration::from_secs(15),
+            attempt_timeout: Duration::from_secs(6),
+            agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    endpoint: quinn::Endpoint,
+    addrs: Vec<SocketAddr>,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    leader: std::sync::Mutex<Option<SocketAddr>>,
+}
+
+/// A handle to a cell; cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn conn_err(e: impl std::fmt::Display) -> Error {
+    Error::Connection { reason: e.to_string() }
+}
+
+impl Client {
+    /// Prepares connections to the cell. Fails if no endpoint parses or the CA cannot be
+    /// read; replicas are dialed lazily.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
+        let mut addrs = Vec::new();
+        for e in &cfg.endpoints {
+            let a: SocketAddr = tokio::net::lookup_host(e)
+                .await
+                .map_err(|err| Error::BadRequest { reason: format!("endpoint {e:?}: {err}") })?
+                .next()
+                .ok_or_else(|| Error::BadRequest { reason: format!("endpoint {e:?} resolves to nothing") })?;
+            addrs.push(a);
+        }
+        if addrs.is_empty() {
+            return Err(Error::BadRequest { reason: "no endpoints".into() });
+        }
+        let tls = tls::client_config(&cfg.ca, ALPN_CLIENT).map_err(|reason| Error::BadRequest { reason })?;
+        let bind: SocketAddr = if addrs[0].is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("addr");
+        let endpoint = wire::quic::client_endpoint(tls, bind).map_err(conn_err)?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                cfg,
+                endpoint,
+                addrs,
+                conns: Mutex::new(HashMap::new()),
+                leader: std::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The configured endpoints.
+    pub fn endpoints(&self) -> &[SocketAddr] {
+        &self.inner.addrs
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, Error> {
+        let mut conns = self.inner.conns.lock().await;
+        if let Some(c) = conns.get(&addr) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let conn = self
+            .inner
+            .endpoint
+            .connect(addr, tls::SERVER_NAME)
+            .map_err(conn_err)?
+            .await
+            .map_err(|e| conn_err(format!("{addr}: {e}")))?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+        frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
+        let _ = send.finish();
+        let reply: HelloReply = frame::read(&mut recv, 4096).await?;
+        reply?;
+        conns.insert(addr, conn.clone());
+        Ok(conn)
+    }
+
+    /// One attempt at one replica: no retry, no redirect.
+    pub async fn call_at(&self, addr: SocketAddr, req: &Request) -> Response {
+        let attempt = async {
+            let conn = self.connection(addr).await?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+            frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
+            let _ = send.finish();
+            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await?
+        };
+        let t = self.inner.cfg.attempt_timeout;
+        match tokio::time::timeout(t, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout { what: format!("answer from {addr}"), after_ms: t.as_millis() as u64 }),
+        }
+    }
+
+    fn candidates(&self) -> Vec<SocketAddr> {
+        let mut v = Vec::with_capacity(self.inner.addrs.len() + 1);
+        if let Some(l) = *self.inner.leader.lock().expect("leader lock") {
+            v.push(l);
+        }
+        for a in &self.inner.addrs {
+            if !v.contains(a) {
+                v.push(*a);
+            }
+        }
+        v
+    }
+
+    /// Sends `req` to the leader, following `NotLeader` hints and retrying errors that
+    /// leave the outcome unknown (with the same request id) until
+    /// [`ClientConfig::request_timeout`] runs out.
+    pub async fn call(&self, req: Request) -> Result<Reply, Error> {
+        self.call_until(req, Instant::now() + self.inner.cfg.request_timeout).await
+    }
+
+    /// Like [`Client::call`] with an explicit deadline.
+    pub async fn call_until(&self, req: Request, deadline: Instant) -> Result<Reply, Error> {
+        let mut last_err = None;
+        let mut attempt = 0u32;
+        while Instant::now() < deadline {
+            let mut redirected = false;
+            for addr in self.candidates() {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                match self.call_at(addr, &req).await {
+                    Ok(r) => {
+                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        return Ok(r);
+                    }
+                    Err(Error::NotLeader { leader_addr: Some(hint), leader_id }) => {
+                        if let Ok(h) = hint.parse::<SocketAddr>() {
+                            let mut l = self.inner.leader.lock().expect("leader lock");
+                            if *l != Some(h) {
+                                *l = Some(h);
+                                redirected = true;
+                            }
+                        }
+                        last_err = Some(Error::NotLeader { leader_addr: Some(hint), leader_id });
+                        if redirected {
+                            break;
+                        }
+                    }
+                    Err(e) if e.is_retryable() => last_err = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            if !redirected {
+                attempt += 1;
+                let backoff = Duration::from_millis((50 * u64::from(attempt)).min(500));
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(backoff.min(left)).await;
+            }
+        }
+        Err(match last_err {
+            Some(e @ Error::Unavailable { .. }) => e,
+            Some(e) => Error::Timeout {
+                what: format!("request {:?} (last error: {e})", op_name(&req.op)),
+                after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
+            },
+            None => Error::Timeout { what: "request".into(), after_ms: self.inner.cfg.request_timeout.as_millis() as u64 },
+        })
+    }
+
+    /// A session-less request to the leader.
+    pub async fn request(&self, op: Op) -> Result<Reply, Error> {
+        self.call(Request { session: 0 as SessionId, request_id: 0, ack_below: 0, op }).await
+    }
+
+    /// Opens a session and starts its KeepAlives.
+    pub async fn open_session(&self) -> Result<crate::Session, Error> {
+        crate::Session::open(self.clone()).await
+    }
+
+    /// The status of one replica.
+    pub async fn status_of(&self, addr: SocketAddr) -> Result<Status, Error> {
+        match self.call_at(addr, &Request { session: 0, request_id: 0, ack_below: 0, op: Op::Status }).await? {
+            Reply::Status(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads a node (linearizable, at the leader).
+    pub async fn get(&self, path: &str) -> Result<(Vec<u8>, wire::types::NodeStat), Error> {
+        match self.request(Op::Get { path: path.into() }).await? {
+            Reply::Data { data, stat } => Ok((data, stat)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A node's metadata, if it exists (linearizable).
+    pub async fn exists(&self, path: &str) -> Result<Option<wire::types::NodeStat>, Error> {
+        match self.request(Op::Exists { path: path.into() }).await? {
+            Reply::Exists { stat } => Ok(stat),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A node's children with their metadata, in name order (linearizable).
+    pub async fn children(&self, path: &str) -> Result<Vec<(String, wire::types::NodeStat)>, Error> {
+        match self.request(Op::Children { path: path.into() }).await? {
+            Reply::Children { children, .. } => Ok(children),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+pub(crate) fn unexpected(r: &Reply) -> Error {
+    Error::Internal { reason: format!("unexpected reply {r:?}") }
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::CreateSession => "CreateSession",
+        Op::KeepAlive => "KeepAlive",
+        Op::CloseSession => "CloseSession",
+        Op::Create { .. } => "Create",
+        Op::Delete { .. } => "Delete",
+        Op::SetData { .. } => "SetData",
+        Op::Get { .. } => "Get",
+        Op::Exists { .. } => "Exists",
+        Op::Children { .. } => "Children",
+        Op::Txn { .. } => "Txn",
+        Op::Status => "Status",
+        Op::AddLearner { .. } => "AddLearner",
+        Op::Promote { .. } => "Promote",
+        Op::RemoveMember { .. } => "RemoveMember",
+    }
+}

@@ -1,0 +1,279 @@
+//! `lockctl dev`: a local cell of real replica processes on loopback.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use client_sdk::{Client, ClientConfig, CreateMode, Error};
+use replica::config::{Member, RaftConfig, ReplicaConfig, SessionConfig, TlsConfig};
+
+/// The endpoints of the default dev cell.
+pub const DEFAULT_ENDPOINTS: &str =
+    "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105";
+
+/// Options of `lockctl dev`.
+#[derive(clap::Args, Debug)]
+pub struct DevArgs {
+    /// Number of replicas (1, 3 or 5).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=7))]
+    replicas: u64,
+    /// Directory for TLS files, configs, logs and replica data.
+    #[arg(long, default_value = "cell-data")]
+    data: PathBuf,
+    /// First UDP port; replica N listens on base-port + N - 1.
+    #[arg(long, default_value_t = 7101)]
+    base_port: u16,
+    /// Session lease in milliseconds.
+    #[arg(long, default_value_t = 12_000)]
+    lease_ms: u64,
+    /// Skip the demonstration after start-up.
+    #[arg(long)]
+    no_demo: bool,
+    /// Stop after the demonstration instead of running until Ctrl-C.
+    #[arg(long)]
+    exit_after_demo: bool,
+}
+
+/// Writes the configuration files of a dev cell and returns their paths.
+pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
+    let tls_dir = args.data.join("tls");
+    if !tls_dir.join(wire::tls::CA_FILE).exists() {
+        wire::tls::DevCa::generate().map_err(anyhow::Error::msg)?.write_to(&tls_dir)?;
+    }
+    let abs = std::fs::canonicalize(&args.data)?;
+    let members: Vec<Member> = (1..=args.replicas)
+        .map(|id| Member { id, addr: format!("127.0.0.1:{}", args.base_port as u64 + id - 1) })
+        .collect();
+    let mut paths = Vec::new();
+    for m in &members {
+        let cfg = ReplicaConfig {
+            id: m.id,
+            listen: m.addr.parse()?,
+            advertise: None,
+            data_dir: abs.join(format!("replica-{}", m.id)),
+            bootstrap: m.id == 1,
+            members: members.clone(),
+            tls: TlsConfig {
+                ca: abs.join("tls").join(wire::tls::CA_FILE),
+                cert: abs.join("tls").join(wire::tls::CERT_FILE),
+                key: abs.join("tls").join(wire::tls::KEY_FILE),
+            },
+            raft: RaftConfig::default(),
+            session: SessionConfig { lease_ms: args.lease_ms, ..SessionConfig::default() },
+            request_timeout_ms: 5_000,
+        };
+        cfg.validate()?;
+        let path = args.data.join(format!("replica-{}.toml", m.id));
+        std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// Runs one replica in this process (the hidden `lockctl replica` command).
+pub fn run_replica(config: &Path) -> anyhow::Result<()> {
+    let cfg = ReplicaConfig::load(Some(config))?;
+    let system = actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+    });
+    system.block_on(async move {
+        let shutdown = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        replica::server::run(cfg, shutdown).await
+    })
+}
+
+struct Children(Vec<(u64, Child)>);
+
+impl Children {
+    fn stop(&mut self) {
+        for (_, c) in &self.0 {
+            // SIGTERM: each replica shuts down cleanly.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (id, c) in &mut self.0 {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    _ => {
+                        eprintln!("replica {id} did not stop in time; killing it");
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.0.clear();
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `lockctl dev`.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data).with_context(|| format!("create {}", args.data.display()))?;
+    let configs = write_configs(&args)?;
+    let exe = std::env::current_exe()?;
+    let mut children = Children(Vec::new());
+    for (i, cfg) in configs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let log = std::fs::File::create(args.data.join(format!("replica-{id}.log")))?;
+        let child = std::process::Command::new(&exe)
+            .arg("replica")
+            .arg("--config")
+            .arg(cfg)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("start replica {id}"))?;
+        children.0.push((id, child));
+    }
+    let endpoints: Vec<String> =
+        (1..=args.replicas).map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1)).collect();
+    println!(
+        "started {} replicas on {} (data, configs and logs in {})",
+        args.replicas,
+        endpoints.join(", "),
+        args.data.display()
+    );
+    let ca = args.data.join("tls").join(wire::tls::CA_FILE);
+    let client = Client::connect(ClientConfig::new(endpoints.clone(), ca.clone())).await?;
+    let started = Instant::now();
+    let leader = wait_for_leader(&client, Duration::from_secs(30)).await?;
+    println!("replica {leader} leads after {} ms", started.elapsed().as_millis());
+
+    if !args.no_demo {
+        demo(&client).await?;
+    }
+    print_status(&client).await?;
+    if args.exit_after_demo {
+        children.stop();
+        return Ok(());
+    }
+    println!(
+        "\ncell running. Try, in another terminal:\n  \
+         export LOCKCTL_ENDPOINTS={} LOCKCTL_CA={}\n  \
+         cargo run -q --bin lockctl -- status\n  \
+         cargo run -q --bin lockctl -- set /demo/config v2 --version 0\n\
+         Ctrl-C stops the cell.",
+        endpoints.join(","),
+        ca.display()
+    );
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => {
+                for (id, c) in &mut children.0 {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        eprintln!("replica {id} exited: {status} (see {}/replica-{id}.log)", args.data.display());
+                    }
+                }
+            }
+        }
+    }
+    println!("stopping the cell");
+    children.stop();
+    Ok(())
+}
+
+async fn wait_for_leader(client: &Client, within: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        for addr in client.endpoints() {
+            if let Ok(s) = client.status_of(*addr).await {
+                if s.role == "Leader" {
+                    return Ok(s.id);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("no leader within {} s", within.as_secs())
+}
+
+async fn demo(client: &Client) -> anyhow::Result<()> {
+    println!("\n-- demo --");
+    let session = client.open_session().await?;
+    println!("opened session {} (lease {} ms)", session.id(), session.lease().as_millis());
+    match session.create("/demo", Vec::new(), CreateMode::default()).await {
+        Ok(_) | Err(Error::NodeExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let version = match session.create("/demo/config", b"v1".to_vec(), CreateMode::default()).await {
+        Ok(c) => c.stat.version,
+        Err(Error::NodeExists { .. }) => client.get("/demo/config").await?.1.version,
+        Err(e) => return Err(e.into()),
+    };
+    let stat = session.set_data("/demo/config", b"hello from lockctl dev".to_vec(), Some(version)).await?;
+    println!("set /demo/config (compare-and-set on version {version}) -> version {}", stat.version);
+    match session.set_data("/demo/config", b"stale".to_vec(), Some(version)).await {
+        Err(e @ Error::BadVersion { .. }) => println!("a stale compare-and-set is refused: {e}"),
+        other => anyhow::bail!("stale CAS was not refused: {other:?}"),
+    }
+    match session.create("/demo/lock", Vec::new(), CreateMode::default()).await {
+        Ok(_) | Err(Error::NodeExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let node = session
+        .create("/demo/lock/n-", Vec::new(), CreateMode { ephemeral: true, sequential: true })
+        .await?;
+    match &node.predecessor {
+        None => println!("took /demo/lock as {} with fencing token {}", node.path, node.stat.create_index),
+        Some(p) => println!("queued on /demo/lock as {} behind {}", node.path, p.name),
+    }
+    session.close().await?;
+    println!("closed the session: its ephemeral lock node is gone: {}", client.exists(&node.path).await?.is_none());
+    println!("-- end of demo --\n");
+    Ok(())
+}
+
+/// Prints every replica's status.
+pub async fn print_status(client: &Client) -> anyhow::Result<()> {
+    println!(
+        "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}",
+        "id", "addr", "role", "term", "leader", "applied", "log", "snapshot", "sessions", "nodes"
+    );
+    let mut members = None;
+    for addr in client.endpoints() {
+        match client.status_of(*addr).await {
+            Ok(s) => {
+                println!(
+                    "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}",
+                    s.id,
+                    addr.to_string(),
+                    s.role,
+                    s.term,
+                    s.leader.as_ref().map(|l| l.id.to_string()).unwrap_or_else(|| "-".into()),
+                    s.last_applied,
+                    s.last_log_index,
+                    s.snapshot_index.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
+                    s.session_count,
+                    s.node_count
+                );
+                members.get_or_insert(s.members);
+            }
+            Err(e) => println!("{:<4} {:<18} unreachable: {e}", "?", addr.to_string()),
+        }
+    }
+    if let Some(ms) = members {
+        let list: Vec<String> =
+            ms.iter().map(|m| format!("{}@{}{}", m.id, m.addr, if m.voter { "" } else { " (learner)" })).collect();
+        println!("members: {}", list.join(", "));
+    }
+    Ok(())
+}
