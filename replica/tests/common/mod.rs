@@ -1,0 +1,242 @@
+//! A test cell: real `replica` processes on loopback, each with its own fjall directory.
+//!
+//! Tests in one file share a mutex so that only one cell runs at a time (two cores; five
+//! replicas each), keeping election timing far from its limits.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use client_sdk::{Client, ClientConfig, Status};
+use replica::config::{Member, RaftConfig, ReplicaConfig, SessionConfig, TlsConfig};
+
+/// One cell at a time per test binary.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the per-binary lock, surviving a panic in another test.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Knobs of a test cell.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub replicas: u64,
+    pub lease_ms: u64,
+    pub checkpoint_interval_ms: u64,
+    pub raft: RaftConfig,
+    pub request_timeout_ms: u64,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            replicas: 5,
+            lease_ms: 12_000,
+            checkpoint_interval_ms: 1_000,
+            raft: RaftConfig::default(),
+            request_timeout_ms: 5_000,
+        }
+    }
+}
+
+pub struct TestCell {
+    pub dir: tempfile::TempDir,
+    pub configs: BTreeMap<u64, (PathBuf, ReplicaConfig)>,
+    pub procs: BTreeMap<u64, Child>,
+    pub ca: PathBuf,
+    opts: Opts,
+    members: Vec<Member>,
+}
+
+fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.local_addr().expect("addr").port()
+}
+
+impl TestCell {
+    /// Writes configs and starts `opts.replicas` replicas; replica 1 bootstraps the cell.
+    pub fn start(opts: Opts) -> TestCell {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tls = dir.path().join("tls");
+        wire::tls::DevCa::generate().expect("ca").write_to(&tls).expect("write tls");
+        let members: Vec<Member> = (1..=opts.replicas)
+            .map(|id| Member { id, addr: format!("127.0.0.1:{}", free_udp_port()) })
+            .collect();
+        let mut cell = TestCell {
+            ca: tls.join(wire::tls::CA_FILE),
+            dir,
+            configs: BTreeMap::new(),
+            procs: BTreeMap::new(),
+            opts,
+            members: members.clone(),
+        };
+        for m in &members {
+            cell.write_config(m.id, &m.addr, m.id == 1);
+            cell.spawn(m.id);
+        }
+        cell
+    }
+
+    fn write_config(&mut self, id: u64, addr: &str, bootstrap: bool) {
+        let tls = self.dir.path().join("tls");
+        let cfg = ReplicaConfig {
+            id,
+            listen: addr.parse().expect("addr"),
+            advertise: None,
+            data_dir: self.dir.path().join(format!("replica-{id}")),
+            bootstrap,
+            members: self.members.clone(),
+            tls: TlsConfig {
+                ca: tls.join(wire::tls::CA_FILE),
+                cert: tls.join(wire::tls::CERT_FILE),
+                key: tls.join(wire::tls::KEY_FILE),
+            },
+            raft: self.opts.raft.clone(),
+            session: SessionConfig {
+                lease_ms: self.opts.lease_ms,
+                checkpoint_interval_ms: self.opts.checkpoint_interval_ms,
+                ..SessionConfig::default()
+            },
+            request_timeout_ms: self.opts.request_timeout_ms,
+        };
+        let path = self.dir.path().join(format!("replica-{id}.toml"));
+        std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");
+        self.configs.insert(id, (path, cfg));
+    }
+
+    /// Writes the config of a new, non-bootstrapping replica and returns its address.
+    pub fn prepare_new_replica(&mut self, id: u64) -> String {
+        let addr = format!("127.0.0.1:{}", free_udp_port());
+        self.write_config(id, &addr, false);
+        addr
+    }
+
+    /// Starts (or restarts) replica `id` from its config and data directory.
+    pub fn spawn(&mut self, id: u64) {
+        let (path, _) = &self.configs[&id];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("replica-{id}.log")))
+            .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_replica"))
+            .arg("--config")
+            .arg(path)
+            .env("RUST_LOG", "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn")
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn replica");
+        self.procs.insert(id, child);
+    }
+
+    /// `kill -9` replica `id` and reap it.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.procs.remove(&id) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, ...) to replica `id`.
+    pub fn signal(&self, id: u64, sig: i32) {
+        if let Some(c) = self.procs.get(&id) {
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    pub fn addr(&self, id: u64) -> String {
+        self.configs[&id].1.listen.to_string()
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.configs.values().map(|(_, c)| c.listen.to_string()).collect()
+    }
+
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new(self.endpoints(), self.ca.clone());
+        c.attempt_timeout = Duration::from_secs(2);
+        c.request_timeout = Duration::from_secs(20);
+        c
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.client_config()).await.expect("client")
+    }
+
+    /// Status of every running replica.
+    pub async fn statuses(&self, client: &Client) -> BTreeMap<u64, Status> {
+        let mut out = BTreeMap::new();
+        for id in self.procs.keys() {
+            if let Ok(s) = client.status_of(self.addr(*id).parse().expect("addr")).await {
+                out.insert(*id, s);
+            }
+        }
+        out
+    }
+
+    /// Waits until a running replica reports itself leader (optionally not `not`).
+    pub async fn wait_leader(&self, client: &Client, within: Duration, not: Option<u64>) -> u64 {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            for (id, s) in self.statuses(client).await {
+                if s.role == "Leader" && Some(id) != not {
+                    return id;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no leader within {within:?}; logs in {}", self.dir.path().display());
+    }
+
+    /// Waits until every running replica has applied at least `index`.
+    pub async fn wait_applied(&self, client: &Client, index: u64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let st = self.statuses(client).await;
+            if st.len() == self.procs.len() && st.values().all(|s| s.last_applied >= index) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replicas did not reach index {index}: {st:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Keeps the data directory (for post-mortems) when a test fails.
+    pub fn keep_on_panic(&self) {
+        if std::thread::panicking() {
+            let kept = self.dir.path().to_path_buf();
+            eprintln!("cell data kept in {}", kept.display());
+        }
+    }
+}
+
+impl Drop for TestCell {
+    fn drop(&mut self) {
+        for (_, c) in self.procs.iter_mut() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            // Keep logs for the failure report.
+            let p = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+            let kept = p.keep();
+            eprintln!("test failed: cell logs kept in {}", kept.display());
+        }
+    }
+}
+
+/// Sorted percentiles of durations in milliseconds.
+pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
+    if sorted_ms.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_ms.len() as f64 - 1.0) * p).round() as usize;
+    sorted_ms[i]
+}
