@@ -24,6 +24,9 @@ pub struct ClientConfig {
     /// How long one attempt waits for an answer (default 6 s, above the replicas' own
     /// 5 s commit timeout).
     pub attempt_timeout: Duration,
+    /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
+    /// dead replica is skipped quickly instead of holding up the request.
+    pub connect_timeout: Duration,
     /// Agent string sent in the hello.
     pub agent: String,
 }
@@ -36,6 +39,7 @@ impl ClientConfig {
             ca,
             request_timeout: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),
+            connect_timeout: Duration::from_secs(1),
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
         }
     }
@@ -106,18 +110,24 @@ impl Client {
                 return Ok(c.clone());
             }
         }
-        let conn = self
-            .inner
-            .endpoint
-            .connect(addr, tls::SERVER_NAME)
-            .map_err(conn_err)?
+        let handshake = async {
+            let conn = self
+                .inner
+                .endpoint
+                .connect(addr, tls::SERVER_NAME)
+                .map_err(conn_err)?
+                .await
+                .map_err(|e| conn_err(format!("{addr}: {e}")))?;
+            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+            frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
+            let _ = send.finish();
+            let reply: HelloReply = frame::read(&mut recv, 4096).await?;
+            reply?;
+            Ok::<_, Error>(conn)
+        };
+        let conn = tokio::time::timeout(self.inner.cfg.connect_timeout, handshake)
             .await
-            .map_err(|e| conn_err(format!("{addr}: {e}")))?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-        frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
-        let _ = send.finish();
-        let reply: HelloReply = frame::read(&mut recv, 4096).await?;
-        reply?;
+            .map_err(|_| conn_err(format!("{addr}: no handshake within {:?}", self.inner.cfg.connect_timeout)))??;
         conns.insert(addr, conn.clone());
         Ok(conn)
     }

@@ -37,6 +37,9 @@ pub struct RaftConfig {
     pub heartbeat_interval_ms: u64,
     /// Lower bound of the randomized election timeout: long enough that a slow fsync or a
     /// short blip does not start an election, short enough for fail-over well inside a lease.
+    /// openraft 0.9 adds its leader lease (= `election_timeout_max_ms`) before a follower
+    /// that saw a committed leader stands, so with 500–1000 ms a follower stands 1.5–2 s
+    /// after the last heartbeat: the seed's "1 to 2 s".
     pub election_timeout_min_ms: u64,
     /// Upper bound of the randomized election timeout.
     pub election_timeout_max_ms: u64,
@@ -51,8 +54,8 @@ impl Default for RaftConfig {
     fn default() -> Self {
         RaftConfig {
             heartbeat_interval_ms: 150,
-            election_timeout_min_ms: 1_000,
-            election_timeout_max_ms: 2_000,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1_000,
             snapshot_interval_entries: 100_000,
             log_entries_kept_after_snapshot: 1_000,
         }

@@ -1,0 +1,201 @@
+//! Crashes: the leader under a stream of writes, the whole cell, and a lost majority.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use client_sdk::{CreateMode, Error, SessionState};
+use common::{serial, Opts, TestCell};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Scenario 3: `kill -9` the leader under a stream of writes. A new leader commits within
+/// 3 s; every acknowledged write survives; the writer's session (renewing throughout) is
+/// not expired.
+#[test]
+fn leader_crash_under_writes() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        let old = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let session = client.open_session().await.unwrap();
+        session.create("/w", vec![], CreateMode::default()).await.unwrap();
+
+        let acked: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (session, acked, stop) = (session.clone(), acked.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                let mut errors = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let p = format!("/w/k{i:06}");
+                    match session.create(&p, vec![1; 32], CreateMode::default()).await {
+                        Ok(_) => {
+                            acked.lock().unwrap().insert(p);
+                            i += 1;
+                        }
+                        // A retry of an applied create whose answer was lost: still one node.
+                        Err(Error::NodeExists { .. }) => {
+                            acked.lock().unwrap().insert(p);
+                            i += 1;
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            eprintln!("write {p} failed (will retry with a new request): {e}");
+                        }
+                    }
+                }
+                errors
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before_kill = acked.lock().unwrap().len();
+        assert!(before_kill > 10, "writes flow before the crash");
+
+        let killed_at = Instant::now();
+        cell.kill(old);
+        // Measure the cell's own fail-over: time until another replica leads and has
+        // committed an entry of its term (openraft commits a no-op on election).
+        let probe = cell.client().await;
+        let new = cell.wait_leader(&probe, Duration::from_secs(10), Some(old)).await;
+        let elected = killed_at.elapsed();
+        // Time until a write through the new leader commits.
+        let direct = client_sdk::Client::connect(client_sdk::ClientConfig {
+            endpoints: vec![cell.addr(new)],
+            ..cell.client_config()
+        })
+        .await
+        .unwrap();
+        let s2 = direct.open_session().await.unwrap();
+        s2.create("/after-failover", vec![], CreateMode::default()).await.unwrap();
+        let committed = killed_at.elapsed();
+        println!(
+            "FIGURE fail-over: replica {new} elected {} ms and first new write committed {} ms after kill -9 of leader {old}",
+            elected.as_millis(),
+            committed.as_millis()
+        );
+        assert!(committed < Duration::from_secs(3), "fail-over took {committed:?}");
+
+        // The writer resumes on the new leader.
+        let resume_deadline = Instant::now() + Duration::from_secs(10);
+        let at_kill = acked.lock().unwrap().len();
+        while acked.lock().unwrap().len() < at_kill + 20 {
+            assert!(Instant::now() < resume_deadline, "writes did not resume");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("FIGURE writer: first write after the crash acknowledged; {} writes acknowledged so far", acked.lock().unwrap().len());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = writer.await.unwrap();
+
+        // Everything acknowledged is present.
+        let present: BTreeSet<String> =
+            client.children("/w").await.unwrap().into_iter().map(|(n, _)| format!("/w/{n}")).collect();
+        let acked = acked.lock().unwrap().clone();
+        let missing: Vec<_> = acked.difference(&present).collect();
+        assert!(missing.is_empty(), "acknowledged writes lost: {missing:?}");
+        assert_eq!(session.state(), SessionState::Healthy, "the renewing session survived");
+        session.create("/still-mine", vec![], CreateMode { ephemeral: true, sequential: false }).await.unwrap();
+    });
+}
+
+/// Scenario 4: `kill -9` all five replicas, restart them: every acknowledged write is there.
+/// A small snapshot interval makes each restart load a snapshot and replay the log after it.
+#[test]
+fn whole_cell_crash_and_restart() {
+    let _g = serial();
+    rt().block_on(async {
+        let raft = replica::config::RaftConfig {
+            snapshot_interval_entries: 30,
+            log_entries_kept_after_snapshot: 5,
+            ..Default::default()
+        };
+        let mut cell = TestCell::start(Opts { raft, ..Opts::default() });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/d", vec![], CreateMode::default()).await.unwrap();
+        for i in 0..100 {
+            s.create(&format!("/d/{i}"), format!("v{i}").into_bytes(), CreateMode::default()).await.unwrap();
+        }
+        s.set_data("/d/7", b"changed".to_vec(), Some(0)).await.unwrap();
+        let before = cell.statuses(&client).await;
+        assert!(before.values().all(|s| s.snapshot_index.is_some()), "snapshots taken: {before:?}");
+        for id in 1..=5 {
+            cell.kill(id);
+        }
+        let restarted = Instant::now();
+        for id in 1..=5 {
+            cell.spawn(id);
+        }
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let kids = client.children("/d").await.unwrap();
+        assert_eq!(kids.len(), 100);
+        let after = cell.statuses(&client).await;
+        assert!(after.values().all(|s| s.snapshot_index.is_some()), "restarted from snapshots: {after:?}");
+        for i in 0..100 {
+            let (data, _) = client.get(&format!("/d/{i}")).await.unwrap();
+            let want = if i == 7 { b"changed".to_vec() } else { format!("v{i}").into_bytes() };
+            assert_eq!(data, want);
+        }
+        println!("FIGURE recovery: whole cell back and serving {} ms after restart", restarted.elapsed().as_millis());
+        // The old session survived too (its lease restarted with the new leader).
+        s.create("/d/after", vec![], CreateMode::default()).await.unwrap();
+    });
+}
+
+/// Scenario 6: with three of five replicas down, writes are not acknowledged; the client
+/// gets a clear unavailability or timeout error. Once they return, the cell serves again.
+#[test]
+fn no_majority_no_writes() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts { request_timeout_ms: 2_000, ..Opts::default() });
+        let client = cell.client().await;
+        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/m", vec![], CreateMode::default()).await.unwrap();
+        // Kill the leader and two followers.
+        let mut down = vec![leader];
+        for id in 1..=5 {
+            if id != leader && down.len() < 3 {
+                down.push(id);
+            }
+        }
+        for id in &down {
+            cell.kill(*id);
+        }
+        let mut cfg = cell.client_config();
+        cfg.request_timeout = Duration::from_secs(8);
+        let c2 = client_sdk::Client::connect(cfg).await.unwrap();
+        let t = Instant::now();
+        let r = c2
+            .call(wire::types::Request {
+                session: s.id(),
+                request_id: 77,
+                ack_below: 0,
+                op: wire::types::Op::Create { path: "/m/x".into(), data: vec![], mode: CreateMode::default() },
+            })
+            .await;
+        println!("FIGURE minority: write answered after {} ms with {r:?}", t.elapsed().as_millis());
+        assert!(
+            matches!(r, Err(Error::Unavailable { .. }) | Err(Error::Timeout { .. })),
+            "expected unavailability, got {r:?}"
+        );
+        for id in &down {
+            cell.spawn(*id);
+        }
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        // The session outlived the outage? It may have expired (the outage exceeded no
+        // lease here, 12 s): it must still work.
+        s.create("/m/y", vec![], CreateMode::default()).await.unwrap();
+        assert!(client.exists("/m/y").await.unwrap().is_some());
+    });
+}
