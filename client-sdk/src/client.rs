@@ -60,7 +60,9 @@ pub struct Client {
 }
 
 fn conn_err(e: impl std::fmt::Display) -> Error {
-    Error::Connection { reason: e.to_string() }
+    Error::Connection {
+        reason: e.to_string(),
+    }
 }
 
 impl Client {
@@ -71,16 +73,29 @@ impl Client {
         for e in &cfg.endpoints {
             let a: SocketAddr = tokio::net::lookup_host(e)
                 .await
-                .map_err(|err| Error::BadRequest { reason: format!("endpoint {e:?}: {err}") })?
+                .map_err(|err| Error::BadRequest {
+                    reason: format!("endpoint {e:?}: {err}"),
+                })?
                 .next()
-                .ok_or_else(|| Error::BadRequest { reason: format!("endpoint {e:?} resolves to nothing") })?;
+                .ok_or_else(|| Error::BadRequest {
+                    reason: format!("endpoint {e:?} resolves to nothing"),
+                })?;
             addrs.push(a);
         }
         if addrs.is_empty() {
-            return Err(Error::BadRequest { reason: "no endpoints".into() });
+            return Err(Error::BadRequest {
+                reason: "no endpoints".into(),
+            });
         }
-        let tls = tls::client_config(&cfg.ca, ALPN_CLIENT).map_err(|reason| Error::BadRequest { reason })?;
-        let bind: SocketAddr = if addrs[0].is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("addr");
+        let tls = tls::client_config(&cfg.ca, ALPN_CLIENT)
+            .map_err(|reason| Error::BadRequest { reason })?;
+        let bind: SocketAddr = if addrs[0].is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        }
+        .parse()
+        .expect("addr");
         let endpoint = wire::quic::client_endpoint(tls, bind).map_err(conn_err)?;
         Ok(Client {
             inner: Arc::new(Inner {
@@ -127,7 +142,12 @@ impl Client {
         };
         let conn = tokio::time::timeout(self.inner.cfg.connect_timeout, handshake)
             .await
-            .map_err(|_| conn_err(format!("{addr}: no handshake within {:?}", self.inner.cfg.connect_timeout)))??;
+            .map_err(|_| {
+                conn_err(format!(
+                    "{addr}: no handshake within {:?}",
+                    self.inner.cfg.connect_timeout
+                ))
+            })??;
         conns.insert(addr, conn.clone());
         Ok(conn)
     }
@@ -144,7 +164,10 @@ impl Client {
         let t = self.inner.cfg.attempt_timeout;
         match tokio::time::timeout(t, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout { what: format!("answer from {addr}"), after_ms: t.as_millis() as u64 }),
+            Err(_) => Err(Error::Timeout {
+                what: format!("answer from {addr}"),
+                after_ms: t.as_millis() as u64,
+            }),
         }
     }
 
@@ -165,7 +188,8 @@ impl Client {
     /// leave the outcome unknown (with the same request id) until
     /// [`ClientConfig::request_timeout`] runs out.
     pub async fn call(&self, req: Request) -> Result<Reply, Error> {
-        self.call_until(req, Instant::now() + self.inner.cfg.request_timeout).await
+        self.call_until(req, Instant::now() + self.inner.cfg.request_timeout)
+            .await
     }
 
     /// Like [`Client::call`] with an explicit deadline.
@@ -183,7 +207,10 @@ impl Client {
                         *self.inner.leader.lock().expect("leader lock") = Some(addr);
                         return Ok(r);
                     }
-                    Err(Error::NotLeader { leader_addr: Some(hint), leader_id }) => {
+                    Err(Error::NotLeader {
+                        leader_addr: Some(hint),
+                        leader_id,
+                    }) => {
                         if let Ok(h) = hint.parse::<SocketAddr>() {
                             let mut l = self.inner.leader.lock().expect("leader lock");
                             if *l != Some(h) {
@@ -191,7 +218,10 @@ impl Client {
                                 redirected = true;
                             }
                         }
-                        last_err = Some(Error::NotLeader { leader_addr: Some(hint), leader_id });
+                        last_err = Some(Error::NotLeader {
+                            leader_addr: Some(hint),
+                            leader_id,
+                        });
                         if redirected {
                             break;
                         }
@@ -213,13 +243,22 @@ impl Client {
                 what: format!("request {:?} (last error: {e})", op_name(&req.op)),
                 after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
             },
-            None => Error::Timeout { what: "request".into(), after_ms: self.inner.cfg.request_timeout.as_millis() as u64 },
+            None => Error::Timeout {
+                what: "request".into(),
+                after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
+            },
         })
     }
 
     /// A session-less request to the leader.
     pub async fn request(&self, op: Op) -> Result<Reply, Error> {
-        self.call(Request { session: 0 as SessionId, request_id: 0, ack_below: 0, op }).await
+        self.call(Request {
+            session: 0 as SessionId,
+            request_id: 0,
+            ack_below: 0,
+            op,
+        })
+        .await
     }
 
     /// Opens a session and starts its KeepAlives.
@@ -229,7 +268,18 @@ impl Client {
 
     /// The status of one replica.
     pub async fn status_of(&self, addr: SocketAddr) -> Result<Status, Error> {
-        match self.call_at(addr, &Request { session: 0, request_id: 0, ack_below: 0, op: Op::Status }).await? {
+        match self
+            .call_at(
+                addr,
+                &Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::Status,
+                },
+            )
+            .await?
+        {
             Reply::Status(s) => Ok(s),
             other => Err(unexpected(&other)),
         }
@@ -252,7 +302,10 @@ impl Client {
     }
 
     /// A node's children with their metadata, in name order (linearizable).
-    pub async fn children(&self, path: &str) -> Result<Vec<(String, wire::types::NodeStat)>, Error> {
+    pub async fn children(
+        &self,
+        path: &str,
+    ) -> Result<Vec<(String, wire::types::NodeStat)>, Error> {
         match self.request(Op::Children { path: path.into() }).await? {
             Reply::Children { children, .. } => Ok(children),
             other => Err(unexpected(&other)),
@@ -261,7 +314,9 @@ impl Client {
 }
 
 pub(crate) fn unexpected(r: &Reply) -> Error {
-    Error::Internal { reason: format!("unexpected reply {r:?}") }
+    Error::Internal {
+        reason: format!("unexpected reply {r:?}"),
+    }
 }
 
 fn op_name(op: &Op) -> &'static str {

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use wire::types::{CreateMode, NodeStat, Op, Predecessor, Reply, Request, RequestId, SessionId, TxnOp, TxnResult};
+use wire::types::{
+    CreateMode, NodeStat, Op, Predecessor, Reply, Request, RequestId, SessionId, TxnOp, TxnResult,
+};
 use wire::Error;
 
 use crate::client::{unexpected, Client};
@@ -65,7 +67,10 @@ impl Session {
     pub(crate) async fn open(client: Client) -> Result<Session, Error> {
         let sent = Instant::now();
         let (id, lease_ms) = match client.request(Op::CreateSession).await? {
-            Reply::SessionCreated { session, session_lease_ms } => (session, session_lease_ms),
+            Reply::SessionCreated {
+                session,
+                session_lease_ms,
+            } => (session, session_lease_ms),
             other => return Err(unexpected(&other)),
         };
         let lease = Duration::from_millis(lease_ms);
@@ -132,9 +137,18 @@ impl Session {
         let r = self
             .inner
             .client
-            .call(Request { session: self.inner.id, request_id, ack_below, op })
+            .call(Request {
+                session: self.inner.id,
+                request_id,
+                ack_below,
+                op,
+            })
             .await;
-        self.inner.outstanding.lock().expect("outstanding lock").remove(&request_id);
+        self.inner
+            .outstanding
+            .lock()
+            .expect("outstanding lock")
+            .remove(&request_id);
         if let Err(Error::SessionExpired { .. }) = &r {
             self.inner.state_tx.send_replace(SessionState::Expired);
         }
@@ -142,24 +156,62 @@ impl Session {
     }
 
     /// Creates a node.
-    pub async fn create(&self, path: &str, data: Vec<u8>, mode: CreateMode) -> Result<Created, Error> {
-        match self.call(Op::Create { path: path.into(), data, mode }).await? {
-            Reply::Created { path, stat, predecessor } => Ok(Created { path, stat, predecessor }),
+    pub async fn create(
+        &self,
+        path: &str,
+        data: Vec<u8>,
+        mode: CreateMode,
+    ) -> Result<Created, Error> {
+        match self
+            .call(Op::Create {
+                path: path.into(),
+                data,
+                mode,
+            })
+            .await?
+        {
+            Reply::Created {
+                path,
+                stat,
+                predecessor,
+            } => Ok(Created {
+                path,
+                stat,
+                predecessor,
+            }),
             other => Err(unexpected(&other)),
         }
     }
 
     /// Deletes a node (compare-and-delete when `version` is given).
     pub async fn delete(&self, path: &str, version: Option<u64>) -> Result<(), Error> {
-        match self.call(Op::Delete { path: path.into(), version }).await? {
+        match self
+            .call(Op::Delete {
+                path: path.into(),
+                version,
+            })
+            .await?
+        {
             Reply::Deleted => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
 
     /// Replaces a node's data (compare-and-set when `version` is given).
-    pub async fn set_data(&self, path: &str, data: Vec<u8>, version: Option<u64>) -> Result<NodeStat, Error> {
-        match self.call(Op::SetData { path: path.into(), data, version }).await? {
+    pub async fn set_data(
+        &self,
+        path: &str,
+        data: Vec<u8>,
+        version: Option<u64>,
+    ) -> Result<NodeStat, Error> {
+        match self
+            .call(Op::SetData {
+                path: path.into(),
+                data,
+                version,
+            })
+            .await?
+        {
             Reply::Set { stat } => Ok(stat),
             other => Err(unexpected(&other)),
         }
@@ -206,13 +258,20 @@ async fn keepalive_loop(inner: Arc<Inner>) {
     let mut next = Instant::now() + interval;
     loop {
         tokio::time::sleep_until(next.into()).await;
-        if inner.keepalives_stopped.load(Ordering::SeqCst) || *inner.state_tx.borrow() == SessionState::Expired {
+        if inner.keepalives_stopped.load(Ordering::SeqCst)
+            || *inner.state_tx.borrow() == SessionState::Expired
+        {
             return;
         }
         let sent = Instant::now();
         let deadline_for_try = sent + interval.max(Duration::from_secs(1));
         let call = inner.client.call_until(
-            Request { session: inner.id, request_id: 0, ack_below: 0, op: Op::KeepAlive },
+            Request {
+                session: inner.id,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::KeepAlive,
+            },
             deadline_for_try,
         );
         tokio::pin!(call);
@@ -260,7 +319,10 @@ fn enter_jeopardy(inner: &Inner) {
     inner.state_tx.send_if_modified(|s| {
         let changed = *s == SessionState::Healthy;
         if changed {
-            tracing::warn!(session = inner.id, "session in jeopardy: local lease ran out");
+            tracing::warn!(
+                session = inner.id,
+                "session in jeopardy: local lease ran out"
+            );
             *s = SessionState::Jeopardy;
         }
         changed

@@ -39,11 +39,16 @@ pub struct DevArgs {
 pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     let tls_dir = args.data.join("tls");
     if !tls_dir.join(wire::tls::CA_FILE).exists() {
-        wire::tls::DevCa::generate().map_err(anyhow::Error::msg)?.write_to(&tls_dir)?;
+        wire::tls::DevCa::generate()
+            .map_err(anyhow::Error::msg)?
+            .write_to(&tls_dir)?;
     }
     let abs = std::fs::canonicalize(&args.data)?;
     let members: Vec<Member> = (1..=args.replicas)
-        .map(|id| Member { id, addr: format!("127.0.0.1:{}", args.base_port as u64 + id - 1) })
+        .map(|id| Member {
+            id,
+            addr: format!("127.0.0.1:{}", args.base_port as u64 + id - 1),
+        })
         .collect();
     let mut paths = Vec::new();
     for m in &members {
@@ -60,7 +65,10 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 key: abs.join("tls").join(wire::tls::KEY_FILE),
             },
             raft: RaftConfig::default(),
-            session: SessionConfig { lease_ms: args.lease_ms, ..SessionConfig::default() },
+            session: SessionConfig {
+                lease_ms: args.lease_ms,
+                ..SessionConfig::default()
+            },
             request_timeout_ms: 5_000,
         };
         cfg.validate()?;
@@ -75,12 +83,17 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
 pub fn run_replica(config: &Path) -> anyhow::Result<()> {
     let cfg = ReplicaConfig::load(Some(config))?;
     let system = actix_rt::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
     });
     system.block_on(async move {
         let shutdown = async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("signal handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
@@ -103,7 +116,9 @@ impl Children {
             loop {
                 match c.try_wait() {
                     Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
                     _ => {
                         eprintln!("replica {id} did not stop in time; killing it");
                         let _ = c.kill();
@@ -125,7 +140,8 @@ impl Drop for Children {
 
 /// `lockctl dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data).with_context(|| format!("create {}", args.data.display()))?;
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("create {}", args.data.display()))?;
     let configs = write_configs(&args)?;
     let exe = std::env::current_exe()?;
     let mut children = Children(Vec::new());
@@ -142,8 +158,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .with_context(|| format!("start replica {id}"))?;
         children.0.push((id, child));
     }
-    let endpoints: Vec<String> =
-        (1..=args.replicas).map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1)).collect();
+    let endpoints: Vec<String> = (1..=args.replicas)
+        .map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1))
+        .collect();
     println!(
         "started {} replicas on {} (data, configs and logs in {})",
         args.replicas,
@@ -154,7 +171,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let client = Client::connect(ClientConfig::new(endpoints.clone(), ca.clone())).await?;
     let started = Instant::now();
     let leader = wait_for_leader(&client, Duration::from_secs(30)).await?;
-    println!("replica {leader} leads after {} ms", started.elapsed().as_millis());
+    println!(
+        "replica {leader} leads after {} ms",
+        started.elapsed().as_millis()
+    );
 
     if !args.no_demo {
         demo(&client).await?;
@@ -209,35 +229,73 @@ async fn wait_for_leader(client: &Client, within: Duration) -> anyhow::Result<u6
 async fn demo(client: &Client) -> anyhow::Result<()> {
     println!("\n-- demo --");
     let session = client.open_session().await?;
-    println!("opened session {} (lease {} ms)", session.id(), session.lease().as_millis());
-    match session.create("/demo", Vec::new(), CreateMode::default()).await {
+    println!(
+        "opened session {} (lease {} ms)",
+        session.id(),
+        session.lease().as_millis()
+    );
+    match session
+        .create("/demo", Vec::new(), CreateMode::default())
+        .await
+    {
         Ok(_) | Err(Error::NodeExists { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    let version = match session.create("/demo/config", b"v1".to_vec(), CreateMode::default()).await {
+    let version = match session
+        .create("/demo/config", b"v1".to_vec(), CreateMode::default())
+        .await
+    {
         Ok(c) => c.stat.version,
         Err(Error::NodeExists { .. }) => client.get("/demo/config").await?.1.version,
         Err(e) => return Err(e.into()),
     };
-    let stat = session.set_data("/demo/config", b"hello from lockctl dev".to_vec(), Some(version)).await?;
-    println!("set /demo/config (compare-and-set on version {version}) -> version {}", stat.version);
-    match session.set_data("/demo/config", b"stale".to_vec(), Some(version)).await {
+    let stat = session
+        .set_data(
+            "/demo/config",
+            b"hello from lockctl dev".to_vec(),
+            Some(version),
+        )
+        .await?;
+    println!(
+        "set /demo/config (compare-and-set on version {version}) -> version {}",
+        stat.version
+    );
+    match session
+        .set_data("/demo/config", b"stale".to_vec(), Some(version))
+        .await
+    {
         Err(e @ Error::BadVersion { .. }) => println!("a stale compare-and-set is refused: {e}"),
         other => anyhow::bail!("stale CAS was not refused: {other:?}"),
     }
-    match session.create("/demo/lock", Vec::new(), CreateMode::default()).await {
+    match session
+        .create("/demo/lock", Vec::new(), CreateMode::default())
+        .await
+    {
         Ok(_) | Err(Error::NodeExists { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     let node = session
-        .create("/demo/lock/n-", Vec::new(), CreateMode { ephemeral: true, sequential: true })
+        .create(
+            "/demo/lock/n-",
+            Vec::new(),
+            CreateMode {
+                ephemeral: true,
+                sequential: true,
+            },
+        )
         .await?;
     match &node.predecessor {
-        None => println!("took /demo/lock as {} with fencing token {}", node.path, node.stat.create_index),
+        None => println!(
+            "took /demo/lock as {} with fencing token {}",
+            node.path, node.stat.create_index
+        ),
         Some(p) => println!("queued on /demo/lock as {} behind {}", node.path, p.name),
     }
     session.close().await?;
-    println!("closed the session: its ephemeral lock node is gone: {}", client.exists(&node.path).await?.is_none());
+    println!(
+        "closed the session: its ephemeral lock node is gone: {}",
+        client.exists(&node.path).await?.is_none()
+    );
     println!("-- end of demo --\n");
     Ok(())
 }
@@ -258,10 +316,15 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
                     addr.to_string(),
                     s.role,
                     s.term,
-                    s.leader.as_ref().map(|l| l.id.to_string()).unwrap_or_else(|| "-".into()),
+                    s.leader
+                        .as_ref()
+                        .map(|l| l.id.to_string())
+                        .unwrap_or_else(|| "-".into()),
                     s.last_applied,
                     s.last_log_index,
-                    s.snapshot_index.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
+                    s.snapshot_index
+                        .map(|i| i.to_string())
+                        .unwrap_or_else(|| "-".into()),
                     s.session_count,
                     s.node_count
                 );
@@ -271,8 +334,17 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
         }
     }
     if let Some(ms) = members {
-        let list: Vec<String> =
-            ms.iter().map(|m| format!("{}@{}{}", m.id, m.addr, if m.voter { "" } else { " (learner)" })).collect();
+        let list: Vec<String> = ms
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}@{}{}",
+                    m.id,
+                    m.addr,
+                    if m.voter { "" } else { " (learner)" }
+                )
+            })
+            .collect();
         println!("members: {}", list.join(", "));
     }
     Ok(())

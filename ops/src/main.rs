@@ -22,7 +22,12 @@ struct Cli {
     #[arg(long, env = "LOCKCTL_ENDPOINTS", default_value = dev::DEFAULT_ENDPOINTS, global = true)]
     endpoints: String,
     /// The cell's CA certificate.
-    #[arg(long, env = "LOCKCTL_CA", default_value = "cell-data/tls/ca.pem", global = true)]
+    #[arg(
+        long,
+        env = "LOCKCTL_CA",
+        default_value = "cell-data/tls/ca.pem",
+        global = true
+    )]
     ca: PathBuf,
     /// Give up on a request after this many seconds.
     #[arg(long, default_value_t = 15, global = true)]
@@ -122,7 +127,9 @@ fn main() {
     };
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(cli) {
@@ -135,7 +142,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Replica { config } = &cli.command {
         return dev::run_replica(config);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
@@ -144,23 +154,52 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     })
 }
 
-async fn connect(endpoints: &str, ca: &std::path::Path, timeout_secs: u64) -> anyhow::Result<Client> {
+async fn connect(
+    endpoints: &str,
+    ca: &std::path::Path,
+    timeout_secs: u64,
+) -> anyhow::Result<Client> {
     let mut cfg = ClientConfig::new(
-        endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        endpoints
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
         ca.to_path_buf(),
     );
     cfg.request_timeout = Duration::from_secs(timeout_secs);
     cfg.agent = format!("lockctl {}", env!("CARGO_PKG_VERSION"));
-    Client::connect(cfg).await.with_context(|| format!("cannot reach the cell (CA {})", ca.display()))
+    Client::connect(cfg)
+        .await
+        .with_context(|| format!("cannot reach the cell (CA {})", ca.display()))
 }
 
-async fn command(endpoints: &str, ca: &std::path::Path, timeout_secs: u64, cmd: Command) -> anyhow::Result<()> {
+async fn command(
+    endpoints: &str,
+    ca: &std::path::Path,
+    timeout_secs: u64,
+    cmd: Command,
+) -> anyhow::Result<()> {
     let client = connect(endpoints, ca, timeout_secs).await?;
     match cmd {
         Command::Status => dev::print_status(&client).await,
-        Command::Create { path, data, ephemeral, sequential } => {
+        Command::Create {
+            path,
+            data,
+            ephemeral,
+            sequential,
+        } => {
             let session = client.open_session().await?;
-            let r = session.create(&path, data.into_bytes(), CreateMode { ephemeral, sequential }).await;
+            let r = session
+                .create(
+                    &path,
+                    data.into_bytes(),
+                    CreateMode {
+                        ephemeral,
+                        sequential,
+                    },
+                )
+                .await;
             session.close().await?;
             let c = r?;
             println!("created {} (token {})", c.path, c.stat.create_index);
@@ -175,11 +214,17 @@ async fn command(endpoints: &str, ca: &std::path::Path, timeout_secs: u64, cmd: 
                 stat.create_index,
                 stat.mod_index,
                 stat.children_count,
-                stat.ephemeral_owner.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
+                stat.ephemeral_owner
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "-".into())
             );
             Ok(())
         }
-        Command::Set { path, data, version } => {
+        Command::Set {
+            path,
+            data,
+            version,
+        } => {
             let session = client.open_session().await?;
             let r = session.set_data(&path, data.into_bytes(), version).await;
             session.close().await?;
@@ -189,8 +234,15 @@ async fn command(endpoints: &str, ca: &std::path::Path, timeout_secs: u64, cmd: 
         }
         Command::Ls { path } => {
             for (name, stat) in client.children(&path).await? {
-                let flag = if stat.ephemeral_owner.is_some() { " (ephemeral)" } else { "" };
-                println!("{name}\tversion={} token={}{flag}", stat.version, stat.create_index);
+                let flag = if stat.ephemeral_owner.is_some() {
+                    " (ephemeral)"
+                } else {
+                    ""
+                };
+                println!(
+                    "{name}\tversion={} token={}{flag}",
+                    stat.version, stat.create_index
+                );
             }
             Ok(())
         }
@@ -211,7 +263,12 @@ async fn command(endpoints: &str, ca: &std::path::Path, timeout_secs: u64, cmd: 
             match client.request(op).await? {
                 Reply::MembershipChanged { members } => {
                     for m in members {
-                        println!("{}\t{}\t{}", m.id, m.addr, if m.voter { "voter" } else { "learner" });
+                        println!(
+                            "{}\t{}\t{}",
+                            m.id,
+                            m.addr,
+                            if m.voter { "voter" } else { "learner" }
+                        );
                     }
                     Ok(())
                 }

@@ -78,7 +78,11 @@ pub struct SessionConfig {
 
 impl Default for SessionConfig {
     fn default() -> Self {
-        SessionConfig { lease_ms: 12_000, checkpoint_interval_ms: 1_000, expiry_scan_interval_ms: 100 }
+        SessionConfig {
+            lease_ms: 12_000,
+            checkpoint_interval_ms: 1_000,
+            expiry_scan_interval_ms: 100,
+        }
     }
 }
 
@@ -127,7 +131,9 @@ impl ReplicaConfig {
             b = b.add_source(config::File::from(f).format(config::FileFormat::Toml));
         }
         b = b.add_source(
-            config::Environment::with_prefix("LOCKSVC_REPLICA").prefix_separator("__").separator("__"),
+            config::Environment::with_prefix("LOCKSVC_REPLICA")
+                .prefix_separator("__")
+                .separator("__"),
         );
         let cfg: ReplicaConfig = b.build()?.try_deserialize()?;
         cfg.validate()?;
@@ -138,7 +144,10 @@ impl ReplicaConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.id > 0, "id must be > 0");
         let r = &self.raft;
-        anyhow::ensure!(r.heartbeat_interval_ms >= 20, "raft.heartbeat_interval_ms must be >= 20");
+        anyhow::ensure!(
+            r.heartbeat_interval_ms >= 20,
+            "raft.heartbeat_interval_ms must be >= 20"
+        );
         anyhow::ensure!(
             r.election_timeout_min_ms > r.heartbeat_interval_ms * 2,
             "raft.election_timeout_min_ms must exceed twice the heartbeat interval"
@@ -147,15 +156,24 @@ impl ReplicaConfig {
             r.election_timeout_max_ms > r.election_timeout_min_ms,
             "raft.election_timeout_max_ms must exceed election_timeout_min_ms"
         );
-        anyhow::ensure!(r.snapshot_interval_entries >= 1, "raft.snapshot_interval_entries must be >= 1");
+        anyhow::ensure!(
+            r.snapshot_interval_entries >= 1,
+            "raft.snapshot_interval_entries must be >= 1"
+        );
         let s = &self.session;
         anyhow::ensure!(s.lease_ms >= 1_000, "session.lease_ms must be >= 1000");
         anyhow::ensure!(
             s.lease_ms > r.election_timeout_max_ms,
             "session.lease_ms must exceed raft.election_timeout_max_ms, or fail-overs expire sessions"
         );
-        anyhow::ensure!(s.checkpoint_interval_ms >= 50, "session.checkpoint_interval_ms must be >= 50");
-        anyhow::ensure!(s.expiry_scan_interval_ms >= 10, "session.expiry_scan_interval_ms must be >= 10");
+        anyhow::ensure!(
+            s.checkpoint_interval_ms >= 50,
+            "session.checkpoint_interval_ms must be >= 50"
+        );
+        anyhow::ensure!(
+            s.expiry_scan_interval_ms >= 10,
+            "session.expiry_scan_interval_ms must be >= 10"
+        );
         if self.bootstrap {
             anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");
             anyhow::ensure!(
@@ -169,7 +187,9 @@ impl ReplicaConfig {
 
     /// The address peers and clients use for this replica.
     pub fn advertised(&self) -> String {
-        self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+        self.advertise
+            .clone()
+            .unwrap_or_else(|| self.listen.to_string())
     }
 }
 
@@ -202,7 +222,16 @@ lease_ms = 6000
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.advertised(), "127.0.0.1:7002");
         let mut bad = c.clone();
-        bad.session.lease_ms = 1500;
+        bad.session.lease_ms = 900;
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let f = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/replica.example.toml");
+        let c = ReplicaConfig::load(Some(&f)).unwrap();
+        assert_eq!(c.members.len(), 5);
+        assert_eq!(c.raft, RaftConfig::default());
+        assert_eq!(c.session, SessionConfig::default());
     }
 }

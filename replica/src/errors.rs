@@ -7,17 +7,22 @@ use wire::Error;
 type Node = openraft::BasicNode;
 
 fn not_leader(f: openraft::error::ForwardToLeader<NodeId, Node>) -> Error {
-    Error::NotLeader { leader_id: f.leader_id, leader_addr: f.leader_node.map(|n| n.addr) }
+    Error::NotLeader {
+        leader_id: f.leader_id,
+        leader_addr: f.leader_node.map(|n| n.addr),
+    }
 }
 
 /// From a failed `ensure_linearizable`.
 pub fn from_check_leader(e: RaftError<NodeId, CheckIsLeaderError<NodeId, Node>>) -> Error {
     match e {
         RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => not_leader(f),
-        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
-            Error::Unavailable { reason: format!("no quorum: {q}") }
-        }
-        RaftError::Fatal(f) => Error::Unavailable { reason: format!("raft stopped: {f}") },
+        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => Error::Unavailable {
+            reason: format!("no quorum: {q}"),
+        },
+        RaftError::Fatal(f) => Error::Unavailable {
+            reason: format!("raft stopped: {f}"),
+        },
     }
 }
 
@@ -25,9 +30,11 @@ pub fn from_check_leader(e: RaftError<NodeId, CheckIsLeaderError<NodeId, Node>>)
 pub fn from_client_write(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> Error {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
-            Error::Membership { reason: c.to_string() }
-        }
-        RaftError::Fatal(f) => Error::Unavailable { reason: format!("raft stopped: {f}") },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => Error::Membership {
+            reason: c.to_string(),
+        },
+        RaftError::Fatal(f) => Error::Unavailable {
+            reason: format!("raft stopped: {f}"),
+        },
     }
 }

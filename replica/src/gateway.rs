@@ -69,9 +69,14 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>) {
 }
 
 async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
-    let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
+    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+        return;
+    };
     let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
-        Ok(h) => h.check().map(|_| HelloOk { protocol_version: wire::PROTOCOL_VERSION, replica_id: gw.id }),
+        Ok(h) => h.check().map(|_| HelloOk {
+            protocol_version: wire::PROTOCOL_VERSION,
+            replica_id: gw.id,
+        }),
         Err(e) => Err(e),
     };
     let ok = reply.is_ok();
@@ -94,10 +99,11 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
         let gw = gw.clone();
         tokio::spawn(async move {
             let received = Instant::now();
-            let resp: Response = match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
-                Ok(req) => gw.handle(req, received).await,
-                Err(e) => Err(e),
-            };
+            let resp: Response =
+                match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+                    Ok(req) => gw.handle(req, received).await,
+                    Err(e) => Err(e),
+                };
             let resp = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
                 Ok(buf) => buf,
                 Err(e) => frame::encode(&Response::Err(e), CLIENT_FRAME_BYTES_MAX).expect("small"),
@@ -112,7 +118,10 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
 pub fn prevalidate(op: &TxnOp) -> Result<(), Error> {
     let value = |data: &[u8]| {
         if data.len() > wire::VALUE_BYTES_MAX {
-            return Err(Error::ValueTooLarge { len: data.len(), max: wire::VALUE_BYTES_MAX });
+            return Err(Error::ValueTooLarge {
+                len: data.len(),
+                max: wire::VALUE_BYTES_MAX,
+            });
         }
         Ok(())
     };
@@ -122,9 +131,16 @@ pub fn prevalidate(op: &TxnOp) -> Result<(), Error> {
             path::validate(p)?;
             value(data)
         }
-        TxnOp::Create { path: p, data, mode } => {
+        TxnOp::Create {
+            path: p,
+            data,
+            mode,
+        } => {
             if mode.sequential {
-                path::validate(&format!("{p}{}", "0".repeat(crate::state_machine::SEQUENCE_DIGITS)))?;
+                path::validate(&format!(
+                    "{p}{}",
+                    "0".repeat(crate::state_machine::SEQUENCE_DIGITS)
+                ))?;
             } else {
                 path::validate(p)?;
             }
@@ -142,23 +158,32 @@ impl Gateway {
 
     fn with_leader_hint(&self, r: Response) -> Response {
         match r {
-            Err(Error::NotLeader { leader_id: None, .. }) => {
+            Err(Error::NotLeader {
+                leader_id: None, ..
+            }) => {
                 let m = self.raft.metrics().borrow().clone();
                 let leader_id = m.current_leader.filter(|l| *l != self.id);
                 let leader_addr = leader_id.and_then(|l| {
-                    m.membership_config.membership().get_node(&l).map(|n| n.addr.clone())
+                    m.membership_config
+                        .membership()
+                        .get_node(&l)
+                        .map(|n| n.addr.clone())
                 });
-                Err(Error::NotLeader { leader_id, leader_addr })
+                Err(Error::NotLeader {
+                    leader_id,
+                    leader_addr,
+                })
             }
             other => other,
         }
     }
 
     async fn propose(&self, cmd: Command) -> Response {
-        self.raft_node
-            .send(Propose(cmd))
-            .await
-            .unwrap_or_else(|e| Err(Error::Internal { reason: format!("raft node: {e}") }))
+        self.raft_node.send(Propose(cmd)).await.unwrap_or_else(|e| {
+            Err(Error::Internal {
+                reason: format!("raft node: {e}"),
+            })
+        })
     }
 
     async fn write(&self, req: &Request, ops: Vec<TxnOp>, single: bool) -> Response {
@@ -166,20 +191,38 @@ impl Gateway {
             return Err(Error::SessionRequired);
         }
         if ops.is_empty() {
-            return Err(Error::BadRequest { reason: "empty transaction".into() });
+            return Err(Error::BadRequest {
+                reason: "empty transaction".into(),
+            });
         }
         if ops.len() > wire::TXN_OPS_MAX {
             return Err(Error::BadRequest {
-                reason: format!("{} ops exceed the maximum of {}", ops.len(), wire::TXN_OPS_MAX),
+                reason: format!(
+                    "{} ops exceed the maximum of {}",
+                    ops.len(),
+                    wire::TXN_OPS_MAX
+                ),
             });
         }
         for (i, op) in ops.iter().enumerate() {
             if let Err(e) = prevalidate(op) {
-                return Err(if single { e } else { Error::TxnFailed { index: i, error: Box::new(e) } });
+                return Err(if single {
+                    e
+                } else {
+                    Error::TxnFailed {
+                        index: i,
+                        error: Box::new(e),
+                    }
+                });
             }
         }
-        if let Err(e @ Error::SessionExpired { .. }) =
-            self.state.read().expect("state lock").sm.check_session(req.session).map(|_| ())
+        if let Err(e @ Error::SessionExpired { .. }) = self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session(req.session)
+            .map(|_| ())
         {
             return Err(e);
         }
@@ -193,7 +236,11 @@ impl Gateway {
         .await
     }
 
-    async fn read(&self, p: &str, f: impl FnOnce(&crate::state_machine::StateMachine) -> Response) -> Response {
+    async fn read(
+        &self,
+        p: &str,
+        f: impl FnOnce(&crate::state_machine::StateMachine) -> Response,
+    ) -> Response {
         path::validate(p)?;
         self.gate.confirm().await?;
         let s = self.state.read().expect("state lock");
@@ -203,32 +250,62 @@ impl Gateway {
     async fn dispatch(&self, req: Request, received: Instant) -> Response {
         match req.op.clone() {
             Op::CreateSession => match self.propose(Command::CreateSession).await? {
-                Reply::SessionCreated { session, .. } => {
-                    Ok(Reply::SessionCreated { session, session_lease_ms: self.lease_ms })
-                }
-                other => Err(Error::Internal { reason: format!("unexpected {other:?}") }),
+                Reply::SessionCreated { session, .. } => Ok(Reply::SessionCreated {
+                    session,
+                    session_lease_ms: self.lease_ms,
+                }),
+                other => Err(Error::Internal {
+                    reason: format!("unexpected {other:?}"),
+                }),
             },
             Op::KeepAlive => {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
                 self.sessions
-                    .send(KeepAlive { session: req.session, received })
+                    .send(KeepAlive {
+                        session: req.session,
+                        received,
+                    })
                     .await
-                    .unwrap_or_else(|e| Err(Error::Internal { reason: format!("session manager: {e}") }))
+                    .unwrap_or_else(|e| {
+                        Err(Error::Internal {
+                            reason: format!("session manager: {e}"),
+                        })
+                    })
             }
             Op::CloseSession => {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
-                self.propose(Command::CloseSession { session: req.session }).await
+                self.propose(Command::CloseSession {
+                    session: req.session,
+                })
+                .await
             }
             Op::Create { path, data, mode } => {
-                self.write(&req, vec![TxnOp::Create { path, data, mode }], true).await
+                self.write(&req, vec![TxnOp::Create { path, data, mode }], true)
+                    .await
             }
-            Op::Delete { path, version } => self.write(&req, vec![TxnOp::Delete { path, version }], true).await,
-            Op::SetData { path, data, version } => {
-                self.write(&req, vec![TxnOp::SetData { path, data, version }], true).await
+            Op::Delete { path, version } => {
+                self.write(&req, vec![TxnOp::Delete { path, version }], true)
+                    .await
+            }
+            Op::SetData {
+                path,
+                data,
+                version,
+            } => {
+                self.write(
+                    &req,
+                    vec![TxnOp::SetData {
+                        path,
+                        data,
+                        version,
+                    }],
+                    true,
+                )
+                .await
             }
             Op::Txn { ops } => self.write(&req, ops, false).await,
             Op::Get { path } => self.read(&path, |sm| sm.get(&path)).await,
@@ -237,7 +314,9 @@ impl Gateway {
             Op::Status => Ok(Reply::Status(self.status())),
             Op::AddLearner { id, addr } => {
                 if addr.parse::<std::net::SocketAddr>().is_err() {
-                    return Err(Error::BadRequest { reason: format!("bad address {addr:?}") });
+                    return Err(Error::BadRequest {
+                        reason: format!("bad address {addr:?}"),
+                    });
                 }
                 self.change(ChangeMembership::AddLearner { id, addr }).await
             }
@@ -247,10 +326,11 @@ impl Gateway {
     }
 
     async fn change(&self, c: ChangeMembership) -> Response {
-        self.raft_node
-            .send(c)
-            .await
-            .unwrap_or_else(|e| Err(Error::Internal { reason: format!("raft node: {e}") }))
+        self.raft_node.send(c).await.unwrap_or_else(|e| {
+            Err(Error::Internal {
+                reason: format!("raft node: {e}"),
+            })
+        })
     }
 
     /// This replica's view of the cell.
@@ -258,11 +338,15 @@ impl Gateway {
         let m = self.raft.metrics().borrow().clone();
         let members = members(&self.raft);
         let leader = m.current_leader.and_then(|l| {
-            members.iter().find(|x| x.id == l).cloned().or(Some(MemberInfo {
-                id: l,
-                addr: String::new(),
-                voter: true,
-            }))
+            members
+                .iter()
+                .find(|x| x.id == l)
+                .cloned()
+                .or(Some(MemberInfo {
+                    id: l,
+                    addr: String::new(),
+                    voter: true,
+                }))
         });
         let (sessions, nodes) = {
             let s = self.state.read().expect("state lock");

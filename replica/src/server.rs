@@ -47,27 +47,50 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
     std::fs::create_dir_all(&log_dir)?;
     std::fs::create_dir_all(&snap_dir)?;
 
-    let server_tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT, ALPN_PEER])
-        .map_err(anyhow::Error::msg)?;
+    let server_tls =
+        wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT, ALPN_PEER])
+            .map_err(anyhow::Error::msg)?;
     let peer_tls = wire::quic::client_config(
         wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
     )
     .map_err(anyhow::Error::msg)?;
-    let endpoint = wire::quic::server_endpoint(cfg.listen, server_tls, None).map_err(anyhow::Error::msg)?;
+    let endpoint =
+        wire::quic::server_endpoint(cfg.listen, server_tls, None).map_err(anyhow::Error::msg)?;
 
     let dir = snap_dir.clone();
     let snapshotter = SyncArbiter::start(1, move || Snapshotter::new(dir.clone()));
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
-    let sm_store = SmStore::open(&snap_dir, SnapshotSink::Actor(snapshotter), Some(applied_tx))?;
+    let sm_store = SmStore::open(
+        &snap_dir,
+        SnapshotSink::Actor(snapshotter),
+        Some(applied_tx),
+    )?;
     let state = sm_store.shared();
     let log_store = LogStore::open(&log_dir)?;
 
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
-    let raft = Raft::new(cfg.id, Arc::new(raft_config(&cfg)?), network, log_store, sm_store).await?;
+    let raft = Raft::new(
+        cfg.id,
+        Arc::new(raft_config(&cfg)?),
+        network,
+        log_store,
+        sm_store,
+    )
+    .await?;
 
     if cfg.bootstrap && !raft.is_initialized().await? {
-        let members: BTreeMap<u64, BasicNode> =
-            cfg.members.iter().map(|m| (m.id, BasicNode { addr: m.addr.clone() })).collect();
+        let members: BTreeMap<u64, BasicNode> = cfg
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    BasicNode {
+                        addr: m.addr.clone(),
+                    },
+                )
+            })
+            .collect();
         tracing::info!(?members, "initializing a new cell");
         raft.initialize(members).await?;
     }

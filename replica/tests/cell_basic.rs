@@ -10,7 +10,11 @@ use common::{percentile, serial, Opts, TestCell};
 use wire::types::{Op, Request};
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Scenario 1: five replicas elect a leader; create/get/set/ls/rm round-trip; a stale CAS
@@ -138,7 +142,8 @@ fn dedup_and_bad_input() {
     rt().block_on(async {
         let cell = TestCell::start(Opts::default());
         let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         let s = client.open_session().await.unwrap();
         s.create("/q", vec![], CreateMode::default()).await.unwrap();
 
@@ -146,12 +151,23 @@ fn dedup_and_bad_input() {
             session: s.id(),
             request_id: 1_000,
             ack_below: 0,
-            op: Op::Create { path: "/q/item-".into(), data: vec![], mode: CreateMode { ephemeral: false, sequential: true } },
+            op: Op::Create {
+                path: "/q/item-".into(),
+                data: vec![],
+                mode: CreateMode {
+                    ephemeral: false,
+                    sequential: true,
+                },
+            },
         };
         let first = client.call(req.clone()).await.unwrap();
         let second = client.call(req.clone()).await.unwrap();
         assert_eq!(first, second, "a retry returns the original answer");
-        assert_eq!(client.children("/q").await.unwrap().len(), 1, "applied once");
+        assert_eq!(
+            client.children("/q").await.unwrap().len(),
+            1,
+            "applied once"
+        );
 
         // Bad input.
         let before = cell.statuses(&client).await;
@@ -159,38 +175,112 @@ fn dedup_and_bad_input() {
         let big = vec![7u8; wire::VALUE_BYTES_MAX + 1];
         assert_eq!(
             s.create("/big", big.clone(), CreateMode::default()).await,
-            Err(Error::ValueTooLarge { len: wire::VALUE_BYTES_MAX + 1, max: wire::VALUE_BYTES_MAX })
+            Err(Error::ValueTooLarge {
+                len: wire::VALUE_BYTES_MAX + 1,
+                max: wire::VALUE_BYTES_MAX
+            })
         );
-        assert!(matches!(s.set_data("/q", big, None).await, Err(Error::ValueTooLarge { .. })));
+        assert!(matches!(
+            s.set_data("/q", big, None).await,
+            Err(Error::ValueTooLarge { .. })
+        ));
         for bad in ["", "nope", "/a/", "/a//b", "/a/../b", "/."] {
-            assert!(matches!(s.create(bad, vec![], CreateMode::default()).await, Err(Error::InvalidPath { .. })), "{bad:?}");
-            assert!(matches!(client.get(bad).await, Err(Error::InvalidPath { .. })), "{bad:?}");
+            assert!(
+                matches!(
+                    s.create(bad, vec![], CreateMode::default()).await,
+                    Err(Error::InvalidPath { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(client.get(bad).await, Err(Error::InvalidPath { .. })),
+                "{bad:?}"
+            );
         }
         let long = format!("/{}", "x".repeat(wire::PATH_BYTES_MAX));
-        assert!(matches!(s.create(&long, vec![], CreateMode::default()).await, Err(Error::InvalidPath { .. })));
-        let unknown = Request { session: 987_654_321, request_id: 1, ack_below: 0, op: Op::Create { path: "/u".into(), data: vec![], mode: CreateMode::default() } };
-        assert_eq!(client.call(unknown).await, Err(Error::UnknownSession { session: 987_654_321 }));
-        let ka = Request { session: 987_654_321, request_id: 0, ack_below: 0, op: Op::KeepAlive };
-        assert!(matches!(client.call(ka).await, Err(Error::UnknownSession { .. })));
-        let no_session = Request { session: 0, request_id: 1, ack_below: 0, op: Op::SetData { path: "/q".into(), data: vec![], version: None } };
+        assert!(matches!(
+            s.create(&long, vec![], CreateMode::default()).await,
+            Err(Error::InvalidPath { .. })
+        ));
+        let unknown = Request {
+            session: 987_654_321,
+            request_id: 1,
+            ack_below: 0,
+            op: Op::Create {
+                path: "/u".into(),
+                data: vec![],
+                mode: CreateMode::default(),
+            },
+        };
+        assert_eq!(
+            client.call(unknown).await,
+            Err(Error::UnknownSession {
+                session: 987_654_321
+            })
+        );
+        let ka = Request {
+            session: 987_654_321,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::KeepAlive,
+        };
+        assert!(matches!(
+            client.call(ka).await,
+            Err(Error::UnknownSession { .. })
+        ));
+        let no_session = Request {
+            session: 0,
+            request_id: 1,
+            ack_below: 0,
+            op: Op::SetData {
+                path: "/q".into(),
+                data: vec![],
+                version: None,
+            },
+        };
         assert_eq!(client.call(no_session).await, Err(Error::SessionRequired));
 
         // Wrong protocol version and garbage frames, on raw QUIC connections.
-        let leader = cell.wait_leader(&client, Duration::from_secs(5), None).await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(5), None)
+            .await;
         let addr: std::net::SocketAddr = cell.addr(leader).parse().unwrap();
         let tls = wire::tls::client_config(&cell.ca, wire::hello::ALPN_CLIENT).unwrap();
         let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).unwrap();
-        let conn = ep.connect(addr, wire::tls::SERVER_NAME).unwrap().await.unwrap();
+        let conn = ep
+            .connect(addr, wire::tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
-        let hello = wire::hello::Hello { protocol_version: 999, agent: "old client".into() };
+        let hello = wire::hello::Hello {
+            protocol_version: 999,
+            agent: "old client".into(),
+        };
         wire::frame::write(&mut send, &hello, 4096).await.unwrap();
         let _ = send.finish();
-        let reply: wire::hello::HelloReply = tokio::time::timeout(Duration::from_secs(5), wire::frame::read(&mut recv, 4096)).await.expect("answered, not hung").unwrap();
-        assert_eq!(reply, Err(Error::ProtocolVersion { client: 999, server: wire::PROTOCOL_VERSION }));
+        let reply: wire::hello::HelloReply =
+            tokio::time::timeout(Duration::from_secs(5), wire::frame::read(&mut recv, 4096))
+                .await
+                .expect("answered, not hung")
+                .unwrap();
+        assert_eq!(
+            reply,
+            Err(Error::ProtocolVersion {
+                client: 999,
+                server: wire::PROTOCOL_VERSION
+            })
+        );
 
-        let conn = ep.connect(addr, wire::tls::SERVER_NAME).unwrap().await.unwrap();
+        let conn = ep
+            .connect(addr, wire::tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
         let (mut send, mut recv) = conn.open_bi().await.unwrap();
-        wire::frame::write(&mut send, &wire::hello::Hello::new("fuzzer"), 4096).await.unwrap();
+        wire::frame::write(&mut send, &wire::hello::Hello::new("fuzzer"), 4096)
+            .await
+            .unwrap();
         let _ = send.finish();
         let ok: wire::hello::HelloReply = wire::frame::read(&mut recv, 4096).await.unwrap();
         assert!(ok.is_ok());
@@ -211,8 +301,12 @@ fn dedup_and_bad_input() {
             }
             send.write_all(&garbage).await.unwrap();
             let _ = send.finish();
-            let resp: Result<wire::types::Response, Error> =
-                tokio::time::timeout(Duration::from_secs(5), wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX)).await.expect("answered");
+            let resp: Result<wire::types::Response, Error> = tokio::time::timeout(
+                Duration::from_secs(5),
+                wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX),
+            )
+            .await
+            .expect("answered");
             match resp {
                 Ok(Err(Error::Malformed { .. })) | Ok(Err(Error::FrameTooLarge { .. })) => {}
                 // Rarely, random bytes decode as a valid read-only or session-less request.
@@ -224,6 +318,8 @@ fn dedup_and_bad_input() {
         let after = cell.statuses(&client).await;
         assert_eq!(after.values().next().unwrap().node_count, nodes_before);
         assert_eq!(client.get("/q").await.unwrap().1.version, 0);
-        s.create("/still-serving", vec![], CreateMode::default()).await.unwrap();
+        s.create("/still-serving", vec![], CreateMode::default())
+            .await
+            .unwrap();
     });
 }

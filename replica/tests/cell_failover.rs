@@ -10,7 +10,11 @@ use client_sdk::{CreateMode, Error, SessionState};
 use common::{serial, Opts, TestCell};
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Scenario 3: `kill -9` the leader under a stream of writes. A new leader commits within
@@ -115,17 +119,32 @@ fn whole_cell_crash_and_restart() {
             log_entries_kept_after_snapshot: 5,
             ..Default::default()
         };
-        let mut cell = TestCell::start(Opts { raft, ..Opts::default() });
+        let mut cell = TestCell::start(Opts {
+            raft,
+            ..Opts::default()
+        });
         let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         let s = client.open_session().await.unwrap();
         s.create("/d", vec![], CreateMode::default()).await.unwrap();
         for i in 0..100 {
-            s.create(&format!("/d/{i}"), format!("v{i}").into_bytes(), CreateMode::default()).await.unwrap();
+            s.create(
+                &format!("/d/{i}"),
+                format!("v{i}").into_bytes(),
+                CreateMode::default(),
+            )
+            .await
+            .unwrap();
         }
-        s.set_data("/d/7", b"changed".to_vec(), Some(0)).await.unwrap();
+        s.set_data("/d/7", b"changed".to_vec(), Some(0))
+            .await
+            .unwrap();
         let before = cell.statuses(&client).await;
-        assert!(before.values().all(|s| s.snapshot_index.is_some()), "snapshots taken: {before:?}");
+        assert!(
+            before.values().all(|s| s.snapshot_index.is_some()),
+            "snapshots taken: {before:?}"
+        );
         for id in 1..=5 {
             cell.kill(id);
         }
@@ -134,19 +153,32 @@ fn whole_cell_crash_and_restart() {
             cell.spawn(id);
         }
         let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         let kids = client.children("/d").await.unwrap();
         assert_eq!(kids.len(), 100);
         let after = cell.statuses(&client).await;
-        assert!(after.values().all(|s| s.snapshot_index.is_some()), "restarted from snapshots: {after:?}");
+        assert!(
+            after.values().all(|s| s.snapshot_index.is_some()),
+            "restarted from snapshots: {after:?}"
+        );
         for i in 0..100 {
             let (data, _) = client.get(&format!("/d/{i}")).await.unwrap();
-            let want = if i == 7 { b"changed".to_vec() } else { format!("v{i}").into_bytes() };
+            let want = if i == 7 {
+                b"changed".to_vec()
+            } else {
+                format!("v{i}").into_bytes()
+            };
             assert_eq!(data, want);
         }
-        println!("FIGURE recovery: whole cell back and serving {} ms after restart", restarted.elapsed().as_millis());
+        println!(
+            "FIGURE recovery: whole cell back and serving {} ms after restart",
+            restarted.elapsed().as_millis()
+        );
         // The old session survived too (its lease restarted with the new leader).
-        s.create("/d/after", vec![], CreateMode::default()).await.unwrap();
+        s.create("/d/after", vec![], CreateMode::default())
+            .await
+            .unwrap();
     });
 }
 
@@ -156,9 +188,14 @@ fn whole_cell_crash_and_restart() {
 fn no_majority_no_writes() {
     let _g = serial();
     rt().block_on(async {
-        let mut cell = TestCell::start(Opts { request_timeout_ms: 2_000, ..Opts::default() });
+        let mut cell = TestCell::start(Opts {
+            request_timeout_ms: 2_000,
+            ..Opts::default()
+        });
         let client = cell.client().await;
-        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         let s = client.open_session().await.unwrap();
         s.create("/m", vec![], CreateMode::default()).await.unwrap();
         // Kill the leader and two followers.
@@ -180,22 +217,35 @@ fn no_majority_no_writes() {
                 session: s.id(),
                 request_id: 77,
                 ack_below: 0,
-                op: wire::types::Op::Create { path: "/m/x".into(), data: vec![], mode: CreateMode::default() },
+                op: wire::types::Op::Create {
+                    path: "/m/x".into(),
+                    data: vec![],
+                    mode: CreateMode::default(),
+                },
             })
             .await;
-        println!("FIGURE minority: write answered after {} ms with {r:?}", t.elapsed().as_millis());
+        println!(
+            "FIGURE minority: write answered after {} ms with {r:?}",
+            t.elapsed().as_millis()
+        );
         assert!(
-            matches!(r, Err(Error::Unavailable { .. }) | Err(Error::Timeout { .. })),
+            matches!(
+                r,
+                Err(Error::Unavailable { .. }) | Err(Error::Timeout { .. })
+            ),
             "expected unavailability, got {r:?}"
         );
         for id in &down {
             cell.spawn(*id);
         }
         let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         // The session outlived the outage? It may have expired (the outage exceeded no
         // lease here, 12 s): it must still work.
-        s.create("/m/y", vec![], CreateMode::default()).await.unwrap();
+        s.create("/m/y", vec![], CreateMode::default())
+            .await
+            .unwrap();
         assert!(client.exists("/m/y").await.unwrap().is_some());
     });
 }

@@ -15,19 +15,37 @@ use wire::types::Op;
 #[test]
 fn learner_from_snapshot_promote_and_remove() {
     let _g = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let opts = Opts {
-            raft: RaftConfig { snapshot_interval_entries: 50, log_entries_kept_after_snapshot: 0, ..RaftConfig::default() },
+            raft: RaftConfig {
+                snapshot_interval_entries: 50,
+                log_entries_kept_after_snapshot: 0,
+                ..RaftConfig::default()
+            },
             ..Opts::default()
         };
         let mut cell = TestCell::start(opts);
         let client = cell.client().await;
-        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
         let s = client.open_session().await.unwrap();
-        s.create("/data", vec![], CreateMode::default()).await.unwrap();
+        s.create("/data", vec![], CreateMode::default())
+            .await
+            .unwrap();
         for i in 0..200 {
-            s.create(&format!("/data/{i:04}"), vec![i as u8; 100], CreateMode::default()).await.unwrap();
+            s.create(
+                &format!("/data/{i:04}"),
+                vec![i as u8; 100],
+                CreateMode::default(),
+            )
+            .await
+            .unwrap();
         }
         // Snapshots were taken and the log purged behind them.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -35,7 +53,10 @@ fn learner_from_snapshot_promote_and_remove() {
             let st = cell.statuses(&client).await;
             let l = &st[&leader];
             if l.snapshot_index.unwrap_or(0) >= 150 && l.purged_index.unwrap_or(0) >= 100 {
-                println!("FIGURE snapshot: leader snapshot at {:?}, log purged through {:?}", l.snapshot_index, l.purged_index);
+                println!(
+                    "FIGURE snapshot: leader snapshot at {:?}, log purged through {:?}",
+                    l.snapshot_index, l.purged_index
+                );
                 break;
             }
             assert!(Instant::now() < deadline, "no snapshot/purge: {l:?}");
@@ -50,7 +71,9 @@ fn learner_from_snapshot_promote_and_remove() {
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::SeqCst) {
-                    s.create(&format!("/data/bg-{i:05}"), vec![], CreateMode::default()).await.expect("cell keeps serving");
+                    s.create(&format!("/data/bg-{i:05}"), vec![], CreateMode::default())
+                        .await
+                        .expect("cell keeps serving");
                     written.fetch_add(1, Ordering::SeqCst);
                     i += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -62,8 +85,17 @@ fn learner_from_snapshot_promote_and_remove() {
         let addr6 = cell.prepare_new_replica(6);
         cell.spawn(6);
         let t = Instant::now();
-        match client.request(Op::AddLearner { id: 6, addr: addr6.clone() }).await.unwrap() {
-            Reply::MembershipChanged { members } => assert!(members.iter().any(|m| m.id == 6 && !m.voter)),
+        match client
+            .request(Op::AddLearner {
+                id: 6,
+                addr: addr6.clone(),
+            })
+            .await
+            .unwrap()
+        {
+            Reply::MembershipChanged { members } => {
+                assert!(members.iter().any(|m| m.id == 6 && !m.voter))
+            }
             other => panic!("{other:?}"),
         }
         let caught_up_by = Instant::now() + Duration::from_secs(15);
@@ -72,20 +104,35 @@ fn learner_from_snapshot_promote_and_remove() {
             if st6.last_applied >= 200 {
                 break st6;
             }
-            assert!(Instant::now() < caught_up_by, "learner did not catch up: {st6:?}");
+            assert!(
+                Instant::now() < caught_up_by,
+                "learner did not catch up: {st6:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        println!("FIGURE learner catch-up: replica 6 added and caught up in {} ms", t.elapsed().as_millis());
-        assert!(st6.snapshot_index.is_some(), "the learner installed a snapshot: {st6:?}");
+        println!(
+            "FIGURE learner catch-up: replica 6 added and caught up in {} ms",
+            t.elapsed().as_millis()
+        );
+        assert!(
+            st6.snapshot_index.is_some(),
+            "the learner installed a snapshot: {st6:?}"
+        );
         assert!(st6.last_applied >= 200, "{st6:?}");
 
         // Promote it, then remove an old voter that is not the leader.
         match client.request(Op::Promote { id: 6 }).await.unwrap() {
-            Reply::MembershipChanged { members } => assert!(members.iter().any(|m| m.id == 6 && m.voter)),
+            Reply::MembershipChanged { members } => {
+                assert!(members.iter().any(|m| m.id == 6 && m.voter))
+            }
             other => panic!("{other:?}"),
         }
         let victim = (1..=5).find(|id| *id != leader).unwrap();
-        match client.request(Op::RemoveMember { id: victim }).await.unwrap() {
+        match client
+            .request(Op::RemoveMember { id: victim })
+            .await
+            .unwrap()
+        {
             Reply::MembershipChanged { members } => {
                 assert!(!members.iter().any(|m| m.id == victim));
                 assert_eq!(members.iter().filter(|m| m.voter).count(), 5);
@@ -96,7 +143,12 @@ fn learner_from_snapshot_promote_and_remove() {
         // Bad membership requests are refused with a typed error.
         assert!(client.request(Op::Promote { id: 99 }).await.is_err());
         assert!(matches!(
-            client.request(Op::AddLearner { id: 7, addr: "not an address".into() }).await,
+            client
+                .request(Op::AddLearner {
+                    id: 7,
+                    addr: "not an address".into()
+                })
+                .await,
             Err(client_sdk::Error::BadRequest { .. })
         ));
 
@@ -106,7 +158,8 @@ fn learner_from_snapshot_promote_and_remove() {
         assert!(written.load(Ordering::SeqCst) > 10);
         // The new voter has everything.
         let target = cell.statuses(&client).await[&leader].last_applied;
-        cell.wait_applied(&client, target, Duration::from_secs(10)).await;
+        cell.wait_applied(&client, target, Duration::from_secs(10))
+            .await;
         let count = client.children("/data").await.unwrap().len();
         assert_eq!(count as u64, 200 + written.load(Ordering::SeqCst));
         let st = cell.statuses(&client).await;

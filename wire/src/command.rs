@@ -71,7 +71,9 @@ pub struct CommandOutput {
 
 impl Default for CommandOutput {
     fn default() -> Self {
-        CommandOutput { result: Ok(Reply::Closed) }
+        CommandOutput {
+            result: Ok(Reply::Closed),
+        }
     }
 }
 

@@ -13,10 +13,14 @@ use crate::error::Error;
 /// Encodes `msg` as one frame (length prefix included).
 pub fn encode<T: Serialize>(msg: &T, max_bytes: usize) -> Result<Vec<u8>, Error> {
     let mut buf = vec![0u8; 4];
-    let body = postcard::to_extend(msg, Vec::new())
-        .map_err(|e| Error::Internal { reason: format!("encode: {e}") })?;
+    let body = postcard::to_extend(msg, Vec::new()).map_err(|e| Error::Internal {
+        reason: format!("encode: {e}"),
+    })?;
     if body.len() > max_bytes {
-        return Err(Error::FrameTooLarge { len: body.len(), max: max_bytes });
+        return Err(Error::FrameTooLarge {
+            len: body.len(),
+            max: max_bytes,
+        });
     }
     buf[..4].copy_from_slice(&(body.len() as u32).to_be_bytes());
     buf.extend_from_slice(&body);
@@ -25,7 +29,9 @@ pub fn encode<T: Serialize>(msg: &T, max_bytes: usize) -> Result<Vec<u8>, Error>
 
 /// Decodes a frame body (without the length prefix).
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
-    postcard::from_bytes(body).map_err(|e| Error::Malformed { reason: e.to_string() })
+    postcard::from_bytes(body).map_err(|e| Error::Malformed {
+        reason: e.to_string(),
+    })
 }
 
 /// Writes one frame.
@@ -53,18 +59,25 @@ pub async fn read_body<R: AsyncRead + Unpin>(
             if got == 0 {
                 return Ok(None);
             }
-            return Err(Error::Malformed { reason: "stream ended inside a frame header".into() });
+            return Err(Error::Malformed {
+                reason: "stream ended inside a frame header".into(),
+            });
         }
         got += n;
     }
     let len = u32::from_be_bytes(len) as usize;
     if len > max_bytes {
-        return Err(Error::FrameTooLarge { len, max: max_bytes });
+        return Err(Error::FrameTooLarge {
+            len,
+            max: max_bytes,
+        });
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)
         .await
-        .map_err(|e| Error::Malformed { reason: format!("stream ended inside a frame: {e}") })?;
+        .map_err(|e| Error::Malformed {
+            reason: format!("stream ended inside a frame: {e}"),
+        })?;
     Ok(Some(body))
 }
 
@@ -75,12 +88,16 @@ pub async fn read<R: AsyncRead + Unpin, T: DeserializeOwned>(
 ) -> Result<T, Error> {
     match read_body(r, max_bytes).await? {
         Some(body) => decode(&body),
-        None => Err(Error::Connection { reason: "stream closed before a frame".into() }),
+        None => Err(Error::Connection {
+            reason: "stream closed before a frame".into(),
+        }),
     }
 }
 
 fn io_error(e: std::io::Error) -> Error {
-    Error::Connection { reason: e.to_string() }
+    Error::Connection {
+        reason: e.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -90,7 +107,12 @@ mod tests {
 
     #[tokio::test]
     async fn round_trip_and_limits() {
-        let req = Request { session: 7, request_id: 1, ack_below: 0, op: Op::Status };
+        let req = Request {
+            session: 7,
+            request_id: 1,
+            ack_below: 0,
+            op: Op::Status,
+        };
         let buf = encode(&req, 1024).unwrap();
         let mut r = &buf[..];
         let back: Request = read(&mut r, 1024).await.unwrap();
@@ -98,15 +120,24 @@ mod tests {
 
         let big = [0xffu8, 0xff, 0xff, 0xff];
         let mut r = &big[..];
-        assert!(matches!(read::<_, Request>(&mut r, 1024).await, Err(Error::FrameTooLarge { .. })));
+        assert!(matches!(
+            read::<_, Request>(&mut r, 1024).await,
+            Err(Error::FrameTooLarge { .. })
+        ));
 
         let garbage = [0u8, 0, 0, 3, 0xff, 0xff, 0xff];
         let mut r = &garbage[..];
-        assert!(matches!(read::<_, Request>(&mut r, 1024).await, Err(Error::Malformed { .. })));
+        assert!(matches!(
+            read::<_, Request>(&mut r, 1024).await,
+            Err(Error::Malformed { .. })
+        ));
 
         let short = [0u8, 0, 0, 9, 1];
         let mut r = &short[..];
-        assert!(matches!(read::<_, Request>(&mut r, 1024).await, Err(Error::Malformed { .. })));
+        assert!(matches!(
+            read::<_, Request>(&mut r, 1024).await,
+            Err(Error::Malformed { .. })
+        ));
     }
 
     proptest::proptest! {

@@ -40,7 +40,10 @@ pub type HelloReply = Result<HelloOk, crate::Error>;
 impl Hello {
     /// A hello for this build.
     pub fn new(agent: impl Into<String>) -> Self {
-        Hello { protocol_version: PROTOCOL_VERSION, agent: agent.into() }
+        Hello {
+            protocol_version: PROTOCOL_VERSION,
+            agent: agent.into(),
+        }
     }
 
     /// Checks the version against this build's.

@@ -22,6 +22,8 @@
 //! postcard is positional: enum variants and struct fields may only be appended, never
 //! reordered or removed, and a change that breaks that rule bumps [`PROTOCOL_VERSION`].
 
+#![warn(missing_docs)]
+
 pub mod command;
 pub mod error;
 pub mod frame;

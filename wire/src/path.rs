@@ -7,7 +7,12 @@ use crate::limits::PATH_BYTES_MAX;
 /// empty, `.` or `..` components, no trailing slash (except the root `/` itself), and no
 /// control characters.
 pub fn validate(path: &str) -> Result<(), Error> {
-    let bad = |reason: &str| Err(Error::InvalidPath { path: truncate(path), reason: reason.into() });
+    let bad = |reason: &str| {
+        Err(Error::InvalidPath {
+            path: truncate(path),
+            reason: reason.into(),
+        })
+    };
     if path.is_empty() {
         return bad("empty path");
     }
@@ -82,7 +87,10 @@ mod tests {
             assert!(validate(ok).is_ok(), "{ok}");
         }
         for bad in ["", "a", "/a/", "//", "/a//b", "/./a", "/a/..", "/a\n"] {
-            assert!(matches!(validate(bad), Err(Error::InvalidPath { .. })), "{bad:?}");
+            assert!(
+                matches!(validate(bad), Err(Error::InvalidPath { .. })),
+                "{bad:?}"
+            );
         }
         let long = format!("/{}", "x".repeat(PATH_BYTES_MAX));
         assert!(validate(&long).is_err());

@@ -23,12 +23,20 @@ fn transport() -> Arc<quinn::TransportConfig> {
     t.max_concurrent_bidi_streams(STREAMS_MAX.into());
     t.max_concurrent_uni_streams(256u32.into());
     t.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_MS)));
-    t.max_idle_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS).try_into().expect("idle")));
+    t.max_idle_timeout(Some(
+        Duration::from_millis(IDLE_TIMEOUT_MS)
+            .try_into()
+            .expect("idle"),
+    ));
     Arc::new(t)
 }
 
 fn socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
-    let domain = if addr.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
+    let domain = if addr.is_ipv4() {
+        socket2::Domain::IPV4
+    } else {
+        socket2::Domain::IPV6
+    };
     let sock = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
     // Best effort: the kernel caps these at rmem_max/wmem_max.
     let _ = sock.set_recv_buffer_size(UDP_BUFFER_BYTES);
@@ -44,13 +52,19 @@ pub fn server_endpoint(
     tls: rustls::ServerConfig,
     client_tls: Option<rustls::ClientConfig>,
 ) -> Result<quinn::Endpoint, String> {
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto =
+        quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(transport());
     let runtime = quinn::default_runtime().ok_or("no async runtime")?;
     let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-    let mut ep = quinn::Endpoint::new(quinn::EndpointConfig::default(), Some(server), sock, runtime)
-        .map_err(|e| format!("endpoint on {addr}: {e}"))?;
+    let mut ep = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        sock,
+        runtime,
+    )
+    .map_err(|e| format!("endpoint on {addr}: {e}"))?;
     if let Some(c) = client_tls {
         ep.set_default_client_config(client_config(c)?);
     }
@@ -58,7 +72,10 @@ pub fn server_endpoint(
 }
 
 /// A client-only QUIC endpoint on an ephemeral loopback-or-any port.
-pub fn client_endpoint(tls: rustls::ClientConfig, bind: SocketAddr) -> Result<quinn::Endpoint, String> {
+pub fn client_endpoint(
+    tls: rustls::ClientConfig,
+    bind: SocketAddr,
+) -> Result<quinn::Endpoint, String> {
     let runtime = quinn::default_runtime().ok_or("no async runtime")?;
     let sock = socket(bind).map_err(|e| format!("bind {bind}: {e}"))?;
     let mut ep = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, sock, runtime)
@@ -69,7 +86,8 @@ pub fn client_endpoint(tls: rustls::ClientConfig, bind: SocketAddr) -> Result<qu
 
 /// A quinn client configuration from a rustls one.
 pub fn client_config(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, String> {
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(transport());
     Ok(cfg)

@@ -54,7 +54,9 @@ pub enum PeerResponse {
     /// Answer to `Vote`.
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     /// Answer to `InstallSnapshot`.
-    InstallSnapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
     /// The request could not be handled at all (malformed, wrong cell).
     Refused(crate::Error),
 }

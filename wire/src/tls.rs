@@ -38,7 +38,9 @@ impl DevCa {
         let ca_key = rcgen::KeyPair::generate().map_err(e)?;
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "lockservice dev CA");
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "lockservice dev CA");
         let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(e)?;
 
         let key = rcgen::KeyPair::generate().map_err(e)?;
@@ -49,7 +51,11 @@ impl DevCa {
         ])
         .map_err(e)?;
         let cert = params.signed_by(&key, &ca).map_err(e)?;
-        Ok(DevCa { ca_pem: ca.pem(), cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        Ok(DevCa {
+            ca_pem: ca.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 
     /// Writes `ca.pem`, `server.pem` and `server.key` into `dir` (created if missing).
@@ -91,9 +97,13 @@ pub fn server_config(
 /// A rustls client configuration that trusts the CA in `ca_path`, speaking `alpn`.
 pub fn client_config(ca_path: &Path, alpn: &[u8]) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca_path).map_err(|e| format!("{}: {e}", ca_path.display()))? {
+    for cert in
+        CertificateDer::pem_file_iter(ca_path).map_err(|e| format!("{}: {e}", ca_path.display()))?
+    {
         let cert = cert.map_err(|e| format!("{}: {e}", ca_path.display()))?;
-        roots.add(cert).map_err(|e| format!("{}: {e}", ca_path.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: {e}", ca_path.display()))?;
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])

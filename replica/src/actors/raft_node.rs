@@ -59,8 +59,16 @@ pub struct RaftNode {
 
 impl RaftNode {
     /// Wraps `raft`; requests wait at most `timeout` for a commit.
-    pub fn new(raft: Raft, timeout: Duration, subscribers: Vec<Recipient<LeadershipChanged>>) -> Self {
-        RaftNode { raft, timeout, subscribers }
+    pub fn new(
+        raft: Raft,
+        timeout: Duration,
+        subscribers: Vec<Recipient<LeadershipChanged>>,
+    ) -> Self {
+        RaftNode {
+            raft,
+            timeout,
+            subscribers,
+        }
     }
 }
 
@@ -97,7 +105,9 @@ impl Actor for RaftNode {
 }
 
 fn timeout_error(what: &str, d: Duration) -> Error {
-    Error::Unavailable { reason: format!("{what} not committed within {} ms", d.as_millis()) }
+    Error::Unavailable {
+        reason: format!("{what} not committed within {} ms", d.as_millis()),
+    }
 }
 
 impl Handler<Propose> for RaftNode {
@@ -122,7 +132,11 @@ pub fn members(raft: &Raft) -> Vec<MemberInfo> {
     let voters: BTreeSet<NodeId> = m.membership().voter_ids().collect();
     m.membership()
         .nodes()
-        .map(|(id, n)| MemberInfo { id: *id, addr: n.addr.clone(), voter: voters.contains(id) })
+        .map(|(id, n)| MemberInfo {
+            id: *id,
+            addr: n.addr.clone(),
+            voter: voters.contains(id),
+        })
         .collect()
 }
 
@@ -140,8 +154,11 @@ impl Handler<ChangeMembership> for RaftNode {
                         raft.add_learner(id, BasicNode { addr }, true).await
                     }
                     ChangeMembership::Promote { id } => {
-                        raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
-                            .await
+                        raft.change_membership(
+                            ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+                            false,
+                        )
+                        .await
                     }
                     ChangeMembership::Remove { id } => {
                         let voter = raft
@@ -161,7 +178,9 @@ impl Handler<ChangeMembership> for RaftNode {
                 }
             };
             match tokio::time::timeout(timeout, fut).await {
-                Ok(Ok(_)) => Ok(Reply::MembershipChanged { members: members(&raft) }),
+                Ok(Ok(_)) => Ok(Reply::MembershipChanged {
+                    members: members(&raft),
+                }),
                 Ok(Err(e)) => Err(crate::errors::from_client_write(e)),
                 Err(_) => Err(timeout_error("membership change", timeout)),
             }

@@ -105,9 +105,16 @@ impl SessionManager {
         let expired = self.leases.take_expired(now);
         if !expired.is_empty() {
             tracing::info!(sessions = ?expired, "expiring sessions");
-            self.fail_waiters(Some(&expired), Error::SessionExpired { session: expired[0] });
+            self.fail_waiters(
+                Some(&expired),
+                Error::SessionExpired {
+                    session: expired[0],
+                },
+            );
             let ids = expired.clone();
-            let fut = self.raft_node.send(Propose(Command::ExpireSessions { sessions: expired }));
+            let fut = self
+                .raft_node
+                .send(Propose(Command::ExpireSessions { sessions: expired }));
             ctx.spawn(fut.into_actor(self).map(move |r, act, _| {
                 if !matches!(r, Ok(Ok(_))) {
                     tracing::warn!(?r, "expiry not committed; will retry");
@@ -119,8 +126,12 @@ impl SessionManager {
     }
 
     fn try_checkpoint(&mut self, ctx: &mut Context<Self>) {
-        let Some(cp) = self.leases.next_checkpoint(Instant::now()) else { return };
-        let fut = self.raft_node.send(Propose(Command::LeaseCheckpoint(cp.clone())));
+        let Some(cp) = self.leases.next_checkpoint(Instant::now()) else {
+            return;
+        };
+        let fut = self
+            .raft_node
+            .send(Propose(Command::LeaseCheckpoint(cp.clone())));
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
             let ok = matches!(r, Ok(Ok(_)));
             act.checkpoint_done(&cp, ok);
@@ -135,7 +146,9 @@ impl SessionManager {
         if !ok {
             self.fail_waiters(
                 Some(&cp.renewed),
-                Error::Unavailable { reason: "lease checkpoint not committed".into() },
+                Error::Unavailable {
+                    reason: "lease checkpoint not committed".into(),
+                },
             );
             return;
         }
@@ -143,7 +156,9 @@ impl SessionManager {
         for id in cleared {
             for (received, tx) in self.waiting.remove(&id).unwrap_or_default() {
                 let r = if self.leases.renew(id, received, now) {
-                    Ok(Reply::KeepAlive { session_lease_ms: self.lease_ms })
+                    Ok(Reply::KeepAlive {
+                        session_lease_ms: self.lease_ms,
+                    })
                 } else {
                     Err(Error::SessionExpired { session: id })
                 };
@@ -166,7 +181,13 @@ impl Handler<LeadershipChanged> for SessionManager {
 
     fn handle(&mut self, msg: LeadershipChanged, ctx: &mut Context<Self>) {
         self.leases.step_down();
-        self.fail_waiters(None, Error::NotLeader { leader_id: None, leader_addr: None });
+        self.fail_waiters(
+            None,
+            Error::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            },
+        );
         if !msg.leading {
             self.leading_term = None;
             return;
@@ -199,9 +220,15 @@ impl Handler<Loaded> for SessionManager {
         // before this point is for a session already present in what we read.
         let sessions: Vec<(SessionId, Option<u64>)> = {
             let s = self.state.read().expect("state lock");
-            s.sm.sessions().map(|(id, sess)| (id, sess.silent_ms)).collect()
+            s.sm.sessions()
+                .map(|(id, sess)| (id, sess.silent_ms))
+                .collect()
         };
-        tracing::info!(sessions = sessions.len(), term = msg.term, "session leases loaded");
+        tracing::info!(
+            sessions = sessions.len(),
+            term = msg.term,
+            "session leases loaded"
+        );
         self.leases.become_leader(Instant::now(), sessions);
         self.try_checkpoint(ctx);
     }
@@ -211,7 +238,9 @@ impl Handler<AppliedMsg> for SessionManager {
     type Result = ();
 
     fn handle(&mut self, msg: AppliedMsg, _: &mut Context<Self>) {
-        let Applied::Effects { effects, .. } = msg.0 else { return };
+        let Applied::Effects { effects, .. } = msg.0 else {
+            return;
+        };
         let now = Instant::now();
         for e in effects {
             match e {
@@ -240,10 +269,15 @@ impl Handler<KeepAlive> for SessionManager {
     fn handle(&mut self, msg: KeepAlive, ctx: &mut Context<Self>) -> Self::Result {
         let fail = |e: Error| -> Self::Result { Box::pin(actix::fut::ready(Err(e))) };
         if self.leading_term.is_none() {
-            return fail(Error::NotLeader { leader_id: None, leader_addr: None });
+            return fail(Error::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            });
         }
         if !self.leases.is_active() {
-            return fail(Error::Unavailable { reason: "new leader is loading sessions".into() });
+            return fail(Error::Unavailable {
+                reason: "new leader is loading sessions".into(),
+            });
         }
         let id = msg.session;
         let mut step = self.leases.keepalive(id, msg.received);
@@ -270,7 +304,9 @@ impl Handler<KeepAlive> for SessionManager {
                     move |r, act, _| {
                         r?;
                         if act.leases.renew(id, msg.received, Instant::now()) {
-                            Ok(Reply::KeepAlive { session_lease_ms: lease_ms })
+                            Ok(Reply::KeepAlive {
+                                session_lease_ms: lease_ms,
+                            })
                         } else {
                             Err(Error::SessionExpired { session: id })
                         }
@@ -282,7 +318,9 @@ impl Handler<KeepAlive> for SessionManager {
                 self.waiting.entry(id).or_default().push((msg.received, tx));
                 self.try_checkpoint(ctx);
                 let fut: ResponseFuture<Result<Reply, Error>> = Box::pin(async move {
-                    rx.await.unwrap_or(Err(Error::Unavailable { reason: "leader changed".into() }))
+                    rx.await.unwrap_or(Err(Error::Unavailable {
+                        reason: "leader changed".into(),
+                    }))
                 });
                 Box::pin(fut.into_actor(self))
             }

@@ -112,7 +112,11 @@ impl Leases {
 
     /// Takes over: every session known to the state machine gets `lease − silence` from
     /// `now` (a full lease unless the log proves silence).
-    pub fn become_leader(&mut self, now: Instant, sessions: impl IntoIterator<Item = (SessionId, Option<u64>)>) {
+    pub fn become_leader(
+        &mut self,
+        now: Instant,
+        sessions: impl IntoIterator<Item = (SessionId, Option<u64>)>,
+    ) {
         self.sessions.clear();
         for (id, silent_ms) in sessions {
             let silent = silent_ms.unwrap_or(0);
@@ -165,7 +169,9 @@ impl Leases {
 
     /// Classifies a KeepAlive received at `now`.
     pub fn keepalive(&mut self, id: SessionId, now: Instant) -> KeepAliveStep {
-        let Some(l) = self.sessions.get_mut(&id) else { return KeepAliveStep::Unknown };
+        let Some(l) = self.sessions.get_mut(&id) else {
+            return KeepAliveStep::Unknown;
+        };
         if l.expiring || now >= l.deadline {
             return KeepAliveStep::Expired;
         }
@@ -180,7 +186,9 @@ impl Leases {
     /// marked session, after its renewal committed). Returns false if the session is gone
     /// or expired meanwhile.
     pub fn renew(&mut self, id: SessionId, received: Instant, now: Instant) -> bool {
-        let Some(l) = self.sessions.get_mut(&id) else { return false };
+        let Some(l) = self.sessions.get_mut(&id) else {
+            return false;
+        };
         if l.expiring || now >= l.deadline || l.marked {
             return false;
         }
@@ -240,7 +248,10 @@ impl Leases {
                 .iter()
                 .filter(|(_, l)| l.marked && !l.renewal_pending && !l.expiring)
                 .map(|(id, l)| {
-                    (*id, l.silent_base_ms + now.duration_since(l.silent_since).as_millis() as u64)
+                    (
+                        *id,
+                        l.silent_base_ms + now.duration_since(l.silent_since).as_millis() as u64,
+                    )
                 })
                 .collect();
             silent.sort_unstable();
@@ -313,7 +324,10 @@ mod tests {
         // First checkpoint marks everyone.
         let cp = l.next_checkpoint(t0).unwrap();
         assert!(cp.mark_all);
-        assert!(l.next_checkpoint(t0).is_none(), "one checkpoint in flight at a time");
+        assert!(
+            l.next_checkpoint(t0).is_none(),
+            "one checkpoint in flight at a time"
+        );
         // Session 1 renews while the mark is in flight: it must wait.
         let t1 = t0 + Duration::from_millis(500);
         assert_eq!(l.keepalive(1, t1), KeepAliveStep::NeedsCheckpoint);
@@ -364,7 +378,10 @@ mod tests {
                 break;
             }
         }
-        assert!(expired_at_leader.is_some(), "a dead session must expire under leader churn");
+        assert!(
+            expired_at_leader.is_some(),
+            "a dead session must expire under leader churn"
+        );
     }
 
     #[test]

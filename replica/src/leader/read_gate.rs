@@ -52,7 +52,11 @@ impl ReadGate {
     /// state machine has applied everything committed before it.
     pub async fn confirm(&self) -> Result<(), Error> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(tx).map_err(|_| Error::Unavailable { reason: "replica shutting down".into() })?;
-        rx.await.map_err(|_| Error::Unavailable { reason: "replica shutting down".into() })?
+        self.tx.send(tx).map_err(|_| Error::Unavailable {
+            reason: "replica shutting down".into(),
+        })?;
+        rx.await.map_err(|_| Error::Unavailable {
+            reason: "replica shutting down".into(),
+        })?
     }
 }

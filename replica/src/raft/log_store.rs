@@ -10,6 +10,9 @@
 //! only once it is on disk, and appends that arrive together share one fsync. The vote is
 //! synced before `save_vote` returns.
 
+// openraft's trait methods return its (large) StorageError; the helpers follow suit.
+#![allow(clippy::result_large_err)]
+
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::mpsc;
@@ -74,10 +77,18 @@ impl LogStore {
         let stats = Arc::new(FlushStats::default());
         let flusher_db = db.clone();
         let flusher_stats = stats.clone();
-        thread::Builder::new().name("log-flusher".into()).spawn(move || {
-            flusher(flusher_db, flush_rx, flusher_stats)
-        })?;
-        Ok(LogStore { inner: Arc::new(Inner { db, log, meta, flush_tx, stats }) })
+        thread::Builder::new()
+            .name("log-flusher".into())
+            .spawn(move || flusher(flusher_db, flush_rx, flusher_stats))?;
+        Ok(LogStore {
+            inner: Arc::new(Inner {
+                db,
+                log,
+                meta,
+                flush_tx,
+                stats,
+            }),
+        })
     }
 
     /// Flusher counters.
@@ -157,7 +168,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             None => None,
         };
-        Ok(LogState { last_purged_log_id, last_log_id: last.or(last_purged_log_id) })
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id: last.or(last_purged_log_id),
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -165,9 +179,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let mut b = self.inner.db.batch().durability(Some(PersistMode::SyncData));
+        let mut b = self
+            .inner
+            .db
+            .batch()
+            .durability(Some(PersistMode::SyncData));
         b.insert(&self.inner.meta, VOTE_KEY, encode(vote)?);
-        b.commit().map_err(|e| StorageIOError::write_vote(&e).into())
+        b.commit()
+            .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
@@ -177,8 +196,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError<NodeId>> {
-        self.inner.meta.insert(COMMITTED_KEY, encode(&committed)?).map_err(io_err)
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId>,
+    ) -> Result<(), StorageError<NodeId>> {
+        self.inner
+            .meta
+            .insert(COMMITTED_KEY, encode(&committed)?)
+            .map_err(io_err)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {
@@ -188,7 +213,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<NodeId>>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -206,7 +235,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
-        let mut b = self.inner.db.batch().durability(Some(PersistMode::SyncData));
+        let mut b = self
+            .inner
+            .db
+            .batch()
+            .durability(Some(PersistMode::SyncData));
         for kv in self.inner.log.range(log_id.index.to_be_bytes()..) {
             b.remove(&self.inner.log, kv.key().map_err(read_err)?);
         }
@@ -214,7 +247,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
-        let mut b = self.inner.db.batch().durability(Some(PersistMode::SyncData));
+        let mut b = self
+            .inner
+            .db
+            .batch()
+            .durability(Some(PersistMode::SyncData));
         b.insert(&self.inner.meta, PURGED_KEY, encode(&Some(log_id))?);
         for kv in self.inner.log.range(..=log_id.index.to_be_bytes()) {
             b.remove(&self.inner.log, kv.key().map_err(read_err)?);
@@ -232,10 +269,15 @@ mod tests {
     // machine store on real fjall in a temporary directory.
     struct Builder;
 
-    impl StoreBuilder<TypeConfig, LogStore, crate::raft::sm_store::SmStore, tempfile::TempDir> for Builder {
+    impl StoreBuilder<TypeConfig, LogStore, crate::raft::sm_store::SmStore, tempfile::TempDir>
+        for Builder
+    {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, LogStore, crate::raft::sm_store::SmStore), StorageError<NodeId>> {
+        ) -> Result<
+            (tempfile::TempDir, LogStore, crate::raft::sm_store::SmStore),
+            StorageError<NodeId>,
+        > {
             let dir = tempfile::tempdir().expect("tempdir");
             let log = LogStore::open(&dir.path().join("log")).expect("open log");
             let sm = crate::raft::sm_store::SmStore::open_standalone(&dir.path().join("snapshots"))

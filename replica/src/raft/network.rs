@@ -36,7 +36,11 @@ pub struct PeerNetworkFactory {
 impl PeerNetworkFactory {
     /// Peers are dialed from `endpoint` with `peer_tls` (ALPN `lockservice-peer`).
     pub fn new(endpoint: quinn::Endpoint, peer_tls: quinn::ClientConfig, self_id: NodeId) -> Self {
-        PeerNetworkFactory { endpoint, peer_tls, self_id }
+        PeerNetworkFactory {
+            endpoint,
+            peer_tls,
+            self_id,
+        }
     }
 }
 
@@ -95,15 +99,24 @@ impl PeerClient {
             .map_err(|_| CallError::Unreachable(format!("connect {addr}: timed out")))?
             .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
         // Hello on the first stream.
-        let (mut send, mut recv) =
-            conn.open_bi().await.map_err(|e| CallError::Unreachable(e.to_string()))?;
-        frame::write(&mut send, &Hello::new(format!("replica {}", self.self_id)), 1024)
+        let (mut send, mut recv) = conn
+            .open_bi()
             .await
             .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        frame::write(
+            &mut send,
+            &Hello::new(format!("replica {}", self.self_id)),
+            1024,
+        )
+        .await
+        .map_err(|e| CallError::Unreachable(e.to_string()))?;
         let _ = send.finish();
-        let reply: HelloReply =
-            frame::read(&mut recv, 1024).await.map_err(|e| CallError::Unreachable(e.to_string()))?;
-        reply.map_err(|e| CallError::Unreachable(format!("peer {} refused hello: {e}", self.target)))?;
+        let reply: HelloReply = frame::read(&mut recv, 1024)
+            .await
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        reply.map_err(|e| {
+            CallError::Unreachable(format!("peer {} refused hello: {e}", self.target))
+        })?;
         *guard = Some(conn.clone());
         Ok(conn)
     }
@@ -111,9 +124,10 @@ impl PeerClient {
     async fn call(&self, req: PeerRequest, ttl: Duration) -> Result<PeerResponse, CallError> {
         let fut = async {
             let conn = self.connection().await?;
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| {
-                CallError::Unreachable(format!("stream to {}: {e}", self.target))
-            })?;
+            let (mut send, mut recv) = conn
+                .open_bi()
+                .await
+                .map_err(|e| CallError::Unreachable(format!("stream to {}: {e}", self.target)))?;
             frame::write(&mut send, &req, PEER_FRAME_BYTES_MAX)
                 .await
                 .map_err(|e| CallError::Network(e.to_string()))?;
@@ -124,7 +138,10 @@ impl PeerClient {
         };
         match tokio::time::timeout(ttl, fut).await {
             Ok(r) => r,
-            Err(_) => Err(CallError::Network(format!("rpc to {} timed out", self.target))),
+            Err(_) => Err(CallError::Network(format!(
+                "rpc to {} timed out",
+                self.target
+            ))),
         }
     }
 }
@@ -137,7 +154,9 @@ fn rpc_err<E: std::error::Error>(e: CallError) -> RPCError<NodeId, BasicNode, E>
 }
 
 fn unexpected<E: std::error::Error>(what: &str) -> RPCError<NodeId, BasicNode, E> {
-    RPCError::Network(NetworkError::new(&Failure(format!("unexpected peer response to {what}"))))
+    RPCError::Network(NetworkError::new(&Failure(format!(
+        "unexpected peer response to {what}"
+    ))))
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -146,9 +165,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        match self.call(PeerRequest::AppendEntries(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+        match self
+            .call(PeerRequest::AppendEntries(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
             PeerResponse::AppendEntries(Ok(r)) => Ok(r),
-            PeerResponse::AppendEntries(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            PeerResponse::AppendEntries(Err(e)) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
             _ => Err(unexpected("append_entries")),
         }
     }
@@ -161,7 +186,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        match self.call(PeerRequest::InstallSnapshot(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+        match self
+            .call(PeerRequest::InstallSnapshot(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
             PeerResponse::InstallSnapshot(Ok(r)) => Ok(r),
             PeerResponse::InstallSnapshot(Err(e)) => {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
@@ -175,9 +204,15 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await.map_err(rpc_err)? {
+        match self
+            .call(PeerRequest::Vote(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
             PeerResponse::Vote(Ok(r)) => Ok(r),
-            PeerResponse::Vote(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            PeerResponse::Vote(Err(e)) => {
+                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
             _ => Err(unexpected("vote")),
         }
     }
@@ -186,7 +221,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// Serves one accepted peer connection: the hello, then one RPC per stream.
 pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
     // Hello first.
-    let Ok((mut send, mut recv)) = conn.accept_bi().await else { return };
+    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+        return;
+    };
     let hello: Result<Hello, _> = frame::read(&mut recv, 1024).await;
     let reply: HelloReply = match hello {
         Ok(h) => h.check().map(|_| wire::hello::HelloOk {
@@ -210,7 +247,9 @@ pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
         let raft = raft.clone();
         tokio::spawn(async move {
             let resp = match frame::read::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX).await {
-                Ok(PeerRequest::AppendEntries(r)) => PeerResponse::AppendEntries(raft.append_entries(r).await),
+                Ok(PeerRequest::AppendEntries(r)) => {
+                    PeerResponse::AppendEntries(raft.append_entries(r).await)
+                }
                 Ok(PeerRequest::Vote(r)) => PeerResponse::Vote(raft.vote(r).await),
                 Ok(PeerRequest::InstallSnapshot(r)) => {
                     PeerResponse::InstallSnapshot(raft.install_snapshot(r).await)

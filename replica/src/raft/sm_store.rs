@@ -62,16 +62,21 @@ pub enum SnapshotSink {
 impl SnapshotSink {
     async fn write(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError<NodeId>> {
         let r = match self {
-            SnapshotSink::Direct(dir) => {
-                snapshot_file::write(dir, meta, &data).map(|_| ()).map_err(|e| e.to_string())
-            }
+            SnapshotSink::Direct(dir) => snapshot_file::write(dir, meta, &data)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             SnapshotSink::Actor(addr) => addr
-                .send(crate::actors::snapshotter::WriteSnapshot { meta: meta.clone(), data })
+                .send(crate::actors::snapshotter::WriteSnapshot {
+                    meta: meta.clone(),
+                    data,
+                })
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r),
         };
-        r.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e)).into())
+        r.map_err(|e| {
+            StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e)).into()
+        })
     }
 }
 
@@ -158,7 +163,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
             ms = started.elapsed().as_millis() as u64,
             "snapshot written"
         );
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
     }
 }
 
@@ -188,7 +196,10 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                     EntryPayload::Normal(cmd) => {
                         let (result, effects) = s.sm.apply(entry.log_id.index, &cmd);
                         if !effects.is_empty() {
-                            published.push(Applied::Effects { index: entry.log_id.index, effects });
+                            published.push(Applied::Effects {
+                                index: entry.log_id.index,
+                                effects,
+                            });
                         }
                         result
                     }
@@ -210,10 +221,16 @@ impl RaftStateMachine<TypeConfig> for SmStore {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot_counter += 1;
-        SmSnapshotBuilder { state: self.state.clone(), sink: self.sink.clone(), counter: self.snapshot_counter }
+        SmSnapshotBuilder {
+            state: self.state.clone(),
+            sink: self.sink.clone(),
+            counter: self.snapshot_counter,
+        }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -238,12 +255,17 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let dir = self.dir.clone();
         let file = tokio::task::spawn_blocking(move || snapshot_file::latest(&dir))
             .await
             .map_err(sm_err)?
             .map_err(sm_err)?;
-        Ok(file.map(|f| Snapshot { meta: f.meta, snapshot: Box::new(Cursor::new(f.data)) }))
+        Ok(file.map(|f| Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(f.data)),
+        }))
     }
 }

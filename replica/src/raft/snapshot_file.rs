@@ -36,8 +36,11 @@ fn file_name(meta: &SnapshotMeta) -> String {
 /// [`SNAPSHOTS_KEPT`]. Returns the final path.
 pub fn write(dir: &Path, meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
-    let body = postcard::to_allocvec(&SnapshotFile { meta: meta.clone(), data: data.to_vec() })
-        .map_err(std::io::Error::other)?;
+    let body = postcard::to_allocvec(&SnapshotFile {
+        meta: meta.clone(),
+        data: data.to_vec(),
+    })
+    .map_err(std::io::Error::other)?;
     let crc = crc32fast::hash(&body);
     let path = dir.join(file_name(meta));
     let tmp = path.with_extension("snap.tmp");
@@ -87,7 +90,11 @@ pub fn read(path: &Path) -> Result<SnapshotFile, String> {
     let len = u64::from_be_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
     let body = &bytes[20..];
     if body.len() != len {
-        return Err(format!("{}: truncated ({} of {len} bytes)", path.display(), body.len()));
+        return Err(format!(
+            "{}: truncated ({} of {len} bytes)",
+            path.display(),
+            body.len()
+        ));
     }
     if crc32fast::hash(body) != crc {
         return Err(format!("{}: checksum mismatch", path.display()));
@@ -116,7 +123,10 @@ mod tests {
 
     fn meta(index: u64) -> SnapshotMeta {
         SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(1, 1),
+                index,
+            )),
             last_membership: Default::default(),
             snapshot_id: format!("s{index}"),
         }

@@ -112,7 +112,11 @@ impl Default for StateMachine {
 /// How to undo one change of a multi-op transaction.
 enum Undo {
     Node(String, Option<Node>),
-    Ephemeral { session: SessionId, path: String, added: bool },
+    Ephemeral {
+        session: SessionId,
+        path: String,
+        added: bool,
+    },
 }
 
 impl StateMachine {
@@ -120,7 +124,12 @@ impl StateMachine {
     pub fn new() -> StateMachine {
         let mut nodes = BTreeMap::new();
         nodes.insert("/".to_string(), Node::new(Vec::new(), 0, None));
-        StateMachine { nodes, sessions: BTreeMap::new(), ended: BTreeSet::new(), last_index: 0 }
+        StateMachine {
+            nodes,
+            sessions: BTreeMap::new(),
+            ended: BTreeSet::new(),
+            last_index: 0,
+        }
     }
 
     /// Highest log index applied.
@@ -177,20 +186,29 @@ impl StateMachine {
     /// `Get`: data and metadata.
     pub fn get(&self, p: &str) -> Result<Reply, Error> {
         path::validate(p)?;
-        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.to_string() })?;
-        Ok(Reply::Data { data: n.data.clone(), stat: n.stat() })
+        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode {
+            path: p.to_string(),
+        })?;
+        Ok(Reply::Data {
+            data: n.data.clone(),
+            stat: n.stat(),
+        })
     }
 
     /// `Exists`: metadata or nothing.
     pub fn exists(&self, p: &str) -> Result<Reply, Error> {
         path::validate(p)?;
-        Ok(Reply::Exists { stat: self.nodes.get(p).map(Node::stat) })
+        Ok(Reply::Exists {
+            stat: self.nodes.get(p).map(Node::stat),
+        })
     }
 
     /// `Children`: names and metadata in name order.
     pub fn children(&self, p: &str) -> Result<Reply, Error> {
         path::validate(p)?;
-        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.to_string() })?;
+        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode {
+            path: p.to_string(),
+        })?;
         let children = n
             .children
             .iter()
@@ -199,12 +217,19 @@ impl StateMachine {
                 (c.clone(), child.stat())
             })
             .collect();
-        Ok(Reply::Children { stat: n.stat(), children })
+        Ok(Reply::Children {
+            stat: n.stat(),
+            children,
+        })
     }
 
     /// Applies the entry at `index`. Returns the client's answer and what changed.
     pub fn apply(&mut self, index: LogIndex, cmd: &Command) -> (Result<Reply, Error>, Vec<Effect>) {
-        assert!(index > self.last_index, "apply out of order: {index} after {}", self.last_index);
+        assert!(
+            index > self.last_index,
+            "apply out of order: {index} after {}",
+            self.last_index
+        );
         self.last_index = index;
         let mut effects = Vec::new();
         let result = match cmd {
@@ -212,7 +237,10 @@ impl StateMachine {
             Command::CreateSession => {
                 self.sessions.insert(index, Session::default());
                 effects.push(Effect::SessionOpened { session: index });
-                Ok(Reply::SessionCreated { session: index, session_lease_ms: 0 })
+                Ok(Reply::SessionCreated {
+                    session: index,
+                    session_lease_ms: 0,
+                })
             }
             Command::CloseSession { session } => match self.check_session(*session) {
                 Ok(_) => {
@@ -233,9 +261,21 @@ impl StateMachine {
                 self.apply_checkpoint(cp);
                 Ok(Reply::Closed)
             }
-            Command::Write { session, request_id, ack_below, ops, single } => {
-                self.apply_write(index, *session, *request_id, *ack_below, ops, *single, &mut effects)
-            }
+            Command::Write {
+                session,
+                request_id,
+                ack_below,
+                ops,
+                single,
+            } => self.apply_write(
+                index,
+                *session,
+                *request_id,
+                *ack_below,
+                ops,
+                *single,
+                &mut effects,
+            ),
         };
         (result, effects)
     }
@@ -259,7 +299,10 @@ impl StateMachine {
     }
 
     fn end_session(&mut self, id: SessionId, index: LogIndex, effects: &mut Vec<Effect>) {
-        let session = self.sessions.remove(&id).expect("end_session of an open session");
+        let session = self
+            .sessions
+            .remove(&id)
+            .expect("end_session of an open session");
         // Children before parents cannot happen (ephemerals have no children), so any
         // order works; name order keeps effects deterministic.
         for p in &session.ephemerals {
@@ -273,15 +316,25 @@ impl StateMachine {
     }
 
     fn remove_node(&mut self, p: &str, index: LogIndex, effects: &mut Vec<Effect>) {
-        let node = self.nodes.remove(p).expect("remove_node of an existing node");
+        let node = self
+            .nodes
+            .remove(p)
+            .expect("remove_node of an existing node");
         debug_assert!(node.children.is_empty(), "removing {p} with children");
         let parent_path = path::parent(p);
-        let parent = self.nodes.get_mut(parent_path).expect("parent of an existing node");
+        let parent = self
+            .nodes
+            .get_mut(parent_path)
+            .expect("parent of an existing node");
         parent.children.remove(path::name(p));
         parent.children_version += 1;
         let _ = index;
-        effects.push(Effect::Deleted { path: p.to_string() });
-        effects.push(Effect::ChildrenChanged { path: parent_path.to_string() });
+        effects.push(Effect::Deleted {
+            path: p.to_string(),
+        });
+        effects.push(Effect::ChildrenChanged {
+            path: parent_path.to_string(),
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -297,18 +350,24 @@ impl StateMachine {
     ) -> Result<Reply, Error> {
         let session = match self.sessions.get_mut(&session_id) {
             Some(s) => s,
-            None => return Err(self.check_session(session_id).err().expect("not open")),
+            None => return Err(self.check_session(session_id).expect_err("not open")),
         };
         if let Some(stored) = session.results.get(&request_id) {
             return stored.clone();
         }
         if request_id < session.forgotten_below {
-            return Err(Error::StaleRequest { session: session_id, request_id });
+            return Err(Error::StaleRequest {
+                session: session_id,
+                request_id,
+            });
         }
         session.forget_below(ack_below.min(request_id));
 
         let result = self.execute(index, session_id, ops, single, effects);
-        let session = self.sessions.get_mut(&session_id).expect("session still open");
+        let session = self
+            .sessions
+            .get_mut(&session_id)
+            .expect("session still open");
         session.remember(request_id, result.clone());
         result
     }
@@ -322,11 +381,17 @@ impl StateMachine {
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
         if ops.is_empty() {
-            return Err(Error::BadRequest { reason: "empty transaction".into() });
+            return Err(Error::BadRequest {
+                reason: "empty transaction".into(),
+            });
         }
         if ops.len() > wire::TXN_OPS_MAX {
             return Err(Error::BadRequest {
-                reason: format!("{} ops exceed the maximum of {}", ops.len(), wire::TXN_OPS_MAX),
+                reason: format!(
+                    "{} ops exceed the maximum of {}",
+                    ops.len(),
+                    wire::TXN_OPS_MAX
+                ),
             });
         }
         if single {
@@ -338,11 +403,17 @@ impl StateMachine {
                     } else {
                         None
                     };
-                    Ok(Reply::Created { path, stat, predecessor })
+                    Ok(Reply::Created {
+                        path,
+                        stat,
+                        predecessor,
+                    })
                 }
                 Ok(TxnResult::Deleted) => Ok(Reply::Deleted),
                 Ok(TxnResult::Set { stat }) => Ok(Reply::Set { stat }),
-                Ok(TxnResult::Checked) => Ok(Reply::Txn { results: vec![TxnResult::Checked] }),
+                Ok(TxnResult::Checked) => Ok(Reply::Txn {
+                    results: vec![TxnResult::Checked],
+                }),
                 Err(e) => Err(e),
             };
         }
@@ -354,7 +425,10 @@ impl StateMachine {
                 Ok(r) => results.push(r),
                 Err(e) => {
                     self.rollback(undo.take().unwrap_or_default());
-                    return Err(Error::TxnFailed { index: i, error: Box::new(e) });
+                    return Err(Error::TxnFailed {
+                        index: i,
+                        error: Box::new(e),
+                    });
                 }
             }
         }
@@ -371,7 +445,11 @@ impl StateMachine {
                 Undo::Node(p, None) => {
                     self.nodes.remove(&p);
                 }
-                Undo::Ephemeral { session, path, added } => {
+                Undo::Ephemeral {
+                    session,
+                    path,
+                    added,
+                } => {
                     if let Some(s) = self.sessions.get_mut(&session) {
                         if added {
                             s.ephemerals.remove(&path);
@@ -401,19 +479,29 @@ impl StateMachine {
         match op {
             TxnOp::Check { path: p, version } => {
                 path::validate(p)?;
-                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                let n = self
+                    .nodes
+                    .get(p)
+                    .ok_or_else(|| Error::NoNode { path: p.clone() })?;
                 check_version(p, n, *version)?;
                 Ok(TxnResult::Checked)
             }
-            TxnOp::Create { path: p, data, mode } => {
-                self.create(index, session, p, data, *mode, undo, effects)
-            }
+            TxnOp::Create {
+                path: p,
+                data,
+                mode,
+            } => self.create(index, session, p, data, *mode, undo, effects),
             TxnOp::Delete { path: p, version } => {
                 path::validate(p)?;
                 if p == "/" {
-                    return Err(Error::RootNode { action: "deleted".into() });
+                    return Err(Error::RootNode {
+                        action: "deleted".into(),
+                    });
                 }
-                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                let n = self
+                    .nodes
+                    .get(p)
+                    .ok_or_else(|| Error::NoNode { path: p.clone() })?;
                 check_version(p, n, *version)?;
                 if !n.children.is_empty() {
                     return Err(Error::NotEmpty { path: p.clone() });
@@ -426,19 +514,32 @@ impl StateMachine {
                         s.ephemerals.remove(p);
                     }
                     if let Some(u) = undo {
-                        u.push(Undo::Ephemeral { session: owner, path: p.clone(), added: false });
+                        u.push(Undo::Ephemeral {
+                            session: owner,
+                            path: p.clone(),
+                            added: false,
+                        });
                     }
                 }
                 self.remove_node(p, index, effects);
                 Ok(TxnResult::Deleted)
             }
-            TxnOp::SetData { path: p, data, version } => {
+            TxnOp::SetData {
+                path: p,
+                data,
+                version,
+            } => {
                 path::validate(p)?;
                 check_value(data)?;
                 if p == "/" {
-                    return Err(Error::RootNode { action: "written".into() });
+                    return Err(Error::RootNode {
+                        action: "written".into(),
+                    });
                 }
-                let n = self.nodes.get(p).ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                let n = self
+                    .nodes
+                    .get(p)
+                    .ok_or_else(|| Error::NoNode { path: p.clone() })?;
                 check_version(p, n, *version)?;
                 self.save(undo, p);
                 let n = self.nodes.get_mut(p).expect("checked above");
@@ -464,7 +565,9 @@ impl StateMachine {
         effects: &mut Vec<Effect>,
     ) -> Result<TxnResult, Error> {
         if p == "/" {
-            return Err(Error::RootNode { action: "created".into() });
+            return Err(Error::RootNode {
+                action: "created".into(),
+            });
         }
         // Validate the shape with a full-width suffix so the final name is valid too.
         if mode.sequential {
@@ -481,7 +584,11 @@ impl StateMachine {
             return Err(Error::EphemeralParent { path: parent_path });
         }
         let full = if mode.sequential {
-            format!("{p}{:0width$}", parent.sequence_next, width = SEQUENCE_DIGITS)
+            format!(
+                "{p}{:0width$}",
+                parent.sequence_next,
+                width = SEQUENCE_DIGITS
+            )
         } else {
             p.to_string()
         };
@@ -501,9 +608,17 @@ impl StateMachine {
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         if let Some(owner) = owner {
-            self.sessions.get_mut(&owner).expect("writer is open").ephemerals.insert(full.clone());
+            self.sessions
+                .get_mut(&owner)
+                .expect("writer is open")
+                .ephemerals
+                .insert(full.clone());
             if let Some(u) = undo {
-                u.push(Undo::Ephemeral { session: owner, path: full.clone(), added: true });
+                u.push(Undo::Ephemeral {
+                    session: owner,
+                    path: full.clone(),
+                    added: true,
+                });
             }
         }
         effects.push(Effect::Created { path: full.clone() });
@@ -550,16 +665,21 @@ fn ops_is_sequential(op: &TxnOp) -> bool {
 
 fn check_version(p: &str, n: &Node, expected: Option<u64>) -> Result<(), Error> {
     match expected {
-        Some(v) if v != n.version => {
-            Err(Error::BadVersion { path: p.to_string(), expected: v, actual: n.version })
-        }
+        Some(v) if v != n.version => Err(Error::BadVersion {
+            path: p.to_string(),
+            expected: v,
+            actual: n.version,
+        }),
         _ => Ok(()),
     }
 }
 
 fn check_value(data: &[u8]) -> Result<(), Error> {
     if data.len() > wire::VALUE_BYTES_MAX {
-        return Err(Error::ValueTooLarge { len: data.len(), max: wire::VALUE_BYTES_MAX });
+        return Err(Error::ValueTooLarge {
+            len: data.len(),
+            max: wire::VALUE_BYTES_MAX,
+        });
     }
     Ok(())
 }

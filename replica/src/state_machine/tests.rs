@@ -17,7 +17,11 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        Harness { sm: StateMachine::new(), index: 0, next_request: 1 }
+        Harness {
+            sm: StateMachine::new(),
+            index: 0,
+            next_request: 1,
+        }
     }
 
     fn apply(&mut self, cmd: Command) -> (Result<Reply, Error>, Vec<Effect>) {
@@ -39,8 +43,14 @@ impl Harness {
     }
 
     fn write_id(&mut self, session: u64, request_id: u64, op: TxnOp) -> Result<Reply, Error> {
-        self.apply(Command::Write { session, request_id, ack_below: 0, ops: vec![op], single: true })
-            .0
+        self.apply(Command::Write {
+            session,
+            request_id,
+            ack_below: 0,
+            ops: vec![op],
+            single: true,
+        })
+        .0
     }
 }
 
@@ -48,32 +58,62 @@ fn create(path: &str, data: &[u8], ephemeral: bool, sequential: bool) -> TxnOp {
     TxnOp::Create {
         path: path.into(),
         data: data.to_vec(),
-        mode: CreateMode { ephemeral, sequential },
+        mode: CreateMode {
+            ephemeral,
+            sequential,
+        },
     }
 }
 
 fn set(path: &str, data: &[u8], version: Option<u64>) -> TxnOp {
-    TxnOp::SetData { path: path.into(), data: data.to_vec(), version }
+    TxnOp::SetData {
+        path: path.into(),
+        data: data.to_vec(),
+        version,
+    }
 }
 
 fn del(path: &str, version: Option<u64>) -> TxnOp {
-    TxnOp::Delete { path: path.into(), version }
+    TxnOp::Delete {
+        path: path.into(),
+        version,
+    }
 }
 
 #[test]
 fn create_get_set_delete_round_trip() {
     let mut h = Harness::new();
     let s = h.session();
-    assert!(matches!(h.write(s, create("/a", b"1", false, false)), Ok(Reply::Created { .. })));
-    let Ok(Reply::Data { data, stat }) = h.sm.get("/a") else { panic!() };
-    assert_eq!((data.as_slice(), stat.version, stat.create_index), (&b"1"[..], 0, 2));
-    assert!(matches!(h.write(s, set("/a", b"2", Some(0))), Ok(Reply::Set { stat }) if stat.version == 1));
+    assert!(matches!(
+        h.write(s, create("/a", b"1", false, false)),
+        Ok(Reply::Created { .. })
+    ));
+    let Ok(Reply::Data { data, stat }) = h.sm.get("/a") else {
+        panic!()
+    };
+    assert_eq!(
+        (data.as_slice(), stat.version, stat.create_index),
+        (&b"1"[..], 0, 2)
+    );
+    assert!(
+        matches!(h.write(s, set("/a", b"2", Some(0))), Ok(Reply::Set { stat }) if stat.version == 1)
+    );
     // Stale CAS: refused, nothing changes.
     let before = h.sm.clone();
     let err = h.write(s, set("/a", b"3", Some(0))).unwrap_err();
-    assert_eq!(err, Error::BadVersion { path: "/a".into(), expected: 0, actual: 1 });
+    assert_eq!(
+        err,
+        Error::BadVersion {
+            path: "/a".into(),
+            expected: 0,
+            actual: 1
+        }
+    );
     assert_eq!(before.nodes, h.sm.nodes);
-    assert!(matches!(h.write(s, del("/a", Some(5))), Err(Error::BadVersion { .. })));
+    assert!(matches!(
+        h.write(s, del("/a", Some(5))),
+        Err(Error::BadVersion { .. })
+    ));
     assert!(matches!(h.write(s, del("/a", Some(1))), Ok(Reply::Deleted)));
     assert!(matches!(h.sm.get("/a"), Err(Error::NoNode { .. })));
 }
@@ -82,39 +122,80 @@ fn create_get_set_delete_round_trip() {
 fn structural_rules() {
     let mut h = Harness::new();
     let s = h.session();
-    assert!(matches!(h.write(s, create("/x/y", b"", false, false)), Err(Error::NoNode { path }) if path == "/x"));
+    assert!(
+        matches!(h.write(s, create("/x/y", b"", false, false)), Err(Error::NoNode { path }) if path == "/x")
+    );
     h.write(s, create("/x", b"", false, false)).unwrap();
-    assert!(matches!(h.write(s, create("/x", b"", false, false)), Err(Error::NodeExists { .. })));
+    assert!(matches!(
+        h.write(s, create("/x", b"", false, false)),
+        Err(Error::NodeExists { .. })
+    ));
     h.write(s, create("/x/y", b"", false, false)).unwrap();
-    assert!(matches!(h.write(s, del("/x", None)), Err(Error::NotEmpty { .. })));
+    assert!(matches!(
+        h.write(s, del("/x", None)),
+        Err(Error::NotEmpty { .. })
+    ));
     h.write(s, create("/e", b"", true, false)).unwrap();
-    assert!(matches!(h.write(s, create("/e/c", b"", false, false)), Err(Error::EphemeralParent { .. })));
-    assert!(matches!(h.write(s, del("/", None)), Err(Error::RootNode { .. })));
-    assert!(matches!(h.write(s, set("/", b"", None)), Err(Error::RootNode { .. })));
-    assert!(matches!(h.write(s, create("/", b"", false, false)), Err(Error::RootNode { .. })));
+    assert!(matches!(
+        h.write(s, create("/e/c", b"", false, false)),
+        Err(Error::EphemeralParent { .. })
+    ));
+    assert!(matches!(
+        h.write(s, del("/", None)),
+        Err(Error::RootNode { .. })
+    ));
+    assert!(matches!(
+        h.write(s, set("/", b"", None)),
+        Err(Error::RootNode { .. })
+    ));
+    assert!(matches!(
+        h.write(s, create("/", b"", false, false)),
+        Err(Error::RootNode { .. })
+    ));
     let big = vec![0u8; wire::VALUE_BYTES_MAX + 1];
-    assert!(matches!(h.write(s, create("/big", &big, false, false)), Err(Error::ValueTooLarge { .. })));
+    assert!(matches!(
+        h.write(s, create("/big", &big, false, false)),
+        Err(Error::ValueTooLarge { .. })
+    ));
     let ok = vec![0u8; wire::VALUE_BYTES_MAX];
     assert!(h.write(s, create("/big", &ok, false, false)).is_ok());
     for bad in ["", "rel", "/a/", "/a//b", "/a/../b", "/./a"] {
-        assert!(matches!(h.write(s, create(bad, b"", false, false)), Err(Error::InvalidPath { .. })), "{bad}");
+        assert!(
+            matches!(
+                h.write(s, create(bad, b"", false, false)),
+                Err(Error::InvalidPath { .. })
+            ),
+            "{bad}"
+        );
     }
 }
 
 #[test]
 fn sessions_must_be_open() {
     let mut h = Harness::new();
-    assert_eq!(h.write(99, create("/a", b"", false, false)), Err(Error::UnknownSession { session: 99 }));
-    assert_eq!(h.write(0, create("/a", b"", false, false)), Err(Error::SessionRequired));
+    assert_eq!(
+        h.write(99, create("/a", b"", false, false)),
+        Err(Error::UnknownSession { session: 99 })
+    );
+    assert_eq!(
+        h.write(0, create("/a", b"", false, false)),
+        Err(Error::SessionRequired)
+    );
     let s = h.session();
     h.write(s, create("/e", b"", true, false)).unwrap();
     let (r, effects) = h.apply(Command::ExpireSessions { sessions: vec![s] });
     assert!(r.is_ok());
     assert!(effects.contains(&Effect::Deleted { path: "/e".into() }));
     assert!(h.sm.node("/e").is_none());
-    assert_eq!(h.write(s, create("/a", b"", false, false)), Err(Error::SessionExpired { session: s }));
+    assert_eq!(
+        h.write(s, create("/a", b"", false, false)),
+        Err(Error::SessionExpired { session: s })
+    );
     assert!(h.sm.node("/a").is_none());
-    assert_eq!(h.apply(Command::CloseSession { session: s }).0, Err(Error::SessionExpired { session: s }));
+    assert_eq!(
+        h.apply(Command::CloseSession { session: s }).0,
+        Err(Error::SessionExpired { session: s })
+    );
 }
 
 #[test]
@@ -124,8 +205,9 @@ fn sequential_names_and_predecessor() {
     h.write(s, create("/lock", b"", false, false)).unwrap();
     let mut names = Vec::new();
     for i in 0..3 {
-        let Ok(Reply::Created { path, predecessor, .. }) =
-            h.write(s, create("/lock/n-", b"", true, true))
+        let Ok(Reply::Created {
+            path, predecessor, ..
+        }) = h.write(s, create("/lock/n-", b"", true, true))
         else {
             panic!()
         };
@@ -134,7 +216,9 @@ fn sequential_names_and_predecessor() {
         names.push(path.rsplit('/').next().unwrap().to_string());
     }
     // Different prefixes share the parent's counter and order by sequence.
-    let Ok(Reply::Created { path, predecessor, .. }) = h.write(s, create("/lock/a-", b"", true, true))
+    let Ok(Reply::Created {
+        path, predecessor, ..
+    }) = h.write(s, create("/lock/a-", b"", true, true))
     else {
         panic!()
     };
@@ -161,7 +245,10 @@ fn dedup_returns_first_answer() {
     assert!(r.is_ok());
     assert_eq!(
         h.write_id(s, 7, create("/q-", b"", false, true)),
-        Err(Error::StaleRequest { session: s, request_id: 7 })
+        Err(Error::StaleRequest {
+            session: s,
+            request_id: 7
+        })
     );
 }
 
@@ -177,20 +264,47 @@ fn transactions_are_all_or_nothing() {
         set("/cfg", b"v1", None),
         del("/cfg", Some(0)), // version is 1 after the set: fails
     ];
-    let r = h.apply(Command::Write { session: s, request_id: 100, ack_below: 0, ops, single: false });
-    assert!(matches!(r.0, Err(Error::TxnFailed { index: 3, .. })), "{r:?}");
+    let r = h.apply(Command::Write {
+        session: s,
+        request_id: 100,
+        ack_below: 0,
+        ops,
+        single: false,
+    });
+    assert!(
+        matches!(r.0, Err(Error::TxnFailed { index: 3, .. })),
+        "{r:?}"
+    );
     assert!(r.1.is_empty());
     assert_eq!(before, h.sm.nodes);
     assert!(h.sm.session(s).unwrap().ephemerals.is_empty());
 
     let ops = vec![
-        TxnOp::Check { path: "/cfg".into(), version: Some(0) },
+        TxnOp::Check {
+            path: "/cfg".into(),
+            version: Some(0),
+        },
         create("/a", b"", false, false),
         set("/cfg", b"v1", Some(0)),
     ];
-    let r = h.apply(Command::Write { session: s, request_id: 101, ack_below: 0, ops, single: false });
-    let Ok(Reply::Txn { results }) = r.0 else { panic!("{r:?}") };
-    assert!(matches!(results[..], [TxnResult::Checked, TxnResult::Created { .. }, TxnResult::Set { .. }]));
+    let r = h.apply(Command::Write {
+        session: s,
+        request_id: 101,
+        ack_below: 0,
+        ops,
+        single: false,
+    });
+    let Ok(Reply::Txn { results }) = r.0 else {
+        panic!("{r:?}")
+    };
+    assert!(matches!(
+        results[..],
+        [
+            TxnResult::Checked,
+            TxnResult::Created { .. },
+            TxnResult::Set { .. }
+        ]
+    ));
 }
 
 #[test]
@@ -198,7 +312,10 @@ fn lease_checkpoints() {
     let mut h = Harness::new();
     let a = h.session();
     let b = h.session();
-    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint { mark_all: true, ..Default::default() }));
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
+        mark_all: true,
+        ..Default::default()
+    }));
     assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(0));
     let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
         mark_all: false,
@@ -208,7 +325,10 @@ fn lease_checkpoints() {
     assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
     assert_eq!(h.sm.session(b).unwrap().silent_ms, None);
     // mark_all keeps accumulated silence.
-    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint { mark_all: true, ..Default::default() }));
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
+        mark_all: true,
+        ..Default::default()
+    }));
     assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
 }
 
@@ -218,9 +338,23 @@ fn lease_checkpoints() {
 enum Action {
     NewSession,
     EndSession(usize, bool),
-    Create { parent: usize, name: usize, ephemeral: bool, sequential: bool, session: usize },
-    Set { path: usize, cas: bool, session: usize },
-    Delete { path: usize, cas: bool, session: usize },
+    Create {
+        parent: usize,
+        name: usize,
+        ephemeral: bool,
+        sequential: bool,
+        session: usize,
+    },
+    Set {
+        path: usize,
+        cas: bool,
+        session: usize,
+    },
+    Delete {
+        path: usize,
+        cas: bool,
+        session: usize,
+    },
     Retry(usize),
 }
 

@@ -63,9 +63,15 @@ impl TestCell {
     pub fn start(opts: Opts) -> TestCell {
         let dir = tempfile::tempdir().expect("tempdir");
         let tls = dir.path().join("tls");
-        wire::tls::DevCa::generate().expect("ca").write_to(&tls).expect("write tls");
+        wire::tls::DevCa::generate()
+            .expect("ca")
+            .write_to(&tls)
+            .expect("write tls");
         let members: Vec<Member> = (1..=opts.replicas)
-            .map(|id| Member { id, addr: format!("127.0.0.1:{}", free_udp_port()) })
+            .map(|id| Member {
+                id,
+                addr: format!("127.0.0.1:{}", free_udp_port()),
+            })
             .collect();
         let mut cell = TestCell {
             ca: tls.join(wire::tls::CA_FILE),
@@ -127,7 +133,10 @@ impl TestCell {
         let child = Command::new(env!("CARGO_BIN_EXE_replica"))
             .arg("--config")
             .arg(path)
-            .env("RUST_LOG", "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn")
+            .env(
+                "RUST_LOG",
+                "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn",
+            )
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log))
             .spawn()
@@ -155,7 +164,10 @@ impl TestCell {
     }
 
     pub fn endpoints(&self) -> Vec<String> {
-        self.configs.values().map(|(_, c)| c.listen.to_string()).collect()
+        self.configs
+            .values()
+            .map(|(_, c)| c.listen.to_string())
+            .collect()
     }
 
     pub fn client_config(&self) -> ClientConfig {
@@ -173,7 +185,10 @@ impl TestCell {
     pub async fn statuses(&self, client: &Client) -> BTreeMap<u64, Status> {
         let mut out = BTreeMap::new();
         for id in self.procs.keys() {
-            if let Ok(s) = client.status_of(self.addr(*id).parse().expect("addr")).await {
+            if let Ok(s) = client
+                .status_of(self.addr(*id).parse().expect("addr"))
+                .await
+            {
                 out.insert(*id, s);
             }
         }
@@ -191,7 +206,10 @@ impl TestCell {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("no leader within {within:?}; logs in {}", self.dir.path().display());
+        panic!(
+            "no leader within {within:?}; logs in {}",
+            self.dir.path().display()
+        );
     }
 
     /// Waits until every running replica has applied at least `index`.
@@ -202,7 +220,10 @@ impl TestCell {
             if st.len() == self.procs.len() && st.values().all(|s| s.last_applied >= index) {
                 return;
             }
-            assert!(Instant::now() < deadline, "replicas did not reach index {index}: {st:?}");
+            assert!(
+                Instant::now() < deadline,
+                "replicas did not reach index {index}: {st:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's test command: formatting, lints, docs and every test (unit, property,
+# openraft's storage suite, and the cell tests that start real replica processes on
+# loopback). Figures measured by the cell tests are printed as lines starting "FIGURE".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk -q
+cargo test --workspace -- --nocapture
