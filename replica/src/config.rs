@@ -228,7 +228,8 @@ lease_ms = 6000
 
     #[test]
     fn example_config_is_valid() {
-        let f = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/replica.example.toml");
+        let f =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/replica.example.toml");
         let c = ReplicaConfig::load(Some(&f)).unwrap();
         assert_eq!(c.members.len(), 5);
         assert_eq!(c.raft, RaftConfig::default());
