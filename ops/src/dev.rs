@@ -303,15 +303,25 @@ async fn demo(client: &Client) -> anyhow::Result<()> {
 /// Prints every replica's status.
 pub async fn print_status(client: &Client) -> anyhow::Result<()> {
     println!(
-        "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}",
-        "id", "addr", "role", "term", "leader", "applied", "log", "snapshot", "sessions", "nodes"
+        "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
+        "id",
+        "addr",
+        "role",
+        "term",
+        "leader",
+        "applied",
+        "log",
+        "snapshot",
+        "sessions",
+        "nodes",
+        "fsyncs"
     );
     let mut members = None;
     for addr in client.endpoints() {
         match client.status_of(*addr).await {
             Ok(s) => {
                 println!(
-                    "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6}",
+                    "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
                     s.id,
                     addr.to_string(),
                     s.role,
@@ -326,7 +336,8 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
                         .map(|i| i.to_string())
                         .unwrap_or_else(|| "-".into()),
                     s.session_count,
-                    s.node_count
+                    s.node_count,
+                    s.log_syncs
                 );
                 members.get_or_insert(s.members);
             }

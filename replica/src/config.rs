@@ -199,6 +199,7 @@ mod tests {
 
     #[test]
     fn loads_file_with_defaults_and_validates() {
+        let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("r.toml");
         std::fs::write(
@@ -226,8 +227,30 @@ lease_ms = 6000
         assert!(bad.validate().is_err());
     }
 
+    /// Environment variables are process-wide: the tests that load configs take turns.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        let f =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/replica.example.toml");
+        // SAFETY (edition 2024 marks set_var unsafe): the ENV lock keeps the other
+        // config tests from reading the environment meanwhile.
+        std::env::set_var("LOCKSVC_REPLICA__SESSION__LEASE_MS", "7000");
+        std::env::set_var("LOCKSVC_REPLICA__ID", "4");
+        let c = ReplicaConfig::load(Some(&f));
+        std::env::remove_var("LOCKSVC_REPLICA__SESSION__LEASE_MS");
+        std::env::remove_var("LOCKSVC_REPLICA__ID");
+        let c = c.unwrap();
+        assert_eq!(c.session.lease_ms, 7000);
+        assert_eq!(c.id, 4);
+        assert!(ReplicaConfig::load(Some(std::path::Path::new("/nonexistent.toml"))).is_err());
+    }
+
     #[test]
     fn example_config_is_valid() {
+        let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
         let f =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/replica.example.toml");
         let c = ReplicaConfig::load(Some(&f)).unwrap();

@@ -41,6 +41,8 @@ pub struct Gateway {
     pub state: SharedState,
     /// Session lease granted to clients.
     pub lease_ms: u64,
+    /// Group-commit counters of the log store.
+    pub log_stats: std::sync::Arc<crate::raft::log_store::FlushStats>,
 }
 
 /// Accepts connections until the endpoint is closed.
@@ -364,6 +366,14 @@ impl Gateway {
             members,
             session_count: sessions,
             node_count: nodes,
+            log_appends: self
+                .log_stats
+                .appends
+                .load(std::sync::atomic::Ordering::Relaxed),
+            log_syncs: self
+                .log_stats
+                .syncs
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

@@ -67,6 +67,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
     )?;
     let state = sm_store.shared();
     let log_store = LogStore::open(&log_dir)?;
+    let log_stats = log_store.stats();
 
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
     let raft = Raft::new(
@@ -127,6 +128,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         gate,
         state,
         lease_ms: cfg.session.lease_ms,
+        log_stats,
     });
     let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

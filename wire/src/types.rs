@@ -145,6 +145,10 @@ pub struct Status {
     pub session_count: u64,
     /// Nodes in this replica's state machine (including `/`).
     pub node_count: u64,
+    /// Log appends made durable since this replica started.
+    pub log_appends: u64,
+    /// fsyncs that made them durable (fewer than appends when group commit batches them).
+    pub log_syncs: u64,
 }
 
 /// A request from a client (or proxy) to a replica.

@@ -37,11 +37,14 @@ pub struct FlushStats {
     pub appends: std::sync::atomic::AtomicU64,
 }
 
+/// Completes one append once its data is durable (or the sync failed).
+type Completion = Box<dyn FnOnce(std::io::Result<()>) + Send>;
+
 struct Inner {
     db: Database,
     log: Keyspace,
     meta: Keyspace,
-    flush_tx: mpsc::Sender<LogFlushed<TypeConfig>>,
+    flush_tx: mpsc::Sender<Completion>,
     stats: Arc<FlushStats>,
 }
 
@@ -73,13 +76,20 @@ impl LogStore {
         let db = Database::builder(dir).open()?;
         let log = db.keyspace("log", KeyspaceCreateOptions::default)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default)?;
-        let (flush_tx, flush_rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
+        let (flush_tx, flush_rx) = mpsc::channel::<Completion>();
         let stats = Arc::new(FlushStats::default());
         let flusher_db = db.clone();
         let flusher_stats = stats.clone();
         thread::Builder::new()
             .name("log-flusher".into())
-            .spawn(move || flusher(flusher_db, flush_rx, flusher_stats))?;
+            .spawn(move || {
+                let sync = || {
+                    flusher_db
+                        .persist(PersistMode::SyncData)
+                        .map_err(|e| e.to_string())
+                };
+                flusher(sync, flush_rx, flusher_stats)
+            })?;
         Ok(LogStore {
             inner: Arc::new(Inner {
                 db,
@@ -104,22 +114,24 @@ impl LogStore {
     }
 }
 
-fn flusher(db: Database, rx: mpsc::Receiver<LogFlushed<TypeConfig>>, stats: Arc<FlushStats>) {
+/// The group-commit loop: takes every completion waiting at that moment, syncs once, then
+/// completes them all in order.
+fn flusher(
+    sync: impl Fn() -> Result<(), String>,
+    rx: mpsc::Receiver<Completion>,
+    stats: Arc<FlushStats>,
+) {
     use std::sync::atomic::Ordering::Relaxed;
     while let Ok(first) = rx.recv() {
         let mut waiting = vec![first];
         while let Ok(more) = rx.try_recv() {
             waiting.push(more);
         }
-        let result = db.persist(PersistMode::SyncData);
+        let result = sync();
         stats.syncs.fetch_add(1, Relaxed);
         stats.appends.fetch_add(waiting.len() as u64, Relaxed);
-        for cb in waiting {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(std::io::Error::other(e.to_string())),
-            };
-            cb.log_io_completed(r);
+        for complete in waiting {
+            complete(result.clone().map_err(std::io::Error::other));
         }
     }
 }
@@ -229,7 +241,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         b.commit().map_err(io_err)?;
         self.inner
             .flush_tx
-            .send(callback)
+            .send(Box::new(move |r| callback.log_io_completed(r)))
             .map_err(|_| io_err(std::io::Error::other("log flusher stopped")))?;
         Ok(())
     }
@@ -284,6 +296,57 @@ mod tests {
                 .expect("open sm");
             Ok((dir, log, sm))
         }
+    }
+
+    #[test]
+    fn appends_waiting_together_share_one_sync() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (tx, rx) = mpsc::channel::<Completion>();
+        let done = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for i in 0..10 {
+            let done = done.clone();
+            tx.send(Box::new(move |r| done.lock().unwrap().push((i, r.is_ok()))))
+                .unwrap();
+        }
+        drop(tx);
+        let stats = Arc::new(FlushStats::default());
+        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let s2 = syncs.clone();
+        flusher(
+            move || {
+                s2.fetch_add(1, Relaxed);
+                Ok(())
+            },
+            rx,
+            stats.clone(),
+        );
+        assert_eq!(syncs.load(Relaxed), 1, "ten waiting appends, one fsync");
+        assert_eq!(stats.appends.load(Relaxed), 10);
+        let done = done.lock().unwrap();
+        assert_eq!(
+            done.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>(),
+            "completed in order"
+        );
+        assert!(done.iter().all(|(_, ok)| *ok));
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_waiting_append() {
+        let (tx, rx) = mpsc::channel::<Completion>();
+        let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for _ in 0..3 {
+            let failed = failed.clone();
+            tx.send(Box::new(move |r| {
+                if r.is_err() {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }))
+            .unwrap();
+        }
+        drop(tx);
+        flusher(|| Err("disk on fire".into()), rx, Arc::default());
+        assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 3);
     }
 
     #[test]
