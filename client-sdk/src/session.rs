@@ -45,6 +45,11 @@ pub struct Created {
 /// How long a session in jeopardy keeps trying before it gives up (Chubby's grace period).
 pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
 
+/// Most requests of one session in flight at once. Half the cell's dedup window
+/// ([`wire::DEDUP_RESULTS_MAX`]), so the result of any request still being retried is
+/// always remembered by the cell.
+pub const IN_FLIGHT_MAX: usize = wire::DEDUP_RESULTS_MAX / 2;
+
 struct Inner {
     client: Client,
     id: SessionId,
@@ -54,6 +59,7 @@ struct Inner {
     state_tx: watch::Sender<SessionState>,
     local_deadline: Mutex<Instant>,
     keepalives_stopped: AtomicBool,
+    in_flight: tokio::sync::Semaphore,
 }
 
 /// One session; cheap to clone. Dropping every clone does not close the session (the
@@ -84,6 +90,7 @@ impl Session {
             state_tx,
             local_deadline: Mutex::new(sent + lease),
             keepalives_stopped: AtomicBool::new(false),
+            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT_MAX),
         });
         tokio::spawn(keepalive_loop(inner.clone()));
         Ok(Session { inner })
@@ -133,6 +140,12 @@ impl Session {
 
     /// Sends one request of this session, retried with the same id until answered.
     pub async fn call(&self, op: Op) -> Result<Reply, Error> {
+        let _permit = self
+            .inner
+            .in_flight
+            .acquire()
+            .await
+            .expect("semaphore never closed");
         let (request_id, ack_below) = self.next_ids();
         let r = self
             .inner

@@ -16,7 +16,7 @@ struct Args {
     config: PathBuf,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -26,7 +26,13 @@ fn main() -> anyhow::Result<()> {
             }),
         )
         .init();
-    let cfg = replica::config::ReplicaConfig::load(Some(&args.config))?;
+    let cfg = match replica::config::ReplicaConfig::load(Some(&args.config)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("replica: {}: {e:#}", args.config.display());
+            std::process::exit(2);
+        }
+    };
     let system = actix_rt::System::with_tokio_rt(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -34,7 +40,7 @@ fn main() -> anyhow::Result<()> {
             .build()
             .expect("tokio runtime")
     });
-    system.block_on(async move {
+    let result = system.block_on(async move {
         let shutdown = async {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -45,5 +51,9 @@ fn main() -> anyhow::Result<()> {
             }
         };
         replica::server::run(cfg, shutdown).await
-    })
+    });
+    if let Err(e) = result {
+        eprintln!("replica: {e:#}");
+        std::process::exit(1);
+    }
 }
