@@ -648,15 +648,19 @@ impl StateMachine {
 }
 
 /// The sequence number at the end of a sequential node's name.
+///
+/// Works on bytes: a name may end in multi-byte characters, and slicing a `str` inside
+/// one would panic during apply, on every replica, at every replay.
 pub fn sequence_of(name: &str) -> Option<u64> {
-    if name.len() < SEQUENCE_DIGITS {
+    let bytes = name.as_bytes();
+    if bytes.len() < SEQUENCE_DIGITS {
         return None;
     }
-    let tail = &name[name.len() - SEQUENCE_DIGITS..];
-    if !tail.bytes().all(|b| b.is_ascii_digit()) {
+    let tail = &bytes[bytes.len() - SEQUENCE_DIGITS..];
+    if !tail.iter().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    tail.parse().ok()
+    tail.iter().try_fold(0u64, |acc, b| acc.checked_mul(10)?.checked_add(u64::from(b - b'0')))
 }
 
 fn ops_is_sequential(op: &TxnOp) -> bool {

@@ -227,6 +227,34 @@ fn sequential_names_and_predecessor() {
 }
 
 #[test]
+fn multibyte_names_next_to_sequential_nodes() {
+    // A sibling whose name is not ASCII must not crash predecessor computation.
+    let mut h = Harness::new();
+    let s = h.session();
+    h.write(s, create("/locks", b"", false, false)).unwrap();
+    for name in ["/locks/€€€€", "/locks/ünïcödé-ñame", "/locks/日本語のなまえです", "/locks/a€"] {
+        h.write(s, create(name, b"", false, false)).unwrap();
+    }
+    let Ok(Reply::Created { predecessor, .. }) = h.write(s, create("/locks/n-", b"", true, true)) else {
+        panic!()
+    };
+    assert!(predecessor.is_none());
+    let Ok(Reply::Created { path, predecessor, .. }) = h.write(s, create("/locks/€-", b"", true, true))
+    else {
+        panic!()
+    };
+    assert_eq!(path, "/locks/€-0000000001");
+    assert_eq!(predecessor.unwrap().name, "n-0000000000");
+}
+
+proptest! {
+    #[test]
+    fn sequence_of_never_panics(name in "\\PC{0,16}") {
+        let _ = super::sequence_of(&name);
+    }
+}
+
+#[test]
 fn dedup_returns_first_answer() {
     let mut h = Harness::new();
     let s = h.session();
