@@ -45,21 +45,27 @@ pub struct Created {
 /// How long a session in jeopardy keeps trying before it gives up (Chubby's grace period).
 pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
 
-/// Most requests of one session in flight at once. Half the cell's dedup window
-/// ([`wire::DEDUP_RESULTS_MAX`]), so the result of any request still being retried is
-/// always remembered by the cell.
-pub const IN_FLIGHT_MAX: usize = wire::DEDUP_RESULTS_MAX / 2;
+/// Widest spread of request ids in flight: a new request waits until its id is less than
+/// this far above the oldest unanswered one. Half the cell's dedup window
+/// ([`wire::DEDUP_RESULTS_MAX`]), so the cell always has room for every unacknowledged
+/// result and never refuses a request of this session for lack of it.
+pub const IN_FLIGHT_MAX: u64 = wire::DEDUP_RESULTS_MAX as u64 / 2;
 
 struct Inner {
     client: Client,
     id: SessionId,
     lease: Duration,
-    next_request: Mutex<RequestId>,
-    outstanding: Mutex<BTreeSet<RequestId>>,
+    requests: Mutex<Requests>,
+    request_done: tokio::sync::Notify,
     state_tx: watch::Sender<SessionState>,
     local_deadline: Mutex<Instant>,
     keepalives_stopped: AtomicBool,
-    in_flight: tokio::sync::Semaphore,
+}
+
+/// Request ids: the next one, and those sent but not yet answered.
+struct Requests {
+    next: RequestId,
+    outstanding: BTreeSet<RequestId>,
 }
 
 /// One session; cheap to clone. Dropping every clone does not close the session (the
@@ -85,12 +91,14 @@ impl Session {
             client,
             id,
             lease,
-            next_request: Mutex::new(1),
-            outstanding: Mutex::new(BTreeSet::new()),
+            requests: Mutex::new(Requests {
+                next: 1,
+                outstanding: BTreeSet::new(),
+            }),
+            request_done: tokio::sync::Notify::new(),
             state_tx,
             local_deadline: Mutex::new(sent + lease),
             keepalives_stopped: AtomicBool::new(false),
-            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT_MAX),
         });
         tokio::spawn(keepalive_loop(inner.clone()));
         Ok(Session { inner })
@@ -128,25 +136,30 @@ impl Session {
         self.inner.keepalives_stopped.store(true, Ordering::SeqCst);
     }
 
-    fn next_ids(&self) -> (RequestId, RequestId) {
-        let mut next = self.inner.next_request.lock().expect("request lock");
-        let id = *next;
-        *next += 1;
-        let mut out = self.inner.outstanding.lock().expect("outstanding lock");
-        out.insert(id);
-        let ack_below = *out.first().expect("just inserted");
-        (id, ack_below)
+    /// Allocates the next request id once it is within [`IN_FLIGHT_MAX`] of the oldest
+    /// unanswered one; returns it with `ack_below` (every id below has been answered).
+    async fn next_ids(&self) -> (RequestId, RequestId) {
+        loop {
+            let notified = self.inner.request_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut r = self.inner.requests.lock().expect("requests lock");
+                let oldest = r.outstanding.first().copied().unwrap_or(r.next);
+                if r.next - oldest < IN_FLIGHT_MAX {
+                    let id = r.next;
+                    r.next += 1;
+                    r.outstanding.insert(id);
+                    return (id, oldest.min(id));
+                }
+            }
+            notified.await;
+        }
     }
 
     /// Sends one request of this session, retried with the same id until answered.
     pub async fn call(&self, op: Op) -> Result<Reply, Error> {
-        let _permit = self
-            .inner
-            .in_flight
-            .acquire()
-            .await
-            .expect("semaphore never closed");
-        let (request_id, ack_below) = self.next_ids();
+        let (request_id, ack_below) = self.next_ids().await;
         let r = self
             .inner
             .client
@@ -158,10 +171,12 @@ impl Session {
             })
             .await;
         self.inner
-            .outstanding
+            .requests
             .lock()
-            .expect("outstanding lock")
+            .expect("requests lock")
+            .outstanding
             .remove(&request_id);
+        self.inner.request_done.notify_waiters();
         if let Err(Error::SessionExpired { .. }) = &r {
             self.inner.state_tx.send_replace(SessionState::Expired);
         }

@@ -249,3 +249,86 @@ fn no_majority_no_writes() {
         assert!(client.exists("/m/y").await.unwrap().is_some());
     });
 }
+
+/// openraft 0.9 lets a leader that restarts quickly keep leading in the same term. The
+/// restarted leader must serve reads that include every acknowledged write, and keep the
+/// sessions that kept renewing.
+#[test]
+fn leader_restart_in_the_same_term() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/r", vec![], CreateMode::default()).await.unwrap();
+        for i in 0..50 {
+            s.create(&format!("/r/{i}"), vec![], CreateMode::default()).await.unwrap();
+        }
+        let term_before = cell.statuses(&client).await[&leader].term;
+        cell.kill(leader);
+        cell.spawn(leader);
+        let now_leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let term_after = cell.statuses(&client).await[&now_leader].term;
+        println!(
+            "FIGURE restart: leader {leader} (term {term_before}) restarted; leader now {now_leader} (term {term_after})"
+        );
+        assert_eq!(client.children("/r").await.unwrap().len(), 50);
+        s.create("/r/after", vec![], CreateMode::default()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(s.state(), SessionState::Healthy);
+        s.create("/r/after-keepalives", vec![], CreateMode::default()).await.unwrap();
+    });
+}
+
+/// After a whole-cell crash the old leader may come back alone and lead without a quorum
+/// for a long time; once its peers return it must load the session table and serve
+/// KeepAlives (an earlier version gave up loading after ~20 s).
+#[test]
+fn leader_alone_for_long_then_peers_return() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts {
+            lease_ms: 12_000,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let s = client.open_session().await.unwrap();
+        s.create("/alone", b"x".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        for id in 1..=5 {
+            cell.kill(id);
+        }
+        cell.spawn(leader);
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        for id in (1..=5).filter(|id| *id != leader) {
+            cell.spawn(id);
+        }
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        // A fresh session can be opened and kept alive; the old data is there.
+        let s2 = client.open_session().await.unwrap();
+        let ka = wire::types::Request {
+            session: s2.id(),
+            request_id: 0,
+            ack_below: 0,
+            op: wire::types::Op::KeepAlive,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match client.call(ka.clone()).await {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "KeepAlives never served: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        assert_eq!(client.get("/alone").await.unwrap().0, b"x");
+    });
+}

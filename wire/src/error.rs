@@ -169,6 +169,16 @@ pub enum Error {
         /// What happened.
         reason: String,
     },
+    /// The session already has [`crate::DEDUP_RESULTS_MAX`] unacknowledged results; the
+    /// request was not applied. The SDK never gets here: it keeps its request ids within
+    /// the window.
+    #[error("session {session} has {max} unacknowledged requests; nothing was applied")]
+    TooManyRequests {
+        /// The session.
+        session: SessionId,
+        /// The window.
+        max: usize,
+    },
 }
 
 impl Error {

@@ -19,8 +19,10 @@ pub const PEER_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Largest number of operations in one transaction: keeps one log entry bounded.
 pub const TXN_OPS_MAX: usize = 128;
 
-/// Largest number of write results the cell remembers per session for deduplication.
-/// The SDK keeps fewer requests than this in flight per session.
+/// Largest number of unacknowledged write results the cell remembers per session for
+/// deduplication. A result is forgotten only once the client acknowledged it (`ack_below`);
+/// a request that would exceed the window is refused unapplied. The SDK keeps its
+/// request ids within half of it.
 pub const DEDUP_RESULTS_MAX: usize = 64;
 
 /// Largest number of ended sessions the state machine remembers, so that a late request

@@ -4,7 +4,10 @@
 //! logged (except the one batched checkpoint a session needs after a fail-over, see
 //! [`crate::leader::leases`]). A lease that runs out becomes one committed
 //! `ExpireSessions` entry. On becoming leader the table is rebuilt from the state machine
-//! once everything committed before the new term has been applied.
+//! once everything committed before has been applied.
+//!
+//! Every leadership change starts a new *generation*; results of proposals and checks
+//! started in an earlier generation are ignored, so they never touch the new table.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,9 +22,12 @@ use wire::types::{Reply, SessionId};
 use wire::Error;
 
 use crate::actors::raft_node::{LeadershipChanged, Propose, RaftNode};
-use crate::leader::leases::{KeepAliveStep, Leases};
+use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::{Applied, SharedState};
+
+/// How long to wait before retrying to load the lease table after a failed check.
+const LOAD_RETRY: Duration = Duration::from_millis(100);
 
 /// A KeepAlive received by the gateway at `received`.
 #[derive(Message)]
@@ -43,13 +49,14 @@ pub struct AppliedMsg(pub Applied);
 #[rtype(result = "usize")]
 pub struct LeaseCount;
 
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Loaded {
-    term: u64,
-}
-
 type Waiter = (Instant, oneshot::Sender<Result<Reply, Error>>);
+
+fn not_leader() -> Error {
+    Error::NotLeader {
+        leader_id: None,
+        leader_addr: None,
+    }
+}
 
 /// The actor.
 pub struct SessionManager {
@@ -60,6 +67,7 @@ pub struct SessionManager {
     lease_ms: u64,
     scan_interval: Duration,
     leading_term: Option<u64>,
+    generation: u64,
     waiting: HashMap<SessionId, Vec<Waiter>>,
 }
 
@@ -81,17 +89,24 @@ impl SessionManager {
             lease_ms: lease.as_millis() as u64,
             scan_interval,
             leading_term: None,
+            generation: 0,
             waiting: HashMap::new(),
         }
     }
 
-    fn fail_waiters(&mut self, ids: Option<&[SessionId]>, err: Error) {
-        let keys: Vec<SessionId> = match ids {
-            Some(ids) => ids.to_vec(),
-            None => self.waiting.keys().copied().collect(),
-        };
-        for id in keys {
-            for (_, tx) in self.waiting.remove(&id).unwrap_or_default() {
+    fn take_waiters(&mut self, ids: &[SessionId]) -> Vec<(SessionId, Waiter)> {
+        let mut out = Vec::new();
+        for id in ids {
+            for w in self.waiting.remove(id).unwrap_or_default() {
+                out.push((*id, w));
+            }
+        }
+        out
+    }
+
+    fn fail_all_waiters(&mut self, err: Error) {
+        for (_, waiters) in self.waiting.drain() {
+            for (_, tx) in waiters {
                 let _ = tx.send(Err(err.clone()));
             }
         }
@@ -105,17 +120,18 @@ impl SessionManager {
         let expired = self.leases.take_expired(now);
         if !expired.is_empty() {
             tracing::info!(sessions = ?expired, "expiring sessions");
-            self.fail_waiters(
-                Some(&expired),
-                Error::SessionExpired {
-                    session: expired[0],
-                },
-            );
+            for (id, (_, tx)) in self.take_waiters(&expired) {
+                let _ = tx.send(Err(Error::SessionExpired { session: id }));
+            }
             let ids = expired.clone();
+            let generation = self.generation;
             let fut = self
                 .raft_node
                 .send(Propose(Command::ExpireSessions { sessions: expired }));
             ctx.spawn(fut.into_actor(self).map(move |r, act, _| {
+                if act.generation != generation {
+                    return;
+                }
                 if !matches!(r, Ok(Ok(_))) {
                     tracing::warn!(?r, "expiry not committed; will retry");
                     act.leases.expiry_failed(&ids);
@@ -129,42 +145,104 @@ impl SessionManager {
         let Some(cp) = self.leases.next_checkpoint(Instant::now()) else {
             return;
         };
+        let generation = self.generation;
         let fut = self
             .raft_node
             .send(Propose(Command::LeaseCheckpoint(cp.clone())));
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
+            if act.generation != generation {
+                return;
+            }
             let ok = matches!(r, Ok(Ok(_)));
-            act.checkpoint_done(&cp, ok);
+            act.checkpoint_done(&cp, ok, ctx);
             if ok {
                 act.try_checkpoint(ctx);
             }
         }));
     }
 
-    fn checkpoint_done(&mut self, cp: &LeaseCheckpoint, ok: bool) {
+    fn checkpoint_done(&mut self, cp: &LeaseCheckpoint, ok: bool, ctx: &mut Context<Self>) {
         let cleared = self.leases.checkpoint_done(cp, ok);
         if !ok {
-            self.fail_waiters(
-                Some(&cp.renewed),
-                Error::Unavailable {
+            for (_, (_, tx)) in self.take_waiters(&cp.renewed) {
+                let _ = tx.send(Err(Error::Unavailable {
                     reason: "lease checkpoint not committed".into(),
-                },
-            );
+                }));
+            }
             return;
         }
-        let now = Instant::now();
-        for id in cleared {
-            for (received, tx) in self.waiting.remove(&id).unwrap_or_default() {
-                let r = if self.leases.renew(id, received, now) {
-                    Ok(Reply::KeepAlive {
-                        session_lease_ms: self.lease_ms,
-                    })
-                } else {
-                    Err(Error::SessionExpired { session: id })
-                };
-                let _ = tx.send(r);
-            }
+        // The commit proves leadership only up to some moment before it; KeepAlives that
+        // arrived after that moment are acknowledged only after a fresh quorum round.
+        let waiters = self.take_waiters(&cleared);
+        if waiters.is_empty() {
+            return;
         }
+        let gate = self.gate.clone();
+        let generation = self.generation;
+        ctx.spawn(
+            async move { gate.confirm().await }
+                .into_actor(self)
+                .map(move |r, act, _| {
+                    for (id, (received, tx)) in waiters {
+                        let reply = match &r {
+                            Err(e) => Err(e.clone()),
+                            Ok(()) if act.generation != generation => Err(not_leader()),
+                            Ok(()) => act.renewal_reply(id, received),
+                        };
+                        let _ = tx.send(reply);
+                    }
+                }),
+        );
+    }
+
+    fn renewal_reply(&mut self, id: SessionId, received: Instant) -> Result<Reply, Error> {
+        match self.leases.renew(id, received, Instant::now()) {
+            Renewal::Renewed => Ok(Reply::KeepAlive {
+                session_lease_ms: self.lease_ms,
+            }),
+            Renewal::Expired => Err(Error::SessionExpired { session: id }),
+            Renewal::NotHere => Err(not_leader()),
+        }
+    }
+
+    /// Loads the lease table once this leader has applied everything committed before
+    /// (the read gate's barrier), retrying for as long as this generation lasts.
+    fn try_load(&mut self, ctx: &mut Context<Self>, term: u64) {
+        let generation = self.generation;
+        let gate = self.gate.clone();
+        ctx.spawn(
+            async move { gate.confirm().await }
+                .into_actor(self)
+                .map(move |r, act, ctx| {
+                    if act.generation != generation {
+                        return;
+                    }
+                    match r {
+                        Ok(()) => act.load(term),
+                        Err(e) => {
+                            tracing::debug!("lease table not loaded yet: {e}");
+                            ctx.run_later(LOAD_RETRY, move |act, ctx| {
+                                if act.generation == generation {
+                                    act.try_load(ctx, term);
+                                }
+                            });
+                        }
+                    }
+                }),
+        );
+    }
+
+    fn load(&mut self, term: u64) {
+        // Read the state here, on the actor, so that every SessionOpened effect handled
+        // before this point is for a session already present in what we read.
+        let sessions: Vec<(SessionId, Option<u64>)> = {
+            let s = self.state.read().expect("state lock");
+            s.sm.sessions()
+                .map(|(id, sess)| (id, sess.silent_ms))
+                .collect()
+        };
+        tracing::info!(sessions = sessions.len(), term, "session leases loaded");
+        self.leases.become_leader(Instant::now(), sessions);
     }
 }
 
@@ -180,57 +258,15 @@ impl Handler<LeadershipChanged> for SessionManager {
     type Result = ();
 
     fn handle(&mut self, msg: LeadershipChanged, ctx: &mut Context<Self>) {
+        self.generation += 1;
         self.leases.step_down();
-        self.fail_waiters(
-            None,
-            Error::NotLeader {
-                leader_id: None,
-                leader_addr: None,
-            },
-        );
+        self.fail_all_waiters(not_leader());
         if !msg.leading {
             self.leading_term = None;
             return;
         }
         self.leading_term = Some(msg.term);
-        // Wait until this leader has applied everything committed before its term.
-        let gate = self.gate.clone();
-        let addr = ctx.address();
-        let term = msg.term;
-        tokio::spawn(async move {
-            for _ in 0..100 {
-                if gate.confirm().await.is_ok() {
-                    addr.do_send(Loaded { term });
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-    }
-}
-
-impl Handler<Loaded> for SessionManager {
-    type Result = ();
-
-    fn handle(&mut self, msg: Loaded, ctx: &mut Context<Self>) {
-        if self.leading_term != Some(msg.term) {
-            return;
-        }
-        // Read the state here, on the actor, so that every SessionOpened effect handled
-        // before this point is for a session already present in what we read.
-        let sessions: Vec<(SessionId, Option<u64>)> = {
-            let s = self.state.read().expect("state lock");
-            s.sm.sessions()
-                .map(|(id, sess)| (id, sess.silent_ms))
-                .collect()
-        };
-        tracing::info!(
-            sessions = sessions.len(),
-            term = msg.term,
-            "session leases loaded"
-        );
-        self.leases.become_leader(Instant::now(), sessions);
-        self.try_checkpoint(ctx);
+        self.try_load(ctx, msg.term);
     }
 }
 
@@ -247,7 +283,9 @@ impl Handler<AppliedMsg> for SessionManager {
                 Effect::SessionOpened { session } => self.leases.opened(session, now),
                 Effect::SessionEnded { session } => {
                     self.leases.ended(session);
-                    self.fail_waiters(Some(&[session]), Error::SessionExpired { session });
+                    for (_, (_, tx)) in self.take_waiters(&[session]) {
+                        let _ = tx.send(Err(Error::SessionExpired { session }));
+                    }
                 }
                 _ => {}
             }
@@ -269,10 +307,7 @@ impl Handler<KeepAlive> for SessionManager {
     fn handle(&mut self, msg: KeepAlive, ctx: &mut Context<Self>) -> Self::Result {
         let fail = |e: Error| -> Self::Result { Box::pin(actix::fut::ready(Err(e))) };
         if self.leading_term.is_none() {
-            return fail(Error::NotLeader {
-                leader_id: None,
-                leader_addr: None,
-            });
+            return fail(not_leader());
         }
         if !self.leases.is_active() {
             return fail(Error::Unavailable {
@@ -294,22 +329,18 @@ impl Handler<KeepAlive> for SessionManager {
             step = self.leases.keepalive(id, msg.received);
         }
         match step {
-            KeepAliveStep::Unknown | KeepAliveStep::Expired => {
-                fail(Error::SessionExpired { session: id })
-            }
+            KeepAliveStep::Unknown => fail(not_leader()),
+            KeepAliveStep::Expired => fail(Error::SessionExpired { session: id }),
             KeepAliveStep::Renew => {
                 let gate = self.gate.clone();
-                let lease_ms = self.lease_ms;
+                let generation = self.generation;
                 Box::pin(async move { gate.confirm().await }.into_actor(self).map(
                     move |r, act, _| {
                         r?;
-                        if act.leases.renew(id, msg.received, Instant::now()) {
-                            Ok(Reply::KeepAlive {
-                                session_lease_ms: lease_ms,
-                            })
-                        } else {
-                            Err(Error::SessionExpired { session: id })
+                        if act.generation != generation {
+                            return Err(not_leader());
                         }
+                        act.renewal_reply(id, msg.received)
                     },
                 ))
             }

@@ -53,6 +53,18 @@ struct Lease {
     renewal_pending: bool,
 }
 
+/// The outcome of [`Leases::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease now runs to `received + lease`.
+    Renewed,
+    /// The lease had run out (or its expiry is in flight): the session is over.
+    Expired,
+    /// Not renewable here right now (not tracked, or marked again by a new term): the
+    /// client should simply retry.
+    NotHere,
+}
+
 /// What to do with a KeepAlive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeepAliveStep {
@@ -183,19 +195,22 @@ impl Leases {
     }
 
     /// Extends a lease to `received + lease` after leadership was confirmed (and, for a
-    /// marked session, after its renewal committed). Returns false if the session is gone
-    /// or expired meanwhile.
-    pub fn renew(&mut self, id: SessionId, received: Instant, now: Instant) -> bool {
+    /// marked session, after its renewal committed). Only a lease that really ran out
+    /// yields [`Renewal::Expired`].
+    pub fn renew(&mut self, id: SessionId, received: Instant, now: Instant) -> Renewal {
         let Some(l) = self.sessions.get_mut(&id) else {
-            return false;
+            return Renewal::NotHere;
         };
-        if l.expiring || now >= l.deadline || l.marked {
-            return false;
+        if l.expiring || now >= l.deadline {
+            return Renewal::Expired;
+        }
+        if l.marked {
+            return Renewal::NotHere;
         }
         l.deadline = l.deadline.max(received + self.lease);
         l.silent_base_ms = 0;
         l.silent_since = received;
-        true
+        Renewal::Renewed
     }
 
     /// Sessions whose lease ran out by `now`; they are flagged so each is proposed once.
@@ -331,13 +346,13 @@ mod tests {
         // Session 1 renews while the mark is in flight: it must wait.
         let t1 = t0 + Duration::from_millis(500);
         assert_eq!(l.keepalive(1, t1), KeepAliveStep::NeedsCheckpoint);
-        assert!(!l.renew(1, t1, t1));
+        assert_eq!(l.renew(1, t1, t1), Renewal::NotHere);
         assert!(l.checkpoint_done(&cp, true).is_empty());
         let cp2 = l.next_checkpoint(t1).unwrap();
         assert_eq!(cp2.renewed, vec![1]);
         assert!(cp2.silent.is_empty(), "silence is not due yet");
         assert_eq!(l.checkpoint_done(&cp2, true), vec![1]);
-        assert!(l.renew(1, t1, t1));
+        assert_eq!(l.renew(1, t1, t1), Renewal::Renewed);
         assert_eq!(l.deadline(1), Some(t1 + LEASE));
         assert_eq!(l.keepalive(1, t1), KeepAliveStep::Renew);
         // Session 2 stays silent: its silence is checkpointed.

@@ -4,6 +4,12 @@
 //! arriving together share one round here: callers that arrive while a round is running
 //! wait for the *next* round (one that starts after they arrived), so every caller's answer
 //! is confirmed by a quorum heartbeat that happened after its request was received.
+//!
+//! **Barrier.** openraft 0.9 lets a leader that restarts keep leading in the same term,
+//! reusing the no-op of its original election; its saved committed index may then be
+//! behind entries that were acknowledged before the restart (it is not fsynced). So before
+//! the first check a process answers, it commits a `Noop` of its own and waits for it to
+//! apply: from then on the state machine holds every entry acknowledged before.
 
 use std::time::Duration;
 
@@ -11,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use wire::Error;
 
 use crate::raft::Raft;
+use wire::command::Command;
 
 type Waiter = oneshot::Sender<Result<(), Error>>;
 
@@ -25,21 +32,42 @@ impl ReadGate {
     pub fn start(raft: Raft, timeout: Duration) -> ReadGate {
         let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
         tokio::spawn(async move {
+            let mut barrier_done = false;
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
                 while let Ok(more) = rx.try_recv() {
                     batch.push(more);
                 }
-                let result = match tokio::time::timeout(timeout, raft.ensure_linearizable()).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(crate::errors::from_check_leader(e)),
-                    Err(_) => Err(Error::Unavailable {
-                        reason: format!(
-                            "leadership not confirmed by a quorum within {} ms",
-                            timeout.as_millis()
-                        ),
-                    }),
-                };
+                let mut result = Ok(());
+                if !barrier_done {
+                    result = match tokio::time::timeout(timeout, raft.client_write(Command::Noop))
+                        .await
+                    {
+                        Ok(Ok(_)) => {
+                            barrier_done = true;
+                            Ok(())
+                        }
+                        Ok(Err(e)) => Err(crate::errors::from_client_write(e)),
+                        Err(_) => Err(Error::Unavailable {
+                            reason: format!(
+                                "barrier not committed within {} ms",
+                                timeout.as_millis()
+                            ),
+                        }),
+                    };
+                }
+                if result.is_ok() {
+                    result = match tokio::time::timeout(timeout, raft.ensure_linearizable()).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(crate::errors::from_check_leader(e)),
+                        Err(_) => Err(Error::Unavailable {
+                            reason: format!(
+                                "leadership not confirmed by a quorum within {} ms",
+                                timeout.as_millis()
+                            ),
+                        }),
+                    };
+                }
                 for w in batch {
                     let _ = w.send(result.clone());
                 }

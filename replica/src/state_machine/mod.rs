@@ -362,6 +362,13 @@ impl StateMachine {
             });
         }
         session.forget_below(ack_below.min(request_id));
+        if session.window_full() {
+            // Not applied and not remembered: a retry is evaluated afresh.
+            return Err(Error::TooManyRequests {
+                session: session_id,
+                max: wire::DEDUP_RESULTS_MAX,
+            });
+        }
 
         let result = self.execute(index, session_id, ops, single, effects);
         let session = self
@@ -660,7 +667,9 @@ pub fn sequence_of(name: &str) -> Option<u64> {
     if !tail.iter().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    tail.iter().try_fold(0u64, |acc, b| acc.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+    tail.iter().try_fold(0u64, |acc, b| {
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
 }
 
 fn ops_is_sequential(op: &TxnOp) -> bool {

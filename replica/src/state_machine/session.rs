@@ -12,7 +12,8 @@ use wire::Error;
 pub struct Session {
     /// Paths of the session's ephemeral nodes.
     pub ephemerals: BTreeSet<String>,
-    /// Stored results by request id (at most [`wire::DEDUP_RESULTS_MAX`]).
+    /// Stored results by request id, not yet acknowledged by the client (at most
+    /// [`wire::DEDUP_RESULTS_MAX`]).
     pub results: BTreeMap<RequestId, Result<Reply, Error>>,
     /// Results of request ids below this were forgotten.
     pub forgotten_below: RequestId,
@@ -31,12 +32,14 @@ impl Session {
         self.results = self.results.split_off(&below);
     }
 
-    /// Remembers one result, evicting the oldest beyond [`wire::DEDUP_RESULTS_MAX`].
+    /// True when no further result can be remembered until the client acknowledges some.
+    pub fn window_full(&self) -> bool {
+        self.results.len() >= wire::DEDUP_RESULTS_MAX
+    }
+
+    /// Remembers one result until the client acknowledges it.
     pub fn remember(&mut self, request_id: RequestId, result: Result<Reply, Error>) {
+        debug_assert!(!self.window_full(), "caller checks window_full");
         self.results.insert(request_id, result);
-        while self.results.len() > wire::DEDUP_RESULTS_MAX {
-            let (oldest, _) = self.results.pop_first().expect("non-empty");
-            self.forgotten_below = self.forgotten_below.max(oldest + 1);
-        }
     }
 }

@@ -232,14 +232,22 @@ fn multibyte_names_next_to_sequential_nodes() {
     let mut h = Harness::new();
     let s = h.session();
     h.write(s, create("/locks", b"", false, false)).unwrap();
-    for name in ["/locks/€€€€", "/locks/ünïcödé-ñame", "/locks/日本語のなまえです", "/locks/a€"] {
+    for name in [
+        "/locks/€€€€",
+        "/locks/ünïcödé-ñame",
+        "/locks/日本語のなまえです",
+        "/locks/a€",
+    ] {
         h.write(s, create(name, b"", false, false)).unwrap();
     }
-    let Ok(Reply::Created { predecessor, .. }) = h.write(s, create("/locks/n-", b"", true, true)) else {
+    let Ok(Reply::Created { predecessor, .. }) = h.write(s, create("/locks/n-", b"", true, true))
+    else {
         panic!()
     };
     assert!(predecessor.is_none());
-    let Ok(Reply::Created { path, predecessor, .. }) = h.write(s, create("/locks/€-", b"", true, true))
+    let Ok(Reply::Created {
+        path, predecessor, ..
+    }) = h.write(s, create("/locks/€-", b"", true, true))
     else {
         panic!()
     };
@@ -278,6 +286,43 @@ fn dedup_returns_first_answer() {
             request_id: 7
         })
     );
+}
+
+#[test]
+fn unacknowledged_results_are_never_evicted() {
+    let mut h = Harness::new();
+    let s = h.session();
+    let write = |h: &mut Harness, id: u64, ack_below: u64, path: String| {
+        h.apply(Command::Write {
+            session: s,
+            request_id: id,
+            ack_below,
+            ops: vec![create(&path, b"", false, false)],
+            single: true,
+        })
+        .0
+    };
+    // Request 1 stays unacknowledged (its answer was lost) while many more complete.
+    let first = write(&mut h, 1, 0, "/first".into());
+    assert!(first.is_ok());
+    for id in 2..=wire::DEDUP_RESULTS_MAX as u64 {
+        assert!(write(&mut h, id, 1, format!("/n{id}")).is_ok());
+    }
+    // The window is full: the next request is refused, unapplied.
+    let next = wire::DEDUP_RESULTS_MAX as u64 + 1;
+    assert_eq!(
+        write(&mut h, next, 1, "/over".into()),
+        Err(Error::TooManyRequests {
+            session: s,
+            max: wire::DEDUP_RESULTS_MAX
+        })
+    );
+    assert!(h.sm.node("/over").is_none());
+    // The retry of request 1 still gets its first answer.
+    assert_eq!(write(&mut h, 1, 0, "/first".into()), first);
+    // Once the client acknowledges request 1, the refused request goes through.
+    assert!(write(&mut h, next, 2, "/over".into()).is_ok());
+    assert!(h.sm.node("/over").is_some());
 }
 
 #[test]
