@@ -82,25 +82,7 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
 /// Runs one replica in this process (the hidden `lockctl replica` command).
 pub fn run_replica(config: &Path) -> anyhow::Result<()> {
     let cfg = ReplicaConfig::load(Some(config))?;
-    let system = actix_rt::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    });
-    system.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        replica::server::run(cfg, shutdown).await
-    })
+    replica::server::run_until_signal(cfg)
 }
 
 struct Children(Vec<(u64, Child)>);

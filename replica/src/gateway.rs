@@ -116,41 +116,6 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
     }
 }
 
-/// Checks a write op before it is proposed, so bad input never reaches the log.
-pub fn prevalidate(op: &TxnOp) -> Result<(), Error> {
-    let value = |data: &[u8]| {
-        if data.len() > wire::VALUE_BYTES_MAX {
-            return Err(Error::ValueTooLarge {
-                len: data.len(),
-                max: wire::VALUE_BYTES_MAX,
-            });
-        }
-        Ok(())
-    };
-    match op {
-        TxnOp::Check { path: p, .. } | TxnOp::Delete { path: p, .. } => path::validate(p),
-        TxnOp::SetData { path: p, data, .. } => {
-            path::validate(p)?;
-            value(data)
-        }
-        TxnOp::Create {
-            path: p,
-            data,
-            mode,
-        } => {
-            if mode.sequential {
-                path::validate(&format!(
-                    "{p}{}",
-                    "0".repeat(crate::state_machine::SEQUENCE_DIGITS)
-                ))?;
-            } else {
-                path::validate(p)?;
-            }
-            value(data)
-        }
-    }
-}
-
 impl Gateway {
     /// Answers one request.
     pub async fn handle(&self, req: Request, received: Instant) -> Response {
@@ -192,32 +157,7 @@ impl Gateway {
         if req.session == 0 {
             return Err(Error::SessionRequired);
         }
-        if ops.is_empty() {
-            return Err(Error::BadRequest {
-                reason: "empty transaction".into(),
-            });
-        }
-        if ops.len() > wire::TXN_OPS_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} ops exceed the maximum of {}",
-                    ops.len(),
-                    wire::TXN_OPS_MAX
-                ),
-            });
-        }
-        for (i, op) in ops.iter().enumerate() {
-            if let Err(e) = prevalidate(op) {
-                return Err(if single {
-                    e
-                } else {
-                    Error::TxnFailed {
-                        index: i,
-                        error: Box::new(e),
-                    }
-                });
-            }
-        }
+        crate::state_machine::validate_write(&ops, single)?;
         if let Err(e @ Error::SessionExpired { .. }) = self
             .state
             .read()

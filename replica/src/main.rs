@@ -33,25 +33,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let system = actix_rt::System::with_tokio_rt(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("tokio runtime")
-    });
-    let result = system.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        replica::server::run(cfg, shutdown).await
-    });
+    let result = replica::server::run_until_signal(cfg);
     if let Err(e) = result {
         eprintln!("replica: {e:#}");
         std::process::exit(1);

@@ -140,3 +140,28 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
     serve.abort();
     Ok(())
 }
+
+/// Runs a replica in this thread until SIGINT or SIGTERM: builds the runtime (a
+/// multi-thread tokio runtime under an actix system) and calls [`run`]. What the `replica`
+/// binary and `lockctl replica` do.
+pub fn run_until_signal(cfg: ReplicaConfig) -> anyhow::Result<()> {
+    let system = actix_rt::System::with_tokio_rt(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    });
+    system.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        run(cfg, shutdown).await
+    })
+}

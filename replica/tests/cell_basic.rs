@@ -6,16 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use client_sdk::{CreateMode, Error};
-use common::{percentile, serial, Opts, TestCell};
+use common::{percentile, rt, serial, Opts, TestCell};
 use wire::types::{Op, Request};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Scenario 1: five replicas elect a leader; create/get/set/ls/rm round-trip; a stale CAS
 /// is refused with a typed error and changes nothing. Prints election time and commit

@@ -7,15 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client_sdk::{CreateMode, Error, SessionState};
-use common::{serial, Opts, TestCell};
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use common::{rt, serial, Opts, TestCell};
 
 /// Scenario 3: `kill -9` the leader under a stream of writes. A new leader commits within
 /// 3 s; every acknowledged write survives; the writer's session (renewing throughout) is

@@ -7,17 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use client_sdk::{CreateMode, SessionState};
-use common::{serial, Opts, TestCell};
+use common::{rt, serial, Opts, TestCell};
 
 #[test]
 fn dead_session_expires_under_leader_churn() {
     let _g = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    rt().block_on(async {
         let lease_ms = 4_000;
         let mut cell = TestCell::start(Opts { lease_ms, checkpoint_interval_ms: 250, ..Opts::default() });
         let client = cell.client().await;

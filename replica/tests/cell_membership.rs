@@ -8,19 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client_sdk::{CreateMode, Reply};
-use common::{serial, Opts, TestCell};
+use common::{rt, serial, Opts, TestCell};
 use replica::config::RaftConfig;
 use wire::types::Op;
 
 #[test]
 fn learner_from_snapshot_promote_and_remove() {
     let _g = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    rt().block_on(async {
         let opts = Opts {
             raft: RaftConfig {
                 snapshot_interval_entries: 50,

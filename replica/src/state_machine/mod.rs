@@ -387,20 +387,7 @@ impl StateMachine {
         single: bool,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
-        if ops.is_empty() {
-            return Err(Error::BadRequest {
-                reason: "empty transaction".into(),
-            });
-        }
-        if ops.len() > wire::TXN_OPS_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} ops exceed the maximum of {}",
-                    ops.len(),
-                    wire::TXN_OPS_MAX
-                ),
-            });
-        }
+        validate_write(ops, single)?;
         if single {
             let mut undo = None;
             return match self.execute_op(index, session, &ops[0], &mut undo, effects) {
@@ -670,6 +657,59 @@ pub fn sequence_of(name: &str) -> Option<u64> {
     tail.iter().try_fold(0u64, |acc, b| {
         acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
     })
+}
+
+/// Checks what can be checked of a write without the namespace: the number of ops, every
+/// path (with the full sequence suffix for sequential creates) and every value size. The
+/// gateway runs it before proposing, so bad input never reaches the log; apply runs it
+/// again, so the log's outcome never depends on the gateway. A failure inside a
+/// transaction is reported as `TxnFailed` at that op.
+pub fn validate_write(ops: &[TxnOp], single: bool) -> Result<(), Error> {
+    if ops.is_empty() {
+        return Err(Error::BadRequest {
+            reason: "empty transaction".into(),
+        });
+    }
+    if ops.len() > wire::TXN_OPS_MAX {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "{} ops exceed the maximum of {}",
+                ops.len(),
+                wire::TXN_OPS_MAX
+            ),
+        });
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let checked = match op {
+            TxnOp::Check { path: p, .. } | TxnOp::Delete { path: p, .. } => path::validate(p),
+            TxnOp::SetData { path: p, data, .. } => {
+                path::validate(p).and_then(|_| check_value(data))
+            }
+            TxnOp::Create {
+                path: p,
+                data,
+                mode,
+            } => {
+                let shape = if mode.sequential {
+                    path::validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))
+                } else {
+                    path::validate(p)
+                };
+                shape.and_then(|_| check_value(data))
+            }
+        };
+        if let Err(e) = checked {
+            return Err(if single {
+                e
+            } else {
+                Error::TxnFailed {
+                    index: i,
+                    error: Box::new(e),
+                }
+            });
+        }
+    }
+    Ok(())
 }
 
 fn ops_is_sequential(op: &TxnOp) -> bool {

@@ -253,6 +253,15 @@ impl Drop for TestCell {
     }
 }
 
+/// A two-worker tokio runtime for a test body.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Sorted percentiles of durations in milliseconds.
 pub fn percentile(sorted_ms: &[f64], p: f64) -> f64 {
     if sorted_ms.is_empty() {
