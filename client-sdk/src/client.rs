@@ -27,6 +27,9 @@ pub struct ClientConfig {
     /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
     /// dead replica is skipped quickly instead of holding up the request.
     pub connect_timeout: Duration,
+    /// How long a session in jeopardy keeps trying to reach the cell before it gives up
+    /// and reports itself expired (Chubby's grace period; default 45 s).
+    pub grace_period: Duration,
     /// Agent string sent in the hello.
     pub agent: String,
 }
@@ -40,6 +43,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),
             connect_timeout: Duration::from_secs(1),
+            grace_period: crate::session::GRACE_PERIOD,
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
         }
     }
@@ -240,7 +244,7 @@ impl Client {
         Err(match last_err {
             Some(e @ Error::Unavailable { .. }) => e,
             Some(e) => Error::Timeout {
-                what: format!("request {:?} (last error: {e})", op_name(&req.op)),
+                what: format!("request {:?} (last error: {e})", req.op.name()),
                 after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
             },
             None => Error::Timeout {
@@ -248,6 +252,76 @@ impl Client {
                 after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
             },
         })
+    }
+
+    /// Opens a streaming request (the session's event stream) at the leader: returns the
+    /// first answer, the stream carrying the later frames, and the replica that serves it.
+    pub async fn open_stream(
+        &self,
+        req: Request,
+        deadline: Instant,
+    ) -> Result<(Reply, quinn::RecvStream, SocketAddr), Error> {
+        let mut last_err = Error::Timeout {
+            what: "event stream".into(),
+            after_ms: 0,
+        };
+        while Instant::now() < deadline {
+            let mut redirected = false;
+            for addr in self.candidates() {
+                let attempt = async {
+                    let conn = self.connection(addr).await?;
+                    let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+                    frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
+                    let _ = send.finish();
+                    let first: Response = frame::read(&mut recv, CLIENT_FRAME_BYTES_MAX).await?;
+                    Ok::<_, Error>((first?, recv))
+                };
+                let t = self.inner.cfg.attempt_timeout;
+                let r = match tokio::time::timeout(t, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::Timeout {
+                        what: format!("stream at {addr}"),
+                        after_ms: t.as_millis() as u64,
+                    }),
+                };
+                match r {
+                    Ok((reply, recv)) => {
+                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        return Ok((reply, recv, addr));
+                    }
+                    Err(Error::NotLeader {
+                        leader_addr: Some(hint),
+                        leader_id,
+                    }) => {
+                        if let Ok(h) = hint.parse::<SocketAddr>() {
+                            let mut l = self.inner.leader.lock().expect("leader lock");
+                            if *l != Some(h) {
+                                *l = Some(h);
+                                redirected = true;
+                            }
+                        }
+                        last_err = Error::NotLeader {
+                            leader_addr: Some(hint),
+                            leader_id,
+                        };
+                        if redirected {
+                            break;
+                        }
+                    }
+                    Err(e) if e.is_retryable() => last_err = e,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !redirected {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Err(last_err)
+    }
+
+    /// The leader this client last reached, if any.
+    pub fn leader_hint(&self) -> Option<SocketAddr> {
+        *self.inner.leader.lock().expect("leader lock")
     }
 
     /// A session-less request to the leader.
@@ -287,16 +361,28 @@ impl Client {
 
     /// Reads a node (linearizable, at the leader).
     pub async fn get(&self, path: &str) -> Result<(Vec<u8>, wire::types::NodeStat), Error> {
-        match self.request(Op::Get { path: path.into() }).await? {
-            Reply::Data { data, stat } => Ok((data, stat)),
+        match self
+            .request(Op::Get {
+                path: path.into(),
+                watch: false,
+            })
+            .await?
+        {
+            Reply::Data { data, stat, .. } => Ok((data, stat)),
             other => Err(unexpected(&other)),
         }
     }
 
     /// A node's metadata, if it exists (linearizable).
     pub async fn exists(&self, path: &str) -> Result<Option<wire::types::NodeStat>, Error> {
-        match self.request(Op::Exists { path: path.into() }).await? {
-            Reply::Exists { stat } => Ok(stat),
+        match self
+            .request(Op::Exists {
+                path: path.into(),
+                watch: false,
+            })
+            .await?
+        {
+            Reply::Exists { stat, .. } => Ok(stat),
             other => Err(unexpected(&other)),
         }
     }
@@ -306,7 +392,13 @@ impl Client {
         &self,
         path: &str,
     ) -> Result<Vec<(String, wire::types::NodeStat)>, Error> {
-        match self.request(Op::Children { path: path.into() }).await? {
+        match self
+            .request(Op::Children {
+                path: path.into(),
+                watch: false,
+            })
+            .await?
+        {
             Reply::Children { children, .. } => Ok(children),
             other => Err(unexpected(&other)),
         }
@@ -316,24 +408,5 @@ impl Client {
 pub(crate) fn unexpected(r: &Reply) -> Error {
     Error::Internal {
         reason: format!("unexpected reply {r:?}"),
-    }
-}
-
-fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::CreateSession => "CreateSession",
-        Op::KeepAlive => "KeepAlive",
-        Op::CloseSession => "CloseSession",
-        Op::Create { .. } => "Create",
-        Op::Delete { .. } => "Delete",
-        Op::SetData { .. } => "SetData",
-        Op::Get { .. } => "Get",
-        Op::Exists { .. } => "Exists",
-        Op::Children { .. } => "Children",
-        Op::Txn { .. } => "Txn",
-        Op::Status => "Status",
-        Op::AddLearner { .. } => "AddLearner",
-        Op::Promote { .. } => "Promote",
-        Op::RemoveMember { .. } => "RemoveMember",
     }
 }

@@ -26,9 +26,17 @@
 #![warn(missing_docs)]
 
 mod client;
+pub mod fencing;
+pub mod recipes;
 mod session;
+mod watch;
 
 pub use client::{Client, ClientConfig};
-pub use session::{Created, Session, SessionState};
-pub use wire::types::{CreateMode, NodeStat, Predecessor, Reply, Status, TxnOp, TxnResult};
+pub use recipes::lock::{Lock, LockGuard, Sequencer};
+pub use session::{Created, Session, SessionEvent, SessionState};
+pub use watch::Watch;
+pub use wire::types::{
+    CreateMode, EventType, NodeStat, Predecessor, Reply, Status, TxnOp, TxnResult, WatchEvent,
+    WatchKind,
+};
 pub use wire::Error;

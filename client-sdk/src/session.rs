@@ -11,13 +11,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use wire::types::{
     CreateMode, NodeStat, Op, Predecessor, Reply, Request, RequestId, SessionId, TxnOp, TxnResult,
+    WatchKind,
 };
 use wire::Error;
 
 use crate::client::{unexpected, Client};
+use crate::watch::{Registry, Watch};
+
+/// Something the application should know about its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The local lease ran out without a renewal: stop acting on locks now.
+    Jeopardy,
+    /// The session was confirmed after jeopardy: its locks are still held.
+    Safe,
+    /// The session is over: its locks and ephemeral nodes are gone.
+    Expired,
+    /// The cell's leader changed. Watches were re-armed (any that should have fired in the
+    /// gap fired); cached values must be dropped.
+    FailOver,
+}
 
 /// Where a session stands, from the client's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +58,8 @@ pub struct Created {
     pub predecessor: Option<Predecessor>,
 }
 
-/// How long a session in jeopardy keeps trying before it gives up (Chubby's grace period).
+/// The default grace period: how long a session in jeopardy keeps trying before it gives
+/// up (see [`crate::ClientConfig::grace_period`]).
 pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
 
 /// Widest spread of request ids in flight: a new request waits until its id is less than
@@ -60,6 +77,43 @@ struct Inner {
     state_tx: watch::Sender<SessionState>,
     local_deadline: Mutex<Instant>,
     keepalives_stopped: AtomicBool,
+    events: broadcast::Sender<SessionEvent>,
+    watches: Registry,
+    watch_events: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    /// Moves to `to`, telling subscribers what changed. `Expired` is final.
+    fn set_state(&self, to: SessionState) {
+        let mut from = SessionState::Healthy;
+        let changed = self.state_tx.send_if_modified(|s| {
+            from = *s;
+            if *s == to || *s == SessionState::Expired {
+                return false;
+            }
+            *s = to;
+            true
+        });
+        if !changed {
+            return;
+        }
+        let ev = match (from, to) {
+            (_, SessionState::Jeopardy) => {
+                tracing::warn!(
+                    session = self.id,
+                    "session in jeopardy: local lease ran out"
+                );
+                SessionEvent::Jeopardy
+            }
+            (SessionState::Jeopardy, SessionState::Healthy) => SessionEvent::Safe,
+            (_, SessionState::Expired) => {
+                self.watches.clear();
+                SessionEvent::Expired
+            }
+            _ => return,
+        };
+        let _ = self.events.send(ev);
+    }
 }
 
 /// Request ids: the next one, and those sent but not yet answered.
@@ -99,8 +153,12 @@ impl Session {
             state_tx,
             local_deadline: Mutex::new(sent + lease),
             keepalives_stopped: AtomicBool::new(false),
+            events: broadcast::channel(64).0,
+            watches: Registry::default(),
+            watch_events: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(keepalive_loop(inner.clone()));
+        tokio::spawn(event_loop(inner.clone()));
         Ok(Session { inner })
     }
 
@@ -122,6 +180,28 @@ impl Session {
     /// A receiver of state changes.
     pub fn subscribe(&self) -> watch::Receiver<SessionState> {
         self.inner.state_tx.subscribe()
+    }
+
+    /// A receiver of session events (jeopardy, safe, expired, fail-over).
+    pub fn events(&self) -> broadcast::Receiver<SessionEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Waits until the session is expired (returns at once if it already is).
+    pub async fn expired(&self) {
+        let mut rx = self.subscribe();
+        let _ = rx.wait_for(|s| *s == SessionState::Expired).await;
+    }
+
+    /// Number of watch events this session has received (from its event stream or from
+    /// re-arming after a fail-over).
+    pub fn watch_events_received(&self) -> u64 {
+        self.inner.watch_events.load(Ordering::Relaxed)
+    }
+
+    /// Number of this session's watches that have not fired yet.
+    pub fn pending_watches(&self) -> usize {
+        self.inner.watches.len()
     }
 
     /// When the local lease runs out unless renewed.
@@ -178,9 +258,120 @@ impl Session {
             .remove(&request_id);
         self.inner.request_done.notify_waiters();
         if let Err(Error::SessionExpired { .. }) = &r {
-            self.inner.state_tx.send_replace(SessionState::Expired);
+            self.inner.set_state(SessionState::Expired);
         }
         r
+    }
+
+    async fn read(&self, op: Op) -> Result<Reply, Error> {
+        self.inner
+            .client
+            .call(Request {
+                session: self.inner.id,
+                request_id: 0,
+                ack_below: 0,
+                op,
+            })
+            .await
+    }
+
+    /// Reads a node and arms a one-shot watch on its data, atomically with the read: the
+    /// watch fires on the next change or delete after what the read returned.
+    pub async fn get_watch(&self, path: &str) -> Result<(Vec<u8>, NodeStat, Watch), Error> {
+        wire::path::validate(path)?;
+        let (id, w) = self
+            .inner
+            .watches
+            .register(self.inner.id, path, WatchKind::Data);
+        match self
+            .read(Op::Get {
+                path: path.into(),
+                watch: true,
+            })
+            .await
+        {
+            Ok(Reply::Data { data, stat, index }) => {
+                self.inner
+                    .watches
+                    .bind(id, path, WatchKind::Data, WatchKind::Data, index);
+                Ok((data, stat, w))
+            }
+            other => {
+                self.inner.watches.cancel(id, path, WatchKind::Data);
+                Err(into_error(other))
+            }
+        }
+    }
+
+    /// A node's metadata, with a one-shot watch: on its data or deletion if it exists, on
+    /// its creation if it does not.
+    pub async fn exists_watch(&self, path: &str) -> Result<(Option<NodeStat>, Watch), Error> {
+        wire::path::validate(path)?;
+        let (id, w) = self
+            .inner
+            .watches
+            .register(self.inner.id, path, WatchKind::Data);
+        match self
+            .read(Op::Exists {
+                path: path.into(),
+                watch: true,
+            })
+            .await
+        {
+            Ok(Reply::Exists { stat, index }) => {
+                let kind = if stat.is_some() {
+                    WatchKind::Data
+                } else {
+                    WatchKind::Exists
+                };
+                self.inner
+                    .watches
+                    .bind(id, path, WatchKind::Data, kind, index);
+                Ok((stat, w))
+            }
+            other => {
+                self.inner.watches.cancel(id, path, WatchKind::Data);
+                Err(into_error(other))
+            }
+        }
+    }
+
+    /// A node's children, with a one-shot watch on the set of children (and the node's
+    /// deletion).
+    pub async fn children_watch(
+        &self,
+        path: &str,
+    ) -> Result<(Vec<(String, NodeStat)>, Watch), Error> {
+        wire::path::validate(path)?;
+        let (id, w) = self
+            .inner
+            .watches
+            .register(self.inner.id, path, WatchKind::Children);
+        match self
+            .read(Op::Children {
+                path: path.into(),
+                watch: true,
+            })
+            .await
+        {
+            Ok(Reply::Children {
+                children, index, ..
+            }) => {
+                self.inner
+                    .watches
+                    .bind(id, path, WatchKind::Children, WatchKind::Children, index);
+                Ok((children, w))
+            }
+            other => {
+                self.inner.watches.cancel(id, path, WatchKind::Children);
+                Err(into_error(other))
+            }
+        }
+    }
+
+    /// Asks the cell whether `sequencer` is still the current holder of its lock.
+    pub async fn check_sequencer(&self, sequencer: &crate::Sequencer) -> Result<bool, Error> {
+        check_sequencer(&self.inner.client, sequencer).await
     }
 
     /// Creates a node.
@@ -272,7 +463,7 @@ impl Session {
     pub async fn close(&self) -> Result<(), Error> {
         self.inner.keepalives_stopped.store(true, Ordering::SeqCst);
         let r = self.call(Op::CloseSession).await;
-        self.inner.state_tx.send_replace(SessionState::Expired);
+        self.inner.set_state(SessionState::Expired);
         match r {
             Ok(_) | Err(Error::SessionExpired { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -316,22 +507,18 @@ async fn keepalive_loop(inner: Arc<Inner>) {
             Ok(Reply::KeepAlive { session_lease_ms }) => {
                 *inner.local_deadline.lock().expect("deadline lock") =
                     sent + Duration::from_millis(session_lease_ms);
-                inner.state_tx.send_if_modified(|s| {
-                    let changed = *s != SessionState::Healthy;
-                    *s = SessionState::Healthy;
-                    changed
-                });
+                inner.set_state(SessionState::Healthy);
                 next = sent + interval;
             }
             Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
-                inner.state_tx.send_replace(SessionState::Expired);
+                inner.set_state(SessionState::Expired);
                 return;
             }
             _ => {
                 let local_deadline = *inner.local_deadline.lock().expect("deadline lock");
                 let now = Instant::now();
-                if now >= local_deadline + GRACE_PERIOD {
-                    inner.state_tx.send_replace(SessionState::Expired);
+                if now >= local_deadline + inner.client.config().grace_period {
+                    inner.set_state(SessionState::Expired);
                     return;
                 }
                 if now >= local_deadline {
@@ -343,16 +530,117 @@ async fn keepalive_loop(inner: Arc<Inner>) {
     }
 }
 
+/// The error in an unexpected read answer.
+fn into_error(r: Result<Reply, Error>) -> Error {
+    match r {
+        Ok(other) => unexpected(&other),
+        Err(e) => e,
+    }
+}
+
 fn enter_jeopardy(inner: &Inner) {
-    inner.state_tx.send_if_modified(|s| {
-        let changed = *s == SessionState::Healthy;
-        if changed {
-            tracing::warn!(
-                session = inner.id,
-                "session in jeopardy: local lease ran out"
-            );
-            *s = SessionState::Jeopardy;
+    inner.set_state(SessionState::Jeopardy);
+}
+
+/// Asks the cell whether `sequencer` is still the current holder of its lock.
+pub(crate) async fn check_sequencer(
+    client: &Client,
+    seq: &crate::Sequencer,
+) -> Result<bool, Error> {
+    let op = Op::CheckSequencer {
+        path: seq.node.clone(),
+        token: seq.token,
+        session: seq.session,
+    };
+    match client.request(op).await? {
+        Reply::Sequencer { current } => Ok(current),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Keeps the session's event stream open at the leader, dispatches watch events, and after
+/// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
+/// when the serving replica changed, announces a fail-over.
+async fn event_loop(inner: Arc<Inner>) {
+    let mut serving: Option<std::net::SocketAddr> = None;
+    let mut connected_before = false;
+    loop {
+        if *inner.state_tx.borrow() == SessionState::Expired {
+            inner.watches.clear();
+            return;
         }
-        changed
-    });
+        let req = Request {
+            session: inner.id,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::Events,
+        };
+        let deadline = Instant::now() + inner.lease / 3;
+        let (mut recv, addr) = match inner.client.open_stream(req, deadline).await {
+            Ok((_opened, recv, addr)) => (recv, addr),
+            Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
+                inner.set_state(SessionState::Expired);
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(session = inner.id, "event stream not open: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if connected_before {
+            if serving != Some(addr) {
+                let _ = inner.events.send(SessionEvent::FailOver);
+            }
+            rearm(&inner, inner.watches.specs()).await;
+        }
+        serving = Some(addr);
+        connected_before = true;
+        loop {
+            let frame: Result<wire::types::Response, Error> =
+                wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;
+            match frame {
+                Ok(Ok(Reply::Event(ev))) => {
+                    inner.watch_events.fetch_add(1, Ordering::Relaxed);
+                    let later = inner.watches.dispatch(&ev);
+                    if !later.is_empty() {
+                        rearm(&inner, later).await;
+                    }
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(session = inner.id, "event stream error: {e}");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Re-arms watches at the leader; those that fired in the gap are dispatched at once.
+async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) {
+    if specs.is_empty() {
+        return;
+    }
+    let req = Request {
+        session: inner.id,
+        request_id: 0,
+        ack_below: 0,
+        op: Op::Rewatch { watches: specs },
+    };
+    match inner.client.call(req).await {
+        Ok(Reply::Rewatched { fired }) => {
+            for ev in fired {
+                inner.watch_events.fetch_add(1, Ordering::Relaxed);
+                let later = inner.watches.dispatch(&ev);
+                if !later.is_empty() {
+                    // Rare: armed again after this event; one more round trip re-arms them.
+                    Box::pin(rearm(inner, later)).await;
+                }
+            }
+        }
+        Ok(other) => tracing::warn!("unexpected answer to Rewatch: {other:?}"),
+        Err(e) => tracing::warn!(session = inner.id, "re-arming watches failed: {e}"),
+    }
 }

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use wire::command::Command;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
-use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp};
+use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp, WatchKind};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
+use crate::actors::watch_table::{Arm, Connect, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::SharedState;
 use crate::raft::Raft;
@@ -35,6 +36,8 @@ pub struct Gateway {
     pub raft_node: Addr<RaftNode>,
     /// Where KeepAlives go.
     pub sessions: Addr<SessionManager>,
+    /// Where watches are armed and event streams attached.
+    pub watches: Addr<WatchTableActor>,
     /// Leadership checks for linearizable reads.
     pub gate: ReadGate,
     /// The applied state, for reads.
@@ -103,6 +106,10 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
             let received = Instant::now();
             let resp: Response =
                 match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
+                    Ok(req) if req.op == Op::Events => {
+                        gw.serve_events(req.session, send).await;
+                        return;
+                    }
                     Ok(req) => gw.handle(req, received).await,
                     Err(e) => Err(e),
                 };
@@ -178,15 +185,134 @@ impl Gateway {
         .await
     }
 
+    /// A linearizable read; with `watch`, a one-shot watch armed at the index the read
+    /// reflects.
     async fn read(
         &self,
+        req: &Request,
         p: &str,
+        watch: bool,
         f: impl FnOnce(&crate::state_machine::StateMachine) -> Response,
     ) -> Response {
         path::validate(p)?;
+        if watch && req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
         self.gate.confirm().await?;
-        let s = self.state.read().expect("state lock");
-        f(&s.sm)
+        let reply = {
+            let s = self.state.read().expect("state lock");
+            if watch {
+                s.sm.check_session(req.session)?;
+            }
+            f(&s.sm)?
+        };
+        if watch {
+            let (kind, since) = match &reply {
+                Reply::Data { index, .. } => (WatchKind::Data, *index),
+                Reply::Exists {
+                    stat: Some(_),
+                    index,
+                } => (WatchKind::Data, *index),
+                Reply::Exists { stat: None, index } => (WatchKind::Exists, *index),
+                Reply::Children { index, .. } => (WatchKind::Children, *index),
+                other => {
+                    return Err(Error::Internal {
+                        reason: format!("unexpected {other:?}"),
+                    })
+                }
+            };
+            let arm = Arm {
+                session: req.session,
+                path: p.to_string(),
+                kind,
+                since,
+                deliver: true,
+            };
+            self.watches.send(arm).await.map_err(|e| Error::Internal {
+                reason: format!("watch table: {e}"),
+            })?;
+        }
+        Ok(reply)
+    }
+
+    async fn rewatch(&self, req: &Request, watches: Vec<wire::types::WatchSpec>) -> Response {
+        if req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        if watches.len() > wire::REWATCH_MAX {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "{} watches exceed the maximum of {}",
+                    watches.len(),
+                    wire::REWATCH_MAX
+                ),
+            });
+        }
+        for w in &watches {
+            path::validate(&w.path)?;
+        }
+        self.gate.confirm().await?;
+        self.state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session(req.session)?;
+        let mut fired = Vec::new();
+        for w in watches {
+            let arm = Arm {
+                session: req.session,
+                path: w.path,
+                kind: w.kind,
+                since: w.since_index,
+                deliver: false,
+            };
+            if let Some(ev) = self.watches.send(arm).await.map_err(|e| Error::Internal {
+                reason: format!("watch table: {e}"),
+            })? {
+                fired.push(ev);
+            }
+        }
+        Ok(Reply::Rewatched { fired })
+    }
+
+    /// Serves a session's event stream: confirms leadership, attaches the stream to the
+    /// watch table, then forwards events until the session ends, leadership changes, or
+    /// the client goes away.
+    pub async fn serve_events(&self, session: wire::types::SessionId, mut send: quinn::SendStream) {
+        let opened: Response = async {
+            if session == 0 {
+                return Err(Error::SessionRequired);
+            }
+            self.gate.confirm().await?;
+            let s = self.state.read().expect("state lock");
+            s.sm.check_session(session)?;
+            Ok(Reply::EventsOpened {
+                index: s.sm.last_index(),
+            })
+        }
+        .await;
+        let opened = self.with_leader_hint(opened);
+        let ok = opened.is_ok();
+        if frame::write(&mut send, &opened, CLIENT_FRAME_BYTES_MAX)
+            .await
+            .is_err()
+            || !ok
+        {
+            let _ = send.finish();
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        self.watches.do_send(Connect { session, tx });
+        while let Some(ev) = rx.recv().await {
+            let item: Response = Ok(Reply::Event(ev));
+            if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let _ = send.finish();
     }
 
     async fn dispatch(&self, req: Request, received: Instant) -> Response {
@@ -250,9 +376,29 @@ impl Gateway {
                 .await
             }
             Op::Txn { ops } => self.write(&req, ops, false).await,
-            Op::Get { path } => self.read(&path, |sm| sm.get(&path)).await,
-            Op::Exists { path } => self.read(&path, |sm| sm.exists(&path)).await,
-            Op::Children { path } => self.read(&path, |sm| sm.children(&path)).await,
+            Op::Get { path, watch } => self.read(&req, &path, watch, |sm| sm.get(&path)).await,
+            Op::Exists { path, watch } => {
+                self.read(&req, &path, watch, |sm| sm.exists(&path)).await
+            }
+            Op::Children { path, watch } => {
+                self.read(&req, &path, watch, |sm| sm.children(&path)).await
+            }
+            Op::Events => Err(Error::BadRequest {
+                reason: "Events needs its own stream".into(),
+            }),
+            Op::Rewatch { watches } => self.rewatch(&req, watches).await,
+            Op::CheckSequencer {
+                path,
+                token,
+                session,
+            } => {
+                path::validate(&path)?;
+                self.gate.confirm().await?;
+                let s = self.state.read().expect("state lock");
+                Ok(Reply::Sequencer {
+                    current: s.sm.sequencer_current(&path, token, session),
+                })
+            }
             Op::Status => Ok(Reply::Status(self.status())),
             Op::AddLearner { id, addr } => {
                 if addr.parse::<std::net::SocketAddr>().is_err() {

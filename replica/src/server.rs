@@ -13,6 +13,7 @@ use wire::hello::{ALPN_CLIENT, ALPN_PEER};
 use crate::actors::raft_node::RaftNode;
 use crate::actors::session_manager::{AppliedMsg, SessionManager};
 use crate::actors::snapshotter::Snapshotter;
+use crate::actors::watch_table::WatchTableActor;
 use crate::config::ReplicaConfig;
 use crate::gateway::Gateway;
 use crate::leader::read_gate::ReadGate;
@@ -98,9 +99,11 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
 
     let timeout = Duration::from_millis(cfg.request_timeout_ms);
     let gate = ReadGate::start(raft.clone(), timeout);
+    let watch_table = WatchTableActor::new(state.clone()).start();
     let mut raft_node_addr = None;
     let session_manager = SessionManager::create(|ctx| {
-        let rn = RaftNode::new(raft.clone(), timeout, vec![ctx.address().recipient()]).start();
+        let subscribers = vec![ctx.address().recipient(), watch_table.clone().recipient()];
+        let rn = RaftNode::new(raft.clone(), timeout, subscribers).start();
         raft_node_addr = Some(rn.clone());
         SessionManager::new(
             rn,
@@ -114,8 +117,10 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
     let raft_node = raft_node_addr.expect("raft node started");
 
     let sm_for_applied = session_manager.clone();
+    let wt_for_applied = watch_table.clone();
     tokio::spawn(async move {
         while let Some(a) = applied_rx.recv().await {
+            wt_for_applied.do_send(AppliedMsg(a.clone()));
             sm_for_applied.do_send(AppliedMsg(a));
         }
     });
@@ -125,6 +130,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         raft: raft.clone(),
         raft_node,
         sessions: session_manager,
+        watches: watch_table,
         gate,
         state,
         lease_ms: cfg.session.lease_ms,

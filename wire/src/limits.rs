@@ -28,3 +28,6 @@ pub const DEDUP_RESULTS_MAX: usize = 64;
 /// Largest number of ended sessions the state machine remembers, so that a late request
 /// from an expired session gets `SessionExpired` rather than `UnknownSession`.
 pub const ENDED_SESSIONS_MAX: usize = 100_000;
+
+/// Largest number of watches re-armed by one `Rewatch` request.
+pub const REWATCH_MAX: usize = 10_000;

@@ -201,20 +201,30 @@ pub enum Op {
         /// Expected version (compare-and-set), any when `None`.
         version: Option<u64>,
     },
-    /// Read a node's data and metadata (linearizable). Reply: [`Reply::Data`].
+    /// Read a node's data and metadata (linearizable). Reply: [`Reply::Data`]. With
+    /// `watch`, a [`WatchKind::Data`] watch is armed atomically with the read.
     Get {
         /// Path.
         path: String,
+        /// Arm a one-shot watch (needs a session).
+        watch: bool,
     },
-    /// Read a node's metadata if it exists (linearizable). Reply: [`Reply::Exists`].
+    /// Read a node's metadata if it exists (linearizable). Reply: [`Reply::Exists`]. With
+    /// `watch`, a [`WatchKind::Data`] watch is armed if the node exists, a
+    /// [`WatchKind::Exists`] watch (fires on creation) if it does not.
     Exists {
         /// Path.
         path: String,
+        /// Arm a one-shot watch (needs a session).
+        watch: bool,
     },
-    /// List a node's children with their metadata, in name order (linearizable).
+    /// List a node's children with their metadata, in name order (linearizable). With
+    /// `watch`, a [`WatchKind::Children`] watch is armed.
     Children {
         /// Path.
         path: String,
+        /// Arm a one-shot watch (needs a session).
+        watch: bool,
     },
     /// All or nothing: every op applies, or none does and the first failure is returned.
     Txn {
@@ -240,9 +250,52 @@ pub enum Op {
         /// The member's id.
         id: ReplicaId,
     },
+    /// Open the session's event stream (leader only). The first answer frame is
+    /// [`Reply::EventsOpened`]; every later frame on the same stream is a [`Reply::Event`],
+    /// until the leader changes or the session ends.
+    Events,
+    /// Re-arm watches after a fail-over. Each watch whose node changed after its
+    /// `since_index` fires at once (returned in [`Reply::Rewatched`]); the others are armed.
+    Rewatch {
+        /// The watches to re-arm.
+        watches: Vec<WatchSpec>,
+    },
+    /// Is this sequencer still the current holder (node present, same create index, same
+    /// owner)? Linearizable. Reply: [`Reply::Sequencer`].
+    CheckSequencer {
+        /// The lock node's full path.
+        path: String,
+        /// Its fencing token (create index).
+        token: LogIndex,
+        /// The holder's session.
+        session: SessionId,
+    },
 }
 
 impl Op {
+    /// A short name for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::CreateSession => "CreateSession",
+            Op::KeepAlive => "KeepAlive",
+            Op::CloseSession => "CloseSession",
+            Op::Create { .. } => "Create",
+            Op::Delete { .. } => "Delete",
+            Op::SetData { .. } => "SetData",
+            Op::Get { .. } => "Get",
+            Op::Exists { .. } => "Exists",
+            Op::Children { .. } => "Children",
+            Op::Txn { .. } => "Txn",
+            Op::Status => "Status",
+            Op::AddLearner { .. } => "AddLearner",
+            Op::Promote { .. } => "Promote",
+            Op::RemoveMember { .. } => "RemoveMember",
+            Op::Events => "Events",
+            Op::Rewatch { .. } => "Rewatch",
+            Op::CheckSequencer { .. } => "CheckSequencer",
+        }
+    }
+
     /// True for operations that go through the log.
     pub fn is_write(&self) -> bool {
         matches!(
@@ -297,11 +350,15 @@ pub enum Reply {
         data: Vec<u8>,
         /// Metadata.
         stat: NodeStat,
+        /// Log index the read reflects (a watch set with it fires for later changes).
+        index: LogIndex,
     },
     /// A node's metadata, or `None` if it does not exist.
     Exists {
         /// Metadata if the node exists.
         stat: Option<NodeStat>,
+        /// Log index the read reflects.
+        index: LogIndex,
     },
     /// A node's children, in name order.
     Children {
@@ -309,6 +366,8 @@ pub enum Reply {
         stat: NodeStat,
         /// (name, metadata) of each child.
         children: Vec<(String, NodeStat)>,
+        /// Log index the read reflects.
+        index: LogIndex,
     },
     /// A transaction applied; one result per op.
     Txn {
@@ -322,6 +381,74 @@ pub enum Reply {
         /// The cell's members after the change.
         members: Vec<MemberInfo>,
     },
+    /// The event stream is open; events after `index` will be delivered.
+    EventsOpened {
+        /// The leader's applied index when the stream opened.
+        index: LogIndex,
+    },
+    /// One event on the event stream.
+    Event(WatchEvent),
+    /// Watches re-armed; those in `fired` had changed already and are not armed.
+    Rewatched {
+        /// Events of the watches that fired at once.
+        fired: Vec<WatchEvent>,
+    },
+    /// The answer to [`Op::CheckSequencer`].
+    Sequencer {
+        /// True while the sequencer's node still exists with that token and owner.
+        current: bool,
+    },
+}
+
+/// What a watch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum WatchKind {
+    /// The node's data changes or the node is deleted (set by `get`, or by `exists` on an
+    /// existing node).
+    Data,
+    /// The node's set of children changes or the node is deleted (set by `children`).
+    Children,
+    /// The node is created (set by `exists` on a missing node).
+    Exists,
+}
+
+/// What happened to a watched node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    /// The node was created.
+    Created,
+    /// The node's data changed.
+    DataChanged,
+    /// The node was deleted.
+    Deleted,
+    /// The node's children changed.
+    ChildrenChanged,
+}
+
+/// A one-shot watch fired. It names the node, the watch kind, what happened and the log
+/// index at which it happened, not the new value: re-read (and re-arm) to see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    /// The watched node.
+    pub path: String,
+    /// The kind of watch that fired.
+    pub kind: WatchKind,
+    /// What happened.
+    pub event: EventType,
+    /// The log index of the change (0 when a re-armed watch fired because its change is
+    /// older than the leader's memory of changes).
+    pub index: LogIndex,
+}
+
+/// A watch to re-arm after a fail-over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchSpec {
+    /// The node.
+    pub path: String,
+    /// The kind.
+    pub kind: WatchKind,
+    /// The log index the watch was armed at (its read's index).
+    pub since_index: LogIndex,
 }
 
 /// One frame sent in answer to a [`Request`].

@@ -7,9 +7,12 @@
 //!   ([`crate::leader::leases`]), KeepAlives, expiries and lease checkpoints.
 //! - [`snapshotter::Snapshotter`]: writes snapshot files off the async runtime.
 //!
-//! The watch table and cacher list (later issues) join as actors fed by the same
-//! [`crate::raft::sm_store::Applied`] stream the session manager reads.
+//! - [`watch_table::WatchTableActor`]: one-shot watches and each session's event stream.
+//!
+//! The cacher list (issue 4) joins as an actor fed by the same
+//! [`crate::raft::sm_store::Applied`] stream.
 
 pub mod raft_node;
 pub mod session_manager;
 pub mod snapshotter;
+pub mod watch_table;

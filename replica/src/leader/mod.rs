@@ -8,3 +8,4 @@
 
 pub mod leases;
 pub mod read_gate;
+pub mod watch_table;

@@ -33,7 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use wire::command::{Command, Effect, LeaseCheckpoint};
 use wire::types::{
-    CreateMode, LogIndex, NodeStat, Predecessor, Reply, RequestId, SessionId, TxnOp, TxnResult,
+    CreateMode, EventType, LogIndex, NodeStat, Predecessor, Reply, RequestId, SessionId, TxnOp,
+    TxnResult, WatchKind,
 };
 use wire::{path, Error};
 
@@ -55,6 +56,8 @@ pub struct Node {
     pub create_index: LogIndex,
     /// Index of the last data change.
     pub mod_index: LogIndex,
+    /// Index of the last change to the set of children (ZooKeeper's pzxid).
+    pub children_index: LogIndex,
     /// Owner of an ephemeral node.
     pub ephemeral_owner: Option<SessionId>,
     /// Next sequence number for sequential children.
@@ -71,6 +74,7 @@ impl Node {
             children_version: 0,
             create_index: index,
             mod_index: index,
+            children_index: index,
             ephemeral_owner: owner,
             sequence_next: 0,
             children: BTreeSet::new(),
@@ -192,6 +196,7 @@ impl StateMachine {
         Ok(Reply::Data {
             data: n.data.clone(),
             stat: n.stat(),
+            index: self.last_index,
         })
     }
 
@@ -200,6 +205,7 @@ impl StateMachine {
         path::validate(p)?;
         Ok(Reply::Exists {
             stat: self.nodes.get(p).map(Node::stat),
+            index: self.last_index,
         })
     }
 
@@ -220,7 +226,34 @@ impl StateMachine {
         Ok(Reply::Children {
             stat: n.stat(),
             children,
+            index: self.last_index,
         })
+    }
+
+    /// Whether a watch of `kind` on `p`, armed at `since`, would have fired by now, and
+    /// with what event. Used to re-arm watches after a fail-over.
+    pub fn changed_since(&self, p: &str, kind: WatchKind, since: LogIndex) -> Option<EventType> {
+        let node = self.nodes.get(p);
+        match (kind, node) {
+            (WatchKind::Exists, Some(_)) => Some(EventType::Created),
+            (WatchKind::Exists, None) => None,
+            (WatchKind::Data | WatchKind::Children, None) => Some(EventType::Deleted),
+            (WatchKind::Data | WatchKind::Children, Some(n)) if n.create_index > since => {
+                Some(EventType::Deleted)
+            }
+            (WatchKind::Data, Some(n)) if n.mod_index > since => Some(EventType::DataChanged),
+            (WatchKind::Children, Some(n)) if n.children_index > since => {
+                Some(EventType::ChildrenChanged)
+            }
+            _ => None,
+        }
+    }
+
+    /// Is the lock node `p` still held by `session` with fencing token `token`?
+    pub fn sequencer_current(&self, p: &str, token: LogIndex, session: SessionId) -> bool {
+        self.nodes
+            .get(p)
+            .is_some_and(|n| n.create_index == token && n.ephemeral_owner == Some(session))
     }
 
     /// Applies the entry at `index`. Returns the client's answer and what changed.
@@ -328,7 +361,7 @@ impl StateMachine {
             .expect("parent of an existing node");
         parent.children.remove(path::name(p));
         parent.children_version += 1;
-        let _ = index;
+        parent.children_index = index;
         effects.push(Effect::Deleted {
             path: p.to_string(),
         });
@@ -597,6 +630,7 @@ impl StateMachine {
         }
         parent.children.insert(path::name(&full).to_string());
         parent.children_version += 1;
+        parent.children_index = index;
         let owner = mode.ephemeral.then_some(session);
         let node = Node::new(data.to_vec(), index, owner);
         let stat = node.stat();

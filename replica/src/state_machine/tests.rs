@@ -88,7 +88,7 @@ fn create_get_set_delete_round_trip() {
         h.write(s, create("/a", b"1", false, false)),
         Ok(Reply::Created { .. })
     ));
-    let Ok(Reply::Data { data, stat }) = h.sm.get("/a") else {
+    let Ok(Reply::Data { data, stat, .. }) = h.sm.get("/a") else {
         panic!()
     };
     assert_eq!(

@@ -1,0 +1,352 @@
+//! Locks: exclusive and shared (read/write), blocking, try, or try with a timeout.
+//!
+//! The lock at `/locks/db` is a directory node; each contender creates an ephemeral
+//! sequential child (`lock-`, or `read-`/`write-` for shared locks). Sequence numbers
+//! follow creation order, so the queue is the children sorted by sequence:
+//!
+//! - an exclusive contender (and a writer) holds the lock when no earlier node exists;
+//! - a reader holds it when no earlier *writer* exists.
+//!
+//! A waiter watches only the node that blocks it (the nearest earlier node, or for a reader
+//! the nearest earlier writer), so a release wakes one waiter, not the herd. When woken it
+//! re-lists rather than assuming it now holds the lock, since the node it watched may have
+//! been a waiter that gave up. A waiter that gives up deletes its node. Release deletes the
+//! node; so does the session's expiry, at one log position.
+//!
+//! Every grant carries a [`Sequencer`] whose token is the node's create index: unique, and
+//! higher than every earlier holder's. Protected resources must check it on every write
+//! (see [`crate::fencing`]).
+//!
+//! ```no_run
+//! # async fn demo(session: client_sdk::Session) -> Result<(), client_sdk::Error> {
+//! use client_sdk::Lock;
+//! let lock = Lock::exclusive(&session, "/locks/db");
+//! let guard = lock.acquire().await?;
+//! println!("holding with token {}", guard.token());
+//! // ... write to the protected resource with guard.token() ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::time::{Duration, Instant};
+
+use wire::types::{CreateMode, LogIndex, NodeStat, SessionId};
+use wire::{path, Error};
+
+use crate::session::{Session, SessionState};
+
+/// Digits of the sequence suffix the cell appends.
+const SEQUENCE_DIGITS: usize = 10;
+
+/// How a lock is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// Alone.
+    Exclusive,
+    /// With other readers, never with a writer.
+    Read,
+    /// Alone (the writer side of a shared lock).
+    Write,
+}
+
+impl LockMode {
+    fn prefix(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "lock-",
+            LockMode::Read => "read-",
+            LockMode::Write => "write-",
+        }
+    }
+}
+
+/// Proof of a grant, to hand to protected resources: which lock, which node, how, the
+/// fencing token (the node's create index) and the holder's session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Sequencer {
+    /// The lock's path.
+    pub lock: String,
+    /// The holder's node (full path).
+    pub node: String,
+    /// How it is held.
+    pub mode: LockMode,
+    /// The fencing token: higher than every earlier holder's.
+    pub token: LogIndex,
+    /// The holder's session.
+    pub session: SessionId,
+}
+
+/// A lock at a path, used through one session.
+#[derive(Clone)]
+pub struct Lock {
+    session: Session,
+    path: String,
+    mode: LockMode,
+}
+
+/// A held lock. Release it with [`LockGuard::release`]; dropping it keeps the lock held
+/// until the session ends (a lock service cannot know the work is done).
+#[derive(Debug)]
+pub struct LockGuard {
+    session: Session,
+    sequencer: Sequencer,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The grant's sequencer.
+    pub fn sequencer(&self) -> &Sequencer {
+        &self.sequencer
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> LogIndex {
+        self.sequencer.token
+    }
+
+    /// True while the session is healthy: act on the lock only then. In jeopardy (or once
+    /// expired) the lock may already belong to someone else.
+    pub fn may_act(&self) -> bool {
+        self.session.state() == SessionState::Healthy
+    }
+
+    /// Releases the lock (deletes the node).
+    pub async fn release(self) -> Result<(), Error> {
+        match self.session.delete(&self.sequencer.node, None).await {
+            Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The sequence number at the end of a node name.
+pub fn sequence_of(name: &str) -> Option<u64> {
+    let b = name.as_bytes();
+    if b.len() < SEQUENCE_DIGITS {
+        return None;
+    }
+    let tail = &b[b.len() - SEQUENCE_DIGITS..];
+    if !tail.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    tail.iter().try_fold(0u64, |acc, d| {
+        acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// The node that blocks `mine` in a queue of children: the nearest earlier node, or for a
+/// reader the nearest earlier writer. `None`: `mine` holds the lock.
+pub fn blocker<'a>(
+    children: &'a [(String, NodeStat)],
+    mine: &str,
+    mode: LockMode,
+) -> Option<&'a str> {
+    let my_seq = sequence_of(mine)?;
+    children
+        .iter()
+        .filter_map(|(name, _)| sequence_of(name).map(|seq| (seq, name.as_str())))
+        .filter(|(seq, name)| {
+            *seq < my_seq && (mode != LockMode::Read || name.starts_with(LockMode::Write.prefix()))
+        })
+        .max_by_key(|(seq, _)| *seq)
+        .map(|(_, name)| name)
+}
+
+enum Wait {
+    No,
+    Until(Option<Instant>),
+}
+
+impl Lock {
+    /// An exclusive lock at `path` (a directory node, created if missing; its parent must
+    /// exist).
+    pub fn exclusive(session: &Session, path: &str) -> Lock {
+        Lock {
+            session: session.clone(),
+            path: path.to_string(),
+            mode: LockMode::Exclusive,
+        }
+    }
+
+    /// The reader side of a shared lock at `path`.
+    pub fn read(session: &Session, path: &str) -> Lock {
+        Lock {
+            session: session.clone(),
+            path: path.to_string(),
+            mode: LockMode::Read,
+        }
+    }
+
+    /// The writer side of a shared lock at `path`.
+    pub fn write(session: &Session, path: &str) -> Lock {
+        Lock {
+            session: session.clone(),
+            path: path.to_string(),
+            mode: LockMode::Write,
+        }
+    }
+
+    /// Waits until the lock is held (or the session ends).
+    pub async fn acquire(&self) -> Result<LockGuard, Error> {
+        Ok(self
+            .run(Wait::Until(None))
+            .await?
+            .expect("waits until held"))
+    }
+
+    /// Takes the lock only if it is free now; leaves no node behind otherwise.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+        self.run(Wait::No).await
+    }
+
+    /// Waits at most `timeout`; on timeout deletes its node and returns `None`.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
+        self.run(Wait::Until(Some(Instant::now() + timeout))).await
+    }
+
+    async fn ensure_dir(&self) -> Result<(), Error> {
+        match self
+            .session
+            .create(&self.path, Vec::new(), CreateMode::default())
+            .await
+        {
+            Ok(_) | Err(Error::NodeExists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes our node after giving up, so we leave nothing in the queue.
+    async fn give_up(&self, node: &str) -> Result<Option<LockGuard>, Error> {
+        match self.session.delete(node, None).await {
+            Ok(()) | Err(Error::NoNode { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn run(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
+        path::validate(&self.path)?;
+        if self.session.exists(&self.path).await?.is_none() {
+            self.ensure_dir().await?;
+        }
+        let prefix = path::join(&self.path, self.mode.prefix());
+        let mode = CreateMode {
+            ephemeral: true,
+            sequential: true,
+        };
+        let created = self.session.create(&prefix, Vec::new(), mode).await?;
+        let node = created.path.clone();
+        let mine = path::name(&node).to_string();
+        let grant = |token| LockGuard {
+            session: self.session.clone(),
+            sequencer: Sequencer {
+                lock: self.path.clone(),
+                node: node.clone(),
+                mode: self.mode,
+                token,
+                session: self.session.id(),
+            },
+        };
+        // Fast path: nothing below us when the create applied.
+        if created.predecessor.is_none() {
+            return Ok(Some(grant(created.stat.create_index)));
+        }
+        loop {
+            let children = self.session.children(&self.path).await?;
+            if !children.iter().any(|(n, _)| *n == mine) {
+                // Our node is gone: only the session's end removes it behind our back.
+                return Err(Error::SessionExpired {
+                    session: self.session.id(),
+                });
+            }
+            let Some(block) = blocker(&children, &mine, self.mode) else {
+                return Ok(Some(grant(created.stat.create_index)));
+            };
+            let deadline = match wait {
+                Wait::No => return self.give_up(&node).await,
+                Wait::Until(d) => d,
+            };
+            let (stat, watch) = self
+                .session
+                .exists_watch(&path::join(&self.path, block))
+                .await?;
+            if stat.is_none() {
+                continue;
+            }
+            let expired = self.session.expired();
+            let timer = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = watch => { r?; }
+                _ = timer => return self.give_up(&node).await,
+                _ = expired => return Err(Error::SessionExpired { session: self.session.id() }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat() -> NodeStat {
+        NodeStat {
+            version: 0,
+            children_version: 0,
+            create_index: 0,
+            mod_index: 0,
+            ephemeral_owner: None,
+            data_len: 0,
+            children_count: 0,
+        }
+    }
+
+    fn kids(names: &[&str]) -> Vec<(String, NodeStat)> {
+        names.iter().map(|n| (n.to_string(), stat())).collect()
+    }
+
+    #[test]
+    fn blockers() {
+        let q = kids(&[
+            "read-0000000001",
+            "write-0000000002",
+            "read-0000000003",
+            "read-0000000004",
+            "write-0000000005",
+        ]);
+        assert_eq!(blocker(&q, "read-0000000001", LockMode::Read), None);
+        assert_eq!(
+            blocker(&q, "write-0000000002", LockMode::Write),
+            Some("read-0000000001")
+        );
+        assert_eq!(
+            blocker(&q, "read-0000000003", LockMode::Read),
+            Some("write-0000000002")
+        );
+        assert_eq!(
+            blocker(&q, "read-0000000004", LockMode::Read),
+            Some("write-0000000002")
+        );
+        assert_eq!(
+            blocker(&q, "write-0000000005", LockMode::Write),
+            Some("read-0000000004")
+        );
+        let q = kids(&["lock-0000000007", "lock-0000000009", "lock-0000000012"]);
+        assert_eq!(blocker(&q, "lock-0000000007", LockMode::Exclusive), None);
+        assert_eq!(
+            blocker(&q, "lock-0000000012", LockMode::Exclusive),
+            Some("lock-0000000009")
+        );
+        assert_eq!(sequence_of("€€€€"), None);
+    }
+}

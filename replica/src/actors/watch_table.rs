@@ -1,0 +1,194 @@
+//! The watch-table actor: arms one-shot watches, fires them from applied effects, and
+//! delivers events on each session's event stream (buffering while the stream is
+//! reconnecting). Leader-only; emptied when leadership changes, which also ends every
+//! event stream so clients reconnect to the new leader and re-arm.
+
+use std::collections::{HashMap, VecDeque};
+
+use actix::{Actor, Context, Handler, Message};
+use tokio::sync::mpsc;
+use wire::command::Effect;
+use wire::types::{LogIndex, SessionId, WatchEvent, WatchKind};
+
+use crate::actors::raft_node::LeadershipChanged;
+use crate::actors::session_manager::AppliedMsg;
+use crate::leader::watch_table::WatchTable;
+use crate::raft::sm_store::{Applied, SharedState};
+
+/// Events kept per session while its stream is not connected; beyond this the oldest are
+/// dropped (the client re-arms and re-reads after reconnecting anyway).
+pub const PENDING_EVENTS_MAX: usize = 10_000;
+
+/// Arm a watch at `since`. If the node already changed after `since`, the watch fires at
+/// once: the event is returned, and also delivered on the stream when `deliver` is set.
+#[derive(Message)]
+#[rtype(result = "Option<WatchEvent>")]
+pub struct Arm {
+    /// The watching session.
+    pub session: SessionId,
+    /// The node.
+    pub path: String,
+    /// The kind.
+    pub kind: WatchKind,
+    /// The index the watch's read reflected.
+    pub since: LogIndex,
+    /// Deliver an immediate firing on the event stream (reads) rather than only returning
+    /// it (re-arming, whose reply carries it).
+    pub deliver: bool,
+}
+
+/// Attach a session's event stream.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Connect {
+    /// The session.
+    pub session: SessionId,
+    /// Where its events go.
+    pub tx: mpsc::UnboundedSender<WatchEvent>,
+}
+
+/// Number of armed watches, and of those on one path.
+#[derive(Message)]
+#[rtype(result = "WatchCounts")]
+pub struct WatchCount(pub String);
+
+/// The answer to [`WatchCount`].
+#[derive(Debug, Clone, Copy, actix::MessageResponse)]
+pub struct WatchCounts {
+    /// All armed watches.
+    pub total: usize,
+    /// Those on the asked path.
+    pub on_path: usize,
+}
+
+#[derive(Default)]
+struct Sink {
+    tx: Option<mpsc::UnboundedSender<WatchEvent>>,
+    pending: VecDeque<WatchEvent>,
+}
+
+/// The actor.
+pub struct WatchTableActor {
+    table: WatchTable,
+    state: SharedState,
+    sinks: HashMap<SessionId, Sink>,
+}
+
+impl WatchTableActor {
+    /// A watch table reading the applied state through `state`.
+    pub fn new(state: SharedState) -> WatchTableActor {
+        WatchTableActor {
+            table: WatchTable::new(),
+            state,
+            sinks: HashMap::new(),
+        }
+    }
+
+    fn deliver(&mut self, session: SessionId, ev: WatchEvent) {
+        let sink = self.sinks.entry(session).or_default();
+        if let Some(tx) = &sink.tx {
+            match tx.send(ev) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(ev)) => {
+                    sink.tx = None;
+                    sink.pending.push_back(ev);
+                }
+            }
+        } else {
+            sink.pending.push_back(ev);
+        }
+        while sink.pending.len() > PENDING_EVENTS_MAX {
+            sink.pending.pop_front();
+        }
+    }
+}
+
+impl Actor for WatchTableActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Arm> for WatchTableActor {
+    type Result = Option<WatchEvent>;
+
+    fn handle(&mut self, msg: Arm, _: &mut Context<Self>) -> Option<WatchEvent> {
+        // Changes applied between the read and now are visible in the state, and their
+        // effects may already have passed through this actor: check the state first.
+        let changed = {
+            let s = self.state.read().expect("state lock");
+            s.sm.changed_since(&msg.path, msg.kind, msg.since)
+                .map(|event| WatchEvent {
+                    path: msg.path.clone(),
+                    kind: msg.kind,
+                    event,
+                    index: s.sm.last_index(),
+                })
+        };
+        match changed {
+            Some(ev) => {
+                if msg.deliver {
+                    self.deliver(msg.session, ev.clone());
+                }
+                Some(ev)
+            }
+            None => {
+                self.table.arm(msg.session, &msg.path, msg.kind, msg.since);
+                None
+            }
+        }
+    }
+}
+
+impl Handler<AppliedMsg> for WatchTableActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AppliedMsg, _: &mut Context<Self>) {
+        let Applied::Effects { index, effects } = msg.0 else {
+            return;
+        };
+        for (session, ev) in self.table.apply(index, &effects) {
+            self.deliver(session, ev);
+        }
+        for e in &effects {
+            if let Effect::SessionEnded { session } = e {
+                // Dropping the sender ends the session's stream.
+                self.sinks.remove(session);
+            }
+        }
+    }
+}
+
+impl Handler<Connect> for WatchTableActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Connect, _: &mut Context<Self>) {
+        let sink = self.sinks.entry(msg.session).or_default();
+        while let Some(ev) = sink.pending.pop_front() {
+            if let Err(mpsc::error::SendError(ev)) = msg.tx.send(ev) {
+                sink.pending.push_front(ev);
+                return;
+            }
+        }
+        sink.tx = Some(msg.tx);
+    }
+}
+
+impl Handler<LeadershipChanged> for WatchTableActor {
+    type Result = ();
+
+    fn handle(&mut self, _: LeadershipChanged, _: &mut Context<Self>) {
+        // Volatile: a new leader (or a deposed one) starts empty; streams end.
+        self.table.clear();
+        self.sinks.clear();
+    }
+}
+
+impl Handler<WatchCount> for WatchTableActor {
+    type Result = WatchCounts;
+
+    fn handle(&mut self, msg: WatchCount, _: &mut Context<Self>) -> WatchCounts {
+        WatchCounts {
+            total: self.table.len(),
+            on_path: self.table.watches_on(&msg.0),
+        }
+    }
+}
