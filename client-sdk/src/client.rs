@@ -361,6 +361,7 @@ impl Client {
 
     /// Reads a node (linearizable, at the leader).
     pub async fn get(&self, path: &str) -> Result<(Vec<u8>, wire::types::NodeStat), Error> {
+        wire::path::validate(path)?;
         match self
             .request(Op::Get {
                 path: path.into(),
@@ -375,6 +376,7 @@ impl Client {
 
     /// A node's metadata, if it exists (linearizable).
     pub async fn exists(&self, path: &str) -> Result<Option<wire::types::NodeStat>, Error> {
+        wire::path::validate(path)?;
         match self
             .request(Op::Exists {
                 path: path.into(),
@@ -392,6 +394,7 @@ impl Client {
         &self,
         path: &str,
     ) -> Result<Vec<(String, wire::types::NodeStat)>, Error> {
+        wire::path::validate(path)?;
         match self
             .request(Op::Children {
                 path: path.into(),

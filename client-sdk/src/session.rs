@@ -239,6 +239,8 @@ impl Session {
 
     /// Sends one request of this session, retried with the same id until answered.
     pub async fn call(&self, op: Op) -> Result<Reply, Error> {
+        // Bad input fails here, before any RPC, with the error the cell would give.
+        check_locally(&op)?;
         let (request_id, ack_below) = self.next_ids().await;
         let r = self
             .inner
@@ -527,6 +529,30 @@ async fn keepalive_loop(inner: Arc<Inner>) {
                 next = now + retry;
             }
         }
+    }
+}
+
+/// The checks the cell would make of `op` without its namespace.
+fn check_locally(op: &Op) -> Result<(), Error> {
+    match op {
+        Op::Create { path, data, mode } => {
+            let op = TxnOp::Create {
+                path: path.clone(),
+                data: data.clone(),
+                mode: *mode,
+            };
+            wire::path::validate_write(std::slice::from_ref(&op), true)
+        }
+        Op::Delete { path, .. } => wire::path::validate(path),
+        Op::SetData { path, data, .. } => {
+            wire::path::validate(path)?;
+            wire::path::check_value(data)
+        }
+        Op::Txn { ops } => wire::path::validate_write(ops, false),
+        Op::Get { path, .. } | Op::Exists { path, .. } | Op::Children { path, .. } => {
+            wire::path::validate(path)
+        }
+        _ => Ok(()),
     }
 }
 

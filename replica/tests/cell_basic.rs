@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use client_sdk::{CreateMode, Error};
+use client_sdk::{CreateMode, Error, TxnOp};
 use common::{percentile, rt, serial, Opts, TestCell};
 use wire::types::{Op, Request};
 
@@ -181,9 +181,95 @@ fn dedup_and_bad_input() {
             "applied once"
         );
 
-        // Bad input.
+        // Bad input. The SDK refuses it before any RPC; the same requests sent raw get
+        // the same typed errors from the replica.
         let before = cell.statuses(&client).await;
         let nodes_before = before.values().next().unwrap().node_count;
+        let raw = |request_id: u64, op: Op| Request {
+            session: s.id(),
+            request_id,
+            ack_below: 0,
+            op,
+        };
+        let big = vec![7u8; wire::VALUE_BYTES_MAX + 1];
+        assert_eq!(
+            client
+                .call(raw(
+                    2_000,
+                    Op::Create {
+                        path: "/big".into(),
+                        data: big.clone(),
+                        mode: CreateMode::default()
+                    }
+                ))
+                .await,
+            Err(Error::ValueTooLarge {
+                len: wire::VALUE_BYTES_MAX + 1,
+                max: wire::VALUE_BYTES_MAX
+            })
+        );
+        assert!(matches!(
+            client
+                .call(raw(
+                    2_001,
+                    Op::SetData {
+                        path: "/q".into(),
+                        data: big.clone(),
+                        version: None
+                    }
+                ))
+                .await,
+            Err(Error::ValueTooLarge { .. })
+        ));
+        for (i, bad) in ["", "nope", "/a/", "/a//b", "/a/../b", "/."]
+            .iter()
+            .enumerate()
+        {
+            let op = Op::Create {
+                path: bad.to_string(),
+                data: vec![],
+                mode: CreateMode::default(),
+            };
+            assert!(
+                matches!(
+                    client.call(raw(2_100 + i as u64, op)).await,
+                    Err(Error::InvalidPath { .. })
+                ),
+                "{bad:?}"
+            );
+            let op = Op::Get {
+                path: bad.to_string(),
+                watch: false,
+            };
+            assert!(
+                matches!(
+                    client.call(raw(0, op)).await,
+                    Err(Error::InvalidPath { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        let txn = Op::Txn {
+            ops: vec![
+                TxnOp::Create {
+                    path: "/ok".into(),
+                    data: vec![],
+                    mode: CreateMode::default(),
+                },
+                TxnOp::Delete {
+                    path: "bad".into(),
+                    version: None,
+                },
+            ],
+        };
+        assert!(matches!(
+            client.call(raw(2_200, txn)).await,
+            Err(Error::TxnFailed { index: 1, .. })
+        ));
+        assert!(
+            client.exists("/ok").await.unwrap().is_none(),
+            "a failed transaction applies nothing"
+        );
         let big = vec![7u8; wire::VALUE_BYTES_MAX + 1];
         assert_eq!(
             s.create("/big", big.clone(), CreateMode::default()).await,

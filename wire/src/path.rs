@@ -1,7 +1,11 @@
 //! Path validation, shared by the client (to fail early) and the state machine (to be sure).
 
 use crate::error::Error;
-use crate::limits::PATH_BYTES_MAX;
+use crate::limits::{PATH_BYTES_MAX, TXN_OPS_MAX, VALUE_BYTES_MAX};
+use crate::types::TxnOp;
+
+/// Digits of the sequence suffix the cell appends to sequential nodes.
+pub const SEQUENCE_DIGITS: usize = 10;
 
 /// Checks that `path` is a valid node path: absolute, at most [`PATH_BYTES_MAX`] bytes, no
 /// empty, `.` or `..` components, no trailing slash (except the root `/` itself), and no
@@ -37,6 +41,64 @@ pub fn validate(path: &str) -> Result<(), Error> {
         if component.chars().any(|c| c.is_control()) {
             return bad("control character in path");
         }
+    }
+    Ok(())
+}
+
+/// Checks what can be checked of a write without the namespace: the number of ops, every
+/// path (with the full sequence suffix for sequential creates) and every value size. The
+/// gateway runs it before proposing, so bad input never reaches the log; apply runs it
+/// again, so the log's outcome never depends on the gateway. A failure inside a
+/// transaction is reported as `TxnFailed` at that op.
+pub fn validate_write(ops: &[TxnOp], single: bool) -> Result<(), Error> {
+    if ops.is_empty() {
+        return Err(Error::BadRequest {
+            reason: "empty transaction".into(),
+        });
+    }
+    if ops.len() > TXN_OPS_MAX {
+        return Err(Error::BadRequest {
+            reason: format!("{} ops exceed the maximum of {}", ops.len(), TXN_OPS_MAX),
+        });
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let checked = match op {
+            TxnOp::Check { path: p, .. } | TxnOp::Delete { path: p, .. } => validate(p),
+            TxnOp::SetData { path: p, data, .. } => validate(p).and_then(|_| check_value(data)),
+            TxnOp::Create {
+                path: p,
+                data,
+                mode,
+            } => {
+                let shape = if mode.sequential {
+                    validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))
+                } else {
+                    validate(p)
+                };
+                shape.and_then(|_| check_value(data))
+            }
+        };
+        if let Err(e) = checked {
+            return Err(if single {
+                e
+            } else {
+                Error::TxnFailed {
+                    index: i,
+                    error: Box::new(e),
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks a value's size against [`VALUE_BYTES_MAX`].
+pub fn check_value(data: &[u8]) -> Result<(), Error> {
+    if data.len() > VALUE_BYTES_MAX {
+        return Err(Error::ValueTooLarge {
+            len: data.len(),
+            max: VALUE_BYTES_MAX,
+        });
     }
     Ok(())
 }

@@ -39,9 +39,10 @@ use wire::types::{
 use wire::{path, Error};
 
 pub use session::Session;
+use wire::path::check_value;
+pub use wire::path::validate_write;
 
-/// Digits of the sequence suffix of sequential nodes.
-pub const SEQUENCE_DIGITS: usize = 10;
+pub use wire::path::SEQUENCE_DIGITS;
 
 /// One node of the namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -693,59 +694,6 @@ pub fn sequence_of(name: &str) -> Option<u64> {
     })
 }
 
-/// Checks what can be checked of a write without the namespace: the number of ops, every
-/// path (with the full sequence suffix for sequential creates) and every value size. The
-/// gateway runs it before proposing, so bad input never reaches the log; apply runs it
-/// again, so the log's outcome never depends on the gateway. A failure inside a
-/// transaction is reported as `TxnFailed` at that op.
-pub fn validate_write(ops: &[TxnOp], single: bool) -> Result<(), Error> {
-    if ops.is_empty() {
-        return Err(Error::BadRequest {
-            reason: "empty transaction".into(),
-        });
-    }
-    if ops.len() > wire::TXN_OPS_MAX {
-        return Err(Error::BadRequest {
-            reason: format!(
-                "{} ops exceed the maximum of {}",
-                ops.len(),
-                wire::TXN_OPS_MAX
-            ),
-        });
-    }
-    for (i, op) in ops.iter().enumerate() {
-        let checked = match op {
-            TxnOp::Check { path: p, .. } | TxnOp::Delete { path: p, .. } => path::validate(p),
-            TxnOp::SetData { path: p, data, .. } => {
-                path::validate(p).and_then(|_| check_value(data))
-            }
-            TxnOp::Create {
-                path: p,
-                data,
-                mode,
-            } => {
-                let shape = if mode.sequential {
-                    path::validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))
-                } else {
-                    path::validate(p)
-                };
-                shape.and_then(|_| check_value(data))
-            }
-        };
-        if let Err(e) = checked {
-            return Err(if single {
-                e
-            } else {
-                Error::TxnFailed {
-                    index: i,
-                    error: Box::new(e),
-                }
-            });
-        }
-    }
-    Ok(())
-}
-
 fn ops_is_sequential(op: &TxnOp) -> bool {
     matches!(op, TxnOp::Create { mode, .. } if mode.sequential)
 }
@@ -759,14 +707,4 @@ fn check_version(p: &str, n: &Node, expected: Option<u64>) -> Result<(), Error> 
         }),
         _ => Ok(()),
     }
-}
-
-fn check_value(data: &[u8]) -> Result<(), Error> {
-    if data.len() > wire::VALUE_BYTES_MAX {
-        return Err(Error::ValueTooLarge {
-            len: data.len(),
-            max: wire::VALUE_BYTES_MAX,
-        });
-    }
-    Ok(())
 }
