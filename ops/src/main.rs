@@ -5,6 +5,8 @@
 //! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
 
 mod dev;
+mod fenced;
+mod lock;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,6 +87,34 @@ enum Command {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Hold a lock while a command runs (the command gets LOCK_TOKEN etc.); exit status is
+    /// the command's, 3 if not acquired in time, 4 if the session expired.
+    Lock(lock::LockArgs),
+    /// Write KEY=VALUE to a fjall-backed fenced resource under a lock's token; refused (exit
+    /// status 5) if a higher token was already accepted for that lock.
+    FencedWrite {
+        /// The store's directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// The lock whose token guards the write.
+        #[arg(long)]
+        lock: String,
+        /// The fencing token.
+        #[arg(long)]
+        token: u64,
+        /// Key.
+        key: String,
+        /// Value (UTF-8).
+        value: String,
+    },
+    /// Print a value from a fenced resource.
+    FencedGet {
+        /// The store's directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// Key.
+        key: String,
+    },
     /// Change the cell's membership (one member at a time).
     #[command(subcommand)]
     Member(MemberCommand),
@@ -139,8 +169,36 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Command::Replica { config } = &cli.command {
-        return dev::run_replica(config);
+    match &cli.command {
+        Command::Replica { config } => return dev::run_replica(config),
+        Command::FencedWrite {
+            store,
+            lock,
+            token,
+            key,
+            value,
+        } => {
+            let store = fenced::FencedStore::open(store)?;
+            match store.write(lock, *token, key, value.as_bytes())? {
+                Ok(()) => {
+                    println!("wrote {key} under {lock} token {token}");
+                    return Ok(());
+                }
+                Err(stale) => {
+                    eprintln!("lockctl: refused: {stale}");
+                    std::process::exit(5);
+                }
+            }
+        }
+        Command::FencedGet { store, key } => {
+            let store = fenced::FencedStore::open(store)?;
+            match store.get(key)? {
+                Some(v) => println!("{}", String::from_utf8_lossy(&v)),
+                None => anyhow::bail!("no value for {key}"),
+            }
+            return Ok(());
+        }
+        _ => {}
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -275,6 +333,18 @@ async fn command(
                 other => anyhow::bail!("unexpected reply {other:?}"),
             }
         }
-        Command::Dev(_) | Command::Replica { .. } => unreachable!("handled above"),
+        Command::Lock(args) => {
+            let code = lock::run(&client, args).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
+        }
+        Command::Dev(_)
+        | Command::Replica { .. }
+        | Command::FencedWrite { .. }
+        | Command::FencedGet { .. } => {
+            unreachable!("handled above")
+        }
     }
 }

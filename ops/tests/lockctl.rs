@@ -39,11 +39,8 @@ fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn dev_cell_demo_commands_and_clean_stop() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
+/// Starts `lockctl dev` and returns it with its output up to "cell running".
+fn start_dev(data: &std::path::Path, base: u16, extra: &[&str]) -> (std::process::Child, String) {
     let mut dev = Command::new(LOCKCTL)
         .args([
             "dev",
@@ -53,12 +50,12 @@ fn dev_cell_demo_commands_and_clean_stop() {
             &base.to_string(),
             "--data",
         ])
-        .arg(&data)
+        .arg(data)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    // Read the demo output until the cell says it is running.
     let mut out = String::new();
     let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -71,6 +68,39 @@ fn dev_cell_demo_commands_and_clean_stop() {
         }
     }
     assert!(out.contains("cell running"), "dev did not come up:\n{out}");
+    // Keep draining its output, or its next line would hit a closed pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (dev, out)
+}
+
+/// One dev cell at a time in this binary (two cores; fixed port blocks).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ctrl-C to `lockctl dev`; waits for it to stop.
+fn stop_dev(dev: std::process::Child) -> std::process::ExitStatus {
+    let mut dev = dev;
+    unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = dev.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "lockctl dev did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn dev_cell_demo_commands_and_clean_stop() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cell");
+    let base = free_base(3);
+    let (dev, out) = start_dev(&data, base, &[]);
     assert!(out.contains("a stale compare-and-set is refused"), "{out}");
     assert!(
         out.contains("took /demo/lock as /demo/lock/n-0000000000 with fencing token"),
@@ -143,15 +173,7 @@ fn dev_cell_demo_commands_and_clean_stop() {
     );
 
     // Ctrl-C stops the cell cleanly.
-    unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = dev.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "lockctl dev did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = stop_dev(dev);
     assert!(status.success(), "{status}");
     // Its replicas are gone: the ports are free again.
     for p in base..base + 3 {
@@ -189,4 +211,127 @@ fn unreachable_cell_and_bad_ca_are_clear_errors() {
         "{}",
         text(&o)
     );
+}
+
+/// Issue 3, scenario 2: a holder process is stopped (SIGSTOP) past its lease; its session
+/// expires; the next waiter gets the lock with a higher token and writes to the fenced
+/// resource; the old holder, resumed, has its delayed write refused, and its library
+/// reports the session expired.
+#[test]
+fn paused_holder_is_fenced_out() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cell");
+    let store = dir.path().join("resource");
+    let base = free_base(3);
+    let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
+    let endpoints = (0..3)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ca = data.join("tls/ca.pem");
+    let o = lockctl(&endpoints, &ca, &["create", "/locks"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    let lock_cmd = |script: &str| {
+        let mut c = Command::new(LOCKCTL);
+        c.args(["--endpoints", &endpoints, "--ca"])
+            .arg(&ca)
+            .args([
+                "lock",
+                "/locks/res",
+                "--on-expiry",
+                "keep",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .env("LOCKCTL", LOCKCTL)
+            .env("STORE", &store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        c
+    };
+    // The holder writes once it reads a line: its "delayed write".
+    let mut holder = lock_cmd(
+        "read line; exec \"$LOCKCTL\" fenced-write --store \"$STORE\" --lock \"$LOCK_PATH\" --token \"$LOCK_TOKEN\" k from-old-holder",
+    )
+    .spawn()
+    .unwrap();
+    let mut holder_out = BufReader::new(holder.stdout.take().unwrap()).lines();
+    let first = holder_out.next().unwrap().unwrap();
+    assert!(first.starts_with("acquired /locks/res"), "{first}");
+    let old_token: u64 = first
+        .split("token=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let waiter = lock_cmd(
+        "exec \"$LOCKCTL\" fenced-write --store \"$STORE\" --lock \"$LOCK_PATH\" --token \"$LOCK_TOKEN\" k from-new-holder",
+    )
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Pause the holder (lockctl and its command) past its 3 s lease.
+    let paused_at = Instant::now();
+    unsafe { libc::kill(-(holder.id() as i32), libc::SIGSTOP) };
+    let waited = waiter.wait_with_output().unwrap();
+    let took = paused_at.elapsed();
+    let wout = text(&waited);
+    assert!(waited.status.success(), "{wout}");
+    let new_token: u64 = wout
+        .split("token=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(new_token > old_token, "{new_token} > {old_token}");
+    assert!(wout.contains("wrote k under /locks/res"), "{wout}");
+    println!(
+        "FIGURE takeover: waiter granted {} ms after the holder was paused (lease 3000 ms, counted from its last KeepAlive up to 1 s before the pause)",
+        took.as_millis()
+    );
+
+    // Resume the holder and let it make its delayed write.
+    unsafe { libc::kill(-(holder.id() as i32), libc::SIGCONT) };
+    holder.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let held = holder.wait_with_output().unwrap();
+    let hout = format!(
+        "{}{}",
+        String::from_utf8_lossy(&held.stdout),
+        String::from_utf8_lossy(&held.stderr)
+    );
+    assert!(hout.contains("refused: stale fencing token"), "{hout}");
+    assert!(
+        hout.contains("session expired"),
+        "the holder's library reports expiry: {hout}"
+    );
+    assert_eq!(held.status.code(), Some(4), "{hout}");
+    let o = Command::new(LOCKCTL)
+        .args(["fenced-get", "--store"])
+        .arg(&store)
+        .arg("k")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "from-new-holder\n",
+        "{}",
+        text(&o)
+    );
+    assert!(stop_dev(dev).success());
 }

@@ -81,6 +81,7 @@ pub struct Lock {
     session: Session,
     path: String,
     mode: LockMode,
+    data: Vec<u8>,
 }
 
 /// A held lock. Release it with [`LockGuard::release`]; dropping it keeps the lock held
@@ -172,6 +173,7 @@ impl Lock {
             session: session.clone(),
             path: path.to_string(),
             mode: LockMode::Exclusive,
+            data: Vec::new(),
         }
     }
 
@@ -181,6 +183,7 @@ impl Lock {
             session: session.clone(),
             path: path.to_string(),
             mode: LockMode::Read,
+            data: Vec::new(),
         }
     }
 
@@ -190,7 +193,14 @@ impl Lock {
             session: session.clone(),
             path: path.to_string(),
             mode: LockMode::Write,
+            data: Vec::new(),
         }
+    }
+
+    /// Stores `data` in this contender's node (an election candidate's address, say).
+    pub fn with_data(mut self, data: Vec<u8>) -> Lock {
+        self.data = data;
+        self
     }
 
     /// Waits until the lock is held (or the session ends).
@@ -240,7 +250,10 @@ impl Lock {
             ephemeral: true,
             sequential: true,
         };
-        let created = self.session.create(&prefix, Vec::new(), mode).await?;
+        let created = self
+            .session
+            .create(&prefix, self.data.clone(), mode)
+            .await?;
         let node = created.path.clone();
         let mine = path::name(&node).to_string();
         let grant = |token| LockGuard {

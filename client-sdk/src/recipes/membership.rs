@@ -1,0 +1,105 @@
+//! Group membership: each member is an ephemeral child of the group node, so a member that
+//! dies leaves the group one lease later; the member list is read with a watch.
+//!
+//! ```no_run
+//! # async fn demo(session: client_sdk::Session) -> Result<(), client_sdk::Error> {
+//! use client_sdk::recipes::membership::Group;
+//! let group = Group::new(&session, "/services/indexer/members");
+//! group.join("worker-7", b"10.0.0.7:8080".to_vec()).await?;
+//! let (members, changed) = group.members_watch().await?;
+//! println!("{} members", members.len());
+//! changed.await?; // someone joined or left
+//! # Ok(()) }
+//! ```
+
+use wire::types::{CreateMode, NodeStat};
+use wire::{path, Error};
+
+use crate::session::Session;
+use crate::watch::Watch;
+
+/// A group at a path.
+#[derive(Clone)]
+pub struct Group {
+    session: Session,
+    path: String,
+}
+
+/// One member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its name (the child node's name).
+    pub name: String,
+    /// Its node's metadata (`ephemeral_owner` is its session).
+    pub stat: NodeStat,
+}
+
+impl Group {
+    /// The group at `path` (created on first join if missing; its parent must exist).
+    pub fn new(session: &Session, path: &str) -> Group {
+        Group {
+            session: session.clone(),
+            path: path.to_string(),
+        }
+    }
+
+    /// Joins as `name` with `data`; the membership lasts as long as this session.
+    pub async fn join(&self, name: &str, data: Vec<u8>) -> Result<(), Error> {
+        match self
+            .session
+            .create(&self.path, Vec::new(), CreateMode::default())
+            .await
+        {
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let mode = CreateMode {
+            ephemeral: true,
+            sequential: false,
+        };
+        self.session
+            .create(&path::join(&self.path, name), data, mode)
+            .await
+            .map(|_| ())
+    }
+
+    /// Leaves the group.
+    pub async fn leave(&self, name: &str) -> Result<(), Error> {
+        match self
+            .session
+            .delete(&path::join(&self.path, name), None)
+            .await
+        {
+            Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The members now (linearizable), in name order.
+    pub async fn members(&self) -> Result<Vec<Member>, Error> {
+        match self.session.children(&self.path).await {
+            Ok(kids) => Ok(kids
+                .into_iter()
+                .map(|(name, stat)| Member { name, stat })
+                .collect()),
+            Err(Error::NoNode { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The members now and a watch that fires when anyone joins or leaves.
+    pub async fn members_watch(&self) -> Result<(Vec<Member>, Watch), Error> {
+        let (kids, w) = self.session.children_watch(&self.path).await?;
+        Ok((
+            kids.into_iter()
+                .map(|(name, stat)| Member { name, stat })
+                .collect(),
+            w,
+        ))
+    }
+
+    /// One member's data.
+    pub async fn member_data(&self, name: &str) -> Result<Vec<u8>, Error> {
+        Ok(self.session.get(&path::join(&self.path, name)).await?.0)
+    }
+}
