@@ -34,7 +34,26 @@ pub struct ClientConfig {
     pub agent: String,
 }
 
+/// The endpoints of a local `lockctl dev` cell.
+pub const DEV_ENDPOINTS: &str =
+    "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105";
+
 impl ClientConfig {
+    /// From the environment shared with `lockctl`: `LOCKCTL_ENDPOINTS` (comma-separated,
+    /// default: the local dev cell) and `LOCKCTL_CA` (default `cell-data/tls/ca.pem`).
+    pub fn from_env() -> ClientConfig {
+        let endpoints = std::env::var("LOCKCTL_ENDPOINTS").unwrap_or_else(|_| DEV_ENDPOINTS.into());
+        let ca = std::env::var("LOCKCTL_CA").unwrap_or_else(|_| "cell-data/tls/ca.pem".into());
+        ClientConfig::new(
+            endpoints
+                .split(',')
+                .map(|e| e.trim().to_string())
+                .filter(|e| !e.is_empty())
+                .collect(),
+            ca.into(),
+        )
+    }
+
     /// Defaults for the given endpoints and CA file.
     pub fn new(endpoints: Vec<String>, ca: PathBuf) -> ClientConfig {
         ClientConfig {
