@@ -371,6 +371,16 @@ impl Session {
         }
     }
 
+    /// The sequential sibling just below `path` (by sequence number), if any; `NoNode` if
+    /// `path` itself is gone. Linearizable.
+    pub async fn predecessor(&self, path: &str) -> Result<Option<Predecessor>, Error> {
+        wire::path::validate(path)?;
+        match self.read(Op::Predecessor { path: path.into() }).await? {
+            Reply::Predecessor { predecessor } => Ok(predecessor),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Asks the cell whether `sequencer` is still the current holder of its lock.
     pub async fn check_sequencer(&self, sequencer: &crate::Sequencer) -> Result<bool, Error> {
         check_sequencer(&self.inner.client, sequencer).await
@@ -584,6 +594,9 @@ pub(crate) async fn check_sequencer(
     }
 }
 
+/// How often the event loop checks that its stream is still at the replica requests reach.
+const STREAM_LEADER_CHECK: Duration = Duration::from_millis(500);
+
 /// Keeps the session's event stream open at the leader, dispatches watch events, and after
 /// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
 /// when the serving replica changed, announces a fail-over.
@@ -622,9 +635,36 @@ async fn event_loop(inner: Arc<Inner>) {
         }
         serving = Some(addr);
         connected_before = true;
+        // Frames are read by their own task (a frame read is not cancel-safe), so the
+        // leader check below can interrupt the wait without losing bytes.
+        let (frames_tx, mut frames) = tokio::sync::mpsc::channel(256);
+        let reader = tokio::spawn(async move {
+            loop {
+                let frame: Result<wire::types::Response, Error> =
+                    wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;
+                let end = !matches!(frame, Ok(Ok(_)));
+                if frames_tx.send(frame).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        let mut check = tokio::time::interval(STREAM_LEADER_CHECK);
+        check.tick().await;
         loop {
-            let frame: Result<wire::types::Response, Error> =
-                wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;
+            let frame = tokio::select! {
+                f = frames.recv() => match f {
+                    Some(f) => f,
+                    None => break,
+                },
+                _ = check.tick() => {
+                    // Requests found another leader (this one may be deposed without
+                    // knowing it yet): move the stream there.
+                    if inner.client.leader_hint().is_some_and(|l| l != addr) {
+                        break;
+                    }
+                    continue;
+                }
+            };
             match frame {
                 Ok(Ok(Reply::Event(ev))) => {
                     inner.watch_events.fetch_add(1, Ordering::Relaxed);
@@ -641,6 +681,7 @@ async fn event_loop(inner: Arc<Inner>) {
                 Err(_) => break,
             }
         }
+        reader.abort();
     }
 }
 

@@ -387,6 +387,17 @@ impl Gateway {
                 reason: "Events needs its own stream".into(),
             }),
             Op::Rewatch { watches } => self.rewatch(&req, watches).await,
+            Op::Predecessor { path } => {
+                path::validate(&path)?;
+                self.gate.confirm().await?;
+                let s = self.state.read().expect("state lock");
+                if s.sm.node(&path).is_none() {
+                    return Err(Error::NoNode { path });
+                }
+                Ok(Reply::Predecessor {
+                    predecessor: s.sm.predecessor(&path),
+                })
+            }
             Op::CheckSequencer {
                 path,
                 token,

@@ -270,6 +270,13 @@ pub enum Op {
         /// The holder's session.
         session: SessionId,
     },
+    /// The sequential sibling just below a node (by sequence number), linearizable: what a
+    /// woken lock waiter needs instead of listing every waiter. `NoNode` if the node itself
+    /// is gone. Reply: [`Reply::Predecessor`].
+    Predecessor {
+        /// The node's full path.
+        path: String,
+    },
 }
 
 impl Op {
@@ -293,6 +300,7 @@ impl Op {
             Op::Events => "Events",
             Op::Rewatch { .. } => "Rewatch",
             Op::CheckSequencer { .. } => "CheckSequencer",
+            Op::Predecessor { .. } => "Predecessor",
         }
     }
 
@@ -397,6 +405,11 @@ pub enum Reply {
     Sequencer {
         /// True while the sequencer's node still exists with that token and owner.
         current: bool,
+    },
+    /// The answer to [`Op::Predecessor`].
+    Predecessor {
+        /// The sibling just below, if any.
+        predecessor: Option<Predecessor>,
     },
 }
 

@@ -270,17 +270,46 @@ impl Lock {
         if created.predecessor.is_none() {
             return Ok(Some(grant(created.stat.create_index)));
         }
+        // For exclusive and write modes the node just below ours when the create applied
+        // is the one to wait for: no listing needed (2 000 contenders would otherwise each
+        // list 2 000 children at once). Readers wait for the nearest earlier writer, which
+        // only a listing shows.
+        let mut known_blocker = match (self.mode, &created.predecessor) {
+            (LockMode::Read, _) | (_, None) => None,
+            (_, Some(p)) => Some(p.name.clone()),
+        };
         loop {
-            let children = self.session.children(&self.path).await?;
-            if !children.iter().any(|(n, _)| *n == mine) {
-                // Our node is gone: only the session's end removes it behind our back.
-                return Err(Error::SessionExpired {
-                    session: self.session.id(),
-                });
-            }
-            let Some(block) = blocker(&children, &mine, self.mode) else {
-                return Ok(Some(grant(created.stat.create_index)));
+            let block = match known_blocker.take() {
+                Some(b) => b,
+                // Exclusive and write modes ask for the sibling just below (one small read)
+                // rather than listing every waiter after each wake-up.
+                None if self.mode != LockMode::Read => {
+                    match self.session.predecessor(&node).await {
+                        Ok(Some(p)) => p.name,
+                        Ok(None) => return Ok(Some(grant(created.stat.create_index))),
+                        Err(Error::NoNode { .. }) => {
+                            return Err(Error::SessionExpired {
+                                session: self.session.id(),
+                            })
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => {
+                    let children = self.session.children(&self.path).await?;
+                    if !children.iter().any(|(n, _)| *n == mine) {
+                        // Our node is gone: only the session's end removes it behind our back.
+                        return Err(Error::SessionExpired {
+                            session: self.session.id(),
+                        });
+                    }
+                    match blocker(&children, &mine, self.mode) {
+                        Some(b) => b.to_string(),
+                        None => return Ok(Some(grant(created.stat.create_index))),
+                    }
+                }
             };
+            let block = block.as_str();
             let deadline = match wait {
                 Wait::No => return self.give_up(&node).await,
                 Wait::Until(d) => d,
