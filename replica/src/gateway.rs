@@ -17,6 +17,7 @@ use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp, Watch
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
+use crate::actors::cacher_list::{Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
@@ -38,6 +39,8 @@ pub struct Gateway {
     pub sessions: Addr<SessionManager>,
     /// Where watches are armed and event streams attached.
     pub watches: Addr<WatchTableActor>,
+    /// Who caches what; holds writes to cached nodes.
+    pub cachers: Addr<CacherListActor>,
     /// Leadership checks for linearizable reads.
     pub gate: ReadGate,
     /// The applied state, for reads.
@@ -46,6 +49,23 @@ pub struct Gateway {
     pub lease_ms: u64,
     /// Group-commit counters of the log store.
     pub log_stats: std::sync::Arc<crate::raft::log_store::FlushStats>,
+}
+
+/// The nodes a write may change whose cached values must be dropped first: created
+/// (non-sequential: a cached absence), deleted and rewritten nodes. Sequential creates make
+/// names no one can have cached.
+pub fn cached_paths(ops: &[TxnOp]) -> Vec<String> {
+    let mut paths: Vec<String> = ops
+        .iter()
+        .filter_map(|op| match op {
+            TxnOp::Create { path, mode, .. } if !mode.sequential => Some(path.clone()),
+            TxnOp::Delete { path, .. } | TxnOp::SetData { path, .. } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
 }
 
 /// Accepts connections until the endpoint is closed.
@@ -175,14 +195,58 @@ impl Gateway {
         {
             return Err(e);
         }
-        self.propose(Command::Write {
+        let paths = cached_paths(&ops);
+        let cmd = Command::Write {
             session: req.session,
             request_id: req.request_id,
             ack_below: req.ack_below,
             ops,
             single,
-        })
-        .await
+        };
+        self.propose_held(paths, cmd).await
+    }
+
+    /// Proposes `cmd` after every cacher of `paths` dropped them (Chubby's rule), keeping
+    /// the nodes uncachable until the command is applied.
+    pub async fn propose_held(&self, paths: Vec<String>, cmd: Command) -> Response {
+        if paths.is_empty() {
+            return self.propose(cmd).await;
+        }
+        let hold = self
+            .cachers
+            .send(Hold(paths))
+            .await
+            .map_err(|e| Error::Internal { reason: format!("cacher list: {e}") })??;
+        let r = self.propose(cmd).await;
+        self.cachers.do_send(Release(hold));
+        r
+    }
+
+    /// A read for caching: the value (or absence), and whether this session was recorded
+    /// as a cacher (atomically with the read, see `leader::cachers`).
+    async fn cached_get(&self, req: &Request, p: &str) -> Response {
+        path::validate(p)?;
+        if req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        self.gate.confirm().await?;
+        let internal = |e: actix::MailboxError| Error::Internal { reason: format!("cacher list: {e}") };
+        let epoch = self.cachers.send(BeginRead(p.to_string())).await.map_err(internal)?;
+        let (value, index) = {
+            let s = self.state.read().expect("state lock");
+            s.sm.check_session(req.session)?;
+            let value = s.sm.node(p).map(|n| (n.data.clone(), n.stat()));
+            (value, s.sm.last_index())
+        };
+        let cachable = match epoch {
+            Some(epoch) => self
+                .cachers
+                .send(Record { session: req.session, path: p.to_string(), epoch })
+                .await
+                .map_err(internal)?,
+            None => false,
+        };
+        Ok(Reply::CachedData { value, index, cachable })
     }
 
     /// A linearizable read; with `watch`, a one-shot watch armed at the index the read
@@ -304,7 +368,7 @@ impl Gateway {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         self.watches.do_send(Connect { session, tx });
         while let Some(ev) = rx.recv().await {
-            let item: Response = Ok(Reply::Event(ev));
+            let item: Response = Ok(ev);
             if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)
                 .await
                 .is_err()
@@ -346,10 +410,12 @@ impl Gateway {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
-                self.propose(Command::CloseSession {
-                    session: req.session,
-                })
-                .await
+                // Its ephemeral nodes vanish: drop cached copies first.
+                let ephemerals: Vec<String> = {
+                    let s = self.state.read().expect("state lock");
+                    s.sm.session(req.session).map(|x| x.ephemerals.iter().cloned().collect()).unwrap_or_default()
+                };
+                self.propose_held(ephemerals, Command::CloseSession { session: req.session }).await
             }
             Op::Create { path, data, mode } => {
                 self.write(&req, vec![TxnOp::Create { path, data, mode }], true)
@@ -410,7 +476,15 @@ impl Gateway {
                     current: s.sm.sequencer_current(&path, token, session),
                 })
             }
-            Op::Status => Ok(Reply::Status(self.status())),
+            Op::Status => Ok(Reply::Status(self.status().await)),
+            Op::CachedGet { path } => self.cached_get(&req, &path).await,
+            Op::AckInvalidations { ids } => {
+                if req.session == 0 {
+                    return Err(Error::SessionRequired);
+                }
+                self.cachers.do_send(Ack { session: req.session, ids });
+                Ok(Reply::Acked)
+            }
             Op::AddLearner { id, addr } => {
                 if addr.parse::<std::net::SocketAddr>().is_err() {
                     return Err(Error::BadRequest {
@@ -433,7 +507,8 @@ impl Gateway {
     }
 
     /// This replica's view of the cell.
-    pub fn status(&self) -> Status {
+    pub async fn status(&self) -> Status {
+        let stats = self.cachers.send(Stats).await.ok();
         let m = self.raft.metrics().borrow().clone();
         let members = members(&self.raft);
         let leader = m.current_leader.and_then(|l| {
@@ -471,6 +546,8 @@ impl Gateway {
                 .log_stats
                 .syncs
                 .load(std::sync::atomic::Ordering::Relaxed),
+            cachers: stats.map_or(0, |s| s.cachers),
+            oldest_invalidation_ms: stats.map_or(0, |s| s.oldest_invalidation_ms),
         }
     }
 }

@@ -12,6 +12,7 @@ use wire::hello::{ALPN_CLIENT, ALPN_PEER};
 
 use crate::actors::raft_node::RaftNode;
 use crate::actors::session_manager::{AppliedMsg, SessionManager};
+use crate::actors::cacher_list::CacherListActor;
 use crate::actors::snapshotter::Snapshotter;
 use crate::actors::watch_table::WatchTableActor;
 use crate::config::ReplicaConfig;
@@ -100,9 +101,14 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
     let timeout = Duration::from_millis(cfg.request_timeout_ms);
     let gate = ReadGate::start(raft.clone(), timeout);
     let watch_table = WatchTableActor::new(state.clone()).start();
+    let cacher_list = CacherListActor::new(watch_table.clone()).start();
     let mut raft_node_addr = None;
     let session_manager = SessionManager::create(|ctx| {
-        let subscribers = vec![ctx.address().recipient(), watch_table.clone().recipient()];
+        let subscribers = vec![
+            ctx.address().recipient(),
+            watch_table.clone().recipient(),
+            cacher_list.clone().recipient(),
+        ];
         let rn = RaftNode::new(raft.clone(), timeout, subscribers).start();
         raft_node_addr = Some(rn.clone());
         SessionManager::new(
@@ -113,14 +119,17 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
             Duration::from_millis(cfg.session.checkpoint_interval_ms),
             Duration::from_millis(cfg.session.expiry_scan_interval_ms),
         )
+        .with_cachers(cacher_list.clone())
     });
     let raft_node = raft_node_addr.expect("raft node started");
 
     let sm_for_applied = session_manager.clone();
     let wt_for_applied = watch_table.clone();
+    let cl_for_applied = cacher_list.clone();
     tokio::spawn(async move {
         while let Some(a) = applied_rx.recv().await {
             wt_for_applied.do_send(AppliedMsg(a.clone()));
+            cl_for_applied.do_send(AppliedMsg(a.clone()));
             sm_for_applied.do_send(AppliedMsg(a));
         }
     });
@@ -131,6 +140,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         raft_node,
         sessions: session_manager,
         watches: watch_table,
+        cachers: cacher_list.clone(),
         gate,
         state,
         lease_ms: cfg.session.lease_ms,

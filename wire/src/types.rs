@@ -149,6 +149,10 @@ pub struct Status {
     pub log_appends: u64,
     /// fsyncs that made them durable (fewer than appends when group commit batches them).
     pub log_syncs: u64,
+    /// (session, node) cacher records on this leader.
+    pub cachers: u64,
+    /// Age of the oldest invalidation still waiting for acknowledgements, in ms (0 if none).
+    pub oldest_invalidation_ms: u64,
 }
 
 /// A request from a client (or proxy) to a replica.
@@ -270,6 +274,20 @@ pub enum Op {
         /// The holder's session.
         session: SessionId,
     },
+    /// Read a node (or its absence) to cache it: like `Get`, and the leader records this
+    /// session as a cacher of the node unless a write to it is in progress. Before any
+    /// later write to the node commits, the leader sends the session an
+    /// [`Reply::Invalidate`] on its event stream and waits for the acknowledgement (or for
+    /// the session's lease to run out). Reply: [`Reply::CachedData`].
+    CachedGet {
+        /// Path.
+        path: String,
+    },
+    /// Acknowledge invalidations received on the event stream: the values are dropped.
+    AckInvalidations {
+        /// The invalidations' ids.
+        ids: Vec<u64>,
+    },
     /// The sequential sibling just below a node (by sequence number), linearizable: what a
     /// woken lock waiter needs instead of listing every waiter. `NoNode` if the node itself
     /// is gone. Reply: [`Reply::Predecessor`].
@@ -301,6 +319,8 @@ impl Op {
             Op::Rewatch { .. } => "Rewatch",
             Op::CheckSequencer { .. } => "CheckSequencer",
             Op::Predecessor { .. } => "Predecessor",
+            Op::CachedGet { .. } => "CachedGet",
+            Op::AckInvalidations { .. } => "AckInvalidations",
         }
     }
 
@@ -411,6 +431,27 @@ pub enum Reply {
         /// The sibling just below, if any.
         predecessor: Option<Predecessor>,
     },
+    /// The answer to [`Op::CachedGet`].
+    CachedData {
+        /// The node's data and metadata, or `None` if it does not exist (absence may be
+        /// cached too).
+        value: Option<(Vec<u8>, NodeStat)>,
+        /// Log index the read reflects.
+        index: LogIndex,
+        /// True when the session was recorded as a cacher and may cache the answer; false
+        /// while a write to the node is in progress (use it, do not cache it).
+        cachable: bool,
+    },
+    /// On the event stream: drop these cached values, then acknowledge with
+    /// [`Op::AckInvalidations`]. A write to them is waiting for it.
+    Invalidate {
+        /// Identifies the invalidation in the acknowledgement.
+        id: u64,
+        /// The nodes whose cached values must be dropped.
+        paths: Vec<String>,
+    },
+    /// Acknowledgements received.
+    Acked,
 }
 
 /// What a watch waits for.

@@ -9,9 +9,11 @@
 //!
 //! - [`watch_table::WatchTableActor`]: one-shot watches and each session's event stream.
 //!
-//! The cacher list (issue 4) joins as an actor fed by the same
-//! [`crate::raft::sm_store::Applied`] stream.
+//! - [`cacher_list::CacherListActor`]: who caches which node; holds writes to cached nodes
+//!   until every cacher dropped the value. Fed by the same
+//!   [`crate::raft::sm_store::Applied`] stream.
 
+pub mod cacher_list;
 pub mod raft_node;
 pub mod session_manager;
 pub mod snapshotter;

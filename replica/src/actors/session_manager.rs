@@ -21,6 +21,7 @@ use wire::command::{Command, Effect, LeaseCheckpoint};
 use wire::types::{Reply, SessionId};
 use wire::Error;
 
+use crate::actors::cacher_list::{CacherListActor, Hold, LeaseExpired, Release};
 use crate::actors::raft_node::{LeadershipChanged, Propose, RaftNode};
 use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
 use crate::leader::read_gate::ReadGate;
@@ -69,6 +70,7 @@ pub struct SessionManager {
     leading_term: Option<u64>,
     generation: u64,
     waiting: HashMap<SessionId, Vec<Waiter>>,
+    cachers: Option<Addr<CacherListActor>>,
 }
 
 impl SessionManager {
@@ -91,7 +93,15 @@ impl SessionManager {
             leading_term: None,
             generation: 0,
             waiting: HashMap::new(),
+            cachers: None,
         }
+    }
+
+    /// Expiries delete ephemeral nodes: hold them through `cachers` first, so no client
+    /// keeps a cached copy of a node that is gone.
+    pub fn with_cachers(mut self, cachers: Addr<CacherListActor>) -> SessionManager {
+        self.cachers = Some(cachers);
+        self
     }
 
     fn take_waiters(&mut self, ids: &[SessionId]) -> Vec<(SessionId, Waiter)> {
@@ -125,9 +135,30 @@ impl SessionManager {
             }
             let ids = expired.clone();
             let generation = self.generation;
-            let fut = self
-                .raft_node
-                .send(Propose(Command::ExpireSessions { sessions: expired }));
+            let ephemerals: Vec<String> = {
+                let s = self.state.read().expect("state lock");
+                expired
+                    .iter()
+                    .filter_map(|id| s.sm.session(*id))
+                    .flat_map(|sess| sess.ephemerals.iter().cloned())
+                    .collect()
+            };
+            if let Some(c) = &self.cachers {
+                c.do_send(LeaseExpired(expired.clone()));
+            }
+            let cachers = self.cachers.clone();
+            let raft_node = self.raft_node.clone();
+            let fut = async move {
+                let hold = match (&cachers, ephemerals.is_empty()) {
+                    (Some(c), false) => c.send(Hold(ephemerals)).await.ok().and_then(Result::ok),
+                    _ => None,
+                };
+                let r = raft_node.send(Propose(Command::ExpireSessions { sessions: expired })).await;
+                if let (Some(c), Some(id)) = (&cachers, hold) {
+                    c.do_send(Release(id));
+                }
+                r
+            };
             ctx.spawn(fut.into_actor(self).map(move |r, act, _| {
                 if act.generation != generation {
                     return;

@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use actix::{Actor, Context, Handler, Message};
 use tokio::sync::mpsc;
 use wire::command::Effect;
-use wire::types::{LogIndex, SessionId, WatchEvent, WatchKind};
+use wire::types::{LogIndex, Reply, SessionId, WatchEvent, WatchKind};
 
 use crate::actors::raft_node::LeadershipChanged;
 use crate::actors::session_manager::AppliedMsg;
@@ -43,8 +43,18 @@ pub struct Arm {
 pub struct Connect {
     /// The session.
     pub session: SessionId,
-    /// Where its events go.
-    pub tx: mpsc::UnboundedSender<WatchEvent>,
+    /// Where its stream items go.
+    pub tx: mpsc::UnboundedSender<Reply>,
+}
+
+/// Send an item (an invalidation) on a session's event stream.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Push {
+    /// The session.
+    pub session: SessionId,
+    /// The item.
+    pub item: Reply,
 }
 
 /// Number of armed watches, and of those on one path.
@@ -63,8 +73,8 @@ pub struct WatchCounts {
 
 #[derive(Default)]
 struct Sink {
-    tx: Option<mpsc::UnboundedSender<WatchEvent>>,
-    pending: VecDeque<WatchEvent>,
+    tx: Option<mpsc::UnboundedSender<Reply>>,
+    pending: VecDeque<Reply>,
 }
 
 /// The actor.
@@ -84,7 +94,7 @@ impl WatchTableActor {
         }
     }
 
-    fn deliver(&mut self, session: SessionId, ev: WatchEvent) {
+    fn deliver(&mut self, session: SessionId, ev: Reply) {
         let sink = self.sinks.entry(session).or_default();
         if let Some(tx) = &sink.tx {
             match tx.send(ev) {
@@ -126,7 +136,7 @@ impl Handler<Arm> for WatchTableActor {
         match changed {
             Some(ev) => {
                 if msg.deliver {
-                    self.deliver(msg.session, ev.clone());
+                    self.deliver(msg.session, Reply::Event(ev.clone()));
                 }
                 Some(ev)
             }
@@ -146,7 +156,7 @@ impl Handler<AppliedMsg> for WatchTableActor {
             return;
         };
         for (session, ev) in self.table.apply(index, &effects) {
-            self.deliver(session, ev);
+            self.deliver(session, Reply::Event(ev));
         }
         for e in &effects {
             if let Effect::SessionEnded { session } = e {
@@ -154,6 +164,14 @@ impl Handler<AppliedMsg> for WatchTableActor {
                 self.sinks.remove(session);
             }
         }
+    }
+}
+
+impl Handler<Push> for WatchTableActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Push, _: &mut Context<Self>) {
+        self.deliver(msg.session, msg.item);
     }
 }
 

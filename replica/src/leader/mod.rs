@@ -6,6 +6,7 @@
 //! The watch table and the cacher list will live here too: both are lost on fail-over by
 //! design (clients re-register watches and flush caches on the fail-over event).
 
+pub mod cachers;
 pub mod leases;
 pub mod read_gate;
 pub mod watch_table;

@@ -1,0 +1,204 @@
+//! The cacher-list actor (leader-only): records cached reads, holds writes to cached nodes
+//! until every cacher dropped the value (or its session ended), and sends the
+//! invalidations on the sessions' event streams. The logic is [`Cachers`].
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
+use tokio::sync::oneshot;
+use wire::command::Effect;
+use wire::types::{Reply, SessionId};
+use wire::Error;
+
+use crate::actors::raft_node::LeadershipChanged;
+use crate::actors::session_manager::AppliedMsg;
+use crate::actors::watch_table::{Push, WatchTableActor};
+use crate::leader::cachers::Cachers;
+use crate::raft::sm_store::Applied;
+
+/// Phase one of a cached read: the node's hold epoch, `None` while it is uncachable.
+#[derive(Message)]
+#[rtype(result = "Option<u64>")]
+pub struct BeginRead(pub String);
+
+/// Phase two: record the cacher if no hold started since `epoch`.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Record {
+    /// The reading session.
+    pub session: SessionId,
+    /// The node.
+    pub path: String,
+    /// From [`BeginRead`].
+    pub epoch: u64,
+}
+
+/// Hold a write to `paths`: resolves with the hold's id once every cacher dropped them.
+#[derive(Message)]
+#[rtype(result = "Result<u64, Error>")]
+pub struct Hold(pub Vec<String>);
+
+/// The held write was applied or failed: the nodes become cachable again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Release(pub u64);
+
+/// A session acknowledged invalidations.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Ack {
+    /// The session.
+    pub session: SessionId,
+    /// Invalidation ids.
+    pub ids: Vec<u64>,
+}
+
+/// These sessions' leases ran out at the leader: their clients' own leases (which run from
+/// when they sent their KeepAlives) ended earlier still, so they serve nothing from their
+/// caches any more. Holds stop waiting for them.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LeaseExpired(pub Vec<SessionId>);
+
+/// Number of cacher records and age of the oldest waiting invalidation (ms).
+#[derive(Message)]
+#[rtype(result = "CacherStats")]
+pub struct Stats;
+
+/// The answer to [`Stats`].
+#[derive(Debug, Clone, Copy, actix::MessageResponse)]
+pub struct CacherStats {
+    /// (session, node) records.
+    pub cachers: u64,
+    /// Age of the oldest waiting invalidation, ms.
+    pub oldest_invalidation_ms: u64,
+}
+
+/// The actor.
+pub struct CacherListActor {
+    cachers: Cachers,
+    streams: Addr<WatchTableActor>,
+    waiters: HashMap<u64, oneshot::Sender<()>>,
+}
+
+impl CacherListActor {
+    /// Sends invalidations through the event streams `streams` manages.
+    pub fn new(streams: Addr<WatchTableActor>) -> CacherListActor {
+        CacherListActor { cachers: Cachers::new(), streams, waiters: HashMap::new() }
+    }
+
+    fn complete(&mut self, id: u64) {
+        if let Some(tx) = self.waiters.remove(&id) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Actor for CacherListActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<BeginRead> for CacherListActor {
+    type Result = Option<u64>;
+
+    fn handle(&mut self, msg: BeginRead, _: &mut Context<Self>) -> Option<u64> {
+        self.cachers.begin_read(&msg.0)
+    }
+}
+
+impl Handler<Record> for CacherListActor {
+    type Result = bool;
+
+    fn handle(&mut self, msg: Record, _: &mut Context<Self>) -> bool {
+        self.cachers.record(msg.session, &msg.path, msg.epoch)
+    }
+}
+
+impl Handler<Hold> for CacherListActor {
+    type Result = ResponseFuture<Result<u64, Error>>;
+
+    fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
+        let (id, sends) = self.cachers.hold(&msg.0, Instant::now());
+        for (session, paths) in sends {
+            self.streams.do_send(Push { session, item: Reply::Invalidate { id, paths } });
+        }
+        if self.cachers.hold_complete(id) {
+            return Box::pin(async move { Ok(id) });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.waiters.insert(id, tx);
+        Box::pin(async move {
+            rx.await.map(|_| id).map_err(|_| Error::NotLeader { leader_id: None, leader_addr: None })
+        })
+    }
+}
+
+impl Handler<Release> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        self.cachers.release(msg.0);
+    }
+}
+
+impl Handler<Ack> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Ack, _: &mut Context<Self>) {
+        for id in msg.ids {
+            if self.cachers.ack(msg.session, id) {
+                self.complete(id);
+            }
+        }
+    }
+}
+
+impl Handler<LeaseExpired> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaseExpired, _: &mut Context<Self>) {
+        for session in msg.0 {
+            for id in self.cachers.session_ended(session) {
+                self.complete(id);
+            }
+        }
+    }
+}
+
+impl Handler<AppliedMsg> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AppliedMsg, _: &mut Context<Self>) {
+        let Applied::Effects { effects, .. } = msg.0 else { return };
+        for e in effects {
+            if let Effect::SessionEnded { session } = e {
+                for id in self.cachers.session_ended(session) {
+                    self.complete(id);
+                }
+            }
+        }
+    }
+}
+
+impl Handler<LeadershipChanged> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, _: LeadershipChanged, _: &mut Context<Self>) {
+        // Volatile: clients flush their caches on the fail-over event. Waiting writes fail
+        // (their senders are dropped) and are retried at the new leader.
+        self.cachers.clear();
+        self.waiters.clear();
+    }
+}
+
+impl Handler<Stats> for CacherListActor {
+    type Result = CacherStats;
+
+    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> CacherStats {
+        CacherStats {
+            cachers: self.cachers.len() as u64,
+            oldest_invalidation_ms: self.cachers.oldest_waiting(Instant::now()).as_millis() as u64,
+        }
+    }
+}

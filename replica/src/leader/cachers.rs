@@ -1,0 +1,250 @@
+//! The cacher list: who caches which node, and the invalidations a write waits for.
+//!
+//! Chubby's rule: a write to a cached node is held until every session that may cache it
+//! has dropped the value. A hold marks its nodes *uncachable* (reads meanwhile get the
+//! committed, old value and are not recorded as cachers), invalidates every cacher of
+//! them, and completes once each has acknowledged or its session ended (its lease ran out
+//! at the leader: the client's own lease, which runs from when it sent its KeepAlive,
+//! ended earlier still). Then the write is proposed; once it is applied the hold is
+//! released and the nodes become cachable again.
+//!
+//! Recording is two-phase to be atomic with the read: [`Cachers::begin_read`] returns the
+//! node's hold epoch (or `None` while it is uncachable), the read happens, and
+//! [`Cachers::record`] accepts the cacher only if no hold started since. A hold that
+//! starts after `begin_read` therefore either sees the cacher (and invalidates it) or
+//! makes the read uncachable.
+//!
+//! Leader-local and volatile: lost on fail-over; clients flush their caches then.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use wire::types::SessionId;
+
+/// One hold in progress.
+#[derive(Debug)]
+struct Hold {
+    paths: Vec<String>,
+    waiting: HashSet<SessionId>,
+    started: Instant,
+}
+
+/// What a new hold must send: `(session, invalidation id, paths)` per cacher.
+pub type Invalidations = Vec<(SessionId, Vec<String>)>;
+
+/// The table.
+#[derive(Debug, Default)]
+pub struct Cachers {
+    by_path: HashMap<String, HashSet<SessionId>>,
+    by_session: HashMap<SessionId, HashSet<String>>,
+    /// Holds in progress per path (several writes may wait on one node).
+    holding: HashMap<String, u32>,
+    /// Bumped whenever a hold starts on the path.
+    epoch: HashMap<String, u64>,
+    holds: HashMap<u64, Hold>,
+    next_hold: u64,
+}
+
+impl Cachers {
+    /// An empty table.
+    pub fn new() -> Cachers {
+        Cachers::default()
+    }
+
+    /// Number of (session, node) records.
+    pub fn len(&self) -> usize {
+        self.by_session.values().map(HashSet::len).sum()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Phase one of a cached read: the node's epoch, or `None` while a write holds it.
+    pub fn begin_read(&self, path: &str) -> Option<u64> {
+        if self.holding.get(path).copied().unwrap_or(0) > 0 {
+            return None;
+        }
+        Some(self.epoch.get(path).copied().unwrap_or(0))
+    }
+
+    /// Phase two: records `session` as a cacher of `path` if no hold started since
+    /// `begin_read` returned `epoch`. Returns whether the reader may cache.
+    pub fn record(&mut self, session: SessionId, path: &str, epoch: u64) -> bool {
+        if self.begin_read(path) != Some(epoch) {
+            return false;
+        }
+        self.by_path.entry(path.to_string()).or_default().insert(session);
+        self.by_session.entry(session).or_default().insert(path.to_string());
+        true
+    }
+
+    /// Starts a hold on `paths`: marks them uncachable and returns the hold's id with the
+    /// invalidations to send (empty when nobody caches them: the hold is then complete).
+    pub fn hold(&mut self, paths: &[String], now: Instant) -> (u64, Invalidations) {
+        self.next_hold += 1;
+        let id = self.next_hold;
+        let mut per_session: HashMap<SessionId, Vec<String>> = HashMap::new();
+        for p in paths {
+            *self.holding.entry(p.clone()).or_default() += 1;
+            *self.epoch.entry(p.clone()).or_default() += 1;
+            for s in self.by_path.get(p).into_iter().flatten() {
+                per_session.entry(*s).or_default().push(p.clone());
+            }
+        }
+        let waiting: HashSet<SessionId> = per_session.keys().copied().collect();
+        self.holds.insert(id, Hold { paths: paths.to_vec(), waiting, started: now });
+        let mut sends: Invalidations = per_session.into_iter().collect();
+        sends.sort();
+        (id, sends)
+    }
+
+    /// True once every cacher of the hold acknowledged or ended.
+    pub fn hold_complete(&self, id: u64) -> bool {
+        self.holds.get(&id).is_none_or(|h| h.waiting.is_empty())
+    }
+
+    /// `session` acknowledged invalidation `id`: it no longer caches those nodes. Returns
+    /// whether the hold just completed.
+    pub fn ack(&mut self, session: SessionId, id: u64) -> bool {
+        let Some(h) = self.holds.get_mut(&id) else { return false };
+        if !h.waiting.remove(&session) {
+            return false;
+        }
+        let paths = h.paths.clone();
+        let done = h.waiting.is_empty();
+        for p in &paths {
+            self.forget(session, p);
+        }
+        done
+    }
+
+    /// A session ended: it caches nothing. Returns the holds that completed.
+    pub fn session_ended(&mut self, session: SessionId) -> Vec<u64> {
+        for p in self.by_session.remove(&session).unwrap_or_default() {
+            if let Some(set) = self.by_path.get_mut(&p) {
+                set.remove(&session);
+                if set.is_empty() {
+                    self.by_path.remove(&p);
+                }
+            }
+        }
+        let mut done = Vec::new();
+        for (id, h) in self.holds.iter_mut() {
+            if h.waiting.remove(&session) && h.waiting.is_empty() {
+                done.push(*id);
+            }
+        }
+        done.sort_unstable();
+        done
+    }
+
+    /// The write under hold `id` was applied (or failed): its nodes become cachable again.
+    pub fn release(&mut self, id: u64) {
+        let Some(h) = self.holds.remove(&id) else { return };
+        for p in h.paths {
+            if let Some(n) = self.holding.get_mut(&p) {
+                *n -= 1;
+                if *n == 0 {
+                    self.holding.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// Age of the oldest hold still waiting for acknowledgements.
+    pub fn oldest_waiting(&self, now: Instant) -> Duration {
+        self.holds
+            .values()
+            .filter(|h| !h.waiting.is_empty())
+            .map(|h| now.duration_since(h.started))
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Forgets everything (leadership lost).
+    pub fn clear(&mut self) {
+        *self = Cachers::default();
+    }
+
+    fn forget(&mut self, session: SessionId, path: &str) {
+        if let Some(set) = self.by_path.get_mut(path) {
+            set.remove(&session);
+            if set.is_empty() {
+                self.by_path.remove(path);
+            }
+        }
+        if let Some(set) = self.by_session.get_mut(&session) {
+            set.remove(path);
+            if set.is_empty() {
+                self.by_session.remove(&session);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<String> {
+        vec![s.to_string()]
+    }
+
+    #[test]
+    fn hold_waits_for_every_cacher_then_releases() {
+        let now = Instant::now();
+        let mut c = Cachers::new();
+        let e = c.begin_read("/cfg").unwrap();
+        assert!(c.record(1, "/cfg", e));
+        assert!(c.record(2, "/cfg", e));
+        let (id, sends) = c.hold(&p("/cfg"), now);
+        assert_eq!(sends, vec![(1, p("/cfg")), (2, p("/cfg"))]);
+        assert!(!c.hold_complete(id));
+        // Uncachable meanwhile.
+        assert_eq!(c.begin_read("/cfg"), None);
+        assert!(!c.ack(1, id));
+        assert!(c.ack(2, id), "complete when the last cacher acknowledges");
+        assert!(c.hold_complete(id));
+        assert!(c.is_empty(), "acknowledging cachers cache nothing any more");
+        c.release(id);
+        assert!(c.begin_read("/cfg").is_some());
+    }
+
+    #[test]
+    fn a_read_racing_a_hold_is_not_recorded() {
+        let now = Instant::now();
+        let mut c = Cachers::new();
+        let e = c.begin_read("/cfg").unwrap();
+        // A write holds and completes (nobody cached) and is released before the read's
+        // record arrives: the read saw the old value and must not be cached.
+        let (id, sends) = c.hold(&p("/cfg"), now);
+        assert!(sends.is_empty() && c.hold_complete(id));
+        c.release(id);
+        assert!(!c.record(7, "/cfg", e));
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn ended_sessions_complete_holds_and_age_is_reported() {
+        let t0 = Instant::now();
+        let mut c = Cachers::new();
+        for s in [1, 2] {
+            let e = c.begin_read("/a").unwrap();
+            c.record(s, "/a", e);
+        }
+        let (id, _) = c.hold(&p("/a"), t0);
+        assert_eq!(c.oldest_waiting(t0 + Duration::from_secs(3)), Duration::from_secs(3));
+        assert!(c.session_ended(1).is_empty());
+        assert_eq!(c.session_ended(2), vec![id]);
+        assert_eq!(c.oldest_waiting(t0 + Duration::from_secs(4)), Duration::ZERO);
+        // Two writes on one node: cachable only after both released.
+        let (a, _) = c.hold(&p("/b"), t0);
+        let (b, _) = c.hold(&p("/b"), t0);
+        c.release(a);
+        assert_eq!(c.begin_read("/b"), None);
+        c.release(b);
+        assert!(c.begin_read("/b").is_some());
+    }
+}
