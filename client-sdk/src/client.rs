@@ -30,6 +30,10 @@ pub struct ClientConfig {
     /// How long a session in jeopardy keeps trying to reach the cell before it gives up
     /// and reports itself expired (Chubby's grace period; default 45 s).
     pub grace_period: Duration,
+    /// Most values one session caches (default 10 000).
+    pub cache_entries_max: usize,
+    /// Most bytes of data one session caches (default 64 MiB).
+    pub cache_bytes_max: usize,
     /// Agent string sent in the hello.
     pub agent: String,
 }
@@ -63,6 +67,8 @@ impl ClientConfig {
             attempt_timeout: Duration::from_secs(6),
             connect_timeout: Duration::from_secs(1),
             grace_period: crate::session::GRACE_PERIOD,
+            cache_entries_max: 10_000,
+            cache_bytes_max: 64 * 1024 * 1024,
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
         }
     }

@@ -25,12 +25,14 @@
 
 #![warn(missing_docs)]
 
+mod cache;
 mod client;
 pub mod fencing;
 pub mod recipes;
 mod session;
 mod watch;
 
+pub use cache::CacheStats;
 pub use client::{Client, ClientConfig};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
 pub use session::{Created, Session, SessionEvent, SessionState};

@@ -18,6 +18,7 @@ use wire::types::{
 };
 use wire::Error;
 
+use crate::cache::{Cache, CacheStats, CachedValue};
 use crate::client::{unexpected, Client};
 use crate::watch::{Registry, Watch};
 
@@ -80,6 +81,7 @@ struct Inner {
     events: broadcast::Sender<SessionEvent>,
     watches: Registry,
     watch_events: std::sync::atomic::AtomicU64,
+    cache: Mutex<Cache>,
 }
 
 impl Inner {
@@ -96,6 +98,10 @@ impl Inner {
         });
         if !changed {
             return;
+        }
+        if to != SessionState::Healthy {
+            // The lease is in doubt (or over): cached values may no longer be trusted.
+            self.cache.lock().expect("cache lock").flush();
         }
         let ev = match (from, to) {
             (_, SessionState::Jeopardy) => {
@@ -141,6 +147,10 @@ impl Session {
         };
         let lease = Duration::from_millis(lease_ms);
         let (state_tx, _) = watch::channel(SessionState::Healthy);
+        let cache = Mutex::new(Cache::new(
+            client.config().cache_entries_max,
+            client.config().cache_bytes_max,
+        ));
         let inner = Arc::new(Inner {
             client,
             id,
@@ -156,6 +166,7 @@ impl Session {
             events: broadcast::channel(64).0,
             watches: Registry::default(),
             watch_events: std::sync::atomic::AtomicU64::new(0),
+            cache,
         });
         tokio::spawn(keepalive_loop(inner.clone()));
         tokio::spawn(event_loop(inner.clone()));
@@ -381,6 +392,47 @@ impl Session {
         }
     }
 
+    /// Reads a node through the session's consistent cache: served locally (no RPC) while
+    /// the session is healthy and its local lease valid; otherwise read at the leader, which
+    /// records this session as a cacher and invalidates it before any later write to the
+    /// node commits. `None` means the node does not exist (absence is cached too).
+    pub async fn get_cached(&self, path: &str) -> Result<CachedValue, Error> {
+        wire::path::validate(path)?;
+        let usable =
+            || self.state() == SessionState::Healthy && Instant::now() < self.local_deadline();
+        let generation = {
+            let mut cache = self.inner.cache.lock().expect("cache lock");
+            if usable() {
+                if let Some(v) = cache.get(path) {
+                    return Ok(v);
+                }
+            } else {
+                cache.count_miss();
+            }
+            cache.generation()
+        };
+        match self.read(Op::CachedGet { path: path.into() }).await? {
+            Reply::CachedData {
+                value, cachable, ..
+            } => {
+                if cachable && usable() {
+                    self.inner.cache.lock().expect("cache lock").insert(
+                        path,
+                        value.clone(),
+                        generation,
+                    );
+                }
+                Ok(value)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The cache's counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.inner.cache.lock().expect("cache lock").stats()
+    }
+
     /// Asks the cell whether `sequencer` is still the current holder of its lock.
     pub async fn check_sequencer(&self, sequencer: &crate::Sequencer) -> Result<bool, Error> {
         check_sequencer(&self.inner.client, sequencer).await
@@ -474,6 +526,7 @@ impl Session {
     /// Ends the session: its ephemeral nodes are deleted at once.
     pub async fn close(&self) -> Result<(), Error> {
         self.inner.keepalives_stopped.store(true, Ordering::SeqCst);
+        self.inner.cache.lock().expect("cache lock").flush();
         let r = self.call(Op::CloseSession).await;
         self.inner.set_state(SessionState::Expired);
         match r {
@@ -629,6 +682,8 @@ async fn event_loop(inner: Arc<Inner>) {
         };
         if connected_before {
             if serving != Some(addr) {
+                // The old leader's cacher list is gone: an invalidation may have been lost.
+                inner.cache.lock().expect("cache lock").flush();
                 let _ = inner.events.send(SessionEvent::FailOver);
             }
             rearm(&inner, inner.watches.specs()).await;
@@ -672,6 +727,23 @@ async fn event_loop(inner: Arc<Inner>) {
                     if !later.is_empty() {
                         rearm(&inner, later).await;
                     }
+                }
+                Ok(Ok(Reply::Invalidate { id, paths })) => {
+                    // Drop first, then acknowledge: the write waits for the acknowledgement.
+                    inner.cache.lock().expect("cache lock").invalidate(&paths);
+                    let inner = inner.clone();
+                    tokio::spawn(async move {
+                        let op = Op::AckInvalidations { ids: vec![id] };
+                        let req = Request {
+                            session: inner.id,
+                            request_id: 0,
+                            ack_below: 0,
+                            op,
+                        };
+                        if let Err(e) = inner.client.call(req).await {
+                            tracing::debug!(session = inner.id, "invalidation ack failed: {e}");
+                        }
+                    });
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {

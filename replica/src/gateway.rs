@@ -16,8 +16,8 @@ use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
 use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp, WatchKind};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
-use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::cacher_list::{Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats};
+use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
@@ -216,7 +216,9 @@ impl Gateway {
             .cachers
             .send(Hold(paths))
             .await
-            .map_err(|e| Error::Internal { reason: format!("cacher list: {e}") })??;
+            .map_err(|e| Error::Internal {
+                reason: format!("cacher list: {e}"),
+            })??;
         let r = self.propose(cmd).await;
         self.cachers.do_send(Release(hold));
         r
@@ -230,8 +232,14 @@ impl Gateway {
             return Err(Error::SessionRequired);
         }
         self.gate.confirm().await?;
-        let internal = |e: actix::MailboxError| Error::Internal { reason: format!("cacher list: {e}") };
-        let epoch = self.cachers.send(BeginRead(p.to_string())).await.map_err(internal)?;
+        let internal = |e: actix::MailboxError| Error::Internal {
+            reason: format!("cacher list: {e}"),
+        };
+        let epoch = self
+            .cachers
+            .send(BeginRead(p.to_string()))
+            .await
+            .map_err(internal)?;
         let (value, index) = {
             let s = self.state.read().expect("state lock");
             s.sm.check_session(req.session)?;
@@ -241,12 +249,20 @@ impl Gateway {
         let cachable = match epoch {
             Some(epoch) => self
                 .cachers
-                .send(Record { session: req.session, path: p.to_string(), epoch })
+                .send(Record {
+                    session: req.session,
+                    path: p.to_string(),
+                    epoch,
+                })
                 .await
                 .map_err(internal)?,
             None => false,
         };
-        Ok(Reply::CachedData { value, index, cachable })
+        Ok(Reply::CachedData {
+            value,
+            index,
+            cachable,
+        })
     }
 
     /// A linearizable read; with `watch`, a one-shot watch armed at the index the read
@@ -413,9 +429,17 @@ impl Gateway {
                 // Its ephemeral nodes vanish: drop cached copies first.
                 let ephemerals: Vec<String> = {
                     let s = self.state.read().expect("state lock");
-                    s.sm.session(req.session).map(|x| x.ephemerals.iter().cloned().collect()).unwrap_or_default()
+                    s.sm.session(req.session)
+                        .map(|x| x.ephemerals.iter().cloned().collect())
+                        .unwrap_or_default()
                 };
-                self.propose_held(ephemerals, Command::CloseSession { session: req.session }).await
+                self.propose_held(
+                    ephemerals,
+                    Command::CloseSession {
+                        session: req.session,
+                    },
+                )
+                .await
             }
             Op::Create { path, data, mode } => {
                 self.write(&req, vec![TxnOp::Create { path, data, mode }], true)
@@ -482,7 +506,10 @@ impl Gateway {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
-                self.cachers.do_send(Ack { session: req.session, ids });
+                self.cachers.do_send(Ack {
+                    session: req.session,
+                    ids,
+                });
                 Ok(Reply::Acked)
             }
             Op::AddLearner { id, addr } => {

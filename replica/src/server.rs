@@ -10,9 +10,9 @@ use openraft::{BasicNode, SnapshotPolicy};
 use tokio::sync::mpsc;
 use wire::hello::{ALPN_CLIENT, ALPN_PEER};
 
+use crate::actors::cacher_list::CacherListActor;
 use crate::actors::raft_node::RaftNode;
 use crate::actors::session_manager::{AppliedMsg, SessionManager};
-use crate::actors::cacher_list::CacherListActor;
 use crate::actors::snapshotter::Snapshotter;
 use crate::actors::watch_table::WatchTableActor;
 use crate::config::ReplicaConfig;

@@ -85,7 +85,11 @@ pub struct CacherListActor {
 impl CacherListActor {
     /// Sends invalidations through the event streams `streams` manages.
     pub fn new(streams: Addr<WatchTableActor>) -> CacherListActor {
-        CacherListActor { cachers: Cachers::new(), streams, waiters: HashMap::new() }
+        CacherListActor {
+            cachers: Cachers::new(),
+            streams,
+            waiters: HashMap::new(),
+        }
     }
 
     fn complete(&mut self, id: u64) {
@@ -121,7 +125,10 @@ impl Handler<Hold> for CacherListActor {
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
         let (id, sends) = self.cachers.hold(&msg.0, Instant::now());
         for (session, paths) in sends {
-            self.streams.do_send(Push { session, item: Reply::Invalidate { id, paths } });
+            self.streams.do_send(Push {
+                session,
+                item: Reply::Invalidate { id, paths },
+            });
         }
         if self.cachers.hold_complete(id) {
             return Box::pin(async move { Ok(id) });
@@ -129,7 +136,10 @@ impl Handler<Hold> for CacherListActor {
         let (tx, rx) = oneshot::channel();
         self.waiters.insert(id, tx);
         Box::pin(async move {
-            rx.await.map(|_| id).map_err(|_| Error::NotLeader { leader_id: None, leader_addr: None })
+            rx.await.map(|_| id).map_err(|_| Error::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            })
         })
     }
 }
@@ -170,7 +180,9 @@ impl Handler<AppliedMsg> for CacherListActor {
     type Result = ();
 
     fn handle(&mut self, msg: AppliedMsg, _: &mut Context<Self>) {
-        let Applied::Effects { effects, .. } = msg.0 else { return };
+        let Applied::Effects { effects, .. } = msg.0 else {
+            return;
+        };
         for e in effects {
             if let Effect::SessionEnded { session } = e {
                 for id in self.cachers.session_ended(session) {

@@ -153,7 +153,9 @@ impl SessionManager {
                     (Some(c), false) => c.send(Hold(ephemerals)).await.ok().and_then(Result::ok),
                     _ => None,
                 };
-                let r = raft_node.send(Propose(Command::ExpireSessions { sessions: expired })).await;
+                let r = raft_node
+                    .send(Propose(Command::ExpireSessions { sessions: expired }))
+                    .await;
                 if let (Some(c), Some(id)) = (&cachers, hold) {
                     c.do_send(Release(id));
                 }

@@ -75,8 +75,14 @@ impl Cachers {
         if self.begin_read(path) != Some(epoch) {
             return false;
         }
-        self.by_path.entry(path.to_string()).or_default().insert(session);
-        self.by_session.entry(session).or_default().insert(path.to_string());
+        self.by_path
+            .entry(path.to_string())
+            .or_default()
+            .insert(session);
+        self.by_session
+            .entry(session)
+            .or_default()
+            .insert(path.to_string());
         true
     }
 
@@ -94,7 +100,14 @@ impl Cachers {
             }
         }
         let waiting: HashSet<SessionId> = per_session.keys().copied().collect();
-        self.holds.insert(id, Hold { paths: paths.to_vec(), waiting, started: now });
+        self.holds.insert(
+            id,
+            Hold {
+                paths: paths.to_vec(),
+                waiting,
+                started: now,
+            },
+        );
         let mut sends: Invalidations = per_session.into_iter().collect();
         sends.sort();
         (id, sends)
@@ -108,7 +121,9 @@ impl Cachers {
     /// `session` acknowledged invalidation `id`: it no longer caches those nodes. Returns
     /// whether the hold just completed.
     pub fn ack(&mut self, session: SessionId, id: u64) -> bool {
-        let Some(h) = self.holds.get_mut(&id) else { return false };
+        let Some(h) = self.holds.get_mut(&id) else {
+            return false;
+        };
         if !h.waiting.remove(&session) {
             return false;
         }
@@ -142,7 +157,9 @@ impl Cachers {
 
     /// The write under hold `id` was applied (or failed): its nodes become cachable again.
     pub fn release(&mut self, id: u64) {
-        let Some(h) = self.holds.remove(&id) else { return };
+        let Some(h) = self.holds.remove(&id) else {
+            return;
+        };
         for p in h.paths {
             if let Some(n) = self.holding.get_mut(&p) {
                 *n -= 1;
@@ -235,10 +252,16 @@ mod tests {
             c.record(s, "/a", e);
         }
         let (id, _) = c.hold(&p("/a"), t0);
-        assert_eq!(c.oldest_waiting(t0 + Duration::from_secs(3)), Duration::from_secs(3));
+        assert_eq!(
+            c.oldest_waiting(t0 + Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
         assert!(c.session_ended(1).is_empty());
         assert_eq!(c.session_ended(2), vec![id]);
-        assert_eq!(c.oldest_waiting(t0 + Duration::from_secs(4)), Duration::ZERO);
+        assert_eq!(
+            c.oldest_waiting(t0 + Duration::from_secs(4)),
+            Duration::ZERO
+        );
         // Two writes on one node: cachable only after both released.
         let (a, _) = c.hold(&p("/b"), t0);
         let (b, _) = c.hold(&p("/b"), t0);
