@@ -253,6 +253,11 @@ impl Session {
         // Bad input fails here, before any RPC, with the error the cell would give.
         check_locally(&op)?;
         let (request_id, ack_below) = self.next_ids().await;
+        // Even if this future is dropped mid-flight, the id leaves the window.
+        let _done = RequestDone {
+            inner: &self.inner,
+            request_id,
+        };
         let r = self
             .inner
             .client
@@ -263,13 +268,6 @@ impl Session {
                 op,
             })
             .await;
-        self.inner
-            .requests
-            .lock()
-            .expect("requests lock")
-            .outstanding
-            .remove(&request_id);
-        self.inner.request_done.notify_waiters();
         if let Err(Error::SessionExpired { .. }) = &r {
             self.inner.set_state(SessionState::Expired);
         }
@@ -277,7 +275,8 @@ impl Session {
     }
 
     async fn read(&self, op: Op) -> Result<Reply, Error> {
-        self.inner
+        let r = self
+            .inner
             .client
             .call(Request {
                 session: self.inner.id,
@@ -285,7 +284,11 @@ impl Session {
                 ack_below: 0,
                 op,
             })
-            .await
+            .await;
+        if let Err(Error::SessionExpired { .. }) = &r {
+            self.inner.set_state(SessionState::Expired);
+        }
+        r
     }
 
     /// Reads a node and arms a one-shot watch on its data, atomically with the read: the
@@ -661,6 +664,12 @@ async fn event_loop(inner: Arc<Inner>) {
             inner.watches.clear();
             return;
         }
+        if connected_before {
+            // The stream broke: invalidations may have been lost with it (and a new leader
+            // knows nothing of what we cached). Drop everything before reconnecting; the
+            // leader treats the reconnection as our confirmation that we did.
+            inner.cache.lock().expect("cache lock").flush();
+        }
         let req = Request {
             session: inner.id,
             request_id: 0,
@@ -680,13 +689,15 @@ async fn event_loop(inner: Arc<Inner>) {
                 continue;
             }
         };
-        if connected_before {
-            if serving != Some(addr) {
-                // The old leader's cacher list is gone: an invalidation may have been lost.
-                inner.cache.lock().expect("cache lock").flush();
-                let _ = inner.events.send(SessionEvent::FailOver);
-            }
-            rearm(&inner, inner.watches.specs()).await;
+        let failed_over = connected_before && serving != Some(addr);
+        // Re-arm on every (re)connection: watches armed at another leader, or events
+        // dropped while the stream was down, fire now if their node changed meanwhile.
+        if !rearm(&inner, inner.watches.specs()).await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        if failed_over {
+            let _ = inner.events.send(SessionEvent::FailOver);
         }
         serving = Some(addr);
         connected_before = true;
@@ -724,8 +735,8 @@ async fn event_loop(inner: Arc<Inner>) {
                 Ok(Ok(Reply::Event(ev))) => {
                     inner.watch_events.fetch_add(1, Ordering::Relaxed);
                     let later = inner.watches.dispatch(&ev);
-                    if !later.is_empty() {
-                        rearm(&inner, later).await;
+                    if !later.is_empty() && !rearm(&inner, later).await {
+                        break;
                     }
                 }
                 Ok(Ok(Reply::Invalidate { id, paths })) => {
@@ -758,28 +769,60 @@ async fn event_loop(inner: Arc<Inner>) {
 }
 
 /// Re-arms watches at the leader; those that fired in the gap are dispatched at once.
-async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) {
-    if specs.is_empty() {
-        return;
-    }
-    let req = Request {
-        session: inner.id,
-        request_id: 0,
-        ack_below: 0,
-        op: Op::Rewatch { watches: specs },
-    };
-    match inner.client.call(req).await {
-        Ok(Reply::Rewatched { fired }) => {
-            for ev in fired {
-                inner.watch_events.fetch_add(1, Ordering::Relaxed);
-                let later = inner.watches.dispatch(&ev);
-                if !later.is_empty() {
-                    // Rare: armed again after this event; one more round trip re-arms them.
-                    Box::pin(rearm(inner, later)).await;
+/// Re-arms watches at the leader, in chunks the cell accepts; those that fired in the gap
+/// are dispatched at once. False if the cell could not be asked (the caller reconnects and
+/// tries again).
+async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) -> bool {
+    for chunk in specs.chunks(wire::REWATCH_MAX) {
+        let req = Request {
+            session: inner.id,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::Rewatch {
+                watches: chunk.to_vec(),
+            },
+        };
+        match inner.client.call(req).await {
+            Ok(Reply::Rewatched { fired }) => {
+                for ev in fired {
+                    inner.watch_events.fetch_add(1, Ordering::Relaxed);
+                    let later = inner.watches.dispatch(&ev);
+                    if !later.is_empty() && !Box::pin(rearm(inner, later)).await {
+                        return false;
+                    }
                 }
             }
+            Ok(other) => {
+                tracing::warn!("unexpected answer to Rewatch: {other:?}");
+                return false;
+            }
+            Err(Error::SessionExpired { .. }) => {
+                inner.set_state(SessionState::Expired);
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(session = inner.id, "re-arming watches failed: {e}");
+                return false;
+            }
         }
-        Ok(other) => tracing::warn!("unexpected answer to Rewatch: {other:?}"),
-        Err(e) => tracing::warn!(session = inner.id, "re-arming watches failed: {e}"),
+    }
+    true
+}
+
+/// Removes a request id from the window when its call ends, however it ends.
+struct RequestDone<'a> {
+    inner: &'a Inner,
+    request_id: RequestId,
+}
+
+impl Drop for RequestDone<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .requests
+            .lock()
+            .expect("requests lock")
+            .outstanding
+            .remove(&self.request_id);
+        self.inner.request_done.notify_waiters();
     }
 }

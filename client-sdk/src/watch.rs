@@ -52,6 +52,8 @@ pub(crate) struct Registry {
 struct RegistryInner {
     next_id: u64,
     waiters: HashMap<(String, WatchKind), Vec<Waiter>>,
+    /// The session ended: new watches resolve at once with `SessionExpired`.
+    closed: bool,
 }
 
 impl Registry {
@@ -61,6 +63,10 @@ impl Registry {
         r.next_id += 1;
         let id = r.next_id;
         let (tx, rx) = oneshot::channel();
+        if r.closed {
+            drop(tx); // resolves the watch with SessionExpired
+            return (id, Watch { rx, session });
+        }
         r.waiters
             .entry((path.to_string(), kind))
             .or_default()
@@ -106,10 +112,24 @@ impl Registry {
     /// and kind that are armed later than the event and must be re-armed at the cell.
     pub(crate) fn dispatch(&self, ev: &WatchEvent) -> Vec<WatchSpec> {
         let mut r = self.inner.lock().expect("registry lock");
+        // An `exists` read registers under `Data` until its answer says which kind the cell
+        // armed; a creation event racing that answer completes it too.
+        if ev.kind == WatchKind::Exists {
+            if let Some(list) = r.waiters.get_mut(&(ev.path.clone(), WatchKind::Data)) {
+                let (unbound, bound): (Vec<Waiter>, Vec<Waiter>) =
+                    list.drain(..).partition(|w| w.since.is_none());
+                *list = bound;
+                for w in unbound {
+                    let _ = w.tx.send(ev.clone());
+                }
+            }
+        }
         let key = (ev.path.clone(), ev.kind);
         let Some(list) = r.waiters.remove(&key) else {
             return Vec::new();
         };
+        // Waiters whose `Watch` was dropped need nothing.
+        let list: Vec<Waiter> = list.into_iter().filter(|w| !w.tx.is_closed()).collect();
         let mut later = Vec::new();
         for w in list {
             match w.since {
@@ -136,7 +156,12 @@ impl Registry {
     /// Every armed waiter, for re-arming after a fail-over (the earliest index per node and
     /// kind).
     pub(crate) fn specs(&self) -> Vec<WatchSpec> {
-        let r = self.inner.lock().expect("registry lock");
+        let mut r = self.inner.lock().expect("registry lock");
+        // Forget waiters whose `Watch` was dropped: nobody waits for them.
+        for list in r.waiters.values_mut() {
+            list.retain(|w| !w.tx.is_closed());
+        }
+        r.waiters.retain(|_, list| !list.is_empty());
         r.waiters
             .iter()
             .filter(|(_, list)| !list.is_empty())
@@ -150,7 +175,9 @@ impl Registry {
 
     /// Drops every waiter (the session ended): their watches resolve with an error.
     pub(crate) fn clear(&self) {
-        self.inner.lock().expect("registry lock").waiters.clear();
+        let mut r = self.inner.lock().expect("registry lock");
+        r.waiters.clear();
+        r.closed = true;
     }
 
     /// Number of waiting watches.
@@ -216,5 +243,36 @@ mod tests {
         let (_, w) = reg.register(1, "/q", WatchKind::Children);
         reg.clear();
         assert_eq!(w.await, Err(Error::SessionExpired { session: 1 }));
+        let (_, w) = reg.register(1, "/q", WatchKind::Children);
+        assert_eq!(
+            w.await,
+            Err(Error::SessionExpired { session: 1 }),
+            "closed after expiry"
+        );
+    }
+
+    #[tokio::test]
+    async fn creation_racing_an_exists_answer_is_not_lost() {
+        let reg = Registry::default();
+        let (id, w) = reg.register(1, "/n", WatchKind::Data);
+        let ev = WatchEvent {
+            path: "/n".into(),
+            kind: WatchKind::Exists,
+            event: EventType::Created,
+            index: 9,
+        };
+        reg.dispatch(&ev);
+        reg.bind(id, "/n", WatchKind::Data, WatchKind::Exists, 8);
+        assert_eq!(w.await.unwrap().event, EventType::Created);
+        assert_eq!(reg.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn dropped_watches_are_not_rearmed() {
+        let reg = Registry::default();
+        let (id, w) = reg.register(1, "/gone", WatchKind::Exists);
+        reg.bind(id, "/gone", WatchKind::Exists, WatchKind::Exists, 3);
+        drop(w);
+        assert!(reg.specs().is_empty());
     }
 }

@@ -16,7 +16,9 @@ use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
 use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp, WatchKind};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
-use crate::actors::cacher_list::{Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats};
+use crate::actors::cacher_list::{
+    Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats, StreamConnected,
+};
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchTableActor};
@@ -383,6 +385,7 @@ impl Gateway {
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         self.watches.do_send(Connect { session, tx });
+        self.cachers.do_send(StreamConnected(session));
         while let Some(ev) = rx.recv().await {
             let item: Response = Ok(ev);
             if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)

@@ -143,6 +143,21 @@ fn exclusive_and_shared_locks() {
             1,
             "givers-up leave no node"
         );
+        // A cancelled acquire (its future dropped) leaves no node behind either.
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            Lock::exclusive(&b, "/locks/x").acquire(),
+        )
+        .await;
+        assert!(cancelled.is_err(), "still held by a");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.children("/locks/x").await.unwrap().len() != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the cancelled waiter's node was not removed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         // A check of the sequencer: current while held.
         assert!(a.check_sequencer(ga.sequencer()).await.unwrap());
 

@@ -160,6 +160,32 @@ pub fn blocker<'a>(
         .map(|(_, name)| name)
 }
 
+/// Deletes a queued node that was neither granted nor given up (the attempt failed or its
+/// future was dropped), so it never blocks the queue.
+struct PendingNode {
+    session: Session,
+    node: Option<String>,
+}
+
+impl PendingNode {
+    fn disarm(&mut self) {
+        self.node = None;
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        let Some(node) = self.node.take() else { return };
+        let session = self.session.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = session.delete(&node, None).await;
+            });
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
 enum Wait {
     No,
     Until(Option<Instant>),
@@ -254,6 +280,32 @@ impl Lock {
             .session
             .create(&prefix, self.data.clone(), mode)
             .await?;
+        // From here on our node is in the queue: if this attempt fails or is cancelled
+        // before the lock is granted, the guard deletes it so it never blocks the queue.
+        let mut pending = PendingNode {
+            session: self.session.clone(),
+            node: Some(created.path.clone()),
+        };
+        let result = self.wait_for_turn(&created, wait).await;
+        match &result {
+            Ok(Some(_)) => pending.disarm(),
+            Ok(None) => {
+                pending.disarm();
+            }
+            Err(_) => {
+                if let Some(node) = pending.node.take() {
+                    let _ = self.session.delete(&node, None).await;
+                }
+            }
+        }
+        result
+    }
+
+    async fn wait_for_turn(
+        &self,
+        created: &crate::Created,
+        wait: Wait,
+    ) -> Result<Option<LockGuard>, Error> {
         let node = created.path.clone();
         let mine = path::name(&node).to_string();
         let grant = |token| LockGuard {
@@ -309,18 +361,22 @@ impl Lock {
                     }
                 }
             };
-            let block = block.as_str();
             let deadline = match wait {
                 Wait::No => return self.give_up(&node).await,
                 Wait::Until(d) => d,
             };
-            let (stat, watch) = self
+            // A data watch on the blocker fires when it is deleted. A blocker already gone
+            // arms nothing (a watch for the creation of a sequential name would never fire
+            // and never be freed).
+            let watch = match self
                 .session
-                .exists_watch(&path::join(&self.path, block))
-                .await?;
-            if stat.is_none() {
-                continue;
-            }
+                .get_watch(&path::join(&self.path, &block))
+                .await
+            {
+                Ok((_, _, w)) => w,
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            };
             let expired = self.session.expired();
             let timer = async {
                 match deadline {

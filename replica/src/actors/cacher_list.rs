@@ -2,7 +2,7 @@
 //! until every cacher dropped the value (or its session ended), and sends the
 //! invalidations on the sessions' event streams. The logic is [`Cachers`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
@@ -15,7 +15,7 @@ use crate::actors::raft_node::LeadershipChanged;
 use crate::actors::session_manager::AppliedMsg;
 use crate::actors::watch_table::{Push, WatchTableActor};
 use crate::leader::cachers::Cachers;
-use crate::raft::sm_store::Applied;
+use crate::raft::sm_store::{Applied, SharedState};
 
 /// Phase one of a cached read: the node's hold epoch, `None` while it is uncachable.
 #[derive(Message)]
@@ -61,6 +61,13 @@ pub struct Ack {
 #[rtype(result = "()")]
 pub struct LeaseExpired(pub Vec<SessionId>);
 
+/// A session's event stream attached to this leader. The SDK flushes its cache before it
+/// (re)opens its stream, so after a fail-over this confirms the session no longer holds
+/// values cached from the old leader.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StreamConnected(pub SessionId);
+
 /// Number of cacher records and age of the oldest waiting invalidation (ms).
 #[derive(Message)]
 #[rtype(result = "CacherStats")]
@@ -75,21 +82,53 @@ pub struct CacherStats {
     pub oldest_invalidation_ms: u64,
 }
 
+/// After a fail-over: the old leader's list of cachers is gone, so every session created
+/// before this leader took over may cache anything until it confirms a flush.
+#[derive(Debug)]
+struct Failover {
+    /// Sessions with ids at or below this were created by earlier leaders.
+    boundary: u64,
+    confirmed: HashSet<SessionId>,
+}
+
 /// The actor.
 pub struct CacherListActor {
     cachers: Cachers,
     streams: Addr<WatchTableActor>,
     waiters: HashMap<u64, oneshot::Sender<()>>,
+    state: SharedState,
+    failover: Option<Failover>,
 }
 
 impl CacherListActor {
     /// Sends invalidations through the event streams `streams` manages.
-    pub fn new(streams: Addr<WatchTableActor>) -> CacherListActor {
+    pub fn new(streams: Addr<WatchTableActor>, state: SharedState) -> CacherListActor {
         CacherListActor {
             cachers: Cachers::new(),
             streams,
             waiters: HashMap::new(),
+            state,
+            failover: None,
         }
+    }
+
+    /// Sessions from earlier leaders that have not confirmed a flush yet; leaves fail-over
+    /// mode once there are none.
+    fn unconfirmed(&mut self) -> HashSet<SessionId> {
+        let Some(f) = &self.failover else {
+            return HashSet::new();
+        };
+        let set: HashSet<SessionId> = {
+            let s = self.state.read().expect("state lock");
+            s.sm.sessions()
+                .map(|(id, _)| id)
+                .filter(|id| *id <= f.boundary && !f.confirmed.contains(id))
+                .collect()
+        };
+        if set.is_empty() {
+            self.failover = None;
+        }
+        set
     }
 
     fn complete(&mut self, id: u64) {
@@ -123,7 +162,8 @@ impl Handler<Hold> for CacherListActor {
     type Result = ResponseFuture<Result<u64, Error>>;
 
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
-        let (id, sends) = self.cachers.hold(&msg.0, Instant::now());
+        let unconfirmed = self.unconfirmed();
+        let (id, sends) = self.cachers.hold(&msg.0, Instant::now(), unconfirmed);
         for (session, paths) in sends {
             self.streams.do_send(Push {
                 session,
@@ -196,11 +236,29 @@ impl Handler<AppliedMsg> for CacherListActor {
 impl Handler<LeadershipChanged> for CacherListActor {
     type Result = ();
 
-    fn handle(&mut self, _: LeadershipChanged, _: &mut Context<Self>) {
-        // Volatile: clients flush their caches on the fail-over event. Waiting writes fail
-        // (their senders are dropped) and are retried at the new leader.
+    fn handle(&mut self, msg: LeadershipChanged, _: &mut Context<Self>) {
+        // Volatile: waiting writes fail (their senders are dropped) and are retried at the
+        // new leader. A new leader knows no cachers, so until each older session confirms
+        // it flushed (or ends), writes to cachable nodes wait for it.
         self.cachers.clear();
         self.waiters.clear();
+        self.failover = msg.leading.then(|| Failover {
+            boundary: msg.last_log_index,
+            confirmed: HashSet::new(),
+        });
+    }
+}
+
+impl Handler<StreamConnected> for CacherListActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: StreamConnected, _: &mut Context<Self>) {
+        if let Some(f) = &mut self.failover {
+            f.confirmed.insert(msg.0);
+        }
+        for id in self.cachers.confirm(msg.0) {
+            self.complete(id);
+        }
     }
 }
 

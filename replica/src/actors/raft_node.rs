@@ -48,6 +48,9 @@ pub struct LeadershipChanged {
     pub leading: bool,
     /// The term.
     pub term: u64,
+    /// This replica's last log index when the change was seen: every session created by an
+    /// earlier leader has an id at or below it.
+    pub last_log_index: u64,
 }
 
 /// The actor.
@@ -83,16 +86,24 @@ impl Actor for RaftNode {
             let mut leading = false;
             let mut term = 0;
             loop {
-                let (now_leading, now_term) = {
+                let (now_leading, now_term, last_log_index) = {
                     let m = metrics.borrow_and_update();
-                    (m.state == ServerState::Leader, m.current_term)
+                    (
+                        m.state == ServerState::Leader,
+                        m.current_term,
+                        m.last_log_index.unwrap_or(0),
+                    )
                 };
                 if now_leading != leading || (now_leading && now_term != term) {
                     leading = now_leading;
                     term = now_term;
                     tracing::info!(leading, term, "leadership changed");
                     for s in &subscribers {
-                        s.do_send(LeadershipChanged { leading, term });
+                        s.do_send(LeadershipChanged {
+                            leading,
+                            term,
+                            last_log_index,
+                        });
                     }
                 }
                 if metrics.changed().await.is_err() {

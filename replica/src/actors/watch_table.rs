@@ -95,6 +95,17 @@ impl WatchTableActor {
     }
 
     fn deliver(&mut self, session: SessionId, ev: Reply) {
+        if !self.sinks.contains_key(&session)
+            && self
+                .state
+                .read()
+                .expect("state lock")
+                .sm
+                .session(session)
+                .is_none()
+        {
+            return;
+        }
         let sink = self.sinks.entry(session).or_default();
         if let Some(tx) = &sink.tx {
             match tx.send(ev) {
@@ -125,6 +136,8 @@ impl Handler<Arm> for WatchTableActor {
         // effects may already have passed through this actor: check the state first.
         let changed = {
             let s = self.state.read().expect("state lock");
+            // Ended between the read and now: its watches would never be freed.
+            s.sm.session(msg.session)?;
             s.sm.changed_since(&msg.path, msg.kind, msg.since)
                 .map(|event| WatchEvent {
                     path: msg.path.clone(),
@@ -179,6 +192,18 @@ impl Handler<Connect> for WatchTableActor {
     type Result = ();
 
     fn handle(&mut self, msg: Connect, _: &mut Context<Self>) {
+        if self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .session(msg.session)
+            .is_none()
+        {
+            // Ended meanwhile: dropping `tx` ends the stream.
+            self.sinks.remove(&msg.session);
+            return;
+        }
         let sink = self.sinks.entry(msg.session).or_default();
         while let Some(ev) = sink.pending.pop_front() {
             if let Err(mpsc::error::SendError(ev)) = msg.tx.send(ev) {

@@ -25,8 +25,18 @@ use wire::types::SessionId;
 #[derive(Debug)]
 struct Hold {
     paths: Vec<String>,
+    /// Cachers of the paths that have not acknowledged.
     waiting: HashSet<SessionId>,
+    /// After a fail-over: sessions that may still cache anything from the old leader and
+    /// have not confirmed their cache was flushed.
+    unconfirmed: HashSet<SessionId>,
     started: Instant,
+}
+
+impl Hold {
+    fn done(&self) -> bool {
+        self.waiting.is_empty() && self.unconfirmed.is_empty()
+    }
 }
 
 /// What a new hold must send: `(session, invalidation id, paths)` per cacher.
@@ -87,8 +97,14 @@ impl Cachers {
     }
 
     /// Starts a hold on `paths`: marks them uncachable and returns the hold's id with the
-    /// invalidations to send (empty when nobody caches them: the hold is then complete).
-    pub fn hold(&mut self, paths: &[String], now: Instant) -> (u64, Invalidations) {
+    /// invalidations to send. `unconfirmed` are sessions that may cache anything since an
+    /// earlier leader (see [`Cachers::confirm`]); the hold waits for them too.
+    pub fn hold(
+        &mut self,
+        paths: &[String],
+        now: Instant,
+        unconfirmed: HashSet<SessionId>,
+    ) -> (u64, Invalidations) {
         self.next_hold += 1;
         let id = self.next_hold;
         let mut per_session: HashMap<SessionId, Vec<String>> = HashMap::new();
@@ -105,6 +121,7 @@ impl Cachers {
             Hold {
                 paths: paths.to_vec(),
                 waiting,
+                unconfirmed,
                 started: now,
             },
         );
@@ -115,7 +132,7 @@ impl Cachers {
 
     /// True once every cacher of the hold acknowledged or ended.
     pub fn hold_complete(&self, id: u64) -> bool {
-        self.holds.get(&id).is_none_or(|h| h.waiting.is_empty())
+        self.holds.get(&id).is_none_or(Hold::done)
     }
 
     /// `session` acknowledged invalidation `id`: it no longer caches those nodes. Returns
@@ -128,7 +145,7 @@ impl Cachers {
             return false;
         }
         let paths = h.paths.clone();
-        let done = h.waiting.is_empty();
+        let done = h.done();
         for p in &paths {
             self.forget(session, p);
         }
@@ -147,7 +164,22 @@ impl Cachers {
         }
         let mut done = Vec::new();
         for (id, h) in self.holds.iter_mut() {
-            if h.waiting.remove(&session) && h.waiting.is_empty() {
+            let removed = h.waiting.remove(&session) | h.unconfirmed.remove(&session);
+            if removed && h.done() {
+                done.push(*id);
+            }
+        }
+        done.sort_unstable();
+        done
+    }
+
+    /// After a fail-over, `session` confirmed it flushed its cache (its event stream
+    /// reconnected to this leader, which the SDK does only after flushing). Returns the
+    /// holds that completed.
+    pub fn confirm(&mut self, session: SessionId) -> Vec<u64> {
+        let mut done = Vec::new();
+        for (id, h) in self.holds.iter_mut() {
+            if h.unconfirmed.remove(&session) && h.done() {
                 done.push(*id);
             }
         }
@@ -174,7 +206,7 @@ impl Cachers {
     pub fn oldest_waiting(&self, now: Instant) -> Duration {
         self.holds
             .values()
-            .filter(|h| !h.waiting.is_empty())
+            .filter(|h| !h.done())
             .map(|h| now.duration_since(h.started))
             .max()
             .unwrap_or_default()
@@ -216,7 +248,7 @@ mod tests {
         let e = c.begin_read("/cfg").unwrap();
         assert!(c.record(1, "/cfg", e));
         assert!(c.record(2, "/cfg", e));
-        let (id, sends) = c.hold(&p("/cfg"), now);
+        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::new());
         assert_eq!(sends, vec![(1, p("/cfg")), (2, p("/cfg"))]);
         assert!(!c.hold_complete(id));
         // Uncachable meanwhile.
@@ -236,7 +268,7 @@ mod tests {
         let e = c.begin_read("/cfg").unwrap();
         // A write holds and completes (nobody cached) and is released before the read's
         // record arrives: the read saw the old value and must not be cached.
-        let (id, sends) = c.hold(&p("/cfg"), now);
+        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::new());
         assert!(sends.is_empty() && c.hold_complete(id));
         c.release(id);
         assert!(!c.record(7, "/cfg", e));
@@ -251,7 +283,7 @@ mod tests {
             let e = c.begin_read("/a").unwrap();
             c.record(s, "/a", e);
         }
-        let (id, _) = c.hold(&p("/a"), t0);
+        let (id, _) = c.hold(&p("/a"), t0, HashSet::new());
         assert_eq!(
             c.oldest_waiting(t0 + Duration::from_secs(3)),
             Duration::from_secs(3)
@@ -263,11 +295,26 @@ mod tests {
             Duration::ZERO
         );
         // Two writes on one node: cachable only after both released.
-        let (a, _) = c.hold(&p("/b"), t0);
-        let (b, _) = c.hold(&p("/b"), t0);
+        let (a, _) = c.hold(&p("/b"), t0, HashSet::new());
+        let (b, _) = c.hold(&p("/b"), t0, HashSet::new());
         c.release(a);
         assert_eq!(c.begin_read("/b"), None);
         c.release(b);
         assert!(c.begin_read("/b").is_some());
+    }
+
+    #[test]
+    fn after_a_failover_holds_wait_for_unconfirmed_sessions() {
+        let t0 = Instant::now();
+        let mut c = Cachers::new();
+        // Nobody cached at this leader, but sessions 1 and 2 may hold values cached from
+        // the old one.
+        let (id, sends) = c.hold(&p("/x"), t0, HashSet::from([1, 2]));
+        assert!(sends.is_empty());
+        assert!(!c.hold_complete(id));
+        assert!(c.confirm(1).is_empty());
+        assert_eq!(c.confirm(2), vec![id]);
+        let (id2, _) = c.hold(&p("/y"), t0, HashSet::from([3]));
+        assert_eq!(c.session_ended(3), vec![id2], "or its lease ran out");
     }
 }

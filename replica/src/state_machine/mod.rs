@@ -237,7 +237,15 @@ impl StateMachine {
         let node = self.nodes.get(p);
         match (kind, node) {
             (WatchKind::Exists, Some(_)) => Some(EventType::Created),
-            (WatchKind::Exists, None) => None,
+            // Missing now, but it may have been created and deleted since: if the parent's
+            // children changed after `since` (or the parent is gone or new), fire; at worst
+            // a spurious wake-up, never a missed one.
+            (WatchKind::Exists, None) => {
+                let parent = self.nodes.get(path::parent(p));
+                let maybe =
+                    parent.is_none_or(|pn| pn.children_index > since || pn.create_index > since);
+                maybe.then_some(EventType::Deleted)
+            }
             (WatchKind::Data | WatchKind::Children, None) => Some(EventType::Deleted),
             (WatchKind::Data | WatchKind::Children, Some(n)) if n.create_index > since => {
                 Some(EventType::Deleted)

@@ -263,6 +263,30 @@ proptest! {
 }
 
 #[test]
+fn changed_since_sees_a_create_then_delete() {
+    use wire::types::{EventType, WatchKind};
+    let mut h = Harness::new();
+    let s = h.session();
+    h.write(s, create("/dir", b"", false, false)).unwrap();
+    let since = h.sm.last_index();
+    assert_eq!(h.sm.changed_since("/dir/x", WatchKind::Exists, since), None);
+    h.write(s, create("/dir/x", b"", false, false)).unwrap();
+    h.write(s, del("/dir/x", None)).unwrap();
+    assert_eq!(
+        h.sm.changed_since("/dir/x", WatchKind::Exists, since),
+        Some(EventType::Deleted)
+    );
+    let now = h.sm.last_index();
+    assert_eq!(h.sm.changed_since("/dir/x", WatchKind::Exists, now), None);
+    h.write(s, set("/dir", b"v", None)).unwrap();
+    assert_eq!(
+        h.sm.changed_since("/dir", WatchKind::Data, now),
+        Some(EventType::DataChanged)
+    );
+    assert_eq!(h.sm.changed_since("/dir", WatchKind::Children, now), None);
+}
+
+#[test]
 fn dedup_returns_first_answer() {
     let mut h = Harness::new();
     let s = h.session();
