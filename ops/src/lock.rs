@@ -99,8 +99,16 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         }
     };
     if !expired {
-        guard.release().await?;
-        session.close().await?;
+        // The session may have expired without our hearing it yet (the command finished
+        // first): releasing then tells us.
+        match guard.release().await {
+            Ok(()) => session.close().await?,
+            Err(client_sdk::Error::SessionExpired { .. }) => {
+                report(&seq.lock, Ok(SessionEvent::Expired));
+                expired = true;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(if expired {
         4

@@ -80,6 +80,17 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Stops a `lockctl dev` left running by a failing test (its replicas stop with it).
+struct DevGuard(Option<std::process::Child>);
+
+impl Drop for DevGuard {
+    fn drop(&mut self) {
+        if let Some(dev) = self.0.take() {
+            let _ = stop_dev(dev);
+        }
+    }
+}
+
 /// Ctrl-C to `lockctl dev`; waits for it to stop.
 fn stop_dev(dev: std::process::Child) -> std::process::ExitStatus {
     let mut dev = dev;
@@ -101,6 +112,7 @@ fn dev_cell_demo_commands_and_clean_stop() {
     let data = dir.path().join("cell");
     let base = free_base(3);
     let (dev, out) = start_dev(&data, base, &[]);
+    let mut dev = DevGuard(Some(dev));
     assert!(out.contains("a stale compare-and-set is refused"), "{out}");
     assert!(
         out.contains("took /demo/lock as /demo/lock/n-0000000000 with fencing token"),
@@ -173,7 +185,7 @@ fn dev_cell_demo_commands_and_clean_stop() {
     );
 
     // Ctrl-C stops the cell cleanly.
-    let status = stop_dev(dev);
+    let status = stop_dev(dev.0.take().unwrap());
     assert!(status.success(), "{status}");
     // Its replicas are gone: the ports are free again.
     for p in base..base + 3 {
@@ -228,6 +240,7 @@ fn paused_holder_is_fenced_out() {
     let store = dir.path().join("resource");
     let base = free_base(3);
     let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
+    let mut dev = DevGuard(Some(dev));
     let endpoints = (0..3)
         .map(|i| format!("127.0.0.1:{}", base + i))
         .collect::<Vec<_>>()
@@ -333,5 +346,5 @@ fn paused_holder_is_fenced_out() {
         "{}",
         text(&o)
     );
-    assert!(stop_dev(dev).success());
+    assert!(stop_dev(dev.0.take().unwrap()).success());
 }

@@ -277,3 +277,81 @@ fn checker_catches_a_stale_read() {
     }];
     assert!(check(&stale, &writes).is_err());
 }
+
+/// Scenario 4 (scaled for CI; `READ_SESSIONS`, `READ_KEYS`, `READ_SECS` for the full
+/// 1 000 × 100 × 30 s run): sessions read keys about once a second each while a writer
+/// changes one key a second; reports the hit rate at the clients and the reads reaching
+/// the cell.
+#[test]
+fn read_heavy_hit_rate() {
+    let _g = serial();
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, keys, secs) = (
+        env("READ_SESSIONS", 100),
+        env("READ_KEYS", 20),
+        env("READ_SECS", 8),
+    );
+    rt().block_on(async {
+        let cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let writer = client.open_session().await.unwrap();
+        for k in 0..keys {
+            writer.create(&format!("/k{k}"), b"0".to_vec(), CreateMode::default()).await.unwrap();
+        }
+        let mut sessions = Vec::new();
+        for _ in 0..n {
+            sessions.push(client.open_session().await.unwrap());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for (i, s) in sessions.iter().enumerate() {
+            let (s, stop) = (s.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                // Each session reads every key once a second, spread over the second.
+                let gap = Duration::from_millis(1_000 / keys as u64);
+                let mut k = i % keys;
+                while !stop.load(Ordering::SeqCst) {
+                    s.get_cached(&format!("/k{k}")).await.expect("read");
+                    k = (k + 1) % keys;
+                    tokio::time::sleep(gap).await;
+                }
+            }));
+        }
+        let writes = {
+            let (w, stop) = (writer.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    i += 1;
+                    w.set_data(&format!("/k{}", i as usize % keys), i.to_string().into_bytes(), None).await.unwrap();
+                }
+                i
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(secs as u64)).await;
+        stop.store(true, Ordering::SeqCst);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let writes = writes.await.unwrap();
+        let (hits, misses) = sessions.iter().fold((0, 0), |(h, m), s| {
+            let st = s.cache_stats();
+            (h + st.hits, m + st.misses)
+        });
+        let rate = hits as f64 / (hits + misses) as f64;
+        println!(
+            "FIGURE read-heavy: {n} sessions x {keys} keys for {secs} s, {writes} writes: {} reads at the clients, {misses} reached the cell ({:.0}/s), hit rate {:.2} %",
+            hits + misses,
+            misses as f64 / secs as f64,
+            rate * 100.0
+        );
+        assert!(rate > 0.9, "hit rate {rate}");
+    });
+}
