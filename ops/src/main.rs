@@ -63,6 +63,19 @@ enum Command {
         /// Path.
         path: String,
     },
+    /// Read a node through a session's consistent cache repeatedly, printing each value
+    /// with the wall-clock time (ms since the epoch) and whether it came from the cache.
+    /// For watching a config value, and for cache drills.
+    WatchCached {
+        /// Path.
+        path: String,
+        /// Milliseconds between reads.
+        #[arg(long, default_value_t = 100)]
+        every_ms: u64,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        for_secs: u64,
+    },
     /// Replace a node's data; with --version, only if the node has that version.
     Set {
         /// Path.
@@ -261,6 +274,39 @@ async fn command(
             session.close().await?;
             let c = r?;
             println!("created {} (token {})", c.path, c.stat.create_index);
+            Ok(())
+        }
+        Command::WatchCached {
+            path,
+            every_ms,
+            for_secs,
+        } => {
+            let session = client.open_session().await?;
+            let until = std::time::Instant::now() + Duration::from_secs(for_secs);
+            while std::time::Instant::now() < until {
+                let hits = session.cache_stats().hits;
+                let r = session.get_cached(&path).await;
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                let from = if session.cache_stats().hits > hits {
+                    "cache"
+                } else {
+                    "cell"
+                };
+                match r {
+                    Ok(Some((data, stat))) => println!(
+                        "{now_ms} {from} version={} {}",
+                        stat.version,
+                        String::from_utf8_lossy(&data)
+                    ),
+                    Ok(None) => println!("{now_ms} {from} absent"),
+                    Err(e) => println!("{now_ms} error: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(every_ms)).await;
+            }
+            session.close().await?;
             Ok(())
         }
         Command::Get { path } => {

@@ -348,3 +348,93 @@ fn paused_holder_is_fenced_out() {
     );
     assert!(stop_dev(dev.0.take().unwrap()).success());
 }
+
+/// Issue 4, scenario 2 with a real client process: a cacher stopped with SIGSTOP delays a
+/// write to its node until its lease runs out, not longer; resumed, it never serves the old
+/// value (its local lease had already run out, so its cache was off).
+#[test]
+fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
+    use std::os::unix::process::CommandExt;
+
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cell");
+    let base = free_base(3);
+    let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
+    let mut dev = DevGuard(Some(dev));
+    let endpoints = (0..3)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ca = data.join("tls/ca.pem");
+    assert!(lockctl(&endpoints, &ca, &["create", "/flag", "old"])
+        .status
+        .success());
+    let mut cacher = Command::new(LOCKCTL)
+        .args(["--endpoints", &endpoints, "--ca"])
+        .arg(&ca)
+        .args([
+            "watch-cached",
+            "/flag",
+            "--every-ms",
+            "50",
+            "--for-secs",
+            "20",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(cacher.stdout.take().unwrap()).lines();
+    // Wait until it serves from its cache.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = lines.next().unwrap().unwrap();
+        if line.contains(" cache ") && line.ends_with(" old") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never cached: {line}");
+    }
+    unsafe { libc::kill(-(cacher.id() as i32), libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let o = lockctl(&endpoints, &ca, &["set", "/flag", "new"]);
+    let held = stopped.elapsed();
+    assert!(o.status.success(), "{}", text(&o));
+    println!(
+        "FIGURE cache: write held {} ms by a SIGSTOPped cacher (lease 3000 ms)",
+        held.as_millis()
+    );
+    assert!(
+        held >= Duration::from_millis(1_500),
+        "the write waited for the stopped cacher: {held:?}"
+    );
+    assert!(
+        held < Duration::from_millis(3_000 + 3_000),
+        "not much longer than its lease: {held:?}"
+    );
+    let resumed_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    unsafe { libc::kill(-(cacher.id() as i32), libc::SIGCONT) };
+    // Nothing it reads after resuming is the old value (its session has expired, so its
+    // reads fail; a cached old value would be the bug).
+    let mut after = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while after < 20 && Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        let t: u128 = line.split(' ').next().unwrap().parse().unwrap();
+        if t > resumed_ms {
+            assert!(
+                !line.ends_with(" old"),
+                "served the old value after resuming: {line}"
+            );
+            after += 1;
+        }
+    }
+    assert!(after > 0, "no reads after resuming");
+    unsafe { libc::kill(-(cacher.id() as i32), libc::SIGKILL) };
+    let _ = cacher.wait();
+    assert!(stop_dev(dev.0.take().unwrap()).success());
+}
