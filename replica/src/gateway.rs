@@ -234,6 +234,21 @@ impl Gateway {
             return Err(Error::SessionRequired);
         }
         self.gate.confirm().await?;
+        let marked = self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session(req.session)?
+            .caches;
+        if !marked {
+            // Once per session: log that it caches, so a future leader knows to wait for
+            // its flush after a fail-over.
+            self.propose(Command::MarkCacher {
+                session: req.session,
+            })
+            .await?;
+        }
         let internal = |e: actix::MailboxError| Error::Internal {
             reason: format!("cacher list: {e}"),
         };

@@ -44,6 +44,14 @@ pub enum Command {
     /// Lease bookkeeping that lets a dead client's session expire even when leaders change
     /// faster than the lease (see `replica/src/leader/leases.rs`).
     LeaseCheckpoint(LeaseCheckpoint),
+    /// The session has started caching values. Logged once per session, before its first
+    /// cached read is answered, so that after a fail-over the new leader knows which
+    /// sessions may hold cached values (only those must confirm a flush before writes to
+    /// cachable nodes proceed).
+    MarkCacher {
+        /// The session.
+        session: SessionId,
+    },
 }
 
 /// Lease facts a leader commits so that the next leader may grant less than a full lease.

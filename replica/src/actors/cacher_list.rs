@@ -121,8 +121,8 @@ impl CacherListActor {
         let set: HashSet<SessionId> = {
             let s = self.state.read().expect("state lock");
             s.sm.sessions()
+                .filter(|(id, sess)| sess.caches && *id <= f.boundary && !f.confirmed.contains(id))
                 .map(|(id, _)| id)
-                .filter(|id| *id <= f.boundary && !f.confirmed.contains(id))
                 .collect()
         };
         if set.is_empty() {

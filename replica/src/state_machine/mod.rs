@@ -303,6 +303,13 @@ impl StateMachine {
                 self.apply_checkpoint(cp);
                 Ok(Reply::Closed)
             }
+            Command::MarkCacher { session } => match self.sessions.get_mut(session) {
+                Some(s) => {
+                    s.caches = true;
+                    Ok(Reply::Closed)
+                }
+                None => Err(self.check_session(*session).expect_err("not open")),
+            },
             Command::Write {
                 session,
                 request_id,

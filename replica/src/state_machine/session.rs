@@ -20,6 +20,8 @@ pub struct Session {
     /// `Some(ms)`: the session is marked silent in the log, with at least `ms` of proven
     /// silence. No leader acknowledges its KeepAlives until a checkpoint clears the mark.
     pub silent_ms: Option<u64>,
+    /// The session has cached values (see `Command::MarkCacher`).
+    pub caches: bool,
 }
 
 impl Session {

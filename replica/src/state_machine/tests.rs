@@ -263,6 +263,19 @@ proptest! {
 }
 
 #[test]
+fn mark_cacher_is_recorded_for_open_sessions_only() {
+    let mut h = Harness::new();
+    let s = h.session();
+    assert!(!h.sm.session(s).unwrap().caches);
+    assert!(h.apply(Command::MarkCacher { session: s }).0.is_ok());
+    assert!(h.sm.session(s).unwrap().caches);
+    assert_eq!(
+        h.apply(Command::MarkCacher { session: 999 }).0,
+        Err(Error::UnknownSession { session: 999 })
+    );
+}
+
+#[test]
 fn changed_since_sees_a_create_then_delete() {
     use wire::types::{EventType, WatchKind};
     let mut h = Harness::new();
