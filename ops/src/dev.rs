@@ -180,11 +180,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = tick.tick() => {
-                for (id, c) in &mut children.0 {
-                    if let Ok(Some(status)) = c.try_wait() {
+                // Report each replica that exited once, and stop watching it.
+                children.0.retain_mut(|(id, c)| match c.try_wait() {
+                    Ok(Some(status)) => {
                         eprintln!("replica {id} exited: {status} (see {}/replica-{id}.log)", args.data.display());
+                        false
                     }
-                }
+                    _ => true,
+                });
             }
         }
     }

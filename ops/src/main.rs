@@ -63,8 +63,9 @@ enum Command {
         /// Path.
         path: String,
     },
-    /// Read a node through a session's consistent cache repeatedly, printing each value
-    /// with the wall-clock time (ms since the epoch) and whether it came from the cache.
+    /// Read a node through a session's consistent cache repeatedly, printing for each read
+    /// its start and end wall-clock times (µs since the epoch), whether it came from the
+    /// cache or the cell, and the value.
     /// For watching a config value, and for cache drills.
     WatchCached {
         /// Path.
@@ -283,13 +284,17 @@ async fn command(
         } => {
             let session = client.open_session().await?;
             let until = std::time::Instant::now() + Duration::from_secs(for_secs);
+            let wall_us = || {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_micros())
+                    .unwrap_or(0)
+            };
             while std::time::Instant::now() < until {
                 let hits = session.cache_stats().hits;
+                let start_us = wall_us();
                 let r = session.get_cached(&path).await;
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis())
-                    .unwrap_or(0);
+                let end_us = wall_us();
                 let from = if session.cache_stats().hits > hits {
                     "cache"
                 } else {
@@ -297,12 +302,12 @@ async fn command(
                 };
                 match r {
                     Ok(Some((data, stat))) => println!(
-                        "{now_ms} {from} version={} {}",
+                        "{start_us} {end_us} {from} version={} {}",
                         stat.version,
                         String::from_utf8_lossy(&data)
                     ),
-                    Ok(None) => println!("{now_ms} {from} absent"),
-                    Err(e) => println!("{now_ms} error: {e}"),
+                    Ok(None) => println!("{start_us} {end_us} {from} absent"),
+                    Err(e) => println!("{start_us} {end_us} error: {e}"),
                 }
                 tokio::time::sleep(Duration::from_millis(every_ms)).await;
             }

@@ -413,10 +413,10 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
         held < Duration::from_millis(3_000 + 3_000),
         "not much longer than its lease: {held:?}"
     );
-    let resumed_ms = std::time::SystemTime::now()
+    let resumed_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_millis();
+        .as_micros();
     unsafe { libc::kill(-(cacher.id() as i32), libc::SIGCONT) };
     // Nothing it reads after resuming is the old value (its session has expired, so its
     // reads fail; a cached old value would be the bug).
@@ -424,8 +424,8 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while after < 20 && Instant::now() < deadline {
         let Some(Ok(line)) = lines.next() else { break };
-        let t: u128 = line.split(' ').next().unwrap().parse().unwrap();
-        if t > resumed_ms {
+        let start: u128 = line.split(' ').next().unwrap().parse().unwrap();
+        if start > resumed_us {
             assert!(
                 !line.ends_with(" old"),
                 "served the old value after resuming: {line}"
@@ -437,4 +437,124 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
     unsafe { libc::kill(-(cacher.id() as i32), libc::SIGKILL) };
     let _ = cacher.wait();
     assert!(stop_dev(dev.0.take().unwrap()).success());
+}
+
+/// Issue 4, scenario 3 with separate processes: three `lockctl watch-cached` reader
+/// processes read a cached node in a loop while this process writes increasing values;
+/// no read returns a value older than a write that completed before the read began. Once
+/// plainly and once across a leader `kill -9`.
+#[test]
+fn checker_with_reader_processes() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cell");
+    let base = free_base(3);
+    let (dev, _) = start_dev(&data, base, &["--no-demo"]);
+    let mut dev = DevGuard(Some(dev));
+    let endpoints = (0..3)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ca = data.join("tls/ca.pem");
+    assert!(lockctl(&endpoints, &ca, &["create", "/reg", "0"])
+        .status
+        .success());
+    let wall_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+    };
+    for kill_leader in [false, true] {
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new(LOCKCTL)
+                    .args(["--endpoints", &endpoints, "--ca"])
+                    .arg(&ca)
+                    .args(["watch-cached", "/reg", "--every-ms", "5", "--for-secs", "7"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(800));
+        // The writer: this process, through lockctl set (one process per write).
+        let mut writes: Vec<(u64, u128, u128)> = Vec::new();
+        let mut value = 1000 * u64::from(kill_leader) + 1;
+        let started = Instant::now();
+        let mut killed = false;
+        while started.elapsed() < Duration::from_secs(5) {
+            if kill_leader && !killed && started.elapsed() > Duration::from_secs(1) {
+                // kill -9 whichever replica leads now.
+                let o = lockctl(&endpoints, &ca, &["status"]);
+                let st = text(&o);
+                if let Some(line) = st.lines().find(|l| l.contains(" Leader ")) {
+                    let addr = line.split_whitespace().nth(1).unwrap().to_string();
+                    let pid = Command::new("pgrep")
+                        .args(["-f", "replica --config"])
+                        .output()
+                        .unwrap();
+                    for p in String::from_utf8_lossy(&pid.stdout).lines() {
+                        let cmdline = std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                            .unwrap_or_default();
+                        let cfg_path = cmdline.split('\0').nth(3).unwrap_or("").to_string();
+                        let cfg = std::fs::read_to_string(&cfg_path).unwrap_or_default();
+                        if cfg_path.starts_with(data.to_str().unwrap())
+                            && cfg.contains(&format!("listen = \"{addr}\""))
+                        {
+                            unsafe { libc::kill(p.parse::<i32>().unwrap(), libc::SIGKILL) };
+                        }
+                    }
+                    killed = true;
+                }
+            }
+            let start = wall_us();
+            let o = lockctl(&endpoints, &ca, &["set", "/reg", &value.to_string()]);
+            let end = wall_us();
+            if o.status.success() {
+                writes.push((value, start, end));
+            }
+            value += 1;
+        }
+        let mut reads = 0;
+        for r in readers {
+            let out = r.wait_with_output().unwrap();
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let parts: Vec<&str> = line.split(' ').collect();
+                if parts.len() < 5 || parts[2] == "error:" {
+                    continue;
+                }
+                let (start, got): (u128, u64) =
+                    (parts[0].parse().unwrap(), parts[4].parse().unwrap_or(0));
+                let newest_done = writes
+                    .iter()
+                    .filter(|w| w.2 < start)
+                    .map(|w| w.0)
+                    .max()
+                    .unwrap_or(0);
+                assert!(
+                    got >= newest_done || got == 0 && newest_done == 0,
+                    "stale read by a reader process: {line} after write {newest_done} completed"
+                );
+                reads += 1;
+            }
+        }
+        println!(
+            "FIGURE cache checker, 3 reader processes{}: {reads} reads, {} writes, no stale read",
+            if kill_leader {
+                " across a leader kill -9"
+            } else {
+                ""
+            },
+            writes.len()
+        );
+        assert!(
+            reads > 100 && writes.len() > 5,
+            "{reads} reads, {} writes",
+            writes.len()
+        );
+    }
+    // The dev launcher reports the killed replica's exit; stop what is left.
+    let _ = stop_dev(dev.0.take().unwrap());
 }
