@@ -82,6 +82,8 @@ struct Inner {
     watches: Registry,
     watch_events: std::sync::atomic::AtomicU64,
     cache: Mutex<Cache>,
+    /// Bumped each time the event stream (re)connects.
+    stream_generation: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
@@ -167,6 +169,7 @@ impl Session {
             watches: Registry::default(),
             watch_events: std::sync::atomic::AtomicU64::new(0),
             cache,
+            stream_generation: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(keepalive_loop(inner.clone()));
         tokio::spawn(event_loop(inner.clone()));
@@ -295,6 +298,7 @@ impl Session {
     /// watch fires on the next change or delete after what the read returned.
     pub async fn get_watch(&self, path: &str) -> Result<(Vec<u8>, NodeStat, Watch), Error> {
         wire::path::validate(path)?;
+        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
         let (id, w) = self
             .inner
             .watches
@@ -307,9 +311,14 @@ impl Session {
             .await
         {
             Ok(Reply::Data { data, stat, index }) => {
-                self.inner
-                    .watches
-                    .bind(id, path, WatchKind::Data, WatchKind::Data, index);
+                self.bind_watch(
+                    id,
+                    path,
+                    WatchKind::Data,
+                    WatchKind::Data,
+                    index,
+                    generation,
+                );
                 Ok((data, stat, w))
             }
             other => {
@@ -319,14 +328,38 @@ impl Session {
         }
     }
 
+    /// Binds a waiter to its read's index. If the event stream reconnected while the read
+    /// was in flight, the watch may be armed at a replica that no longer leads (the
+    /// re-arming at reconnection skipped it, since it was not bound yet): re-arm it here.
+    fn bind_watch(
+        &self,
+        id: u64,
+        path: &str,
+        from: WatchKind,
+        to: WatchKind,
+        index: u64,
+        generation: u64,
+    ) {
+        self.inner.watches.bind(id, path, from, to, index);
+        if self.inner.stream_generation.load(Ordering::SeqCst) != generation {
+            let inner = self.inner.clone();
+            let spec = wire::types::WatchSpec {
+                path: path.to_string(),
+                kind: to,
+                since_index: index,
+            };
+            tokio::spawn(async move {
+                rearm(&inner, vec![spec]).await;
+            });
+        }
+    }
+
     /// A node's metadata, with a one-shot watch: on its data or deletion if it exists, on
     /// its creation if it does not.
     pub async fn exists_watch(&self, path: &str) -> Result<(Option<NodeStat>, Watch), Error> {
         wire::path::validate(path)?;
-        let (id, w) = self
-            .inner
-            .watches
-            .register(self.inner.id, path, WatchKind::Data);
+        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
+        let (id, w) = self.inner.watches.register_exists(self.inner.id, path);
         match self
             .read(Op::Exists {
                 path: path.into(),
@@ -340,9 +373,7 @@ impl Session {
                 } else {
                     WatchKind::Exists
                 };
-                self.inner
-                    .watches
-                    .bind(id, path, WatchKind::Data, kind, index);
+                self.bind_watch(id, path, WatchKind::Data, kind, index, generation);
                 Ok((stat, w))
             }
             other => {
@@ -359,6 +390,7 @@ impl Session {
         path: &str,
     ) -> Result<(Vec<(String, NodeStat)>, Watch), Error> {
         wire::path::validate(path)?;
+        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
         let (id, w) = self
             .inner
             .watches
@@ -373,9 +405,14 @@ impl Session {
             Ok(Reply::Children {
                 children, index, ..
             }) => {
-                self.inner
-                    .watches
-                    .bind(id, path, WatchKind::Children, WatchKind::Children, index);
+                self.bind_watch(
+                    id,
+                    path,
+                    WatchKind::Children,
+                    WatchKind::Children,
+                    index,
+                    generation,
+                );
                 Ok((children, w))
             }
             other => {
@@ -690,6 +727,7 @@ async fn event_loop(inner: Arc<Inner>) {
             }
         };
         let failed_over = connected_before && serving != Some(addr);
+        inner.stream_generation.fetch_add(1, Ordering::SeqCst);
         // Re-arm on every (re)connection: watches armed at another leader, or events
         // dropped while the stream was down, fire now if their node changed meanwhile.
         if !rearm(&inner, inner.watches.specs()).await {

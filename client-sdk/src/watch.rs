@@ -39,6 +39,8 @@ struct Waiter {
     /// `None` until the read answered (an event meanwhile completes it: a spurious wake-up
     /// is harmless, a lost one is not).
     since: Option<LogIndex>,
+    /// Registered by an `exists` read (which may turn out to arm a creation watch).
+    exists_read: bool,
     tx: oneshot::Sender<WatchEvent>,
 }
 
@@ -59,6 +61,22 @@ struct RegistryInner {
 impl Registry {
     /// Registers a waiter before its read is sent.
     pub(crate) fn register(&self, session: u64, path: &str, kind: WatchKind) -> (u64, Watch) {
+        self.register_read(session, path, kind, false)
+    }
+
+    /// Registers the waiter of an `exists` read: under `Data` until its answer says which
+    /// kind the cell armed, and completed by a racing creation event too.
+    pub(crate) fn register_exists(&self, session: u64, path: &str) -> (u64, Watch) {
+        self.register_read(session, path, WatchKind::Data, true)
+    }
+
+    fn register_read(
+        &self,
+        session: u64,
+        path: &str,
+        kind: WatchKind,
+        exists_read: bool,
+    ) -> (u64, Watch) {
         let mut r = self.inner.lock().expect("registry lock");
         r.next_id += 1;
         let id = r.next_id;
@@ -73,6 +91,7 @@ impl Registry {
             .push(Waiter {
                 id,
                 since: None,
+                exists_read,
                 tx,
             });
         (id, Watch { rx, session })
@@ -116,8 +135,9 @@ impl Registry {
         // armed; a creation event racing that answer completes it too.
         if ev.kind == WatchKind::Exists {
             if let Some(list) = r.waiters.get_mut(&(ev.path.clone(), WatchKind::Data)) {
-                let (unbound, bound): (Vec<Waiter>, Vec<Waiter>) =
-                    list.drain(..).partition(|w| w.since.is_none());
+                let (unbound, bound): (Vec<Waiter>, Vec<Waiter>) = list
+                    .drain(..)
+                    .partition(|w| w.since.is_none() && w.exists_read);
                 *list = bound;
                 for w in unbound {
                     let _ = w.tx.send(ev.clone());
@@ -162,13 +182,17 @@ impl Registry {
             list.retain(|w| !w.tx.is_closed());
         }
         r.waiters.retain(|_, list| !list.is_empty());
+        // Waiters whose read has not answered yet are not armed anywhere yet: their read
+        // arms them (and the session re-arms them if the stream moved meanwhile).
         r.waiters
             .iter()
-            .filter(|(_, list)| !list.is_empty())
-            .map(|((path, kind), list)| WatchSpec {
-                path: path.clone(),
-                kind: *kind,
-                since_index: list.iter().map(|w| w.since.unwrap_or(0)).min().unwrap_or(0),
+            .filter_map(|((path, kind), list)| {
+                let since = list.iter().filter_map(|w| w.since).min()?;
+                Some(WatchSpec {
+                    path: path.clone(),
+                    kind: *kind,
+                    since_index: since,
+                })
             })
             .collect()
     }
@@ -254,7 +278,8 @@ mod tests {
     #[tokio::test]
     async fn creation_racing_an_exists_answer_is_not_lost() {
         let reg = Registry::default();
-        let (id, w) = reg.register(1, "/n", WatchKind::Data);
+        let (_, other) = reg.register(1, "/n", WatchKind::Data);
+        let (id, w) = reg.register_exists(1, "/n");
         let ev = WatchEvent {
             path: "/n".into(),
             kind: WatchKind::Exists,
@@ -264,7 +289,19 @@ mod tests {
         reg.dispatch(&ev);
         reg.bind(id, "/n", WatchKind::Data, WatchKind::Exists, 8);
         assert_eq!(w.await.unwrap().event, EventType::Created);
-        assert_eq!(reg.len(), 0);
+        assert_eq!(
+            reg.len(),
+            1,
+            "a get's data waiter is not woken by a creation event"
+        );
+        drop(other);
+    }
+
+    #[tokio::test]
+    async fn unanswered_reads_are_not_rearmed() {
+        let reg = Registry::default();
+        let (_id, _w) = reg.register(1, "/pending", WatchKind::Data);
+        assert!(reg.specs().is_empty());
     }
 
     #[tokio::test]

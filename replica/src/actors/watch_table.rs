@@ -143,7 +143,9 @@ impl Handler<Arm> for WatchTableActor {
                     path: msg.path.clone(),
                     kind: msg.kind,
                     event,
-                    index: s.sm.last_index(),
+                    // Above `since` even for a spurious firing, so the client never takes it
+                    // for an event its read already reflected (and re-arms it forever).
+                    index: s.sm.change_index(&msg.path, event).max(msg.since + 1),
                 })
         };
         match changed {

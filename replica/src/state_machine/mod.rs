@@ -258,6 +258,18 @@ impl StateMachine {
         }
     }
 
+    /// The log index of the change [`StateMachine::changed_since`] reported: the node's
+    /// create, data or children index; for a delete (whose index is not kept) the last
+    /// applied index, an upper bound.
+    pub fn change_index(&self, p: &str, event: EventType) -> LogIndex {
+        match (event, self.nodes.get(p)) {
+            (EventType::Created, Some(n)) => n.create_index,
+            (EventType::DataChanged, Some(n)) => n.mod_index,
+            (EventType::ChildrenChanged, Some(n)) => n.children_index,
+            _ => self.last_index,
+        }
+    }
+
     /// Is the lock node `p` still held by `session` with fencing token `token`?
     pub fn sequencer_current(&self, p: &str, token: LogIndex, session: SessionId) -> bool {
         self.nodes
