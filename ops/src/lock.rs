@@ -41,7 +41,7 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         {
             Some(g) => g,
             None => {
-                eprintln!("lockctl: {} not acquired within {s} s", args.path);
+                crate::say!("lockctl: {} not acquired within {s} s", args.path);
                 session.close().await?;
                 return Ok(3);
             }
@@ -121,16 +121,16 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
 fn report(lock: &str, e: Result<SessionEvent, tokio::sync::broadcast::error::RecvError>) -> bool {
     match e {
         Ok(SessionEvent::Jeopardy) => {
-            eprintln!("lockctl: session in jeopardy: stop acting on {lock}");
+            crate::say!("lockctl: session in jeopardy: stop acting on {lock}");
             false
         }
         Ok(SessionEvent::Safe) => {
-            eprintln!("lockctl: session safe again: still holding {lock}");
+            crate::say!("lockctl: session safe again: still holding {lock}");
             false
         }
         Ok(SessionEvent::FailOver) => false,
         Ok(SessionEvent::Expired) | Err(_) => {
-            eprintln!("lockctl: session expired: lock {lock} lost");
+            crate::say!("lockctl: session expired: lock {lock} lost");
             true
         }
     }

@@ -8,6 +8,17 @@ mod dev;
 mod fenced;
 mod lock;
 
+/// Writes one line to stderr with a single write, so lines from several processes sharing
+/// the stream (a `lockctl lock` and its command) never interleave mid-line.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+pub(crate) use say;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -177,7 +188,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(cli) {
-        eprintln!("lockctl: {e:#}");
+        say!("lockctl: {e:#}");
         std::process::exit(1);
     }
 }
@@ -199,7 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Err(stale) => {
-                    eprintln!("lockctl: refused: {stale}");
+                    say!("lockctl: refused: {stale}");
                     std::process::exit(5);
                 }
             }
