@@ -638,14 +638,8 @@ async fn keepalive_loop(inner: Arc<Inner>) {
 /// The checks the cell would make of `op` without its namespace.
 fn check_locally(op: &Op) -> Result<(), Error> {
     match op {
-        Op::Create { path, data, mode } => {
-            let op = TxnOp::Create {
-                path: path.clone(),
-                data: data.clone(),
-                mode: *mode,
-            };
-            wire::path::validate_write(std::slice::from_ref(&op), true)
-        }
+        // No copy of the value just to check it.
+        Op::Create { path, data, mode } => wire::path::validate_create(path, data, *mode),
         Op::Delete { path, .. } => wire::path::validate(path),
         Op::SetData { path, data, .. } => {
             wire::path::validate(path)?;

@@ -69,14 +69,7 @@ pub fn validate_write(ops: &[TxnOp], single: bool) -> Result<(), Error> {
                 path: p,
                 data,
                 mode,
-            } => {
-                let shape = if mode.sequential {
-                    validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))
-                } else {
-                    validate(p)
-                };
-                shape.and_then(|_| check_value(data))
-            }
+            } => validate_create(p, data, *mode),
         };
         if let Err(e) = checked {
             return Err(if single {
@@ -90,6 +83,17 @@ pub fn validate_write(ops: &[TxnOp], single: bool) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Checks a create: the path (with a full-width sequence suffix when sequential, so the
+/// final name is valid too) and the value's size.
+pub fn validate_create(p: &str, data: &[u8], mode: crate::types::CreateMode) -> Result<(), Error> {
+    if mode.sequential {
+        validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))?;
+    } else {
+        validate(p)?;
+    }
+    check_value(data)
 }
 
 /// Checks a value's size against [`VALUE_BYTES_MAX`].

@@ -624,13 +624,7 @@ impl StateMachine {
                 action: "created".into(),
             });
         }
-        // Validate the shape with a full-width suffix so the final name is valid too.
-        if mode.sequential {
-            path::validate(&format!("{p}{}", "0".repeat(SEQUENCE_DIGITS)))?;
-        } else {
-            path::validate(p)?;
-        }
-        check_value(data)?;
+        path::validate_create(p, data, mode)?;
         let parent_path = path::parent(p).to_string();
         let parent = self.nodes.get(&parent_path).ok_or_else(|| Error::NoNode {
             path: parent_path.clone(),
