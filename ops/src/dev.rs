@@ -24,6 +24,12 @@ pub struct DevArgs {
     /// First UDP port; replica N listens on base-port + N - 1.
     #[arg(long, default_value_t = 7101)]
     base_port: u16,
+    /// Also start this many proxies (0..=8), on proxy-base-port, +1, ...
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=8))]
+    proxies: u16,
+    /// First UDP port of the proxies (default: base-port + 100).
+    #[arg(long)]
+    proxy_base_port: Option<u16>,
     /// Session lease in milliseconds.
     #[arg(long, default_value_t = 12_000)]
     lease_ms: u64,
@@ -79,13 +85,52 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
+/// The proxies' addresses of a dev cell.
+pub fn proxy_endpoints(args: &DevArgs) -> Vec<String> {
+    let base = args.proxy_base_port.unwrap_or(args.base_port + 100);
+    (0..args.proxies)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect()
+}
+
+/// Writes the proxies' configuration files of a dev cell and returns their paths.
+pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
+    let abs = std::fs::canonicalize(&args.data)?;
+    let replicas: Vec<String> = (1..=args.replicas)
+        .map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1))
+        .collect();
+    let mut paths = Vec::new();
+    for (i, listen) in proxy_endpoints(args).iter().enumerate() {
+        let cfg = proxy::ProxyConfig::new(
+            listen.parse()?,
+            replicas.clone(),
+            proxy::config::TlsConfig {
+                ca: abs.join("tls").join(wire::tls::CA_FILE),
+                cert: abs.join("tls").join(wire::tls::CERT_FILE),
+                key: abs.join("tls").join(wire::tls::KEY_FILE),
+            },
+        );
+        cfg.validate()?;
+        let path = args.data.join(format!("proxy-{}.toml", i + 1));
+        std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// Runs one proxy in this process (the hidden `lockctl proxy` command).
+pub fn run_proxy(config: &Path) -> anyhow::Result<()> {
+    let cfg = proxy::ProxyConfig::load(Some(config))?;
+    proxy::run_until_signal(cfg)
+}
+
 /// Runs one replica in this process (the hidden `lockctl replica` command).
 pub fn run_replica(config: &Path) -> anyhow::Result<()> {
     let cfg = ReplicaConfig::load(Some(config))?;
     replica::server::run_until_signal(cfg)
 }
 
-struct Children(Vec<(u64, Child)>);
+struct Children(Vec<(String, Child)>);
 
 impl Children {
     fn stop(&mut self) {
@@ -94,7 +139,9 @@ impl Children {
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        for (id, c) in &mut self.0 {
+        // Proxies first (they are clients of the replicas), then replicas.
+        self.0.sort_by_key(|(name, _)| !name.starts_with("proxy"));
+        for (name, c) in &mut self.0 {
             loop {
                 match c.try_wait() {
                     Ok(Some(_)) => break,
@@ -102,7 +149,7 @@ impl Children {
                         std::thread::sleep(Duration::from_millis(50))
                     }
                     _ => {
-                        eprintln!("replica {id} did not stop in time; killing it");
+                        eprintln!("{name} did not stop in time; killing it");
                         let _ = c.kill();
                         let _ = c.wait();
                         break;
@@ -138,7 +185,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .stderr(Stdio::from(log))
             .spawn()
             .with_context(|| format!("start replica {id}"))?;
-        children.0.push((id, child));
+        children.0.push((format!("replica-{id}"), child));
     }
     let endpoints: Vec<String> = (1..=args.replicas)
         .map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1))
@@ -158,8 +205,38 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         started.elapsed().as_millis()
     );
 
+    let proxies = proxy_endpoints(&args);
+    for (i, cfg) in write_proxy_configs(&args)?.iter().enumerate() {
+        let name = format!("proxy-{}", i + 1);
+        let log = std::fs::File::create(args.data.join(format!("{name}.log")))?;
+        let child = std::process::Command::new(&exe)
+            .arg("proxy")
+            .arg("--config")
+            .arg(cfg)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("start {name}"))?;
+        children.0.push((name, child));
+    }
+    if !proxies.is_empty() {
+        println!("started {} proxies on {}", proxies.len(), proxies.join(", "));
+    }
+
     if !args.no_demo {
         demo(&client).await?;
+        if !proxies.is_empty() {
+            let via = Client::connect(ClientConfig::new(proxies.clone(), ca.clone())).await?;
+            let s = via.open_session().await?;
+            println!(
+                "through the proxies: session {} reads /demo/config = {:?}",
+                s.id(),
+                s.get_cached("/demo/config")
+                    .await?
+                    .map(|(d, _)| String::from_utf8_lossy(&d).into_owned())
+            );
+            s.close().await?;
+        }
     }
     print_status(&client).await?;
     if args.exit_after_demo {
@@ -181,9 +258,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = tick.tick() => {
                 // Report each replica that exited once, and stop watching it.
-                children.0.retain_mut(|(id, c)| match c.try_wait() {
+                children.0.retain_mut(|(name, c)| match c.try_wait() {
                     Ok(Some(status)) => {
-                        eprintln!("replica {id} exited: {status} (see {}/replica-{id}.log)", args.data.display());
+                        eprintln!("{name} exited: {status} (see {}/{name}.log)", args.data.display());
                         false
                     }
                     _ => true,

@@ -143,6 +143,15 @@ enum Command {
     /// Change the cell's membership (one member at a time).
     #[command(subcommand)]
     Member(MemberCommand),
+    /// Show each endpoint's proxy counters (the endpoints must be proxies).
+    ProxyStatus,
+    /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
+    #[command(hide = true)]
+    Proxy {
+        /// Configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run one replica in this process (used by `lockctl dev`; same as the `replica` binary).
     #[command(hide = true)]
     Replica {
@@ -175,7 +184,7 @@ enum MemberCommand {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = if matches!(cli.command, Command::Replica { .. }) {
+    let filter = if matches!(cli.command, Command::Replica { .. } | Command::Proxy { .. }) {
         "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn"
     } else {
         "warn"
@@ -196,6 +205,7 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Replica { config } => return dev::run_replica(config),
+        Command::Proxy { config } => return dev::run_proxy(config),
         Command::FencedWrite {
             store,
             lock,
@@ -402,7 +412,40 @@ async fn command(
             }
             Ok(())
         }
+        Command::ProxyStatus => {
+            println!(
+                "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+                "proxy", "clients", "sessions", "batches", "renewals", "hits", "reads", "writes", "invals", "watches"
+            );
+            for addr in client.endpoints() {
+                let req = wire::types::Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::ProxyStatus,
+                };
+                match client.call_at(*addr, &req).await {
+                    Ok(Reply::ProxyStatus(s)) => println!(
+                        "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+                        addr.to_string(),
+                        s.clients,
+                        s.sessions,
+                        s.keepalive_batches,
+                        s.keepalives_batched,
+                        s.cache_hits,
+                        s.upstream_reads,
+                        s.upstream_writes,
+                        s.invalidations_relayed,
+                        s.upstream_watches
+                    ),
+                    Ok(other) => println!("{addr:<18} unexpected reply {other:?}"),
+                    Err(e) => println!("{:<18} {e}", addr.to_string()),
+                }
+            }
+            Ok(())
+        }
         Command::Dev(_)
+        | Command::Proxy { .. }
         | Command::Replica { .. }
         | Command::FencedWrite { .. }
         | Command::FencedGet { .. } => {

@@ -7,6 +7,7 @@
 //! [`Request`] frame in, a [`Response`] frame out. A malformed frame gets a typed error on
 //! its own stream and the connection keeps working.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use crate::actors::cacher_list::{
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
-use crate::actors::watch_table::{Arm, Connect, WatchTableActor};
+use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::SharedState;
 use crate::raft::Raft;
@@ -51,6 +52,15 @@ pub struct Gateway {
     pub lease_ms: u64,
     /// Group-commit counters of the log store.
     pub log_stats: std::sync::Arc<crate::raft::log_store::FlushStats>,
+    /// KeepAlive counters for [`Status`].
+    pub keepalive_stats: KeepAliveStats,
+}
+
+/// KeepAlive RPCs answered and leases renewed, since the replica started.
+#[derive(Debug, Default)]
+pub struct KeepAliveStats {
+    rpcs: AtomicU64,
+    renewed: AtomicU64,
 }
 
 /// The nodes a write may change whose cached values must be dropped first: created
@@ -424,11 +434,16 @@ impl Gateway {
                     reason: format!("unexpected {other:?}"),
                 }),
             },
+            Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
+            Op::ProxyStatus => Err(Error::BadRequest {
+                reason: "ProxyStatus is answered by proxies; this is a replica".into(),
+            }),
             Op::KeepAlive => {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
-                self.sessions
+                self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
+                let r = self.sessions
                     .send(KeepAlive {
                         session: req.session,
                         received,
@@ -438,7 +453,11 @@ impl Gateway {
                         Err(Error::Internal {
                             reason: format!("session manager: {e}"),
                         })
-                    })
+                    });
+                if r.is_ok() {
+                    self.keepalive_stats.renewed.fetch_add(1, Ordering::Relaxed);
+                }
+                r
             }
             Op::CloseSession => {
                 if req.session == 0 {
@@ -543,6 +562,60 @@ impl Gateway {
         }
     }
 
+    /// Renews many sessions with one leadership check (the session manager coalesces the
+    /// checks of KeepAlives in flight together). Fails as a whole only when this replica
+    /// does not lead; otherwise says which sessions were renewed and which are over.
+    async fn keepalive_batch(&self, sessions: Vec<u64>, received: Instant) -> Response {
+        if sessions.len() > wire::KEEPALIVE_BATCH_MAX {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "{} sessions exceed the batch maximum of {}",
+                    sessions.len(),
+                    wire::KEEPALIVE_BATCH_MAX
+                ),
+            });
+        }
+        if sessions.contains(&0) {
+            return Err(Error::SessionRequired);
+        }
+        self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
+        let results = futures::future::join_all(sessions.iter().map(|&session| {
+            self.sessions.send(KeepAlive { session, received })
+        }))
+        .await;
+        let (mut renewed, mut expired) = (Vec::new(), Vec::new());
+        let mut first_err = None;
+        for (session, r) in sessions.into_iter().zip(results) {
+            match r {
+                Ok(Ok(_)) => renewed.push(session),
+                Ok(Err(Error::SessionExpired { .. } | Error::UnknownSession { .. })) => {
+                    expired.push(session)
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(Error::Internal {
+                        reason: format!("session manager: {e}"),
+                    });
+                }
+            }
+        }
+        if renewed.is_empty() && expired.is_empty() {
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        self.keepalive_stats
+            .renewed
+            .fetch_add(renewed.len() as u64, Ordering::Relaxed);
+        Ok(Reply::KeepAliveBatch {
+            session_lease_ms: self.lease_ms,
+            renewed,
+            expired,
+        })
+    }
+
     async fn change(&self, c: ChangeMembership) -> Response {
         self.raft_node.send(c).await.unwrap_or_else(|e| {
             Err(Error::Internal {
@@ -554,6 +627,11 @@ impl Gateway {
     /// This replica's view of the cell.
     pub async fn status(&self) -> Status {
         let stats = self.cachers.send(Stats).await.ok();
+        let watches = self
+            .watches
+            .send(WatchCount(String::new()))
+            .await
+            .map_or(0, |c| c.total as u64);
         let m = self.raft.metrics().borrow().clone();
         let members = members(&self.raft);
         let leader = m.current_leader.and_then(|l| {
@@ -583,16 +661,14 @@ impl Gateway {
             members,
             session_count: sessions,
             node_count: nodes,
-            log_appends: self
-                .log_stats
-                .appends
-                .load(std::sync::atomic::Ordering::Relaxed),
-            log_syncs: self
-                .log_stats
-                .syncs
-                .load(std::sync::atomic::Ordering::Relaxed),
+            log_appends: self.log_stats.appends.load(Ordering::Relaxed),
+            log_syncs: self.log_stats.syncs.load(Ordering::Relaxed),
             cachers: stats.map_or(0, |s| s.cachers),
             oldest_invalidation_ms: stats.map_or(0, |s| s.oldest_invalidation_ms),
+            keepalive_rpcs: self.keepalive_stats.rpcs.load(Ordering::Relaxed),
+            keepalives_renewed: self.keepalive_stats.renewed.load(Ordering::Relaxed),
+            watches,
+            invalidations_sent: stats.map_or(0, |s| s.invalidations_sent),
         }
     }
 }

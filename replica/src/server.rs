@@ -145,6 +145,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         state,
         lease_ms: cfg.session.lease_ms,
         log_stats,
+        keepalive_stats: Default::default(),
     });
     let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

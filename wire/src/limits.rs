@@ -31,3 +31,7 @@ pub const ENDED_SESSIONS_MAX: usize = 100_000;
 
 /// Largest number of watches re-armed by one `Rewatch` request.
 pub const REWATCH_MAX: usize = 10_000;
+
+/// Largest number of sessions renewed by one `KeepAliveBatch`: a proxy of ~2 000 clients
+/// sends one batch a second; 10 000 ids are 80 KB, well inside a frame.
+pub const KEEPALIVE_BATCH_MAX: usize = 10_000;

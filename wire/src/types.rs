@@ -153,6 +153,42 @@ pub struct Status {
     pub cachers: u64,
     /// Age of the oldest invalidation still waiting for acknowledgements, in ms (0 if none).
     pub oldest_invalidation_ms: u64,
+    /// KeepAlive RPCs this replica answered: one per [`Op::KeepAlive`] and one per
+    /// [`Op::KeepAliveBatch`], however many sessions it carried.
+    pub keepalive_rpcs: u64,
+    /// Session leases renewed by those RPCs.
+    pub keepalives_renewed: u64,
+    /// Watches armed at this leader (one per session, node and kind).
+    pub watches: u64,
+    /// Invalidations sent to cachers by this leader (one per cacher and held write).
+    pub invalidations_sent: u64,
+}
+
+/// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStatus {
+    /// Client connections open now.
+    pub clients: u64,
+    /// Client sessions the proxy renews (those that sent a KeepAlive through it).
+    pub sessions: u64,
+    /// Batched KeepAlive RPCs sent to the leader.
+    pub keepalive_batches: u64,
+    /// Client KeepAlives carried by those batches.
+    pub keepalives_batched: u64,
+    /// Cached reads answered from the proxy's cache.
+    pub cache_hits: u64,
+    /// Reads forwarded to the cell (plain, watched and cached reads).
+    pub upstream_reads: u64,
+    /// Requests other than reads and KeepAlives forwarded to the cell.
+    pub upstream_writes: u64,
+    /// Invalidations relayed to clients.
+    pub invalidations_relayed: u64,
+    /// Watch events delivered to clients.
+    pub watch_events_relayed: u64,
+    /// (node, kind) watches the proxy holds at the leader.
+    pub upstream_watches: u64,
+    /// The proxy's own session at the cell (0 before it has one).
+    pub session: SessionId,
 }
 
 /// A request from a client (or proxy) to a replica.
@@ -178,6 +214,15 @@ pub enum Op {
     CreateSession,
     /// Extend the session's lease. Never logged. Reply: [`Reply::KeepAlive`].
     KeepAlive,
+    /// Extend the leases of many sessions in one RPC (what a proxy sends each interval for
+    /// its clients; the request's own `session` is ignored). At most
+    /// [`crate::KEEPALIVE_BATCH_MAX`] sessions. Reply: [`Reply::KeepAliveBatch`].
+    KeepAliveBatch {
+        /// The sessions to renew.
+        sessions: Vec<SessionId>,
+    },
+    /// A proxy's counters. Replicas answer `BadRequest`. Reply: [`Reply::ProxyStatus`].
+    ProxyStatus,
     /// End the session now; its ephemeral nodes are deleted. Reply: [`Reply::Closed`].
     CloseSession,
     /// Create a node. The parent must exist and must not be ephemeral.
@@ -303,6 +348,8 @@ impl Op {
         match self {
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
+            Op::KeepAliveBatch { .. } => "KeepAliveBatch",
+            Op::ProxyStatus => "ProxyStatus",
             Op::CloseSession => "CloseSession",
             Op::Create { .. } => "Create",
             Op::Delete { .. } => "Delete",
@@ -354,6 +401,18 @@ pub enum Reply {
         /// Lease length in milliseconds.
         session_lease_ms: u64,
     },
+    /// The answer to [`Op::KeepAliveBatch`]: sessions in neither list were not renewed
+    /// this time (the leader changed or is loading its lease table) and may be retried.
+    KeepAliveBatch {
+        /// Lease length in milliseconds, counted from when the replica received the batch.
+        session_lease_ms: u64,
+        /// Sessions whose lease was extended.
+        renewed: Vec<SessionId>,
+        /// Sessions that are over (expired, closed or unknown).
+        expired: Vec<SessionId>,
+    },
+    /// A proxy's counters.
+    ProxyStatus(ProxyStatus),
     /// The session is closed.
     Closed,
     /// A node was created.

@@ -80,6 +80,8 @@ pub struct CacherStats {
     pub cachers: u64,
     /// Age of the oldest waiting invalidation, ms.
     pub oldest_invalidation_ms: u64,
+    /// Invalidations sent since this replica started (one per cacher and hold).
+    pub invalidations_sent: u64,
 }
 
 /// After a fail-over: the old leader's list of cachers is gone, so every session created
@@ -98,6 +100,7 @@ pub struct CacherListActor {
     waiters: HashMap<u64, oneshot::Sender<()>>,
     state: SharedState,
     failover: Option<Failover>,
+    invalidations_sent: u64,
 }
 
 impl CacherListActor {
@@ -109,6 +112,7 @@ impl CacherListActor {
             waiters: HashMap::new(),
             state,
             failover: None,
+            invalidations_sent: 0,
         }
     }
 
@@ -165,6 +169,7 @@ impl Handler<Hold> for CacherListActor {
         let unconfirmed = self.unconfirmed();
         let (id, sends) = self.cachers.hold(&msg.0, Instant::now(), unconfirmed);
         for (session, paths) in sends {
+            self.invalidations_sent += 1;
             self.streams.do_send(Push {
                 session,
                 item: Reply::Invalidate { id, paths },
@@ -269,6 +274,7 @@ impl Handler<Stats> for CacherListActor {
         CacherStats {
             cachers: self.cachers.len() as u64,
             oldest_invalidation_ms: self.cachers.oldest_waiting(Instant::now()).as_millis() as u64,
+            invalidations_sent: self.invalidations_sent,
         }
     }
 }

@@ -1,0 +1,227 @@
+//! Helpers shared by the `lockctl` end-to-end tests: a dev cell of real processes on
+//! loopback, `lockctl` invocations, and the multi-process cache checker.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
+
+/// A base port with `n` free consecutive UDP ports on 127.0.0.1.
+pub fn free_base(n: u16) -> u16 {
+    free_base_from(20_000 + (std::process::id() % 20_000) as u16, n)
+}
+
+/// A base port at or above `start` with `n` free consecutive UDP ports on 127.0.0.1.
+pub fn free_base_from(start: u16, n: u16) -> u16 {
+    'outer: for base in (start..60_000).step_by(16) {
+        for p in base..base + n {
+            if std::net::UdpSocket::bind(("127.0.0.1", p)).is_err() {
+                continue 'outer;
+            }
+        }
+        return base;
+    }
+    panic!("no free ports");
+}
+
+pub fn lockctl(endpoints: &str, ca: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(LOCKCTL)
+        .args(["--endpoints", endpoints, "--ca"])
+        .arg(ca)
+        .args(["--timeout-secs", "10"])
+        .args(args)
+        .output()
+        .expect("run lockctl")
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Starts `lockctl dev` and returns it with its output up to "cell running".
+pub fn start_dev(data: &std::path::Path, base: u16, extra: &[&str]) -> (std::process::Child, String) {
+    let mut dev = Command::new(LOCKCTL)
+        .args([
+            "dev",
+            "--replicas",
+            "3",
+            "--base-port",
+            &base.to_string(),
+            "--data",
+        ])
+        .arg(data)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        out.push_str(&line);
+        out.push('\n');
+        if line.starts_with("cell running") {
+            break;
+        }
+    }
+    assert!(out.contains("cell running"), "dev did not come up:\n{out}");
+    // Keep draining its output, or its next line would hit a closed pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (dev, out)
+}
+
+/// One dev cell at a time in this binary (two cores; fixed port blocks).
+pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Stops a `lockctl dev` left running by a failing test (its replicas stop with it).
+pub struct DevGuard(pub Option<std::process::Child>);
+
+impl Drop for DevGuard {
+    fn drop(&mut self) {
+        if let Some(dev) = self.0.take() {
+            let _ = stop_dev(dev);
+        }
+    }
+}
+
+/// Ctrl-C to `lockctl dev`; waits for it to stop.
+pub fn stop_dev(dev: std::process::Child) -> std::process::ExitStatus {
+    let mut dev = dev;
+    unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = dev.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "lockctl dev did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+
+/// The pid of the `lockctl replica|proxy --config` process of the cell in `data` whose
+/// configuration listens on `addr`.
+pub fn pid_listening(data: &Path, kind: &str, addr: &str) -> Option<i32> {
+    let pids = Command::new("pgrep")
+        .args(["-f", &format!("{kind} --config")])
+        .output()
+        .unwrap();
+    for p in String::from_utf8_lossy(&pids.stdout).lines() {
+        let cmdline = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let cfg_path = cmdline.split('\0').nth(3).unwrap_or("").to_string();
+        let cfg = std::fs::read_to_string(&cfg_path).unwrap_or_default();
+        if cfg_path.starts_with(data.to_str().unwrap())
+            && cfg.contains(&format!("listen = \"{addr}\""))
+        {
+            return p.parse().ok();
+        }
+    }
+    None
+}
+
+/// `kill -9` of whichever replica of the cell in `data` leads now (asked through
+/// `endpoints`). Returns its address.
+pub fn kill_leader(data: &Path, endpoints: &str) -> Option<String> {
+    let o = lockctl(endpoints, &data.join("tls/ca.pem"), &["status"]);
+    let st = text(&o);
+    let line = st.lines().find(|l| l.contains(" Leader "))?;
+    let addr = line.split_whitespace().nth(1)?.to_string();
+    let pid = pid_listening(data, "replica", &addr)?;
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    Some(addr)
+}
+
+fn wall_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// The cache checker: one `lockctl watch-cached /reg` reader process per entry of
+/// `readers` (each with those endpoints) reads the node in a loop while this process
+/// writes increasing values through `writer`; asserts that no read returns a value older
+/// than a write that completed before the read began. With `kill`, the leader is killed
+/// (`kill -9`) a second into the writes. Returns (reads, writes).
+pub fn cache_checker(data: &Path, readers: &[String], writer: &str, kill: bool) -> (usize, usize) {
+    let ca = data.join("tls/ca.pem");
+    let procs: Vec<_> = readers
+        .iter()
+        .map(|endpoints| {
+            Command::new(LOCKCTL)
+                .args(["--endpoints", endpoints, "--ca"])
+                .arg(&ca)
+                .args(["watch-cached", "/reg", "--every-ms", "5", "--for-secs", "7"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    // The writer: this process, through lockctl set (one process per write).
+    let mut writes: Vec<(u64, u128, u128)> = Vec::new();
+    // Values only grow across runs on one cell: start above anything written before.
+    let floor = std::fs::read_to_string(data.join("checker-floor"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let mut value = floor + 1;
+    let started = Instant::now();
+    let mut killed = !kill;
+    while started.elapsed() < Duration::from_secs(5) {
+        if !killed && started.elapsed() > Duration::from_secs(1) {
+            killed = kill_leader(data, writer).is_some();
+        }
+        let start = wall_us();
+        let o = lockctl(writer, &ca, &["set", "/reg", &value.to_string()]);
+        let end = wall_us();
+        if o.status.success() {
+            writes.push((value, start, end));
+        }
+        value += 1;
+    }
+    std::fs::write(data.join("checker-floor"), value.to_string()).unwrap();
+    let mut reads = 0;
+    for r in procs {
+        let out = r.wait_with_output().unwrap();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            if parts.len() < 5 || parts[2] == "error:" {
+                continue;
+            }
+            let (start, got): (u128, u64) =
+                (parts[0].parse().unwrap(), parts[4].parse().unwrap_or(0));
+            let newest_done = writes
+                .iter()
+                .filter(|w| w.2 < start)
+                .map(|w| w.0)
+                .max()
+                .unwrap_or(0);
+            assert!(
+                got >= newest_done || got == 0 && newest_done == 0,
+                "stale read by a reader process: {line} after write {newest_done} completed"
+            );
+            reads += 1;
+        }
+    }
+    assert!(
+        reads > 100 && writes.len() > 5,
+        "{reads} reads, {} writes",
+        writes.len()
+    );
+    (reads, writes.len())
+}

@@ -1,0 +1,164 @@
+//! The proxy's configuration: one documented struct with defaults, loaded with the
+//! `config` crate from a TOML file plus `LOCKSVC_PROXY__*` environment overrides (e.g.
+//! `LOCKSVC_PROXY__MAX_CLIENTS=5000`), validated at start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// TLS files: the proxy presents a certificate for the DNS name `lockservice` signed by
+/// the cell's CA (clients cannot tell it from a replica), and trusts that CA when dialing
+/// the replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsConfig {
+    /// CA certificate (PEM).
+    pub ca: PathBuf,
+    /// The proxy's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Everything a proxy needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyConfig {
+    /// Where clients connect (UDP, QUIC).
+    pub listen: SocketAddr,
+    /// The cell's replica addresses (`host:port`); the proxy finds the leader itself.
+    pub replicas: Vec<String>,
+    /// TLS files.
+    pub tls: TlsConfig,
+    /// How often the collected KeepAlives go to the leader as one batch.
+    #[serde(default = "default_keepalive_interval_ms")]
+    pub keepalive_interval_ms: u64,
+    /// Most client connections at once; more are refused with `Unavailable`, so their SDK
+    /// moves to another proxy.
+    #[serde(default = "default_max_clients")]
+    pub max_clients: usize,
+    /// Most requests in flight on one client connection; more get `TooManyRequests`.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight_per_client: usize,
+    /// How long a forwarded request may take at the cell, retries included, before the
+    /// client gets `Unavailable` (and retries with the same request id). Below the SDK's
+    /// 6 s attempt timeout.
+    #[serde(default = "default_forward_timeout_ms")]
+    pub forward_timeout_ms: u64,
+    /// How often the proxy logs its counters (0: never).
+    #[serde(default = "default_stats_interval_ms")]
+    pub stats_interval_ms: u64,
+}
+
+fn default_keepalive_interval_ms() -> u64 {
+    1_000
+}
+fn default_max_clients() -> usize {
+    2_500
+}
+fn default_max_inflight() -> usize {
+    2_048
+}
+fn default_forward_timeout_ms() -> u64 {
+    5_000
+}
+fn default_stats_interval_ms() -> u64 {
+    30_000
+}
+
+impl ProxyConfig {
+    /// A configuration with defaults for everything but the addresses and TLS files.
+    pub fn new(listen: SocketAddr, replicas: Vec<String>, tls: TlsConfig) -> ProxyConfig {
+        ProxyConfig {
+            listen,
+            replicas,
+            tls,
+            keepalive_interval_ms: default_keepalive_interval_ms(),
+            max_clients: default_max_clients(),
+            max_inflight_per_client: default_max_inflight(),
+            forward_timeout_ms: default_forward_timeout_ms(),
+            stats_interval_ms: default_stats_interval_ms(),
+        }
+    }
+
+    /// Loads `file` (TOML) with `LOCKSVC_PROXY__*` overrides and validates the result.
+    pub fn load(file: Option<&Path>) -> anyhow::Result<ProxyConfig> {
+        let mut b = config::Config::builder();
+        if let Some(f) = file {
+            b = b.add_source(config::File::from(f).format(config::FileFormat::Toml));
+        }
+        b = b.add_source(
+            config::Environment::with_prefix("LOCKSVC_PROXY")
+                .prefix_separator("__")
+                .separator("__")
+                .list_separator(",")
+                .with_list_parse_key("replicas")
+                .try_parsing(true),
+        );
+        let cfg: ProxyConfig = b.build()?.try_deserialize()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the values make sense together.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.replicas.is_empty(), "replicas must name at least one");
+        for r in &self.replicas {
+            anyhow::ensure!(
+                r.rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok()),
+                "replica address {r:?} is not host:port"
+            );
+        }
+        anyhow::ensure!(
+            (100..=4_000).contains(&self.keepalive_interval_ms),
+            "keepalive_interval_ms must be within 100..=4000 (clients renew every 4 s)"
+        );
+        anyhow::ensure!(self.max_clients > 0, "max_clients must be > 0");
+        anyhow::ensure!(
+            self.max_inflight_per_client > 0,
+            "max_inflight_per_client must be > 0"
+        );
+        anyhow::ensure!(
+            (500..=5_500).contains(&self.forward_timeout_ms),
+            "forward_timeout_ms must be within 500..=5500 (below the SDK's 6 s attempt timeout)"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_file_with_defaults_and_rejects_nonsense() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.toml");
+        std::fs::write(
+            &f,
+            r#"
+listen = "127.0.0.1:7201"
+replicas = ["127.0.0.1:7101", "127.0.0.1:7102"]
+[tls]
+ca = "ca.pem"
+cert = "server.pem"
+key = "server.key"
+"#,
+        )
+        .unwrap();
+        let cfg = ProxyConfig::load(Some(&f)).unwrap();
+        assert_eq!(cfg.keepalive_interval_ms, 1_000);
+        assert_eq!(cfg.replicas.len(), 2);
+        assert_eq!(cfg.max_clients, 2_500);
+
+        let mut bad = cfg.clone();
+        bad.replicas = vec!["nohost".into()];
+        assert!(bad.validate().unwrap_err().to_string().contains("host:port"));
+        let mut bad = cfg.clone();
+        bad.keepalive_interval_ms = 10_000;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg;
+        bad.replicas.clear();
+        assert!(bad.validate().is_err());
+    }
+}

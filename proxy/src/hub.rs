@@ -1,0 +1,732 @@
+//! The proxy's tables: its clients, its cache, who holds what, the invalidations being
+//! relayed, and the watches it fans out. Everything here can be rebuilt: a proxy that dies
+//! loses nothing the cell or its clients need (clients move to another proxy, flush their
+//! caches and re-arm their watches there).
+//!
+//! **Caching.** The proxy is one cacher at the leader (its own session). A client's cached
+//! read is answered from the proxy's cache when it holds the node, and the client is
+//! recorded as a *holder*. An invalidation from the leader drops the node here, is relayed
+//! to the holders only, and is acknowledged upstream once every one of them acknowledged,
+//! or its lease as seen by this proxy ran out (the client's own lease clock, started at its
+//! send, ran out earlier still), or it was reported expired. Recording is atomic with the
+//! upstream read the same way it is at the leader: a read whose node was invalidated (or
+//! whose upstream stream was reset) while it was in flight is answered but not cached.
+//!
+//! **Watches.** One upstream watch per (node, kind): clients' watched reads are sent
+//! upstream under the proxy's session (the leader keeps one watch per session, node and
+//! kind) and each client's watch is kept here with the index its read reflects. An event
+//! fires every client watch armed below the event's index; the rest are re-armed upstream.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+use wire::types::{LogIndex, NodeStat, Reply, Response, SessionId, WatchEvent, WatchKind};
+use wire::Error;
+
+/// Items queued for a client whose event stream is not connected, at most.
+const QUEUED_MAX: usize = 10_000;
+/// Recent events and invalidations remembered to detect races with reads in flight.
+const RECENT_MAX: usize = 4_096;
+/// A client not heard from for this long past its lease is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+
+/// A watch to (re-)arm upstream: node, kind and the lowest index any client armed it at.
+pub type WatchKey = (String, WatchKind);
+
+/// Counters reported by `ProxyStatus`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Client connections open now.
+    pub clients: AtomicU64,
+    /// Batched KeepAlive RPCs sent.
+    pub keepalive_batches: AtomicU64,
+    /// Client KeepAlives carried by them.
+    pub keepalives_batched: AtomicU64,
+    /// Cached reads answered here.
+    pub cache_hits: AtomicU64,
+    /// Reads forwarded to the cell.
+    pub upstream_reads: AtomicU64,
+    /// Other requests forwarded to the cell.
+    pub upstream_writes: AtomicU64,
+    /// Invalidations relayed to clients.
+    pub invalidations_relayed: AtomicU64,
+    /// Watch events delivered to clients.
+    pub watch_events_relayed: AtomicU64,
+}
+
+struct ClientState {
+    /// The client's event stream here: (stream id, sender).
+    sink: Option<(u64, UnboundedSender<Response>)>,
+    /// Items for the stream while it is not connected.
+    queued: VecDeque<Response>,
+    /// The latest moment the client's own lease can last, as far as this proxy knows:
+    /// `received + lease` of the last KeepAlive it relayed (the client started its clock
+    /// before sending), or `now + lease` when it first cached something here.
+    lease_until: Instant,
+    /// Nodes it may hold a value of that came from this proxy.
+    paths: HashSet<String>,
+}
+
+struct Pending {
+    /// The upstream invalidation to acknowledge when done: (proxy session, id).
+    upstream: Option<(SessionId, u64)>,
+    /// Clients that have not acknowledged yet.
+    waiting: HashSet<SessionId>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    value: Option<(Vec<u8>, NodeStat)>,
+    index: LogIndex,
+}
+
+#[derive(Default)]
+struct Tables {
+    clients: HashMap<SessionId, ClientState>,
+    cache: HashMap<String, Entry>,
+    holders: HashMap<String, HashSet<SessionId>>,
+    pending: HashMap<u64, Pending>,
+    next_id: u64,
+    next_stream: u64,
+    /// Bumped on every reset of the upstream session or stream.
+    generation: u64,
+    /// Sequence of invalidations received, and the recent ones' nodes.
+    inval_seq: u64,
+    recent_inval: VecDeque<(u64, String)>,
+    /// Client watches per upstream watch: (client session, index armed at).
+    watches: HashMap<WatchKey, Vec<(SessionId, LogIndex)>>,
+    /// Sequence of events received, and the recent ones' keys.
+    event_seq: u64,
+    recent_events: VecDeque<(u64, WatchKey)>,
+    last_index: LogIndex,
+}
+
+/// What a read in flight must compare against when it comes back.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot {
+    generation: u64,
+    seq: u64,
+}
+
+/// An acknowledgement owed upstream: (proxy session, invalidation id).
+pub type UpstreamAck = (SessionId, u64);
+
+/// The shared state of one proxy.
+pub struct Hub {
+    t: Mutex<Tables>,
+    /// Counters.
+    pub counters: Counters,
+    lease_ms: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub::new()
+    }
+}
+
+fn lock(m: &Mutex<Tables>) -> std::sync::MutexGuard<'_, Tables> {
+    m.lock().expect("proxy tables lock")
+}
+
+impl Tables {
+    fn client(&mut self, session: SessionId, lease: Duration) -> &mut ClientState {
+        self.clients
+            .entry(session)
+            .or_insert_with(|| ClientState {
+                sink: None,
+                queued: VecDeque::new(),
+                lease_until: Instant::now() + lease,
+                paths: HashSet::new(),
+            })
+    }
+
+    /// Sends `item` on the client's stream, or queues it until the stream connects.
+    fn deliver(&mut self, session: SessionId, item: Response, lease: Duration) {
+        let c = self.client(session, lease);
+        if let Some((_, tx)) = &c.sink {
+            match tx.send(item) {
+                Ok(()) => return,
+                Err(e) => {
+                    c.sink = None;
+                    c.queued.push_back(e.0);
+                }
+            }
+        } else {
+            c.queued.push_back(item);
+        }
+        while c.queued.len() > QUEUED_MAX {
+            c.queued.pop_front();
+        }
+    }
+
+    /// Removes `session` from every pending invalidation; returns the upstream acks owed.
+    fn stop_waiting_for(&mut self, session: SessionId) -> Vec<UpstreamAck> {
+        let mut done = Vec::new();
+        for (id, p) in self.pending.iter_mut() {
+            if p.waiting.remove(&session) && p.waiting.is_empty() {
+                done.push(*id);
+            }
+        }
+        self.finish(done)
+    }
+
+    fn finish(&mut self, ids: Vec<u64>) -> Vec<UpstreamAck> {
+        ids.into_iter()
+            .filter_map(|id| self.pending.remove(&id).and_then(|p| p.upstream))
+            .collect()
+    }
+
+    fn forget_holder(&mut self, session: SessionId) {
+        if let Some(c) = self.clients.get_mut(&session) {
+            for p in c.paths.drain() {
+                if let Some(h) = self.holders.get_mut(&p) {
+                    h.remove(&session);
+                    if h.is_empty() {
+                        self.holders.remove(&p);
+                    }
+                }
+            }
+        }
+    }
+
+    fn drop_watches_of(&mut self, session: SessionId) {
+        self.watches.retain(|_, list| {
+            list.retain(|(s, _)| *s != session);
+            !list.is_empty()
+        });
+    }
+}
+
+impl Hub {
+    /// Empty tables; the lease defaults to 12 s until the cell says otherwise.
+    pub fn new() -> Hub {
+        Hub {
+            t: Mutex::new(Tables::default()),
+            counters: Counters::default(),
+            lease_ms: AtomicU64::new(12_000),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The cell's session lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.load(Ordering::Relaxed))
+    }
+
+    /// Records the lease the cell grants.
+    pub fn set_lease_ms(&self, ms: u64) {
+        self.lease_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// True while the upstream event stream is open and its watches re-armed: only then
+    /// may values be cached here (invalidations can reach us).
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Marks the upstream stream usable (after a reset and re-arm) or not.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// The highest log index seen in any answer from the cell.
+    pub fn last_index(&self) -> LogIndex {
+        lock(&self.t).last_index
+    }
+
+    /// Notes an index seen in an answer.
+    pub fn saw_index(&self, index: LogIndex) {
+        let mut t = lock(&self.t);
+        t.last_index = t.last_index.max(index);
+    }
+
+    /// A KeepAlive of `session` received at `received` was renewed by the leader.
+    pub fn renewed(&self, session: SessionId, received: Instant) {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        let c = t.client(session, lease);
+        c.lease_until = c.lease_until.max(received + lease);
+    }
+
+    /// Sessions this proxy currently knows of.
+    pub fn session_count(&self) -> usize {
+        lock(&self.t).clients.len()
+    }
+
+    /// (node, kind) watches held upstream.
+    pub fn upstream_watch_count(&self) -> usize {
+        lock(&self.t).watches.len()
+    }
+
+    /// The session is over (expired, closed): its stream ends with `SessionExpired`, its
+    /// watches and holdings are dropped. Returns the upstream acks this completes.
+    pub fn session_ended(&self, session: SessionId) -> Vec<UpstreamAck> {
+        let mut t = lock(&self.t);
+        t.forget_holder(session);
+        t.drop_watches_of(session);
+        if let Some(c) = t.clients.remove(&session) {
+            if let Some((_, tx)) = c.sink {
+                let _ = tx.send(Err(Error::SessionExpired { session }));
+            }
+        }
+        t.stop_waiting_for(session)
+    }
+
+    // ----- event streams -----
+
+    /// Attaches a client's event stream; queued items are sent first. Returns its id.
+    pub fn attach_stream(&self, session: SessionId, tx: UnboundedSender<Response>) -> u64 {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        t.next_stream += 1;
+        let id = t.next_stream;
+        let c = t.client(session, lease);
+        while let Some(item) = c.queued.pop_front() {
+            if let Err(e) = tx.send(item) {
+                c.queued.push_front(e.0);
+                return id;
+            }
+        }
+        c.sink = Some((id, tx));
+        id
+    }
+
+    /// Detaches a client's stream if `id` is still the attached one.
+    pub fn detach_stream(&self, session: SessionId, id: u64) {
+        let mut t = lock(&self.t);
+        if let Some(c) = t.clients.get_mut(&session) {
+            if c.sink.as_ref().is_some_and(|(s, _)| *s == id) {
+                c.sink = None;
+            }
+        }
+    }
+
+    // ----- caching -----
+
+    /// A cached read served here, if the proxy holds the node and may serve it: the
+    /// client is recorded as a holder first.
+    pub fn cache_lookup(
+        &self,
+        session: SessionId,
+        path: &str,
+    ) -> Result<Reply, Snapshot> {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        let snap = Snapshot {
+            generation: t.generation,
+            seq: t.inval_seq,
+        };
+        if !self.ready() {
+            return Err(snap);
+        }
+        let Some(e) = t.cache.get(path).cloned() else {
+            return Err(snap);
+        };
+        t.record_holder(session, path, lease);
+        self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Ok(Reply::CachedData {
+            value: e.value,
+            index: e.index,
+            cachable: true,
+        })
+    }
+
+    /// An upstream cached read came back: cache it and record the client, unless the
+    /// node was invalidated or the upstream reset since `snap` (then the answer is passed
+    /// on as not cachable).
+    pub fn cache_fill(
+        &self,
+        session: SessionId,
+        path: &str,
+        snap: Snapshot,
+        value: Option<(Vec<u8>, NodeStat)>,
+        index: LogIndex,
+        cachable: bool,
+    ) -> Reply {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        t.last_index = t.last_index.max(index);
+        let raced = t.generation != snap.generation
+            || seq_touched(&t.recent_inval, snap.seq, t.inval_seq, |p| p == path);
+        let cachable = cachable && self.ready() && !raced;
+        if cachable {
+            t.cache.insert(
+                path.to_string(),
+                Entry {
+                    value: value.clone(),
+                    index,
+                },
+            );
+            t.record_holder(session, path, lease);
+        }
+        Reply::CachedData {
+            value,
+            index,
+            cachable,
+        }
+    }
+
+    /// The leader invalidated `paths` (invalidation `id` of the proxy's `session`): drop
+    /// them and relay to their holders. Returns the upstream ack if no holder is waited for.
+    pub fn invalidate(&self, session: SessionId, id: u64, paths: Vec<String>) -> Option<UpstreamAck> {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::new();
+        for p in paths {
+            t.inval_seq += 1;
+            let seq = t.inval_seq;
+            t.recent_inval.push_back((seq, p.clone()));
+            while t.recent_inval.len() > RECENT_MAX {
+                t.recent_inval.pop_front();
+            }
+            t.cache.remove(&p);
+            for c in t.holders.remove(&p).unwrap_or_default() {
+                if let Some(cs) = t.clients.get_mut(&c) {
+                    cs.paths.remove(&p);
+                }
+                per_client.entry(c).or_default().push(p.clone());
+            }
+        }
+        if per_client.is_empty() {
+            return Some((session, id));
+        }
+        t.next_id += 1;
+        let local = t.next_id;
+        t.pending.insert(
+            local,
+            Pending {
+                upstream: Some((session, id)),
+                waiting: per_client.keys().copied().collect(),
+            },
+        );
+        for (c, paths) in per_client {
+            self.counters
+                .invalidations_relayed
+                .fetch_add(1, Ordering::Relaxed);
+            t.deliver(c, Ok(Reply::Invalidate { id: local, paths }), lease);
+        }
+        None
+    }
+
+    /// A client acknowledged invalidations; returns the upstream acks now owed.
+    pub fn ack(&self, session: SessionId, ids: &[u64]) -> Vec<UpstreamAck> {
+        let mut t = lock(&self.t);
+        let mut done = Vec::new();
+        for id in ids {
+            if let Some(p) = t.pending.get_mut(id) {
+                if p.waiting.remove(&session) && p.waiting.is_empty() {
+                    done.push(*id);
+                }
+            }
+        }
+        t.finish(done)
+    }
+
+    /// The upstream session or stream is being reset: nothing cached here can be trusted
+    /// to be invalidated any more. Drops the cache, invalidates every holder of anything,
+    /// and returns the local invalidations to wait for before reconnecting upstream (the
+    /// leader takes the reconnection as this proxy's confirmation that it flushed).
+    pub fn reset(&self) -> Vec<u64> {
+        self.set_ready(false);
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        t.generation += 1;
+        t.cache.clear();
+        t.holders.clear();
+        let holding: Vec<(SessionId, Vec<String>)> = t
+            .clients
+            .iter_mut()
+            .filter(|(_, c)| !c.paths.is_empty())
+            .map(|(s, c)| (*s, c.paths.drain().collect()))
+            .collect();
+        let mut ids = Vec::new();
+        for (s, paths) in holding {
+            t.next_id += 1;
+            let id = t.next_id;
+            t.pending.insert(
+                id,
+                Pending {
+                    upstream: None,
+                    waiting: [s].into_iter().collect(),
+                },
+            );
+            self.counters
+                .invalidations_relayed
+                .fetch_add(1, Ordering::Relaxed);
+            t.deliver(s, Ok(Reply::Invalidate { id, paths }), lease);
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// True once none of `ids` is pending.
+    pub fn all_done(&self, ids: &[u64]) -> bool {
+        let t = lock(&self.t);
+        ids.iter().all(|id| !t.pending.contains_key(id))
+    }
+
+    /// Periodic upkeep: clients whose lease (as seen here) ran out stop being waited for;
+    /// long-silent clients are forgotten. Returns the upstream acks now owed.
+    pub fn tick(&self, now: Instant) -> Vec<UpstreamAck> {
+        let mut t = lock(&self.t);
+        let mut done = Vec::new();
+        let t = &mut *t;
+        let clients = &t.clients;
+        for (id, p) in t.pending.iter_mut() {
+            p.waiting
+                .retain(|c| clients.get(c).is_some_and(|cs| cs.lease_until > now));
+            if p.waiting.is_empty() {
+                done.push(*id);
+            }
+        }
+        let forget: Vec<SessionId> = t
+            .clients
+            .iter()
+            .filter(|(_, c)| c.sink.is_none() && c.lease_until + FORGET_AFTER < now)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in forget {
+            t.forget_holder(s);
+            t.drop_watches_of(s);
+            t.clients.remove(&s);
+        }
+        t.finish(done)
+    }
+
+    // ----- watches -----
+
+    /// A snapshot to take before sending a watched read upstream.
+    pub fn watch_snapshot(&self) -> Snapshot {
+        let t = lock(&self.t);
+        Snapshot {
+            generation: t.generation,
+            seq: t.event_seq,
+        }
+    }
+
+    /// Registers a client's watch armed at `since`. Returns the upstream watch to re-arm
+    /// if an event on it (or a reset) may have consumed the upstream watch since `snap`.
+    pub fn add_watch(
+        &self,
+        session: SessionId,
+        key: WatchKey,
+        since: LogIndex,
+        snap: Snapshot,
+    ) -> Option<wire::types::WatchSpec> {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        t.last_index = t.last_index.max(since);
+        t.client(session, lease);
+        let raced = t.generation != snap.generation
+            || seq_touched(&t.recent_events, snap.seq, t.event_seq, |k| *k == key);
+        let list = t.watches.entry(key.clone()).or_default();
+        if let Some(w) = list.iter_mut().find(|(s, _)| *s == session) {
+            w.1 = w.1.min(since);
+        } else {
+            list.push((session, since));
+        }
+        let min = list.iter().map(|(_, i)| *i).min().unwrap_or(since);
+        raced.then(|| wire::types::WatchSpec {
+            path: key.0,
+            kind: key.1,
+            since_index: min,
+        })
+    }
+
+    /// An upstream watch fired: fires every client watch armed below the event's index
+    /// (all of them when the index is 0: the change is older than the leader's memory).
+    /// Returns the upstream watch to re-arm for the clients left.
+    pub fn fire(&self, ev: &WatchEvent) -> Option<wire::types::WatchSpec> {
+        let lease = self.lease();
+        let mut t = lock(&self.t);
+        let key = (ev.path.clone(), ev.kind);
+        t.event_seq += 1;
+        let seq = t.event_seq;
+        t.recent_events.push_back((seq, key.clone()));
+        while t.recent_events.len() > RECENT_MAX {
+            t.recent_events.pop_front();
+        }
+        t.last_index = t.last_index.max(ev.index);
+        let list = t.watches.remove(&key).unwrap_or_default();
+        let (fired, left): (Vec<_>, Vec<_>) = list
+            .into_iter()
+            .partition(|(_, since)| ev.index == 0 || *since < ev.index);
+        for (s, _) in fired {
+            self.counters
+                .watch_events_relayed
+                .fetch_add(1, Ordering::Relaxed);
+            t.deliver(s, Ok(Reply::Event(ev.clone())), lease);
+        }
+        if left.is_empty() {
+            return None;
+        }
+        let min = left.iter().map(|(_, i)| *i).min().expect("not empty");
+        t.watches.insert(key.clone(), left);
+        Some(wire::types::WatchSpec {
+            path: key.0,
+            kind: key.1,
+            since_index: min,
+        })
+    }
+
+    /// Removes one client's watch (it fired in a `Rewatch` answer to that client).
+    pub fn remove_watch(&self, session: SessionId, key: &WatchKey) {
+        let mut t = lock(&self.t);
+        if let Some(list) = t.watches.get_mut(key) {
+            list.retain(|(s, _)| *s != session);
+            if list.is_empty() {
+                t.watches.remove(key);
+            }
+        }
+    }
+
+    /// Every upstream watch with the lowest index a client armed it at: what to re-arm
+    /// after the upstream stream (re)connects.
+    pub fn all_watches(&self) -> Vec<wire::types::WatchSpec> {
+        let t = lock(&self.t);
+        t.watches
+            .iter()
+            .map(|(k, list)| wire::types::WatchSpec {
+                path: k.0.clone(),
+                kind: k.1,
+                since_index: list.iter().map(|(_, i)| *i).min().unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+impl Tables {
+    fn record_holder(&mut self, session: SessionId, path: &str, lease: Duration) {
+        let c = self.client(session, lease);
+        // The client's lease cannot outlast now + lease without a renewal we see (or a
+        // move to another proxy, which makes it flush first).
+        c.lease_until = c.lease_until.max(Instant::now() + lease);
+        c.paths.insert(path.to_string());
+        self.holders
+            .entry(path.to_string())
+            .or_default()
+            .insert(session);
+    }
+}
+
+/// True if an item matching `hit` was recorded after sequence number `since` (or if the
+/// record no longer reaches back that far).
+fn seq_touched<T>(
+    recent: &VecDeque<(u64, T)>,
+    since: u64,
+    now: u64,
+    hit: impl Fn(&T) -> bool,
+) -> bool {
+    if now == since {
+        return false;
+    }
+    if recent.front().is_none_or(|(s, _)| *s > since + 1) {
+        return true;
+    }
+    recent.iter().any(|(s, x)| *s > since && hit(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(path: &str, kind: WatchKind, index: u64) -> WatchEvent {
+        WatchEvent {
+            path: path.into(),
+            kind,
+            event: wire::types::EventType::DataChanged,
+            index,
+        }
+    }
+
+    #[test]
+    fn events_fire_only_watches_armed_below_them() {
+        let hub = Hub::new();
+        let snap = hub.watch_snapshot();
+        let key = ("/a".to_string(), WatchKind::Data);
+        assert!(hub.add_watch(1, key.clone(), 10, snap).is_none());
+        assert!(hub.add_watch(2, key.clone(), 20, snap).is_none());
+        let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
+        let (tx2, mut rx2) = tokio::sync::mpsc::unbounded_channel();
+        hub.attach_stream(1, tx1);
+        hub.attach_stream(2, tx2);
+        // An event at 15 fires client 1's watch only; client 2's must be re-armed at 20.
+        let rearm = hub.fire(&ev("/a", WatchKind::Data, 15)).unwrap();
+        assert_eq!(rearm.since_index, 20);
+        assert!(matches!(rx1.try_recv(), Ok(Ok(Reply::Event(_)))));
+        assert!(rx2.try_recv().is_err());
+        assert!(hub.fire(&ev("/a", WatchKind::Data, 21)).is_none());
+        assert!(matches!(rx2.try_recv(), Ok(Ok(Reply::Event(_)))));
+        assert_eq!(hub.upstream_watch_count(), 0);
+    }
+
+    #[test]
+    fn a_watch_registered_after_an_event_on_its_key_is_rearmed() {
+        let hub = Hub::new();
+        let key = ("/a".to_string(), WatchKind::Data);
+        let snap = hub.watch_snapshot();
+        hub.fire(&ev("/b", WatchKind::Data, 3));
+        assert!(hub.add_watch(1, key.clone(), 2, snap).is_none(), "other key");
+        let snap = hub.watch_snapshot();
+        hub.fire(&ev("/a", WatchKind::Data, 5));
+        let spec = hub.add_watch(2, key, 4, snap).expect("re-arm");
+        assert_eq!(spec.since_index, 4);
+    }
+
+    #[test]
+    fn invalidation_waits_for_every_holder_then_acks_upstream() {
+        let hub = Hub::new();
+        hub.set_ready(true);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+        assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
+        assert!(hub.cache_lookup(2, "/c").is_ok(), "served from the proxy's cache");
+        let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
+        hub.attach_stream(1, tx1);
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        let Ok(Ok(Reply::Invalidate { id, .. })) = rx1.try_recv() else {
+            panic!("client 1 not invalidated")
+        };
+        assert!(hub.cache_lookup(3, "/c").is_err(), "dropped at once");
+        assert!(hub.ack(1, &[id]).is_empty(), "client 2 has not acknowledged");
+        // Client 2 never answers: its lease as seen here runs out.
+        let acks = hub.tick(Instant::now() + Duration::from_secs(13));
+        assert_eq!(acks, vec![(99, 5)]);
+    }
+
+    #[test]
+    fn a_read_that_raced_an_invalidation_is_not_cached() {
+        let hub = Hub::new();
+        hub.set_ready(true);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        assert_eq!(hub.invalidate(99, 1, vec!["/c".into()]), Some((99, 1)));
+        let r = hub.cache_fill(1, "/c", snap, None, 7, true);
+        assert!(matches!(r, Reply::CachedData { cachable: false, .. }));
+        assert!(hub.cache_lookup(1, "/c").is_err());
+        // A reset also makes reads in flight uncachable and invalidates every holder.
+        let snap = hub.cache_lookup(1, "/d").unwrap_err();
+        hub.cache_fill(1, "/d", snap, None, 8, true);
+        let ids = hub.reset();
+        assert_eq!(ids.len(), 1);
+        assert!(!hub.all_done(&ids));
+        assert!(hub.ack(1, &ids).is_empty(), "local invalidations owe nothing upstream");
+        assert!(hub.all_done(&ids));
+    }
+
+    fn stat() -> NodeStat {
+        NodeStat {
+            version: 0,
+            children_version: 0,
+            create_index: 1,
+            mod_index: 1,
+            ephemeral_owner: None,
+            data_len: 1,
+            children_count: 0,
+        }
+    }
+}

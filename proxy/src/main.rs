@@ -1,0 +1,41 @@
+//! `proxy`: the lock service's proxy tier.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// A lock-service proxy: terminates clients, batches their KeepAlives, serves cached reads
+/// and fans out watches for one cell.
+///
+/// Configuration comes from a TOML file (see `ops/proxy.example.toml`) with environment
+/// overrides: `LOCKSVC_PROXY__<KEY>`, e.g. `LOCKSVC_PROXY__MAX_CLIENTS=5000` or
+/// `LOCKSVC_PROXY__REPLICAS=127.0.0.1:7101,127.0.0.1:7102`.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Configuration file (TOML).
+    #[arg(short, long)]
+    config: PathBuf,
+}
+
+fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,quinn=warn".into()),
+        )
+        .init();
+    let cfg = match proxy::ProxyConfig::load(Some(&args.config)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("proxy: {}: {e:#}", args.config.display());
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = proxy::run_until_signal(cfg) {
+        eprintln!("proxy: {e:#}");
+        std::process::exit(1);
+    }
+}

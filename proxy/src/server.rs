@@ -1,0 +1,445 @@
+//! The client side: a QUIC listener speaking exactly the replicas' client protocol.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use client_sdk::{Client, ClientConfig};
+use tokio::sync::Semaphore;
+use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
+use wire::types::{Op, ProxyStatus, Reply, Request, Response, WatchKind};
+use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
+
+use crate::config::ProxyConfig;
+use crate::hub::Hub;
+use crate::upstream::Upstream;
+
+const HELLO_BYTES_MAX: usize = 4_096;
+
+/// A running proxy.
+pub struct Proxy {
+    cfg: ProxyConfig,
+    up: Arc<Upstream>,
+    hub: Arc<Hub>,
+}
+
+/// Runs a proxy until `shutdown` completes.
+pub async fn run(cfg: ProxyConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT])
+        .map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint(cfg.listen, tls, None).map_err(anyhow::Error::msg)?;
+    let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
+    ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
+    ccfg.attempt_timeout = Duration::from_millis(cfg.forward_timeout_ms);
+    let client = Client::connect(ccfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("upstream client: {e}"))?;
+    let hub = Arc::new(Hub::new());
+    let up = Arc::new(Upstream::new(
+        client,
+        hub.clone(),
+        Duration::from_millis(cfg.keepalive_interval_ms),
+        Duration::from_millis(cfg.forward_timeout_ms),
+    ));
+    let proxy = Arc::new(Proxy {
+        cfg: cfg.clone(),
+        up: up.clone(),
+        hub,
+    });
+    let tasks = vec![
+        tokio::spawn(up.clone().batch_loop()),
+        tokio::spawn(up.clone().tick_loop()),
+        tokio::spawn(up.clone().stream_loop()),
+        tokio::spawn(serve(endpoint.clone(), proxy.clone())),
+        tokio::spawn(stats_loop(proxy.clone())),
+    ];
+    tracing::info!(listen = %cfg.listen, replicas = ?cfg.replicas, "proxy serving");
+    shutdown.await;
+    tracing::info!("proxy shutting down");
+    endpoint.close(0u32.into(), b"proxy shutting down");
+    for t in tasks {
+        t.abort();
+    }
+    endpoint.wait_idle().await;
+    Ok(())
+}
+
+/// Runs a proxy on its own runtime until SIGINT or SIGTERM.
+pub fn run_until_signal(cfg: ProxyConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        run(cfg, shutdown).await
+    })
+}
+
+async fn stats_loop(p: Arc<Proxy>) {
+    if p.cfg.stats_interval_ms == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(p.cfg.stats_interval_ms));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let s = p.status();
+        tracing::info!(
+            clients = s.clients,
+            sessions = s.sessions,
+            keepalive_batches = s.keepalive_batches,
+            keepalives_batched = s.keepalives_batched,
+            cache_hits = s.cache_hits,
+            upstream_reads = s.upstream_reads,
+            invalidations_relayed = s.invalidations_relayed,
+            upstream_watches = s.upstream_watches,
+            "proxy counters"
+        );
+    }
+}
+
+async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("handshake failed: {e}");
+                    return;
+                }
+            };
+            serve_client(conn, p).await;
+        });
+    }
+}
+
+/// Counts a connection for as long as it lives.
+struct Connected(Arc<Proxy>);
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.0.hub.counters.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
+    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+        return;
+    };
+    let count = p.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
+    let _connected = Connected(p.clone());
+    let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
+        Ok(_) if count as usize > p.cfg.max_clients => Err(Error::Unavailable {
+            reason: format!(
+                "proxy {} is at its limit of {} clients",
+                p.cfg.listen, p.cfg.max_clients
+            ),
+        }),
+        Ok(h) => h.check().map(|_| HelloOk {
+            protocol_version: wire::PROTOCOL_VERSION,
+            replica_id: 0,
+        }),
+        Err(e) => Err(e),
+    };
+    let ok = reply.is_ok();
+    let _ = frame::write(&mut send, &reply, HELLO_BYTES_MAX).await;
+    let _ = send.finish();
+    if !ok {
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        conn.close(2u32.into(), b"hello refused");
+        return;
+    }
+    let inflight = Arc::new(Semaphore::new(p.cfg.max_inflight_per_client));
+    loop {
+        let (mut send, mut recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let p = p.clone();
+        let conn = conn.clone();
+        let permit = inflight.clone().try_acquire_owned();
+        tokio::spawn(async move {
+            let received = Instant::now();
+            let req = frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await;
+            let resp: Response = match (req, permit) {
+                (Ok(req), Ok(_permit)) if req.op == Op::Events => {
+                    p.serve_events(req.session, send, conn).await;
+                    return;
+                }
+                (Ok(req), Ok(_permit)) => p.handle(req, received).await,
+                (Ok(req), Err(_)) => Err(Error::TooManyRequests {
+                    session: req.session,
+                    max: p.cfg.max_inflight_per_client,
+                }),
+                (Err(e), _) => Err(e),
+            };
+            let buf = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
+                Ok(buf) => buf,
+                Err(e) => frame::encode(&Response::Err(e), CLIENT_FRAME_BYTES_MAX).expect("small"),
+            };
+            let _ = send.write_all(&buf).await;
+            let _ = send.finish();
+        });
+    }
+}
+
+fn watch_kind(reply: &Reply) -> Option<(WatchKind, u64)> {
+    match reply {
+        Reply::Data { index, .. } => Some((WatchKind::Data, *index)),
+        Reply::Exists {
+            stat: Some(_),
+            index,
+        } => Some((WatchKind::Data, *index)),
+        Reply::Exists { stat: None, index } => Some((WatchKind::Exists, *index)),
+        Reply::Children { index, .. } => Some((WatchKind::Children, *index)),
+        _ => None,
+    }
+}
+
+impl Proxy {
+    /// The proxy's counters.
+    pub fn status(&self) -> ProxyStatus {
+        let c = &self.hub.counters;
+        ProxyStatus {
+            clients: c.clients.load(Ordering::Relaxed),
+            sessions: self.hub.session_count() as u64,
+            keepalive_batches: c.keepalive_batches.load(Ordering::Relaxed),
+            keepalives_batched: c.keepalives_batched.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            upstream_reads: c.upstream_reads.load(Ordering::Relaxed),
+            upstream_writes: c.upstream_writes.load(Ordering::Relaxed),
+            invalidations_relayed: c.invalidations_relayed.load(Ordering::Relaxed),
+            watch_events_relayed: c.watch_events_relayed.load(Ordering::Relaxed),
+            upstream_watches: self.hub.upstream_watch_count() as u64,
+            session: self.up.session(),
+        }
+    }
+
+    async fn handle(&self, req: Request, received: Instant) -> Response {
+        let needs_session = matches!(
+            req.op,
+            Op::KeepAlive | Op::CachedGet { .. } | Op::AckInvalidations { .. } | Op::Rewatch { .. }
+        ) || matches!(
+            req.op,
+            Op::Get { watch: true, .. } | Op::Exists { watch: true, .. } | Op::Children { watch: true, .. }
+        );
+        if needs_session && req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        let counters = &self.hub.counters;
+        match req.op {
+            Op::KeepAlive => self.up.keepalive(req.session, received).await,
+            Op::KeepAliveBatch { .. } => Err(Error::BadRequest {
+                reason: "a proxy batches KeepAlives itself: send KeepAlive".into(),
+            }),
+            Op::ProxyStatus => Ok(Reply::ProxyStatus(self.status())),
+            Op::Events => Err(Error::BadRequest {
+                reason: "Events needs its own stream".into(),
+            }),
+            Op::CachedGet { path } => self.cached_get(req.session, path).await,
+            Op::AckInvalidations { ids } => {
+                let acks = self.hub.ack(req.session, &ids);
+                self.up.send_acks(acks);
+                Ok(Reply::Acked)
+            }
+            Op::Get { watch: true, .. }
+            | Op::Exists { watch: true, .. }
+            | Op::Children { watch: true, .. } => self.watched_read(req.session, req.op).await,
+            Op::Rewatch { watches } => self.rewatch(req.session, watches).await,
+            Op::CloseSession => {
+                counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
+                let session = req.session;
+                let r = self.up.forward(req).await;
+                if matches!(r, Ok(_) | Err(Error::SessionExpired { .. })) {
+                    let acks = self.hub.session_ended(session);
+                    self.up.send_acks(acks);
+                }
+                r
+            }
+            op => {
+                if op.is_write() || matches!(op, Op::AddLearner { .. } | Op::Promote { .. } | Op::RemoveMember { .. }) {
+                    counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    counters.upstream_reads.fetch_add(1, Ordering::Relaxed);
+                }
+                self.up.forward(Request { op, ..req }).await
+            }
+        }
+    }
+
+    async fn cached_get(&self, session: u64, p: String) -> Response {
+        path::validate(&p)?;
+        let snap = match self.hub.cache_lookup(session, &p) {
+            Ok(hit) => return Ok(hit),
+            Err(snap) => snap,
+        };
+        self.hub
+            .counters
+            .upstream_reads
+            .fetch_add(1, Ordering::Relaxed);
+        match self.up.own(Op::CachedGet { path: p.clone() }).await? {
+            Reply::CachedData {
+                value,
+                index,
+                cachable,
+            } => Ok(self
+                .hub
+                .cache_fill(session, &p, snap, value, index, cachable)),
+            other => Err(Error::Internal {
+                reason: format!("unexpected answer to CachedGet: {other:?}"),
+            }),
+        }
+    }
+
+    /// A watched read: sent upstream under the proxy's session (one upstream watch per
+    /// node and kind), the client's watch kept here at the index its read reflects.
+    async fn watched_read(&self, session: u64, op: Op) -> Response {
+        let p = match &op {
+            Op::Get { path, .. } | Op::Exists { path, .. } | Op::Children { path, .. } => {
+                path.clone()
+            }
+            _ => unreachable!("only watched reads come here"),
+        };
+        path::validate(&p)?;
+        let snap = self.hub.watch_snapshot();
+        self.hub
+            .counters
+            .upstream_reads
+            .fetch_add(1, Ordering::Relaxed);
+        let reply = self.up.own(op).await?;
+        let Some((kind, index)) = watch_kind(&reply) else {
+            return Err(Error::Internal {
+                reason: format!("unexpected answer to a watched read: {reply:?}"),
+            });
+        };
+        if let Some(spec) = self.hub.add_watch(session, (p, kind), index, snap) {
+            self.up.rearm_later(spec);
+        }
+        Ok(reply)
+    }
+
+    /// A client re-arms its watches (after its stream reconnected): re-armed upstream
+    /// under the proxy's session; those that fire are answered to this client only.
+    async fn rewatch(&self, session: u64, watches: Vec<wire::types::WatchSpec>) -> Response {
+        if watches.len() > wire::REWATCH_MAX {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "{} watches exceed the maximum of {}",
+                    watches.len(),
+                    wire::REWATCH_MAX
+                ),
+            });
+        }
+        for w in &watches {
+            path::validate(&w.path)?;
+        }
+        if watches.is_empty() {
+            // Nothing to arm: a session check at the cell, as a replica would make.
+            return self
+                .up
+                .forward(Request {
+                    session,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::Rewatch { watches },
+                })
+                .await;
+        }
+        let snap = self.hub.watch_snapshot();
+        let fired = match self
+            .up
+            .own(Op::Rewatch {
+                watches: watches.clone(),
+            })
+            .await?
+        {
+            Reply::Rewatched { fired } => fired,
+            other => {
+                return Err(Error::Internal {
+                    reason: format!("unexpected answer to Rewatch: {other:?}"),
+                })
+            }
+        };
+        for w in watches {
+            let key = (w.path.clone(), w.kind);
+            if fired.iter().any(|e| e.path == w.path && e.kind == w.kind) {
+                self.hub.remove_watch(session, &key);
+                continue;
+            }
+            if let Some(spec) = self.hub.add_watch(session, key, w.since_index, snap) {
+                self.up.rearm_later(spec);
+            }
+        }
+        self.hub
+            .counters
+            .watch_events_relayed
+            .fetch_add(fired.len() as u64, Ordering::Relaxed);
+        Ok(Reply::Rewatched { fired })
+    }
+
+    /// A client's event stream: opened after the cell confirms the session, then fed with
+    /// the invalidations and watch events the proxy relays, until the session ends or the
+    /// client goes away.
+    async fn serve_events(&self, session: u64, mut send: quinn::SendStream, conn: quinn::Connection) {
+        let opened: Response = async {
+            if session == 0 {
+                return Err(Error::SessionRequired);
+            }
+            // A session check at the cell (an empty Rewatch checks and arms nothing).
+            self.up
+                .forward(Request {
+                    session,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::Rewatch {
+                        watches: Vec::new(),
+                    },
+                })
+                .await?;
+            Ok(Reply::EventsOpened {
+                index: self.hub.last_index(),
+            })
+        }
+        .await;
+        let ok = opened.is_ok();
+        if frame::write(&mut send, &opened, CLIENT_FRAME_BYTES_MAX)
+            .await
+            .is_err()
+            || !ok
+        {
+            let _ = send.finish();
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let id = self.hub.attach_stream(session, tx);
+        loop {
+            let item = tokio::select! {
+                item = rx.recv() => item,
+                _ = conn.closed() => None,
+            };
+            let Some(item) = item else { break };
+            let end = item.is_err();
+            if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)
+                .await
+                .is_err()
+                || end
+            {
+                break;
+            }
+        }
+        self.hub.detach_stream(session, id);
+        let _ = send.finish();
+    }
+}

@@ -1,0 +1,444 @@
+//! The proxy's side toward the cell: its own session, the KeepAlive batcher, and its event
+//! stream (invalidations and watch events for everything its clients cache and watch).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use client_sdk::Client;
+use tokio::sync::oneshot;
+use wire::types::{Op, Reply, Request, Response, SessionId, WatchSpec};
+use wire::Error;
+
+use crate::hub::{Hub, UpstreamAck};
+
+/// How long a client's KeepAlive may wait here for a batch to renew it.
+const KEEPALIVE_WAIT: Duration = Duration::from_secs(3);
+/// Pause before retrying a batch the leader did not take.
+const BATCH_RETRY: Duration = Duration::from_millis(200);
+/// How often the event stream checks that it is still at the leader requests reach.
+const STREAM_LEADER_CHECK: Duration = Duration::from_millis(500);
+
+struct Waiter {
+    received: Instant,
+    tx: oneshot::Sender<Response>,
+}
+
+/// The proxy's connection to its cell.
+pub struct Upstream {
+    /// The SDK client dialing the replicas (follows the leader, retries with the same id).
+    pub client: Client,
+    /// Shared tables.
+    pub hub: Arc<Hub>,
+    session: AtomicU64,
+    queue: Mutex<HashMap<SessionId, Vec<Waiter>>>,
+    owed: Mutex<Vec<UpstreamAck>>,
+    interval: Duration,
+    forward_timeout: Duration,
+}
+
+fn unavailable(reason: &str) -> Error {
+    Error::Unavailable {
+        reason: reason.into(),
+    }
+}
+
+impl Upstream {
+    /// A connection to the cell through `client`.
+    pub fn new(
+        client: Client,
+        hub: Arc<Hub>,
+        interval: Duration,
+        forward_timeout: Duration,
+    ) -> Upstream {
+        Upstream {
+            client,
+            hub,
+            session: AtomicU64::new(0),
+            queue: Mutex::new(HashMap::new()),
+            owed: Mutex::new(Vec::new()),
+            interval,
+            forward_timeout,
+        }
+    }
+
+    /// The proxy's own session (0 while it has none).
+    pub fn session(&self) -> SessionId {
+        self.session.load(Ordering::SeqCst)
+    }
+
+    /// Sends a request to the leader, retrying (same request id) until the forward
+    /// timeout. The leader's address never reaches the client: a `NotLeader` becomes
+    /// `Unavailable`, so the client retries here instead of bypassing the proxy.
+    pub async fn forward(&self, req: Request) -> Response {
+        let deadline = Instant::now() + self.forward_timeout;
+        match self.client.call_until(req, deadline).await {
+            Err(Error::NotLeader { .. }) => Err(unavailable("no leader reachable from the proxy")),
+            Err(Error::SessionExpired { session }) if session == self.session() => {
+                // Our own session is gone, not the client's: the event loop starts anew.
+                self.session.store(0, Ordering::SeqCst);
+                Err(unavailable("the proxy is re-establishing its session"))
+            }
+            r => r,
+        }
+    }
+
+    /// A request under the proxy's own session.
+    pub async fn own(&self, op: Op) -> Response {
+        let session = self.session();
+        if session == 0 {
+            return Err(unavailable("the proxy is establishing its session"));
+        }
+        self.forward(Request {
+            session,
+            request_id: 0,
+            ack_below: 0,
+            op,
+        })
+        .await
+    }
+
+    /// Queues a client's KeepAlive for the next batch and waits for its renewal.
+    pub async fn keepalive(&self, session: SessionId, received: Instant) -> Response {
+        let (tx, rx) = oneshot::channel();
+        self.queue
+            .lock()
+            .expect("keepalive queue")
+            .entry(session)
+            .or_default()
+            .push(Waiter { received, tx });
+        match tokio::time::timeout(KEEPALIVE_WAIT, rx).await {
+            Ok(Ok(r)) => r,
+            _ => Err(unavailable("KeepAlive not renewed by the leader in time")),
+        }
+    }
+
+    /// Sends the acknowledgements owed upstream (each under the session that received
+    /// the invalidation; one from a session since replaced is moot and skipped).
+    pub fn send_acks(self: &Arc<Self>, acks: Vec<UpstreamAck>) {
+        let current = self.session();
+        let ids: Vec<u64> = acks
+            .into_iter()
+            .filter(|(s, _)| *s == current)
+            .map(|(_, id)| id)
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = me.own(Op::AckInvalidations { ids }).await {
+                tracing::debug!("upstream invalidation ack failed: {e}");
+            }
+        });
+    }
+
+    /// Re-arms upstream watches; fired ones are dispatched to clients (and re-armed for
+    /// those left). False if the cell could not be asked.
+    pub async fn rearm(self: &Arc<Self>, specs: Vec<WatchSpec>) -> bool {
+        let mut todo = specs;
+        // Bounded: each round either re-arms or fires; a re-armed watch does not return.
+        for _ in 0..16 {
+            if todo.is_empty() {
+                return true;
+            }
+            let mut next = Vec::new();
+            for chunk in todo.chunks(wire::REWATCH_MAX) {
+                match self
+                    .own(Op::Rewatch {
+                        watches: chunk.to_vec(),
+                    })
+                    .await
+                {
+                    Ok(Reply::Rewatched { fired }) => {
+                        for ev in fired {
+                            if let Some(spec) = self.hub.fire(&ev) {
+                                next.push(spec);
+                            }
+                        }
+                    }
+                    Ok(other) => {
+                        tracing::warn!("unexpected answer to Rewatch: {other:?}");
+                        return false;
+                    }
+                    Err(e) => {
+                        tracing::debug!("re-arming upstream watches failed: {e}");
+                        return false;
+                    }
+                }
+            }
+            todo = next;
+        }
+        todo.is_empty()
+    }
+
+    /// Re-arms in the background (a watch whose upstream copy an event consumed).
+    pub fn rearm_later(self: &Arc<Self>, spec: WatchSpec) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if !me.rearm(vec![spec.clone()]).await {
+                // The stream loop re-arms everything when it reconnects; if the stream is
+                // fine, retry once more after a pause.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                me.rearm(vec![spec]).await;
+            }
+        });
+    }
+
+    /// Sends the collected KeepAlives (and the proxy's own) as one batch each interval.
+    pub async fn batch_loop(self: Arc<Self>) {
+        let mut next = Instant::now() + self.interval;
+        loop {
+            tokio::time::sleep_until(next.into()).await;
+            let ok = self.send_batch().await;
+            next = Instant::now() + if ok { self.interval } else { BATCH_RETRY };
+        }
+    }
+
+    async fn send_batch(&self) -> bool {
+        let waiting: HashMap<SessionId, Vec<Waiter>> =
+            std::mem::take(&mut *self.queue.lock().expect("keepalive queue"));
+        let own = self.session();
+        let mut sessions: Vec<SessionId> = waiting.keys().copied().collect();
+        if own != 0 && !waiting.contains_key(&own) {
+            sessions.push(own);
+        }
+        if sessions.is_empty() {
+            return true;
+        }
+        let mut renewed_all = Vec::new();
+        let mut expired_all = Vec::new();
+        let mut lease_ms = None;
+        let mut ok = true;
+        for chunk in sessions.chunks(wire::KEEPALIVE_BATCH_MAX) {
+            let req = Request {
+                session: 0,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::KeepAliveBatch {
+                    sessions: chunk.to_vec(),
+                },
+            };
+            self.hub
+                .counters
+                .keepalive_batches
+                .fetch_add(1, Ordering::Relaxed);
+            match self.forward(req).await {
+                Ok(Reply::KeepAliveBatch {
+                    session_lease_ms,
+                    renewed,
+                    expired,
+                }) => {
+                    lease_ms = Some(session_lease_ms);
+                    renewed_all.extend(renewed);
+                    expired_all.extend(expired);
+                }
+                Ok(other) => {
+                    tracing::warn!("unexpected answer to KeepAliveBatch: {other:?}");
+                    ok = false;
+                }
+                Err(e) => {
+                    tracing::debug!("KeepAlive batch failed: {e}");
+                    ok = false;
+                }
+            }
+        }
+        if let Some(ms) = lease_ms {
+            self.hub.set_lease_ms(ms);
+        }
+        let lease_ms = lease_ms.unwrap_or_else(|| self.hub.lease().as_millis() as u64);
+        let mut waiting = waiting;
+        self.hub
+            .counters
+            .keepalives_batched
+            .fetch_add(renewed_all.len() as u64, Ordering::Relaxed);
+        for s in renewed_all {
+            for w in waiting.remove(&s).unwrap_or_default() {
+                self.hub.renewed(s, w.received);
+                let _ = w.tx.send(Ok(Reply::KeepAlive {
+                    session_lease_ms: lease_ms,
+                }));
+            }
+        }
+        for s in expired_all {
+            if s == own {
+                tracing::warn!(session = s, "the proxy's own session expired");
+                self.session.store(0, Ordering::SeqCst);
+            }
+            for w in waiting.remove(&s).unwrap_or_default() {
+                let _ = w.tx.send(Err(Error::SessionExpired { session: s }));
+            }
+            let acks = self.hub.session_ended(s);
+            // Acks of an ended session's waits: sent by whoever holds an Arc (the tick).
+            self.pending_acks(acks);
+        }
+        // Neither renewed nor expired: try again in the next batch while they still wait.
+        let mut q = self.queue.lock().expect("keepalive queue");
+        for (s, ws) in waiting {
+            let ws: Vec<Waiter> = ws.into_iter().filter(|w| !w.tx.is_closed()).collect();
+            if !ws.is_empty() {
+                q.entry(s).or_default().extend(ws);
+            }
+        }
+        ok
+    }
+
+    fn pending_acks(&self, acks: Vec<UpstreamAck>) {
+        if !acks.is_empty() {
+            self.owed.lock().expect("owed acks").extend(acks);
+        }
+    }
+}
+
+impl Upstream {
+    /// Upkeep every 100 ms: stops waiting for clients whose lease ran out and sends the
+    /// acknowledgements that completes.
+    pub async fn tick_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            let mut acks = self.hub.tick(Instant::now());
+            acks.append(&mut self.owed.lock().expect("owed acks"));
+            self.send_acks(acks);
+        }
+    }
+
+    async fn ensure_session(&self) -> Result<SessionId, Error> {
+        let s = self.session();
+        if s != 0 {
+            return Ok(s);
+        }
+        let req = Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::CreateSession,
+        };
+        match self.forward(req).await? {
+            Reply::SessionCreated {
+                session,
+                session_lease_ms,
+            } => {
+                self.hub.set_lease_ms(session_lease_ms);
+                self.session.store(session, Ordering::SeqCst);
+                tracing::info!(session, "proxy session opened");
+                Ok(session)
+            }
+            other => Err(Error::Internal {
+                reason: format!("unexpected answer to CreateSession: {other:?}"),
+            }),
+        }
+    }
+
+    /// Keeps the proxy's event stream open at the leader. Before every (re)connection the
+    /// proxy's clients drop what they cached through it (the leader takes the reconnection
+    /// as the proxy's confirmation); after it, every upstream watch is re-armed.
+    pub async fn stream_loop(self: Arc<Self>) {
+        loop {
+            self.hub.set_ready(false);
+            let session = match self.ensure_session().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!("no proxy session yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    continue;
+                }
+            };
+            let ids = self.hub.reset();
+            // Bounded by the clients' leases (the tick stops waiting for expired ones).
+            let flushed_by = Instant::now() + self.hub.lease() * 2;
+            while !self.hub.all_done(&ids) && Instant::now() < flushed_by {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let req = Request {
+                session,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::Events,
+            };
+            let deadline = Instant::now() + self.hub.lease() / 3;
+            let (mut recv, addr) = match self.client.open_stream(req, deadline).await {
+                Ok((reply, recv, addr)) => {
+                    if let Reply::EventsOpened { index } = reply {
+                        self.hub.saw_index(index);
+                    }
+                    (recv, addr)
+                }
+                Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
+                    tracing::warn!(session, "the proxy's session is over; opening a new one");
+                    let _ = self.session.compare_exchange(
+                        session,
+                        0,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!("upstream event stream not open: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if !self.rearm(self.hub.all_watches()).await {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            self.hub.set_ready(true);
+            tracing::info!(session, leader = %addr, "upstream event stream open");
+            let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1024);
+            let reader = tokio::spawn(async move {
+                loop {
+                    let frame: Result<Response, Error> =
+                        wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;
+                    let end = !matches!(frame, Ok(Ok(_)));
+                    if frames_tx.send(frame).await.is_err() || end {
+                        return;
+                    }
+                }
+            });
+            let mut check = tokio::time::interval(STREAM_LEADER_CHECK);
+            check.tick().await;
+            loop {
+                let frame = tokio::select! {
+                    f = frames.recv() => match f {
+                        Some(f) => f,
+                        None => break,
+                    },
+                    _ = check.tick() => {
+                        if self.session() != session
+                            || self.client.leader_hint().is_some_and(|l| l != addr)
+                        {
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                match frame {
+                    Ok(Ok(Reply::Event(ev))) => {
+                        if let Some(spec) = self.hub.fire(&ev) {
+                            self.rearm_later(spec);
+                        }
+                    }
+                    Ok(Ok(Reply::Invalidate { id, paths })) => {
+                        if let Some(ack) = self.hub.invalidate(session, id, paths) {
+                            self.send_acks(vec![ack]);
+                        }
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::info!("upstream event stream ended: {e}");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::info!("upstream event stream broke: {e}");
+                        break;
+                    }
+                }
+            }
+            reader.abort();
+            self.hub.set_ready(false);
+        }
+    }
+}
