@@ -220,7 +220,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         children.0.push((name, child));
     }
     if !proxies.is_empty() {
-        println!("started {} proxies on {}", proxies.len(), proxies.join(", "));
+        println!(
+            "started {} proxies on {}",
+            proxies.len(),
+            proxies.join(", ")
+        );
     }
 
     if !args.no_demo {

@@ -415,7 +415,16 @@ async fn command(
         Command::ProxyStatus => {
             println!(
                 "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8}",
-                "proxy", "clients", "sessions", "batches", "renewals", "hits", "reads", "writes", "invals", "watches"
+                "proxy",
+                "clients",
+                "sessions",
+                "batches",
+                "renewals",
+                "hits",
+                "reads",
+                "writes",
+                "invals",
+                "watches"
             );
             for addr in client.endpoints() {
                 let req = wire::types::Request {

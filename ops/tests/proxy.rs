@@ -221,7 +221,10 @@ fn holder_survives_its_proxy_dying() {
             holder.check_sequencer(guard.sequencer()).await.unwrap(),
             "the cell still has the holder's node with the same token"
         );
-        assert!(!waiting.is_finished(), "the waiter got the lock while it was held");
+        assert!(
+            !waiting.is_finished(),
+            "the waiter got the lock while it was held"
+        );
         let (data, stat) = direct.get(&guard.sequencer().node).await.unwrap();
         assert!(data.is_empty());
         assert_eq!(stat.create_index, token);
@@ -300,8 +303,14 @@ fn cache_through_two_proxies() {
             hits += s.cache_hits;
         }
         assert_eq!(relayed, 6, "one invalidation per client that held the node");
-        assert!(hits >= 4, "later readers behind a proxy are served from its cache");
-        writer.create("/reg", b"0".to_vec(), CreateMode::default()).await.unwrap();
+        assert!(
+            hits >= 4,
+            "later readers behind a proxy are served from its cache"
+        );
+        writer
+            .create("/reg", b"0".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
     });
     // The checker: two reader processes behind each proxy, writes straight to the cell.
     let readers: Vec<String> = cell
@@ -341,8 +350,7 @@ fn one_upstream_watch_fans_out() {
         let sessions = open_sessions(&via, n, 200).await;
         let mut watches = Vec::new();
         for chunk in sessions.chunks(200) {
-            let got =
-                futures::future::join_all(chunk.iter().map(|s| s.get_watch("/flag"))).await;
+            let got = futures::future::join_all(chunk.iter().map(|s| s.get_watch("/flag"))).await;
             for g in got {
                 let (data, _, w) = g.unwrap();
                 assert_eq!(data, b"off");
@@ -354,15 +362,21 @@ fn one_upstream_watch_fans_out() {
         let p = proxy_status(&direct, &cell.proxies[0]).await;
         assert_eq!(p.upstream_watches, 1);
         let changed = Instant::now();
-        writer.set_data("/flag", b"on".to_vec(), None).await.unwrap();
-        let fired = tokio::time::timeout(
-            Duration::from_secs(20),
-            futures::future::join_all(watches),
-        )
-        .await
-        .expect("not every watcher was told");
+        writer
+            .set_data("/flag", b"on".to_vec(), None)
+            .await
+            .unwrap();
+        let fired =
+            tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(watches))
+                .await
+                .expect("not every watcher was told");
         let ok = fired.iter().filter(|r| r.is_ok()).count();
-        assert_eq!(ok, n, "watch errors: {:?}", fired.iter().find(|r| r.is_err()));
+        assert_eq!(
+            ok,
+            n,
+            "watch errors: {:?}",
+            fired.iter().find(|r| r.is_err())
+        );
         println!(
             "FIGURE proxy: one upstream watch, {n} watchers behind one proxy all told in {} ms",
             changed.elapsed().as_millis()
@@ -400,7 +414,9 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
             let stop = stop.clone();
             writers.push(tokio::spawn(async move {
                 let dir = format!("/seq/c{k}");
-                s.create(&dir, Vec::new(), CreateMode::default()).await.unwrap();
+                s.create(&dir, Vec::new(), CreateMode::default())
+                    .await
+                    .unwrap();
                 let mut acked = Vec::new();
                 let mut i = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
@@ -408,7 +424,10 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
                         ephemeral: false,
                         sequential: true,
                     };
-                    match s.create(&format!("{dir}/n-"), i.to_string().into_bytes(), mode).await {
+                    match s
+                        .create(&format!("{dir}/n-"), i.to_string().into_bytes(), mode)
+                        .await
+                    {
                         Ok(_) => acked.push(i),
                         Err(e) => panic!("client {k}: request {i} failed: {e}"),
                     }
@@ -438,8 +457,15 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
             let mut sorted = applied.clone();
             sorted.sort_unstable();
             sorted.dedup();
-            assert_eq!(sorted.len(), applied.len(), "{dir}: a request applied twice");
-            assert_eq!(sorted, acked, "{dir}: applied set differs from answered set");
+            assert_eq!(
+                sorted.len(),
+                applied.len(),
+                "{dir}: a request applied twice"
+            );
+            assert_eq!(
+                sorted, acked,
+                "{dir}: applied set differs from answered set"
+            );
             total += acked.len();
         }
         for s in &sessions {
@@ -451,10 +477,168 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
         );
         // Bad input through a proxy gets the cell's typed error.
         let s = &sessions[0];
-        match s.create("no-slash", Vec::new(), CreateMode::default()).await {
+        match s
+            .create("no-slash", Vec::new(), CreateMode::default())
+            .await
+        {
             Err(Error::InvalidPath { .. }) => {}
             other => panic!("expected InvalidPath, got {other:?}"),
         }
     });
     cell.stop();
+}
+
+/// Bad input and limits at a proxy: typed errors that name the problem, and the proxy
+/// keeps serving. Also: a session ended at the cell is reported to its client through
+/// the proxy.
+#[test]
+fn proxy_limits_bad_input_and_expiry_reporting() {
+    let _g = serial();
+    let cell = Cell::start(1);
+    // A second proxy with tight limits, started by hand from its own config file.
+    let port = free_base_from(
+        cell.proxies[0]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+            + 16,
+        1,
+    );
+    let listen = format!("127.0.0.1:{port}");
+    let cfg_path = cell.data.join("tight-proxy.toml");
+    let abs = std::fs::canonicalize(&cell.data).unwrap();
+    let tls = |f: &str| abs.join("tls").join(f).display().to_string();
+    let config = format!(
+        "listen = \"{listen}\"\nreplicas = {:?}\nmax_clients = 1\nmax_inflight_per_client = 1\n\
+         [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+        cell.replicas,
+        tls("ca.pem"),
+        tls("server.pem"),
+        tls("server.key"),
+    );
+    std::fs::write(&cfg_path, config).unwrap();
+    let tight = KillOnDrop(
+        std::process::Command::new(LOCKCTL)
+            .args(["proxy", "--config"])
+            .arg(&cfg_path)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let status = Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::Status,
+        };
+        // The first client is served (poll until the proxy is up).
+        let first = cell.client(std::slice::from_ref(&listen)).await;
+        let addr = listen.parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while first.call_at(addr, &status).await.is_err() {
+            assert!(Instant::now() < deadline, "tight proxy did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A second client connection is refused, naming the limit.
+        let second = cell.client(std::slice::from_ref(&listen)).await;
+        match second.call_at(addr, &status).await {
+            Err(Error::Unavailable { reason }) if reason.contains("limit of 1 clients") => {}
+            other => panic!("expected a refusal naming the client limit, got {other:?}"),
+        }
+        // One request in flight at a time: a KeepAlive of a session the cell never had
+        // waits for the next batch; a request sent meanwhile is refused.
+        let ka = Request {
+            session: 999_999,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::KeepAlive,
+        };
+        let f = first.clone();
+        let pending = tokio::spawn(async move { f.call_at(addr, &ka).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match first.call_at(addr, &status).await {
+            Err(Error::TooManyRequests { max: 1, .. }) => {}
+            other => panic!("expected TooManyRequests, got {other:?}"),
+        }
+        match pending.await.unwrap() {
+            Err(Error::UnknownSession { session: 999_999 }) => {}
+            other => panic!("expected UnknownSession, got {other:?}"),
+        }
+        assert!(first.call_at(addr, &status).await.is_ok(), "served again");
+
+        // The dev proxy: requests that make no sense there, and a garbage frame.
+        let p = &cell.proxies[0];
+        let paddr = p.parse().unwrap();
+        let via = cell.client(std::slice::from_ref(p)).await;
+        let batch = Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::KeepAliveBatch { sessions: vec![1] },
+        };
+        assert!(matches!(
+            via.call_at(paddr, &batch).await,
+            Err(Error::BadRequest { .. })
+        ));
+        let raddr = cell.replicas[0].parse().unwrap();
+        let ps = Request {
+            op: Op::ProxyStatus,
+            ..status.clone()
+        };
+        assert!(matches!(
+            direct.call_at(raddr, &ps).await,
+            Err(Error::BadRequest { .. })
+        ));
+        let tls = wire::tls::client_config(&cell.ca(), wire::hello::ALPN_CLIENT).unwrap();
+        let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = ep
+            .connect(paddr, wire::tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut s, mut r) = conn.open_bi().await.unwrap();
+        wire::frame::write(&mut s, &wire::hello::Hello::new("garbage test"), 4096)
+            .await
+            .unwrap();
+        let _ = s.finish();
+        let hello: wire::hello::HelloReply = wire::frame::read(&mut r, 4096).await.unwrap();
+        hello.unwrap();
+        let (mut s, mut r) = conn.open_bi().await.unwrap();
+        s.write_all(&[0, 0, 0, 3, 0xff, 0xff, 0xff]).await.unwrap();
+        let _ = s.finish();
+        let resp: wire::types::Response = wire::frame::read(&mut r, wire::CLIENT_FRAME_BYTES_MAX)
+            .await
+            .unwrap();
+        assert!(matches!(resp, Err(Error::Malformed { .. })), "{resp:?}");
+
+        // A session ended at the cell (closed here by another client) is reported to its
+        // client through the proxy within a KeepAlive interval or two.
+        let victim = via.open_session().await.unwrap();
+        let close = Request {
+            session: victim.id(),
+            request_id: 1,
+            ack_below: 0,
+            op: Op::CloseSession,
+        };
+        direct.call(close).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), victim.expired())
+            .await
+            .expect("expiry not reported through the proxy");
+    });
+    drop(tight);
+    cell.stop();
+}
+
+/// A child process killed when the test ends, even by a panic.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

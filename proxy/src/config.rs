@@ -153,7 +153,11 @@ key = "server.key"
 
         let mut bad = cfg.clone();
         bad.replicas = vec!["nohost".into()];
-        assert!(bad.validate().unwrap_err().to_string().contains("host:port"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("host:port"));
         let mut bad = cfg.clone();
         bad.keepalive_interval_ms = 10_000;
         assert!(bad.validate().is_err());

@@ -135,14 +135,12 @@ fn lock(m: &Mutex<Tables>) -> std::sync::MutexGuard<'_, Tables> {
 
 impl Tables {
     fn client(&mut self, session: SessionId, lease: Duration) -> &mut ClientState {
-        self.clients
-            .entry(session)
-            .or_insert_with(|| ClientState {
-                sink: None,
-                queued: VecDeque::new(),
-                lease_until: Instant::now() + lease,
-                paths: HashSet::new(),
-            })
+        self.clients.entry(session).or_insert_with(|| ClientState {
+            sink: None,
+            queued: VecDeque::new(),
+            lease_until: Instant::now() + lease,
+            paths: HashSet::new(),
+        })
     }
 
     /// Sends `item` on the client's stream, or queues it until the stream connects.
@@ -310,11 +308,7 @@ impl Hub {
 
     /// A cached read served here, if the proxy holds the node and may serve it: the
     /// client is recorded as a holder first.
-    pub fn cache_lookup(
-        &self,
-        session: SessionId,
-        path: &str,
-    ) -> Result<Reply, Snapshot> {
+    pub fn cache_lookup(&self, session: SessionId, path: &str) -> Result<Reply, Snapshot> {
         let lease = self.lease();
         let mut t = lock(&self.t);
         let snap = Snapshot {
@@ -373,7 +367,12 @@ impl Hub {
 
     /// The leader invalidated `paths` (invalidation `id` of the proxy's `session`): drop
     /// them and relay to their holders. Returns the upstream ack if no holder is waited for.
-    pub fn invalidate(&self, session: SessionId, id: u64, paths: Vec<String>) -> Option<UpstreamAck> {
+    pub fn invalidate(
+        &self,
+        session: SessionId,
+        id: u64,
+        paths: Vec<String>,
+    ) -> Option<UpstreamAck> {
         let lease = self.lease();
         let mut t = lock(&self.t);
         let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::new();
@@ -671,7 +670,10 @@ mod tests {
         let key = ("/a".to_string(), WatchKind::Data);
         let snap = hub.watch_snapshot();
         hub.fire(&ev("/b", WatchKind::Data, 3));
-        assert!(hub.add_watch(1, key.clone(), 2, snap).is_none(), "other key");
+        assert!(
+            hub.add_watch(1, key.clone(), 2, snap).is_none(),
+            "other key"
+        );
         let snap = hub.watch_snapshot();
         hub.fire(&ev("/a", WatchKind::Data, 5));
         let spec = hub.add_watch(2, key, 4, snap).expect("re-arm");
@@ -685,7 +687,10 @@ mod tests {
         let snap = hub.cache_lookup(1, "/c").unwrap_err();
         let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
         assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
-        assert!(hub.cache_lookup(2, "/c").is_ok(), "served from the proxy's cache");
+        assert!(
+            hub.cache_lookup(2, "/c").is_ok(),
+            "served from the proxy's cache"
+        );
         let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
         hub.attach_stream(1, tx1);
         assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
@@ -693,7 +698,10 @@ mod tests {
             panic!("client 1 not invalidated")
         };
         assert!(hub.cache_lookup(3, "/c").is_err(), "dropped at once");
-        assert!(hub.ack(1, &[id]).is_empty(), "client 2 has not acknowledged");
+        assert!(
+            hub.ack(1, &[id]).is_empty(),
+            "client 2 has not acknowledged"
+        );
         // Client 2 never answers: its lease as seen here runs out.
         let acks = hub.tick(Instant::now() + Duration::from_secs(13));
         assert_eq!(acks, vec![(99, 5)]);
@@ -706,7 +714,13 @@ mod tests {
         let snap = hub.cache_lookup(1, "/c").unwrap_err();
         assert_eq!(hub.invalidate(99, 1, vec!["/c".into()]), Some((99, 1)));
         let r = hub.cache_fill(1, "/c", snap, None, 7, true);
-        assert!(matches!(r, Reply::CachedData { cachable: false, .. }));
+        assert!(matches!(
+            r,
+            Reply::CachedData {
+                cachable: false,
+                ..
+            }
+        ));
         assert!(hub.cache_lookup(1, "/c").is_err());
         // A reset also makes reads in flight uncachable and invalidates every holder.
         let snap = hub.cache_lookup(1, "/d").unwrap_err();
@@ -714,7 +728,10 @@ mod tests {
         let ids = hub.reset();
         assert_eq!(ids.len(), 1);
         assert!(!hub.all_done(&ids));
-        assert!(hub.ack(1, &ids).is_empty(), "local invalidations owe nothing upstream");
+        assert!(
+            hub.ack(1, &ids).is_empty(),
+            "local invalidations owe nothing upstream"
+        );
         assert!(hub.all_done(&ids));
     }
 

@@ -29,7 +29,8 @@ pub async fn run(cfg: ProxyConfig, shutdown: impl Future<Output = ()>) -> anyhow
     cfg.validate()?;
     let tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT])
         .map_err(anyhow::Error::msg)?;
-    let endpoint = wire::quic::server_endpoint(cfg.listen, tls, None).map_err(anyhow::Error::msg)?;
+    let endpoint =
+        wire::quic::server_endpoint(cfg.listen, tls, None).map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
     ccfg.attempt_timeout = Duration::from_millis(cfg.forward_timeout_ms);
@@ -169,21 +170,25 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
         };
         let p = p.clone();
         let conn = conn.clone();
-        let permit = inflight.clone().try_acquire_owned();
+        let inflight = inflight.clone();
         tokio::spawn(async move {
             let received = Instant::now();
             let req = frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await;
-            let resp: Response = match (req, permit) {
-                (Ok(req), Ok(_permit)) if req.op == Op::Events => {
+            let resp: Response = match req {
+                // Event streams last as long as their session: bounded by QUIC's stream
+                // limit, not by the in-flight limit.
+                Ok(req) if req.op == Op::Events => {
                     p.serve_events(req.session, send, conn).await;
                     return;
                 }
-                (Ok(req), Ok(_permit)) => p.handle(req, received).await,
-                (Ok(req), Err(_)) => Err(Error::TooManyRequests {
-                    session: req.session,
-                    max: p.cfg.max_inflight_per_client,
-                }),
-                (Err(e), _) => Err(e),
+                Ok(req) => match inflight.try_acquire_owned() {
+                    Ok(_permit) => p.handle(req, received).await,
+                    Err(_) => Err(Error::TooManyRequests {
+                        session: req.session,
+                        max: p.cfg.max_inflight_per_client,
+                    }),
+                },
+                Err(e) => Err(e),
             };
             let buf = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
                 Ok(buf) => buf,
@@ -233,7 +238,9 @@ impl Proxy {
             Op::KeepAlive | Op::CachedGet { .. } | Op::AckInvalidations { .. } | Op::Rewatch { .. }
         ) || matches!(
             req.op,
-            Op::Get { watch: true, .. } | Op::Exists { watch: true, .. } | Op::Children { watch: true, .. }
+            Op::Get { watch: true, .. }
+                | Op::Exists { watch: true, .. }
+                | Op::Children { watch: true, .. }
         );
         if needs_session && req.session == 0 {
             return Err(Error::SessionRequired);
@@ -269,7 +276,12 @@ impl Proxy {
                 r
             }
             op => {
-                if op.is_write() || matches!(op, Op::AddLearner { .. } | Op::Promote { .. } | Op::RemoveMember { .. }) {
+                if op.is_write()
+                    || matches!(
+                        op,
+                        Op::AddLearner { .. } | Op::Promote { .. } | Op::RemoveMember { .. }
+                    )
+                {
                     counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
                 } else {
                     counters.upstream_reads.fetch_add(1, Ordering::Relaxed);
@@ -392,7 +404,12 @@ impl Proxy {
     /// A client's event stream: opened after the cell confirms the session, then fed with
     /// the invalidations and watch events the proxy relays, until the session ends or the
     /// client goes away.
-    async fn serve_events(&self, session: u64, mut send: quinn::SendStream, conn: quinn::Connection) {
+    async fn serve_events(
+        &self,
+        session: u64,
+        mut send: quinn::SendStream,
+        conn: quinn::Connection,
+    ) {
         let opened: Response = async {
             if session == 0 {
                 return Err(Error::SessionRequired);

@@ -197,8 +197,14 @@ impl Upstream {
     }
 
     async fn send_batch(&self) -> bool {
-        let waiting: HashMap<SessionId, Vec<Waiter>> =
+        let mut waiting: HashMap<SessionId, Vec<Waiter>> =
             std::mem::take(&mut *self.queue.lock().expect("keepalive queue"));
+        // A client that stopped waiting (it retries elsewhere, or died) is not renewed on
+        // its behalf: a dead client's session must run out one lease after it stopped.
+        waiting.retain(|_, ws| {
+            ws.retain(|w| !w.tx.is_closed());
+            !ws.is_empty()
+        });
         let own = self.session();
         let mut sessions: Vec<SessionId> = waiting.keys().copied().collect();
         if own != 0 && !waiting.contains_key(&own) {
@@ -209,6 +215,7 @@ impl Upstream {
         }
         let mut renewed_all = Vec::new();
         let mut expired_all = Vec::new();
+        let mut unknown_all = Vec::new();
         let mut lease_ms = None;
         let mut ok = true;
         for chunk in sessions.chunks(wire::KEEPALIVE_BATCH_MAX) {
@@ -229,10 +236,12 @@ impl Upstream {
                     session_lease_ms,
                     renewed,
                     expired,
+                    unknown,
                 }) => {
                     lease_ms = Some(session_lease_ms);
                     renewed_all.extend(renewed);
                     expired_all.extend(expired);
+                    unknown_all.extend(unknown);
                 }
                 Ok(other) => {
                     tracing::warn!("unexpected answer to KeepAliveBatch: {other:?}");
@@ -248,7 +257,6 @@ impl Upstream {
             self.hub.set_lease_ms(ms);
         }
         let lease_ms = lease_ms.unwrap_or_else(|| self.hub.lease().as_millis() as u64);
-        let mut waiting = waiting;
         self.hub
             .counters
             .keepalives_batched
@@ -261,13 +269,21 @@ impl Upstream {
                 }));
             }
         }
-        for s in expired_all {
+        let ended = expired_all
+            .into_iter()
+            .map(|s| (s, Error::SessionExpired { session: s }))
+            .chain(
+                unknown_all
+                    .into_iter()
+                    .map(|s| (s, Error::UnknownSession { session: s })),
+            );
+        for (s, err) in ended {
             if s == own {
                 tracing::warn!(session = s, "the proxy's own session expired");
                 self.session.store(0, Ordering::SeqCst);
             }
             for w in waiting.remove(&s).unwrap_or_default() {
-                let _ = w.tx.send(Err(Error::SessionExpired { session: s }));
+                let _ = w.tx.send(Err(err.clone()));
             }
             let acks = self.hub.session_ended(s);
             // Acks of an ended session's waits: sent by whoever holds an Arc (the tick).

@@ -443,7 +443,8 @@ impl Gateway {
                     return Err(Error::SessionRequired);
                 }
                 self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
-                let r = self.sessions
+                let r = self
+                    .sessions
                     .send(KeepAlive {
                         session: req.session,
                         received,
@@ -579,18 +580,19 @@ impl Gateway {
             return Err(Error::SessionRequired);
         }
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
-        let results = futures::future::join_all(sessions.iter().map(|&session| {
-            self.sessions.send(KeepAlive { session, received })
-        }))
+        let results = futures::future::join_all(
+            sessions
+                .iter()
+                .map(|&session| self.sessions.send(KeepAlive { session, received })),
+        )
         .await;
-        let (mut renewed, mut expired) = (Vec::new(), Vec::new());
+        let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut first_err = None;
         for (session, r) in sessions.into_iter().zip(results) {
             match r {
                 Ok(Ok(_)) => renewed.push(session),
-                Ok(Err(Error::SessionExpired { .. } | Error::UnknownSession { .. })) => {
-                    expired.push(session)
-                }
+                Ok(Err(Error::SessionExpired { .. })) => expired.push(session),
+                Ok(Err(Error::UnknownSession { .. })) => unknown.push(session),
                 Ok(Err(e)) => {
                     first_err.get_or_insert(e);
                 }
@@ -601,7 +603,7 @@ impl Gateway {
                 }
             }
         }
-        if renewed.is_empty() && expired.is_empty() {
+        if renewed.is_empty() && expired.is_empty() && unknown.is_empty() {
             if let Some(e) = first_err {
                 return Err(e);
             }
@@ -613,6 +615,7 @@ impl Gateway {
             session_lease_ms: self.lease_ms,
             renewed,
             expired,
+            unknown,
         })
     }
 

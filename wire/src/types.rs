@@ -408,8 +408,10 @@ pub enum Reply {
         session_lease_ms: u64,
         /// Sessions whose lease was extended.
         renewed: Vec<SessionId>,
-        /// Sessions that are over (expired, closed or unknown).
+        /// Sessions that are over (expired or closed).
         expired: Vec<SessionId>,
+        /// Sessions this cell never had.
+        unknown: Vec<SessionId>,
     },
     /// A proxy's counters.
     ProxyStatus(ProxyStatus),

@@ -46,7 +46,11 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Starts `lockctl dev` and returns it with its output up to "cell running".
-pub fn start_dev(data: &std::path::Path, base: u16, extra: &[&str]) -> (std::process::Child, String) {
+pub fn start_dev(
+    data: &std::path::Path,
+    base: u16,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     let mut dev = Command::new(LOCKCTL)
         .args([
             "dev",
@@ -110,7 +114,6 @@ pub fn stop_dev(dev: std::process::Child) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
-
 
 /// The pid of the `lockctl replica|proxy --config` process of the cell in `data` whose
 /// configuration listens on `addr`.
