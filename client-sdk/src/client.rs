@@ -14,7 +14,8 @@ use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
 /// How to reach a cell.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Replica (or, later, proxy) addresses, `host:port`.
+    /// Replica and/or proxy addresses, `host:port` (a proxy speaks the same protocol; the
+    /// client moves to the next endpoint when one fails).
     pub endpoints: Vec<String>,
     /// The cell's CA certificate (PEM).
     pub ca: PathBuf,

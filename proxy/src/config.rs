@@ -165,4 +165,16 @@ key = "server.key"
         bad.replicas.clear();
         assert!(bad.validate().is_err());
     }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/proxy.example.toml");
+        let cfg = ProxyConfig::load(Some(&f)).unwrap();
+        assert_eq!(cfg.replicas.len(), 5);
+        assert_eq!(cfg, {
+            let mut d = ProxyConfig::new(cfg.listen, cfg.replicas.clone(), cfg.tls.clone());
+            d.stats_interval_ms = 30_000;
+            d
+        });
+    }
 }

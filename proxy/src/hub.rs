@@ -530,7 +530,7 @@ impl Hub {
             list.push((session, since));
         }
         let min = list.iter().map(|(_, i)| *i).min().unwrap_or(since);
-        raced.then(|| wire::types::WatchSpec {
+        raced.then_some(wire::types::WatchSpec {
             path: key.0,
             kind: key.1,
             since_index: min,
