@@ -226,6 +226,7 @@ impl Client {
     pub async fn call_until(&self, req: Request, deadline: Instant) -> Result<Reply, Error> {
         let mut last_err = None;
         let mut attempt = 0u32;
+        let started = Instant::now();
         while Instant::now() < deadline {
             let mut redirected = false;
             for addr in self.candidates() {
@@ -271,11 +272,11 @@ impl Client {
             Some(e @ Error::Unavailable { .. }) => e,
             Some(e) => Error::Timeout {
                 what: format!("request {:?} (last error: {e})", req.op.name()),
-                after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
+                after_ms: started.elapsed().as_millis() as u64,
             },
             None => Error::Timeout {
                 what: "request".into(),
-                after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
+                after_ms: started.elapsed().as_millis() as u64,
             },
         })
     }

@@ -805,7 +805,7 @@ async fn event_loop(inner: Arc<Inner>) {
 /// are dispatched at once. False if the cell could not be asked (the caller reconnects and
 /// tries again).
 async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) -> bool {
-    for chunk in specs.chunks(wire::REWATCH_MAX) {
+    for chunk in wire::types::rewatch_chunks(&specs) {
         let req = Request {
             session: inner.id,
             request_id: 0,

@@ -495,7 +495,9 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
 fn proxy_limits_bad_input_and_expiry_reporting() {
     let _g = serial();
     let cell = Cell::start(1);
-    // A second proxy with tight limits, started by hand from its own config file.
+    // A second proxy with tight limits, started by hand from its own config file. Its
+    // "cell" is a port nobody answers on, so every forwarded request takes the whole
+    // forward timeout: a request that stays in flight for sure.
     let port = free_base_from(
         cell.proxies[0]
             .rsplit(':')
@@ -507,13 +509,14 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
         1,
     );
     let listen = format!("127.0.0.1:{port}");
+    let dead = format!("127.0.0.1:{}", free_base_from(port + 16, 1));
     let cfg_path = cell.data.join("tight-proxy.toml");
     let abs = std::fs::canonicalize(&cell.data).unwrap();
     let tls = |f: &str| abs.join("tls").join(f).display().to_string();
     let config = format!(
-        "listen = \"{listen}\"\nreplicas = {:?}\nmax_clients = 1\nmax_inflight_per_client = 1\n\
+        "listen = \"{listen}\"\nreplicas = [{dead:?}]\nmax_clients = 1\n\
+         max_inflight_per_client = 1\nforward_timeout_ms = 3000\n\
          [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
-        cell.replicas,
         tls("ca.pem"),
         tls("server.pem"),
         tls("server.key"),
@@ -535,45 +538,60 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             ack_below: 0,
             op: Op::Status,
         };
+        let proxy_status_req = Request {
+            op: Op::ProxyStatus,
+            ..status.clone()
+        };
         // The first client is served (poll until the proxy is up).
         let first = cell.client(std::slice::from_ref(&listen)).await;
         let addr = listen.parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while first.call_at(addr, &status).await.is_err() {
+        while first.call_at(addr, &proxy_status_req).await.is_err() {
             assert!(Instant::now() < deadline, "tight proxy did not come up");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // A second client connection is refused, naming the limit.
         let second = cell.client(std::slice::from_ref(&listen)).await;
-        match second.call_at(addr, &status).await {
+        match second.call_at(addr, &proxy_status_req).await {
             Err(Error::Unavailable { reason }) if reason.contains("limit of 1 clients") => {}
             other => panic!("expected a refusal naming the client limit, got {other:?}"),
         }
-        // One request in flight at a time: a KeepAlive of a session the cell never had
-        // waits for the next batch; a request sent meanwhile is refused.
+        // One request in flight at a time: a Status waiting for the unreachable cell
+        // holds the slot; a request sent meanwhile is refused.
+        let f = first.clone();
+        let st = status.clone();
+        let pending = tokio::spawn(async move { f.call_at(addr, &st).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match first.call_at(addr, &proxy_status_req).await {
+            Err(Error::TooManyRequests { max: 1, .. }) => {}
+            other => panic!("expected TooManyRequests, got {other:?}"),
+        }
+        match pending.await.unwrap() {
+            Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => {
+                assert!(e.is_retryable())
+            }
+            other => panic!("expected a retryable error from the unreachable cell, got {other:?}"),
+        }
+        assert!(
+            first.call_at(addr, &proxy_status_req).await.is_ok(),
+            "served again"
+        );
+
+        // The dev proxy: a session the cell never had, requests that make no sense there,
+        // and a garbage frame.
+        let p = &cell.proxies[0];
+        let paddr = p.parse().unwrap();
+        let via = cell.client(std::slice::from_ref(p)).await;
         let ka = Request {
             session: 999_999,
             request_id: 0,
             ack_below: 0,
             op: Op::KeepAlive,
         };
-        let f = first.clone();
-        let pending = tokio::spawn(async move { f.call_at(addr, &ka).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        match first.call_at(addr, &status).await {
-            Err(Error::TooManyRequests { max: 1, .. }) => {}
-            other => panic!("expected TooManyRequests, got {other:?}"),
-        }
-        match pending.await.unwrap() {
+        match via.call_at(paddr, &ka).await {
             Err(Error::UnknownSession { session: 999_999 }) => {}
             other => panic!("expected UnknownSession, got {other:?}"),
         }
-        assert!(first.call_at(addr, &status).await.is_ok(), "served again");
-
-        // The dev proxy: requests that make no sense there, and a garbage frame.
-        let p = &cell.proxies[0];
-        let paddr = p.parse().unwrap();
-        let via = cell.client(std::slice::from_ref(p)).await;
         let batch = Request {
             session: 0,
             request_id: 0,

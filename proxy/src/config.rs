@@ -110,8 +110,9 @@ impl ProxyConfig {
             );
         }
         anyhow::ensure!(
-            (100..=4_000).contains(&self.keepalive_interval_ms),
-            "keepalive_interval_ms must be within 100..=4000 (clients renew every 4 s)"
+            (100..=2_000).contains(&self.keepalive_interval_ms),
+            "keepalive_interval_ms must be within 100..=2000 (clients renew every 4 s and \
+             wait at most two batch periods)"
         );
         anyhow::ensure!(self.max_clients > 0, "max_clients must be > 0");
         anyhow::ensure!(

@@ -68,13 +68,18 @@ struct ClientState {
     lease_until: Instant,
     /// Nodes it may hold a value of that came from this proxy.
     paths: HashSet<String>,
+    /// Whether `lease_until` comes from a renewal (or an open) the leader confirmed, rather
+    /// than from the client merely showing up.
+    renewed: bool,
 }
 
 struct Pending {
     /// The upstream invalidation to acknowledge when done: (proxy session, id).
     upstream: Option<(SessionId, u64)>,
-    /// Clients that have not acknowledged yet.
-    waiting: HashSet<SessionId>,
+    /// Clients that have not acknowledged yet, with the nodes each was told to drop (sent
+    /// again when the client's stream reconnects: a frame written to a stream that then
+    /// broke may never have arrived).
+    waiting: HashMap<SessionId, Vec<String>>,
 }
 
 #[derive(Clone)]
@@ -109,6 +114,9 @@ struct Tables {
 pub struct Snapshot {
     generation: u64,
     seq: u64,
+    /// Whether the upstream stream was usable when the read was sent: a read sent while
+    /// it was down may have reached a leader that no longer leads when the stream reopens.
+    ready: bool,
 }
 
 /// An acknowledgement owed upstream: (proxy session, invalidation id).
@@ -121,6 +129,10 @@ pub struct Hub {
     pub counters: Counters,
     lease_ms: AtomicU64,
     ready: AtomicBool,
+    /// The proxy's own session can be trusted to be alive until this moment (the send time
+    /// of the last batch that renewed it, plus the lease); past it the leader may have
+    /// expired it and dropped it as a cacher, so nothing may be served from this cache.
+    own_deadline: Mutex<Option<Instant>>,
 }
 
 impl Default for Hub {
@@ -140,6 +152,7 @@ impl Tables {
             queued: VecDeque::new(),
             lease_until: Instant::now() + lease,
             paths: HashSet::new(),
+            renewed: false,
         })
     }
 
@@ -166,7 +179,7 @@ impl Tables {
     fn stop_waiting_for(&mut self, session: SessionId) -> Vec<UpstreamAck> {
         let mut done = Vec::new();
         for (id, p) in self.pending.iter_mut() {
-            if p.waiting.remove(&session) && p.waiting.is_empty() {
+            if p.waiting.remove(&session).is_some() && p.waiting.is_empty() {
                 done.push(*id);
             }
         }
@@ -203,11 +216,18 @@ impl Tables {
 impl Hub {
     /// Empty tables; the lease defaults to 12 s until the cell says otherwise.
     pub fn new() -> Hub {
+        // Invalidation ids start at a random point, so an acknowledgement meant for an
+        // earlier run of this proxy (or for another proxy) cannot complete one of ours.
+        let t = Tables {
+            next_id: u64::from(rand_u32()) << 32,
+            ..Tables::default()
+        };
         Hub {
-            t: Mutex::new(Tables::default()),
+            t: Mutex::new(t),
             counters: Counters::default(),
             lease_ms: AtomicU64::new(12_000),
             ready: AtomicBool::new(false),
+            own_deadline: Mutex::new(None),
         }
     }
 
@@ -224,7 +244,28 @@ impl Hub {
     /// True while the upstream event stream is open and its watches re-armed: only then
     /// may values be cached here (invalidations can reach us).
     pub fn ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && self.own_session_valid(Instant::now())
+    }
+
+    /// True while the proxy's own session is surely alive at the leader.
+    pub fn own_session_valid(&self, now: Instant) -> bool {
+        self.own_deadline
+            .lock()
+            .expect("own deadline")
+            .is_some_and(|d| now < d)
+    }
+
+    /// The proxy's own session was renewed by a batch sent at `sent`.
+    pub fn set_own_renewed(&self, sent: Instant) {
+        let mut d = self.own_deadline.lock().expect("own deadline");
+        let new = sent + self.lease();
+        *d = Some(d.map_or(new, |old| old.max(new)));
+    }
+
+    /// The proxy opened a new session with a request sent at `sent` (`None`: it has no
+    /// session now).
+    pub fn set_own_session(&self, sent: Option<Instant>) {
+        *self.own_deadline.lock().expect("own deadline") = sent.map(|t| t + self.lease());
     }
 
     /// Marks the upstream stream usable (after a reset and re-arm) or not.
@@ -248,7 +289,18 @@ impl Hub {
         let lease = self.lease();
         let mut t = lock(&self.t);
         let c = t.client(session, lease);
-        c.lease_until = c.lease_until.max(received + lease);
+        c.lease_until = if c.renewed {
+            c.lease_until.max(received + lease)
+        } else {
+            received + lease
+        };
+        c.renewed = true;
+    }
+
+    /// A session was opened through this proxy by a request received at `received`: the
+    /// leader started its lease after that.
+    pub fn opened(&self, session: SessionId, received: Instant) {
+        self.renewed(session, received);
     }
 
     /// Sessions this proxy currently knows of.
@@ -283,7 +335,16 @@ impl Hub {
         let mut t = lock(&self.t);
         t.next_stream += 1;
         let id = t.next_stream;
+        let mut resend: Vec<(u64, Vec<String>)> = t
+            .pending
+            .iter()
+            .filter_map(|(pid, p)| p.waiting.get(&session).map(|paths| (*pid, paths.clone())))
+            .collect();
+        resend.sort();
         let c = t.client(session, lease);
+        for (pid, paths) in resend {
+            c.queued.push_back(Ok(Reply::Invalidate { id: pid, paths }));
+        }
         while let Some(item) = c.queued.pop_front() {
             if let Err(e) = tx.send(item) {
                 c.queued.push_front(e.0);
@@ -292,6 +353,20 @@ impl Hub {
         }
         c.sink = Some((id, tx));
         id
+    }
+
+    /// Items taken for a stream that broke before they were written: kept for the next
+    /// stream of the session.
+    pub fn requeue(&self, session: SessionId, items: Vec<Response>) {
+        let mut t = lock(&self.t);
+        if let Some(c) = t.clients.get_mut(&session) {
+            for item in items.into_iter().rev() {
+                c.queued.push_front(item);
+            }
+            while c.queued.len() > QUEUED_MAX {
+                c.queued.pop_back();
+            }
+        }
     }
 
     /// Detaches a client's stream if `id` is still the attached one.
@@ -309,19 +384,20 @@ impl Hub {
     /// A cached read served here, if the proxy holds the node and may serve it: the
     /// client is recorded as a holder first.
     pub fn cache_lookup(&self, session: SessionId, path: &str) -> Result<Reply, Snapshot> {
-        let lease = self.lease();
         let mut t = lock(&self.t);
+        let ready = self.ready();
         let snap = Snapshot {
             generation: t.generation,
             seq: t.inval_seq,
+            ready,
         };
-        if !self.ready() {
+        if !ready || !t.live(session, Instant::now()) {
             return Err(snap);
         }
         let Some(e) = t.cache.get(path).cloned() else {
             return Err(snap);
         };
-        t.record_holder(session, path, lease);
+        t.record_holder(session, path);
         self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
         Ok(Reply::CachedData {
             value: e.value,
@@ -342,10 +418,10 @@ impl Hub {
         index: LogIndex,
         cachable: bool,
     ) -> Reply {
-        let lease = self.lease();
         let mut t = lock(&self.t);
         t.last_index = t.last_index.max(index);
-        let raced = t.generation != snap.generation
+        let raced = !snap.ready
+            || t.generation != snap.generation
             || seq_touched(&t.recent_inval, snap.seq, t.inval_seq, |p| p == path);
         let cachable = cachable && self.ready() && !raced;
         if cachable {
@@ -356,7 +432,12 @@ impl Hub {
                     index,
                 },
             );
-            t.record_holder(session, path, lease);
+        }
+        // Only a client this proxy renews may be told to cache: the proxy must know its
+        // lease to stop waiting for it when it goes silent.
+        let cachable = cachable && t.live(session, Instant::now());
+        if cachable {
+            t.record_holder(session, path);
         }
         Reply::CachedData {
             value,
@@ -400,7 +481,7 @@ impl Hub {
             local,
             Pending {
                 upstream: Some((session, id)),
-                waiting: per_client.keys().copied().collect(),
+                waiting: per_client.clone(),
             },
         );
         for (c, paths) in per_client {
@@ -418,7 +499,7 @@ impl Hub {
         let mut done = Vec::new();
         for id in ids {
             if let Some(p) = t.pending.get_mut(id) {
-                if p.waiting.remove(&session) && p.waiting.is_empty() {
+                if p.waiting.remove(&session).is_some() && p.waiting.is_empty() {
                     done.push(*id);
                 }
             }
@@ -451,7 +532,7 @@ impl Hub {
                 id,
                 Pending {
                     upstream: None,
-                    waiting: [s].into_iter().collect(),
+                    waiting: [(s, paths.clone())].into_iter().collect(),
                 },
             );
             self.counters
@@ -478,7 +559,7 @@ impl Hub {
         let clients = &t.clients;
         for (id, p) in t.pending.iter_mut() {
             p.waiting
-                .retain(|c| clients.get(c).is_some_and(|cs| cs.lease_until > now));
+                .retain(|c, _| clients.get(c).is_some_and(|cs| cs.lease_until > now));
             if p.waiting.is_empty() {
                 done.push(*id);
             }
@@ -501,10 +582,12 @@ impl Hub {
 
     /// A snapshot to take before sending a watched read upstream.
     pub fn watch_snapshot(&self) -> Snapshot {
+        let ready = self.ready();
         let t = lock(&self.t);
         Snapshot {
             generation: t.generation,
             seq: t.event_seq,
+            ready,
         }
     }
 
@@ -521,7 +604,8 @@ impl Hub {
         let mut t = lock(&self.t);
         t.last_index = t.last_index.max(since);
         t.client(session, lease);
-        let raced = t.generation != snap.generation
+        let raced = !snap.ready
+            || t.generation != snap.generation
             || seq_touched(&t.recent_events, snap.seq, t.event_seq, |k| *k == key);
         let list = t.watches.entry(key.clone()).or_default();
         if let Some(w) = list.iter_mut().find(|(s, _)| *s == session) {
@@ -573,6 +657,17 @@ impl Hub {
         })
     }
 
+    /// The upstream watch for `key` as it should be armed now (`None`: no client left).
+    pub fn watch_spec(&self, key: &WatchKey) -> Option<wire::types::WatchSpec> {
+        let t = lock(&self.t);
+        let list = t.watches.get(key)?;
+        Some(wire::types::WatchSpec {
+            path: key.0.clone(),
+            kind: key.1,
+            since_index: list.iter().map(|(_, i)| *i).min()?,
+        })
+    }
+
     /// Removes one client's watch (it fired in a `Rewatch` answer to that client).
     pub fn remove_watch(&self, session: SessionId, key: &WatchKey) {
         let mut t = lock(&self.t);
@@ -600,17 +695,34 @@ impl Hub {
 }
 
 impl Tables {
-    fn record_holder(&mut self, session: SessionId, path: &str, lease: Duration) {
-        let c = self.client(session, lease);
-        // The client's lease cannot outlast now + lease without a renewal we see (or a
-        // move to another proxy, which makes it flush first).
-        c.lease_until = c.lease_until.max(Instant::now() + lease);
+    /// True for a client whose lease this proxy saw renewed (or opened) and not run out.
+    fn live(&self, session: SessionId, now: Instant) -> bool {
+        self.clients
+            .get(&session)
+            .is_some_and(|c| c.renewed && c.lease_until > now)
+    }
+
+    fn record_holder(&mut self, session: SessionId, path: &str) {
+        let Some(c) = self.clients.get_mut(&session) else {
+            return;
+        };
         c.paths.insert(path.to_string());
         self.holders
             .entry(path.to_string())
             .or_default()
             .insert(session);
     }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() as u32
 }
 
 /// True if an item matching `hit` was recorded after sequence number `since` (or if the
@@ -645,7 +757,7 @@ mod tests {
 
     #[test]
     fn events_fire_only_watches_armed_below_them() {
-        let hub = Hub::new();
+        let hub = ready_hub(&[]);
         let snap = hub.watch_snapshot();
         let key = ("/a".to_string(), WatchKind::Data);
         assert!(hub.add_watch(1, key.clone(), 10, snap).is_none());
@@ -666,7 +778,7 @@ mod tests {
 
     #[test]
     fn a_watch_registered_after_an_event_on_its_key_is_rearmed() {
-        let hub = Hub::new();
+        let hub = ready_hub(&[]);
         let key = ("/a".to_string(), WatchKind::Data);
         let snap = hub.watch_snapshot();
         hub.fire(&ev("/b", WatchKind::Data, 3));
@@ -680,10 +792,19 @@ mod tests {
         assert_eq!(spec.since_index, 4);
     }
 
-    #[test]
-    fn invalidation_waits_for_every_holder_then_acks_upstream() {
+    fn ready_hub(clients: &[SessionId]) -> Hub {
         let hub = Hub::new();
         hub.set_ready(true);
+        hub.set_own_session(Some(Instant::now()));
+        for c in clients {
+            hub.renewed(*c, Instant::now());
+        }
+        hub
+    }
+
+    #[test]
+    fn invalidation_waits_for_every_holder_then_acks_upstream() {
+        let hub = ready_hub(&[1, 2]);
         let snap = hub.cache_lookup(1, "/c").unwrap_err();
         let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
         assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
@@ -709,8 +830,7 @@ mod tests {
 
     #[test]
     fn a_read_that_raced_an_invalidation_is_not_cached() {
-        let hub = Hub::new();
-        hub.set_ready(true);
+        let hub = ready_hub(&[1]);
         let snap = hub.cache_lookup(1, "/c").unwrap_err();
         assert_eq!(hub.invalidate(99, 1, vec!["/c".into()]), Some((99, 1)));
         let r = hub.cache_fill(1, "/c", snap, None, 7, true);
@@ -733,6 +853,65 @@ mod tests {
             "local invalidations owe nothing upstream"
         );
         assert!(hub.all_done(&ids));
+    }
+
+    #[test]
+    fn nothing_is_cached_for_unknown_clients_or_past_the_proxys_own_lease() {
+        let hub = ready_hub(&[1]);
+        // A session never renewed here (or ended) is answered but not told to cache.
+        let snap = hub.cache_lookup(7, "/c").unwrap_err();
+        let r = hub.cache_fill(7, "/c", snap, None, 3, true);
+        assert!(matches!(
+            r,
+            Reply::CachedData {
+                cachable: false,
+                ..
+            }
+        ));
+        assert!(
+            hub.cache_lookup(7, "/c").is_err(),
+            "no hit for an unknown session"
+        );
+        assert!(
+            hub.cache_lookup(1, "/c").is_ok(),
+            "the value itself was cached"
+        );
+        // The proxy's own session may have run out at the leader: serve nothing cached.
+        hub.set_own_session(Some(Instant::now() - Duration::from_secs(13)));
+        assert!(!hub.ready());
+        assert!(hub.cache_lookup(1, "/c").is_err());
+        // A read sent while the stream was down is never cached.
+        hub.set_own_session(Some(Instant::now()));
+        hub.set_ready(false);
+        let snap = hub.cache_lookup(1, "/d").unwrap_err();
+        hub.set_ready(true);
+        let r = hub.cache_fill(1, "/d", snap, None, 4, true);
+        assert!(matches!(
+            r,
+            Reply::CachedData {
+                cachable: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_reconnecting_client_is_sent_its_unacknowledged_invalidations_again() {
+        let hub = ready_hub(&[1]);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        hub.cache_fill(1, "/c", snap, None, 3, true);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let first = hub.attach_stream(1, tx);
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        drop(rx); // the stream broke with the invalidation in it
+        hub.detach_stream(1, first);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        hub.attach_stream(1, tx);
+        let Ok(Ok(Reply::Invalidate { id, paths })) = rx.try_recv() else {
+            panic!("not sent again")
+        };
+        assert_eq!(paths, vec!["/c".to_string()]);
+        assert_eq!(hub.ack(1, &[id]), vec![(99, 5)]);
     }
 
     fn stat() -> NodeStat {

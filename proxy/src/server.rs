@@ -181,6 +181,11 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
                     p.serve_events(req.session, send, conn).await;
                     return;
                 }
+                // KeepAlives and acknowledgements are never refused: a refused one would
+                // cost a session its lease or hold a write up.
+                Ok(req) if matches!(req.op, Op::KeepAlive | Op::AckInvalidations { .. }) => {
+                    p.handle(req, received).await
+                }
                 Ok(req) => match inflight.try_acquire_owned() {
                     Ok(_permit) => p.handle(req, received).await,
                     Err(_) => Err(Error::TooManyRequests {
@@ -272,6 +277,14 @@ impl Proxy {
                 if matches!(r, Ok(_) | Err(Error::SessionExpired { .. })) {
                     let acks = self.hub.session_ended(session);
                     self.up.send_acks(acks);
+                }
+                r
+            }
+            Op::CreateSession => {
+                counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
+                let r = self.up.forward(req).await;
+                if let Ok(Reply::SessionCreated { session, .. }) = &r {
+                    self.hub.opened(*session, received);
                 }
                 r
             }
@@ -451,8 +464,17 @@ impl Proxy {
             if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)
                 .await
                 .is_err()
-                || end
             {
+                // Keep what was not written for the session's next stream.
+                let mut left = vec![item];
+                rx.close();
+                while let Ok(x) = rx.try_recv() {
+                    left.push(x);
+                }
+                self.hub.requeue(session, left);
+                break;
+            }
+            if end {
                 break;
             }
         }

@@ -1,7 +1,7 @@
 //! The proxy's side toward the cell: its own session, the KeepAlive batcher, and its event
 //! stream (invalidations and watch events for everything its clients cache and watch).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,10 +11,8 @@ use tokio::sync::oneshot;
 use wire::types::{Op, Reply, Request, Response, SessionId, WatchSpec};
 use wire::Error;
 
-use crate::hub::{Hub, UpstreamAck};
+use crate::hub::{Hub, UpstreamAck, WatchKey};
 
-/// How long a client's KeepAlive may wait here for a batch to renew it.
-const KEEPALIVE_WAIT: Duration = Duration::from_secs(3);
 /// Pause before retrying a batch the leader did not take.
 const BATCH_RETRY: Duration = Duration::from_millis(200);
 /// How often the event stream checks that it is still at the leader requests reach.
@@ -34,6 +32,9 @@ pub struct Upstream {
     session: AtomicU64,
     queue: Mutex<HashMap<SessionId, Vec<Waiter>>>,
     owed: Mutex<Vec<UpstreamAck>>,
+    /// Upstream watches whose re-arming failed: retried until it works or the stream
+    /// resets (which re-arms everything).
+    to_rearm: Mutex<HashSet<WatchKey>>,
     interval: Duration,
     forward_timeout: Duration,
 }
@@ -58,6 +59,7 @@ impl Upstream {
             session: AtomicU64::new(0),
             queue: Mutex::new(HashMap::new()),
             owed: Mutex::new(Vec::new()),
+            to_rearm: Mutex::new(HashSet::new()),
             interval,
             forward_timeout,
         }
@@ -75,12 +77,19 @@ impl Upstream {
         let deadline = Instant::now() + self.forward_timeout;
         match self.client.call_until(req, deadline).await {
             Err(Error::NotLeader { .. }) => Err(unavailable("no leader reachable from the proxy")),
-            Err(Error::SessionExpired { session }) if session == self.session() => {
-                // Our own session is gone, not the client's: the event loop starts anew.
-                self.session.store(0, Ordering::SeqCst);
-                Err(unavailable("the proxy is re-establishing its session"))
-            }
             r => r,
+        }
+    }
+
+    /// The proxy's session `session` is over: forget it (unless already replaced).
+    fn lost_session(&self, session: SessionId) {
+        if self
+            .session
+            .compare_exchange(session, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            tracing::warn!(session, "the proxy's session is over; opening a new one");
+            self.hub.set_own_session(None);
         }
     }
 
@@ -90,13 +99,25 @@ impl Upstream {
         if session == 0 {
             return Err(unavailable("the proxy is establishing its session"));
         }
-        self.forward(Request {
-            session,
-            request_id: 0,
-            ack_below: 0,
-            op,
-        })
-        .await
+        let r = self
+            .forward(Request {
+                session,
+                request_id: 0,
+                ack_below: 0,
+                op,
+            })
+            .await;
+        match r {
+            // The proxy's session, not the client's, is gone: the client must not take it
+            // for its own (it would stop renewing a live session).
+            Err(Error::SessionExpired { session: s } | Error::UnknownSession { session: s })
+                if s == session =>
+            {
+                self.lost_session(session);
+                Err(unavailable("the proxy is re-establishing its session"))
+            }
+            r => r,
+        }
     }
 
     /// Queues a client's KeepAlive for the next batch and waits for its renewal.
@@ -108,7 +129,10 @@ impl Upstream {
             .entry(session)
             .or_default()
             .push(Waiter { received, tx });
-        match tokio::time::timeout(KEEPALIVE_WAIT, rx).await {
+        // Two batch periods (and a forwarding round) at most: the client's own attempt
+        // waits longer.
+        let wait = self.interval * 2 + Duration::from_secs(1);
+        match tokio::time::timeout(wait, rx).await {
             Ok(Ok(r)) => r,
             _ => Err(unavailable("KeepAlive not renewed by the leader in time")),
         }
@@ -128,8 +152,14 @@ impl Upstream {
         }
         let me = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = me.own(Op::AckInvalidations { ids }).await {
-                tracing::debug!("upstream invalidation ack failed: {e}");
+            if let Err(e) = me.own(Op::AckInvalidations { ids: ids.clone() }).await {
+                tracing::debug!("upstream invalidation ack failed, will retry: {e}");
+                // The leader's write waits for it: try again on the next tick (moot once
+                // the session is replaced).
+                if me.session() == current {
+                    let mut owed = me.owed.lock().expect("owed acks");
+                    owed.extend(ids.into_iter().map(|id| (current, id)));
+                }
             }
         });
     }
@@ -144,7 +174,7 @@ impl Upstream {
                 return true;
             }
             let mut next = Vec::new();
-            for chunk in todo.chunks(wire::REWATCH_MAX) {
+            for chunk in wire::types::rewatch_chunks(&todo) {
                 match self
                     .own(Op::Rewatch {
                         watches: chunk.to_vec(),
@@ -173,15 +203,32 @@ impl Upstream {
         todo.is_empty()
     }
 
-    /// Re-arms in the background (a watch whose upstream copy an event consumed).
+    /// Re-arms in the background (a watch whose upstream copy an event consumed); on
+    /// failure the stream loop retries it every half second.
     pub fn rearm_later(self: &Arc<Self>, spec: WatchSpec) {
         let me = self.clone();
         tokio::spawn(async move {
             if !me.rearm(vec![spec.clone()]).await {
-                // The stream loop re-arms everything when it reconnects; if the stream is
-                // fine, retry once more after a pause.
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                me.rearm(vec![spec]).await;
+                me.to_rearm
+                    .lock()
+                    .expect("re-arm set")
+                    .insert((spec.path, spec.kind));
+            }
+        });
+    }
+
+    /// Retries the re-arms that failed (with the current lowest index of each).
+    fn retry_rearms(self: &Arc<Self>) {
+        let keys: Vec<WatchKey> = self.to_rearm.lock().expect("re-arm set").drain().collect();
+        let specs: Vec<WatchSpec> = keys.iter().filter_map(|k| self.hub.watch_spec(k)).collect();
+        if specs.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            if !me.rearm(specs.clone()).await {
+                let mut set = me.to_rearm.lock().expect("re-arm set");
+                set.extend(specs.into_iter().map(|s| (s.path, s.kind)));
             }
         });
     }
@@ -213,6 +260,7 @@ impl Upstream {
         if sessions.is_empty() {
             return true;
         }
+        let sent = Instant::now();
         let mut renewed_all = Vec::new();
         let mut expired_all = Vec::new();
         let mut unknown_all = Vec::new();
@@ -262,6 +310,9 @@ impl Upstream {
             .keepalives_batched
             .fetch_add(renewed_all.len() as u64, Ordering::Relaxed);
         for s in renewed_all {
+            if s == own {
+                self.hub.set_own_renewed(sent);
+            }
             for w in waiting.remove(&s).unwrap_or_default() {
                 self.hub.renewed(s, w.received);
                 let _ = w.tx.send(Ok(Reply::KeepAlive {
@@ -279,8 +330,7 @@ impl Upstream {
             );
         for (s, err) in ended {
             if s == own {
-                tracing::warn!(session = s, "the proxy's own session expired");
-                self.session.store(0, Ordering::SeqCst);
+                self.lost_session(s);
             }
             for w in waiting.remove(&s).unwrap_or_default() {
                 let _ = w.tx.send(Err(err.clone()));
@@ -331,12 +381,14 @@ impl Upstream {
             ack_below: 0,
             op: Op::CreateSession,
         };
+        let sent = Instant::now();
         match self.forward(req).await? {
             Reply::SessionCreated {
                 session,
                 session_lease_ms,
             } => {
                 self.hub.set_lease_ms(session_lease_ms);
+                self.hub.set_own_session(Some(sent));
                 self.session.store(session, Ordering::SeqCst);
                 tracing::info!(session, "proxy session opened");
                 Ok(session)
@@ -382,13 +434,7 @@ impl Upstream {
                     (recv, addr)
                 }
                 Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
-                    tracing::warn!(session, "the proxy's session is over; opening a new one");
-                    let _ = self.session.compare_exchange(
-                        session,
-                        0,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
+                    self.lost_session(session);
                     continue;
                 }
                 Err(e) => {
@@ -397,9 +443,13 @@ impl Upstream {
                     continue;
                 }
             };
-            if !self.rearm(self.hub.all_watches()).await {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+            // Everything is re-armed below; earlier failures are moot.
+            self.to_rearm.lock().expect("re-arm set").clear();
+            let all = self.hub.all_watches();
+            if !self.rearm(all.clone()).await {
+                // Not a reason to drop the stream (and flush every client again): retry.
+                let mut set = self.to_rearm.lock().expect("re-arm set");
+                set.extend(all.into_iter().map(|s| (s.path, s.kind)));
             }
             self.hub.set_ready(true);
             tracing::info!(session, leader = %addr, "upstream event stream open");
@@ -423,11 +473,15 @@ impl Upstream {
                         None => break,
                     },
                     _ = check.tick() => {
+                        // Another leader, a replaced session, or a session the leader may
+                        // have expired (nothing renewed it for a lease): start over.
                         if self.session() != session
                             || self.client.leader_hint().is_some_and(|l| l != addr)
+                            || !self.hub.own_session_valid(Instant::now())
                         {
                             break;
                         }
+                        self.retry_rearms();
                         continue;
                     }
                 };

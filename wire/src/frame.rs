@@ -140,6 +140,38 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn rewatch_chunks_fit_a_frame() {
+        use crate::types::{rewatch_chunks, WatchKind, WatchSpec};
+        let long = "/".to_string() + &"x".repeat(crate::PATH_BYTES_MAX - 1);
+        let specs: Vec<WatchSpec> = (0..12_000)
+            .map(|i| WatchSpec {
+                path: if i % 2 == 0 {
+                    long.clone()
+                } else {
+                    format!("/n{i}")
+                },
+                kind: WatchKind::Data,
+                since_index: i,
+            })
+            .collect();
+        let chunks = rewatch_chunks(&specs);
+        assert_eq!(chunks.iter().map(|c| c.len()).sum::<usize>(), specs.len());
+        for c in &chunks {
+            assert!(c.len() <= crate::REWATCH_MAX);
+            let req = Request {
+                session: 1,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::Rewatch {
+                    watches: c.to_vec(),
+                },
+            };
+            encode(&req, crate::CLIENT_FRAME_BYTES_MAX).expect("fits a frame");
+        }
+        assert!(rewatch_chunks(&[]).is_empty());
+    }
+
     proptest::proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {

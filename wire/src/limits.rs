@@ -32,6 +32,10 @@ pub const ENDED_SESSIONS_MAX: usize = 100_000;
 /// Largest number of watches re-armed by one `Rewatch` request.
 pub const REWATCH_MAX: usize = 10_000;
 
+/// Path bytes a re-arming client puts in one `Rewatch` request, at most (a quarter of a
+/// frame; see [`crate::types::rewatch_chunks`]).
+pub const REWATCH_PATH_BYTES_MAX: usize = CLIENT_FRAME_BYTES_MAX / 4;
+
 /// Largest number of sessions renewed by one `KeepAliveBatch`: a proxy of ~2 000 clients
 /// sends one batch a second; 10 000 ids are 80 KB, well inside a frame.
 pub const KEEPALIVE_BATCH_MAX: usize = 10_000;

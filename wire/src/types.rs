@@ -566,5 +566,27 @@ pub struct WatchSpec {
     pub since_index: LogIndex,
 }
 
+/// Splits watches to re-arm into `Rewatch` requests that fit: at most
+/// [`crate::REWATCH_MAX`] watches and about [`crate::REWATCH_PATH_BYTES_MAX`] bytes of paths
+/// each (10 000 watches of 1 KiB paths would not fit in one frame).
+pub fn rewatch_chunks(specs: &[WatchSpec]) -> Vec<&[WatchSpec]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, w) in specs.iter().enumerate() {
+        let full = i - start >= crate::REWATCH_MAX
+            || (i > start && bytes + w.path.len() > crate::REWATCH_PATH_BYTES_MAX);
+        if full {
+            out.push(&specs[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += w.path.len();
+    }
+    if start < specs.len() {
+        out.push(&specs[start..]);
+    }
+    out
+}
+
 /// One frame sent in answer to a [`Request`].
 pub type Response = Result<Reply, crate::Error>;

@@ -261,6 +261,14 @@ impl Handler<StreamConnected> for CacherListActor {
         if let Some(f) = &mut self.failover {
             f.confirmed.insert(msg.0);
         }
+        // Invalidations written to the broken stream may be lost: send them again on the
+        // new one (the watch table attached it before this message was sent).
+        for (id, paths) in self.cachers.unacknowledged(msg.0) {
+            self.streams.do_send(Push {
+                session: msg.0,
+                item: Reply::Invalidate { id, paths },
+            });
+        }
         for id in self.cachers.confirm(msg.0) {
             self.complete(id);
         }

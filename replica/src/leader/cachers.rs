@@ -130,6 +130,29 @@ impl Cachers {
         (id, sends)
     }
 
+    /// The invalidations `session` has not acknowledged yet, with the nodes of each it
+    /// caches: resent when its event stream reconnects (a frame written to a stream that
+    /// then broke may never have arrived).
+    pub fn unacknowledged(&self, session: SessionId) -> Vec<(u64, Vec<String>)> {
+        let cached = self.by_session.get(&session);
+        let mut out: Vec<(u64, Vec<String>)> = self
+            .holds
+            .iter()
+            .filter(|(_, h)| h.waiting.contains(&session))
+            .map(|(id, h)| {
+                let paths = h
+                    .paths
+                    .iter()
+                    .filter(|p| cached.is_some_and(|c| c.contains(*p)))
+                    .cloned()
+                    .collect();
+                (*id, paths)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// True once every cacher of the hold acknowledged or ended.
     pub fn hold_complete(&self, id: u64) -> bool {
         self.holds.get(&id).is_none_or(Hold::done)
@@ -259,6 +282,25 @@ mod tests {
         assert!(c.is_empty(), "acknowledging cachers cache nothing any more");
         c.release(id);
         assert!(c.begin_read("/cfg").is_some());
+    }
+
+    #[test]
+    fn unacknowledged_invalidations_are_listed_for_resending() {
+        let now = Instant::now();
+        let mut c = Cachers::new();
+        for path in ["/a", "/b"] {
+            let e = c.begin_read(path).unwrap();
+            assert!(c.record(1, path, e));
+        }
+        let e = c.begin_read("/a").unwrap();
+        assert!(c.record(2, "/a", e));
+        let (h1, _) = c.hold(&p("/a"), now, HashSet::new());
+        let (h2, _) = c.hold(&p("/b"), now, HashSet::new());
+        assert_eq!(c.unacknowledged(1), vec![(h1, p("/a")), (h2, p("/b"))]);
+        assert!(!c.ack(1, h1));
+        assert_eq!(c.unacknowledged(1), vec![(h2, p("/b"))]);
+        assert_eq!(c.unacknowledged(2), vec![(h1, p("/a"))]);
+        assert!(c.unacknowledged(3).is_empty());
     }
 
     #[test]
