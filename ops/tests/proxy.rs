@@ -633,6 +633,12 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             .unwrap();
         assert!(matches!(resp, Err(Error::Malformed { .. })), "{resp:?}");
 
+        // `lockctl proxy-status` shows the counters.
+        let o = lockctl(p, &cell.ca(), &["proxy-status"]);
+        let out = text(&o);
+        assert!(o.status.success(), "{out}");
+        assert!(out.contains("batches") && out.contains(p.as_str()), "{out}");
+
         // A session ended at the cell (closed here by another client) is reported to its
         // client through the proxy within a KeepAlive interval or two.
         let victim = via.open_session().await.unwrap();
