@@ -1,0 +1,364 @@
+//! Starting the system under test on loopback: our cell (with `lockctl dev`, replica and
+//! proxy processes), or etcd / ZooKeeper members (with `ops/bench/peers.sh`); finding its
+//! processes and its leader; stopping it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// Which system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum System {
+    /// This lock service.
+    Ours,
+    /// etcd 3.4 (Debian's `etcd-server`).
+    Etcd,
+    /// ZooKeeper 3.8 (Debian's `zookeeper`).
+    Zk,
+}
+
+impl System {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Ours => "ours",
+            System::Etcd => "etcd",
+            System::Zk => "zookeeper",
+        }
+    }
+}
+
+/// A running cluster.
+pub struct Cluster {
+    pub system: System,
+    /// Client endpoints (for ours: the proxies if any, else the replicas).
+    pub endpoints: Vec<String>,
+    /// Replica endpoints (ours) or member endpoints.
+    pub members: Vec<String>,
+    /// CA file (ours).
+    pub ca: PathBuf,
+    dir: PathBuf,
+    dev: Option<Child>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var(format!("LOADGEN_{}", name.to_uppercase())) {
+        return Ok(p.into());
+    }
+    let me = std::env::current_exe()?;
+    let p = me.parent().context("exe dir")?.join(name);
+    if !p.exists() {
+        bail!(
+            "{} not found next to loadgen: build it first (cargo build --release --bins)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn free_base(n: u16, from: u16) -> u16 {
+    'outer: for base in (from..60_000).step_by(16) {
+        for p in base..base + n {
+            if std::net::UdpSocket::bind(("127.0.0.1", p)).is_err()
+                || std::net::TcpListener::bind(("127.0.0.1", p)).is_err()
+            {
+                continue 'outer;
+            }
+        }
+        return base;
+    }
+    panic!("no free ports");
+}
+
+fn bench_script() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("LOADGEN_PEERS_SH") {
+        return Ok(p.into());
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/bench/peers.sh");
+    if !p.exists() {
+        bail!("{} not found (set LOADGEN_PEERS_SH)", p.display());
+    }
+    Ok(p)
+}
+
+impl Cluster {
+    /// Starts `members` members of `system` (and, for ours, `proxies` proxies) with a
+    /// session lease of `lease_ms`.
+    pub fn start(
+        system: System,
+        members: u16,
+        proxies: u16,
+        lease_ms: u64,
+    ) -> anyhow::Result<Cluster> {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("loadgen-{}-", system.name()))
+            .tempdir()?;
+        let dir = tmp.path().to_path_buf();
+        match system {
+            System::Ours => {
+                let base = free_base(members + 1, 21_000 + (std::process::id() % 5_000) as u16);
+                let pbase = free_base(proxies.max(1), base + 16);
+                let mut dev = Command::new(sibling("lockctl")?)
+                    .args(["dev", "--no-demo", "--replicas", &members.to_string()])
+                    .args(["--base-port", &base.to_string()])
+                    .args(["--proxies", &proxies.to_string()])
+                    .args(["--proxy-base-port", &pbase.to_string()])
+                    .args(["--lease-ms", &lease_ms.to_string()])
+                    .arg("--data")
+                    .arg(dir.join("cell"))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("start lockctl dev")?;
+                let mut lines = BufReader::new(dev.stdout.take().expect("stdout")).lines();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut up = false;
+                while Instant::now() < deadline {
+                    match lines.next() {
+                        Some(Ok(l)) if l.starts_with("cell running") => {
+                            up = true;
+                            break;
+                        }
+                        Some(Ok(_)) => {}
+                        _ => break,
+                    }
+                }
+                std::thread::spawn(move || for _ in lines {});
+                if !up {
+                    let _ = dev.kill();
+                    bail!("our cell did not start");
+                }
+                let members_v: Vec<String> = (0..members)
+                    .map(|i| format!("127.0.0.1:{}", base + i))
+                    .collect();
+                let proxies_v: Vec<String> = (0..proxies)
+                    .map(|i| format!("127.0.0.1:{}", pbase + i))
+                    .collect();
+                Ok(Cluster {
+                    system,
+                    endpoints: if proxies_v.is_empty() {
+                        members_v.clone()
+                    } else {
+                        proxies_v
+                    },
+                    members: members_v,
+                    ca: dir.join("cell/tls/ca.pem"),
+                    dir,
+                    dev: Some(dev),
+                    _tmp: Some(tmp),
+                })
+            }
+            System::Etcd | System::Zk => {
+                let (kind, ports) = match system {
+                    System::Etcd => ("etcd", members * 2),
+                    _ => ("zk", 100 + members * 2),
+                };
+                let base = free_base(ports, 31_000 + (std::process::id() % 5_000) as u16);
+                let out = Command::new(bench_script()?)
+                    .args([
+                        kind,
+                        dir.to_str().context("dir")?,
+                        &members.to_string(),
+                        &base.to_string(),
+                    ])
+                    .output()
+                    .context("run ops/bench/peers.sh")?;
+                if !out.status.success() {
+                    bail!(
+                        "peers.sh {kind} failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                let endpoints: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .split(',')
+                    .map(String::from)
+                    .collect();
+                let c = Cluster {
+                    system,
+                    endpoints: endpoints.clone(),
+                    members: endpoints,
+                    ca: PathBuf::new(),
+                    dir,
+                    dev: None,
+                    _tmp: Some(tmp),
+                };
+                Ok(c)
+            }
+        }
+    }
+
+    /// Every server process: (name, pid).
+    pub fn processes(&self) -> Vec<(String, u32)> {
+        match self.system {
+            System::Ours => {
+                let mut out = Vec::new();
+                let cell = self.dir.join("cell");
+                for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                    let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                        continue;
+                    };
+                    let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/cmdline")) else {
+                        continue;
+                    };
+                    let args: Vec<&str> = cmd.split('\0').collect();
+                    if args.len() >= 4
+                        && (args[1] == "replica" || args[1] == "proxy")
+                        && args[3].starts_with(cell.to_str().unwrap_or("-"))
+                    {
+                        let name = Path::new(args[3])
+                            .file_stem()
+                            .map_or("?".into(), |s| s.to_string_lossy().into_owned());
+                        out.push((name, pid));
+                    }
+                }
+                out.sort();
+                out
+            }
+            System::Etcd | System::Zk => std::fs::read_to_string(self.dir.join("pids"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    Some((f.first()?.to_string(), f.get(1)?.parse().ok()?))
+                })
+                .collect(),
+        }
+    }
+
+    /// The pid of the process serving member endpoint `addr`.
+    pub fn pid_of(&self, addr: &str) -> Option<u32> {
+        match self.system {
+            System::Ours => {
+                let i = self.members.iter().position(|m| m == addr)? + 1;
+                self.processes()
+                    .into_iter()
+                    .find(|(n, _)| *n == format!("replica-{i}"))
+                    .map(|(_, p)| p)
+            }
+            _ => std::fs::read_to_string(self.dir.join("pids"))
+                .ok()?
+                .lines()
+                .find(|l| l.ends_with(addr))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok()),
+        }
+    }
+
+    /// The member endpoint of the current leader.
+    pub async fn leader(&self) -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(l) = self.leader_once().await {
+                return Ok(l);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bail!("no leader found")
+    }
+
+    async fn leader_once(&self) -> Option<String> {
+        match self.system {
+            System::Ours => {
+                let c = client_sdk::Client::connect(client_sdk::ClientConfig::new(
+                    self.members.clone(),
+                    self.ca.clone(),
+                ))
+                .await
+                .ok()?;
+                for a in c.endpoints() {
+                    if let Ok(s) = c.status_of(*a).await {
+                        if s.role == "Leader" {
+                            return Some(a.to_string());
+                        }
+                    }
+                }
+                None
+            }
+            System::Etcd => {
+                for m in &self.members {
+                    let Ok(mut c) = etcd_client::Client::connect([m.as_str()], None).await else {
+                        continue;
+                    };
+                    if let Ok(s) = c.status().await {
+                        if s.header().is_some_and(|h| h.member_id() == s.leader()) {
+                            return Some(m.clone());
+                        }
+                    }
+                }
+                None
+            }
+            System::Zk => {
+                for m in &self.members {
+                    if four_letter(m, "srvr")
+                        .await
+                        .is_some_and(|s| s.contains("Mode: leader"))
+                    {
+                        return Some(m.clone());
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Waits until the cluster serves (a leader is known).
+    pub async fn ready(&self) -> anyhow::Result<()> {
+        self.leader().await.map(|_| ())
+    }
+
+    /// Stops everything.
+    pub fn stop(&mut self) {
+        if let Some(mut dev) = self.dev.take() {
+            unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = dev.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = dev.kill();
+            let _ = dev.wait();
+        }
+        if self.system != System::Ours {
+            if let Ok(s) = bench_script() {
+                let _ = Command::new(s)
+                    .args(["stop", self.dir.to_str().unwrap_or("")])
+                    .status();
+            }
+        }
+        // Stopped members (SIGSTOP) cannot handle SIGTERM: make sure nothing is left.
+        for (_, pid) in self.processes() {
+            unsafe {
+                libc::kill(pid as i32, libc::SIGCONT);
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A ZooKeeper four-letter command's answer.
+pub async fn four_letter(addr: &str, cmd: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fut = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(cmd.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .ok()
+        .flatten()
+}

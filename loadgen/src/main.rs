@@ -1,0 +1,218 @@
+//! `loadgen`: load and failure scenarios for the lock service, and the same scenarios
+//! against etcd and ZooKeeper (started on loopback by `ops/bench/peers.sh`) with each
+//! one's standard lock recipe, so one tool measures all three.
+
+mod cluster;
+mod report;
+mod scenarios;
+mod systems;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::cluster::{Cluster, System};
+use crate::report::Report;
+use crate::scenarios::Ctx;
+use crate::systems::Conn;
+
+/// Load and failure scenarios, for this lock service and, side by side, etcd and ZooKeeper.
+///
+/// Each run starts the system under test on loopback (ours: `lockctl dev`, which must be
+/// built next to loadgen; etcd and ZooKeeper: `ops/bench/peers.sh`, which needs Debian's
+/// `etcd-server` and `zookeeper` packages), prints a summary table, and writes
+/// `<out>/<scenario>-<system>.json` and a latency-over-time chart `.svg`.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// The system to run against.
+    #[arg(long, value_enum, default_value = "ours", global = true)]
+    system: System,
+    /// Scale of the scenario (1.0 = the documented full size; 0.05 runs in seconds).
+    #[arg(long, default_value_t = 1.0, global = true)]
+    scale: f64,
+    /// Where results go.
+    #[arg(long, default_value = "bench-results", global = true)]
+    out: PathBuf,
+    /// Members of the cluster (the same for every system).
+    #[arg(long, default_value_t = 3, global = true)]
+    members: u16,
+    /// Proxies in front of our cell (clients connect to them).
+    #[arg(long, default_value_t = 0, global = true)]
+    proxies: u16,
+    /// Session lease / etcd lease TTL / ZooKeeper session timeout, in seconds.
+    #[arg(long, default_value_t = 12, global = true)]
+    lease_secs: u64,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+enum Cmd {
+    /// Uncontended acquire and release: each client loops on its own lock.
+    Acquire,
+    /// 2 000 contenders on one lock: hand-off latency (and, for ours, events per hand-off).
+    Herd,
+    /// A lock holder process is killed (`kill -9`): time until a waiter is granted.
+    Takeover,
+    /// Writers while the leader is killed (`kill -9`), or frozen with `--freeze`: how long
+    /// writes fail, and sessions lost.
+    Failover {
+        /// SIGSTOP the leader instead of killing it.
+        #[arg(long)]
+        freeze: bool,
+    },
+    /// The write ceiling with fsync on, at rising concurrency; reports the knee.
+    MaxWrites,
+    /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
+    Compare {
+        /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes.
+        scenario: String,
+    },
+    /// Holds a lock until killed (the takeover scenario's holder process).
+    #[command(hide = true)]
+    Hold {
+        #[arg(long)]
+        endpoints: String,
+        #[arg(long)]
+        ca: PathBuf,
+        #[arg(long)]
+        lock: String,
+    },
+}
+
+fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
+    Ok(match name {
+        "acquire" => Cmd::Acquire,
+        "herd" => Cmd::Herd,
+        "takeover" => Cmd::Takeover,
+        "failover" => Cmd::Failover { freeze: false },
+        "failover-freeze" => Cmd::Failover { freeze: true },
+        "max-writes" => Cmd::MaxWrites,
+        other => anyhow::bail!(
+            "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
+             max-writes)"
+        ),
+    })
+}
+
+fn raise_open_files() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report> {
+    let lease = Duration::from_secs(cli.lease_secs);
+    let proxies = if system == System::Ours {
+        cli.proxies
+    } else {
+        0
+    };
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::start(system, cli.members, proxies, lease.as_millis() as u64)
+    })?;
+    cluster.ready().await?;
+    let conn = Conn::new(&cluster).await?;
+    let ctx = Ctx {
+        cluster,
+        conn,
+        scale: cli.scale,
+        lease,
+    };
+    let r = match cmd {
+        Cmd::Acquire => scenarios::acquire(&ctx).await,
+        Cmd::Herd => scenarios::herd(&ctx).await,
+        Cmd::Takeover => scenarios::takeover(&ctx, &std::env::current_exe()?).await,
+        Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
+        Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
+        Cmd::Compare { .. } | Cmd::Hold { .. } => unreachable!("not a scenario"),
+    };
+    let mut cluster = ctx.cluster;
+    tokio::task::block_in_place(|| cluster.stop());
+    let r = r?;
+    r.print();
+    let (json, svg) = r.write(&cli.out)?;
+    println!("  wrote {} and {}", json.display(), svg.display());
+    Ok(r)
+}
+
+async fn hold(
+    system: System,
+    endpoints: &str,
+    ca: &std::path::Path,
+    lock: &str,
+    lease: Duration,
+) -> anyhow::Result<()> {
+    let eps: Vec<String> = endpoints.split(',').map(String::from).collect();
+    let conn = Conn::for_endpoints(system, &eps, ca).await?;
+    let s = conn.session(lease).await?;
+    s.ensure_dir(lock).await?;
+    let (_held, token) = s.acquire(lock).await?;
+    println!("HELD {token}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    raise_open_files();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let r: anyhow::Result<()> = rt.block_on(async {
+        match &cli.command {
+            Cmd::Hold {
+                endpoints,
+                ca,
+                lock,
+            } => {
+                hold(
+                    cli.system,
+                    endpoints,
+                    ca,
+                    lock,
+                    Duration::from_secs(cli.lease_secs),
+                )
+                .await
+            }
+            Cmd::Compare { scenario } => {
+                let cmd = scenario_cmd(scenario)?;
+                let mut reports = Vec::new();
+                for system in [System::Ours, System::Etcd, System::Zk] {
+                    match run_one(&cli, system, &cmd).await {
+                        Ok(r) => reports.push(r),
+                        Err(e) => eprintln!("loadgen: {scenario} on {}: {e:#}", system.name()),
+                    }
+                }
+                report::compare(&reports);
+                Ok(())
+            }
+            cmd => run_one(&cli, cli.system, cmd).await.map(|_| ()),
+        }
+    });
+    if let Err(e) = r {
+        eprintln!("loadgen: {e:#}");
+        std::process::exit(1);
+    }
+}

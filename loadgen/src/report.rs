@@ -1,0 +1,309 @@
+//! Results: HDR latency summaries, figures, process costs; printed as a table, written as
+//! JSON, and drawn as a latency-over-time SVG chart.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies of one kind of operation, and when each happened.
+pub struct Lat {
+    hist: Histogram<u64>,
+    series: Vec<(f64, f64)>,
+    start: Instant,
+}
+
+/// Percentiles of a [`Lat`], in milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Lat {
+    /// Empty; times in the series count from `start`.
+    pub fn new(start: Instant) -> Lat {
+        Lat {
+            hist: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds"),
+            series: Vec::new(),
+            start,
+        }
+    }
+
+    /// Records one latency that ended at `at`.
+    pub fn record(&mut self, d: Duration, at: Instant) {
+        let us = (d.as_micros() as u64).clamp(1, 3_600_000_000);
+        let _ = self.hist.record(us);
+        if self.series.len() < 200_000 {
+            self.series.push((
+                at.duration_since(self.start).as_secs_f64(),
+                d.as_secs_f64() * 1e3,
+            ));
+        }
+    }
+
+    /// Adds everything recorded in `other`.
+    pub fn merge(&mut self, other: &Lat) {
+        let _ = self.hist.add(&other.hist);
+        self.series.extend_from_slice(&other.series);
+    }
+
+    /// Number recorded.
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// The percentiles.
+    pub fn summary(&self) -> Summary {
+        let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1e3;
+        Summary {
+            count: self.hist.len(),
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            p999: q(0.999),
+            max: self.hist.max() as f64 / 1e3,
+        }
+    }
+}
+
+/// CPU and memory of one process of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcCost {
+    pub name: String,
+    pub cpu_secs: f64,
+    pub peak_rss_mb: f64,
+}
+
+/// Reads a live process's CPU seconds (user + system) and peak RSS from `/proc`.
+pub fn proc_cost(name: &str, pid: u32) -> Option<ProcCost> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm_kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(ProcCost {
+        name: name.to_string(),
+        cpu_secs: ticks / hz,
+        peak_rss_mb: hwm_kb / 1024.0,
+    })
+}
+
+/// One scenario's result for one system.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub system: String,
+    pub scale: f64,
+    /// What was run (sessions, connections, processes, durations).
+    pub params: BTreeMap<String, String>,
+    /// Single figures (throughput, times, counts).
+    pub figures: BTreeMap<String, f64>,
+    /// Latency summaries by operation.
+    pub latencies: BTreeMap<String, Summary>,
+    pub processes: Vec<ProcCost>,
+    pub notes: Vec<String>,
+    #[serde(skip)]
+    pub series: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+impl Report {
+    /// An empty report.
+    pub fn new(scenario: &str, system: &str, scale: f64) -> Report {
+        Report {
+            scenario: scenario.into(),
+            system: system.into(),
+            scale,
+            params: BTreeMap::new(),
+            figures: BTreeMap::new(),
+            latencies: BTreeMap::new(),
+            processes: Vec::new(),
+            notes: Vec::new(),
+            series: BTreeMap::new(),
+        }
+    }
+
+    /// Notes a parameter.
+    pub fn param(&mut self, k: &str, v: impl ToString) {
+        self.params.insert(k.into(), v.to_string());
+    }
+
+    /// Notes a figure.
+    pub fn figure(&mut self, k: &str, v: f64) {
+        self.figures.insert(k.into(), v);
+    }
+
+    /// Adds a latency distribution (and its series for the chart).
+    pub fn latency(&mut self, k: &str, lat: &Lat) {
+        self.latencies.insert(k.into(), lat.summary());
+        self.series.insert(k.into(), lat.series.clone());
+    }
+
+    /// Prints the summary table.
+    pub fn print(&self) {
+        println!(
+            "\n== {} on {} (scale {}) ==",
+            self.scenario, self.system, self.scale
+        );
+        for (k, v) in &self.params {
+            println!("  {k:<28} {v}");
+        }
+        if !self.latencies.is_empty() {
+            println!(
+                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}  (ms)",
+                "latency", "count", "p50", "p90", "p99", "p99.9", "max"
+            );
+            for (k, s) in &self.latencies {
+                println!(
+                    "  {:<22} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+                    k, s.count, s.p50, s.p90, s.p99, s.p999, s.max
+                );
+            }
+        }
+        for (k, v) in &self.figures {
+            println!("  {k:<28} {v:.2}");
+        }
+        for p in &self.processes {
+            println!(
+                "  process {:<20} cpu {:>8.2} s   peak rss {:>8.1} MB",
+                p.name, p.cpu_secs, p.peak_rss_mb
+            );
+        }
+        for n in &self.notes {
+            println!("  note: {n}");
+        }
+    }
+
+    /// Writes `<out>/<scenario>-<system>.json` and `.svg`; returns their paths.
+    pub fn write(&self, out: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+        std::fs::create_dir_all(out)?;
+        let base = out.join(format!("{}-{}", self.scenario, self.system));
+        let json = base.with_extension("json");
+        std::fs::write(&json, serde_json::to_string_pretty(self)?)?;
+        let svg = base.with_extension("svg");
+        self.chart(&svg)?;
+        Ok((json, svg))
+    }
+
+    fn chart(&self, path: &Path) -> anyhow::Result<()> {
+        use plotters::prelude::*;
+        let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let t_max = self
+            .series
+            .values()
+            .flat_map(|s| s.iter().map(|p| p.0))
+            .fold(1.0f64, f64::max);
+        let y_max = self
+            .series
+            .values()
+            .flat_map(|s| s.iter().map(|p| p.1))
+            .fold(1.0f64, f64::max);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "{} on {}: latency over time (ms)",
+                    self.scenario, self.system
+                ),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(32)
+            .y_label_area_size(48)
+            .build_cartesian_2d(0.0..t_max * 1.02, 0.0..y_max * 1.05)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .y_desc("ms")
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+        for (i, (name, s)) in self.series.iter().enumerate() {
+            let c = colors[i % colors.len()];
+            chart
+                .draw_series(
+                    s.iter()
+                        .map(|(t, ms)| Circle::new((*t, *ms), 1, c.filled())),
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .label(name.clone())
+                .legend(move |(x, y)| Circle::new((x, y), 3, c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(())
+    }
+}
+
+/// Prints one table comparing the same scenario on several systems, with ratios to the
+/// first (ours): for latencies and times, above 1 means the peer is slower.
+pub fn compare(reports: &[Report]) {
+    let Some(first) = reports.first() else { return };
+    println!("\n== compare: {} ==", first.scenario);
+    let mut header = format!("  {:<34}", "metric");
+    for r in reports {
+        header += &format!(" {:>12}", r.system);
+    }
+    for r in &reports[1..] {
+        header += &format!(" {:>12}", format!("{}/{}", r.system, first.system));
+    }
+    println!("{header}");
+    let mut rows: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    for k in first.latencies.keys() {
+        for (label, pick) in [("p50", 0), ("p99", 1), ("max", 2)] {
+            let vals = reports
+                .iter()
+                .map(|r| {
+                    r.latencies.get(k).map(|s| match pick {
+                        0 => s.p50,
+                        1 => s.p99,
+                        _ => s.max,
+                    })
+                })
+                .collect();
+            rows.push((format!("{k} {label} (ms)"), vals));
+        }
+    }
+    for k in first.figures.keys() {
+        rows.push((
+            k.clone(),
+            reports.iter().map(|r| r.figures.get(k).copied()).collect(),
+        ));
+    }
+    for (name, vals) in rows {
+        let mut line = format!("  {name:<34}");
+        for v in &vals {
+            line += &match v {
+                Some(v) => format!(" {v:>12.2}"),
+                None => format!(" {:>12}", "-"),
+            };
+        }
+        for v in &vals[1..] {
+            line += &match (v, vals[0]) {
+                (Some(v), Some(base)) if base > 0.0 => format!(" {:>12.2}", v / base),
+                _ => format!(" {:>12}", "-"),
+            };
+        }
+        println!("{line}");
+    }
+}

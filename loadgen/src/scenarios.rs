@@ -1,0 +1,449 @@
+//! The scenarios. Each starts from a running cluster, drives it through one [`Conn`], and
+//! returns a [`Report`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cluster::{Cluster, System};
+use crate::report::{proc_cost, Lat, Report};
+use crate::systems::{Conn, Sess};
+
+/// What every scenario gets.
+pub struct Ctx {
+    pub cluster: Cluster,
+    pub conn: Conn,
+    pub scale: f64,
+    pub lease: Duration,
+}
+
+impl Ctx {
+    fn n(&self, full: f64, min: usize) -> usize {
+        ((full * self.scale).round() as usize).max(min)
+    }
+
+    fn secs(&self, full: f64, min: f64) -> Duration {
+        Duration::from_secs_f64((full * self.scale).max(min))
+    }
+
+    fn report(&self, scenario: &str) -> Report {
+        let mut r = Report::new(scenario, self.cluster.system.name(), self.scale);
+        r.param("members", self.cluster.members.len());
+        r.param("client endpoints", self.cluster.endpoints.join(","));
+        r.param("lease / session timeout (s)", self.lease.as_secs());
+        r
+    }
+
+    fn costs(&self, r: &mut Report) {
+        for (name, pid) in self.cluster.processes() {
+            if let Some(c) = proc_cost(&name, pid) {
+                r.processes.push(c);
+            }
+        }
+        if let Some(c) = proc_cost("loadgen", std::process::id()) {
+            r.processes.push(c);
+        }
+    }
+
+    async fn sessions(&self, n: usize) -> anyhow::Result<Vec<Arc<Sess>>> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let k = (n - out.len()).min(100);
+            let got =
+                futures::future::join_all((0..k).map(|_| self.conn.session(self.lease))).await;
+            for s in got {
+                out.push(Arc::new(s?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn ticker(d: Duration, what: &str) -> (ProgressBar, tokio::task::JoinHandle<()>) {
+    let pb = bar(d.as_secs().max(1), what);
+    let p = pb.clone();
+    let h = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            p.inc(1);
+        }
+    });
+    (pb, h)
+}
+
+/// Uncontended acquire/release: each client loops on its own lock.
+pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
+    let n = ctx.n(20.0, 2);
+    let dur = ctx.secs(20.0, 3.0);
+    let sessions = ctx.sessions(n).await?;
+    for (i, s) in sessions.iter().enumerate() {
+        s.ensure_dir(&format!("/bench/acq/c{i}")).await?;
+    }
+    let start = Instant::now();
+    let deadline = start + dur;
+    let (pb, t) = ticker(dur, "acquire");
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                let (mut acq, mut rel) = (Lat::new(start), Lat::new(start));
+                let dir = format!("/bench/acq/c{i}");
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    let (h, _) = s.acquire(&dir).await?;
+                    let t1 = Instant::now();
+                    acq.record(t1 - t0, t1);
+                    s.release(h).await?;
+                    let t2 = Instant::now();
+                    rel.record(t2 - t1, t2);
+                }
+                anyhow::Ok((acq, rel))
+            })
+        })
+        .collect();
+    let (mut acq, mut rel) = (Lat::new(start), Lat::new(start));
+    for t in tasks {
+        let (a, r) = t.await??;
+        acq.merge(&a);
+        rel.merge(&r);
+    }
+    t.abort();
+    pb.finish_and_clear();
+    let mut r = ctx.report("acquire");
+    r.param("clients (sessions, one lock each)", n);
+    r.param("duration (s)", dur.as_secs_f64());
+    r.latency("acquire", &acq);
+    r.latency("release", &rel);
+    r.figure("acquires per s", acq.count() as f64 / dur.as_secs_f64());
+    ctx.costs(&mut r);
+    Ok(r)
+}
+
+/// N contenders on one lock: each takes it, then releases it at once. Hand-off latency is
+/// from the previous holder's release call to the next grant.
+pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
+    let n = ctx.n(2000.0, 10);
+    let sessions = ctx.sessions(n).await?;
+    let dir = "/bench/herd";
+    sessions[0].ensure_dir(dir).await?;
+    let (first, _) = sessions[0].acquire(dir).await?;
+    let start = Instant::now();
+    let last_release: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let queued = Arc::new(AtomicU64::new(0));
+    let pb = bar(n as u64 - 1, "hand-offs");
+    let tasks: Vec<_> = sessions[1..]
+        .iter()
+        .map(|s| {
+            let (s, last, queued, pb) =
+                (s.clone(), last_release.clone(), queued.clone(), pb.clone());
+            tokio::spawn(async move {
+                queued.fetch_add(1, Ordering::SeqCst);
+                let (h, token) = s.acquire(dir).await?;
+                let now = Instant::now();
+                let waited = last.lock().expect("last").map(|t| now - t);
+                *last.lock().expect("last") = Some(Instant::now());
+                s.release(h).await?;
+                pb.inc(1);
+                anyhow::Ok((now, waited, token))
+            })
+        })
+        .collect();
+    // Let every contender queue behind the first holder.
+    let settle = Duration::from_millis(1000 + n as u64);
+    tokio::time::sleep(settle).await;
+    let released = Instant::now();
+    *last_release.lock().expect("last") = Some(released);
+    sessions[0].release(first).await?;
+    let mut lat = Lat::new(start);
+    let mut tokens = Vec::new();
+    for t in tasks {
+        let (at, waited, token) = tokio::time::timeout(Duration::from_secs(600), t)
+            .await
+            .context("herd did not finish")???;
+        if let Some(w) = waited {
+            lat.record(w, at);
+        }
+        tokens.push((at, token));
+    }
+    pb.finish_and_clear();
+    let total = released.elapsed();
+    tokens.sort();
+    let increasing = tokens.windows(2).all(|w| w[0].1 < w[1].1);
+    let mut r = ctx.report("herd");
+    r.param("contenders (sessions)", n);
+    r.latency("hand-off", &lat);
+    r.figure("total after first release (s)", total.as_secs_f64());
+    r.figure("hand-offs per s", (n - 1) as f64 / total.as_secs_f64());
+    if let Conn::Ours(_) = ctx.conn {
+        let events: u64 = sessions
+            .iter()
+            .map(|s| match s.as_ref() {
+                Sess::Ours(s) => s.watch_events_received(),
+                _ => 0,
+            })
+            .sum();
+        r.figure("watch events per hand-off", events as f64 / (n - 1) as f64);
+    }
+    if !increasing {
+        r.notes
+            .push("fencing tokens did not increase with grant order".into());
+    }
+    ctx.costs(&mut r);
+    Ok(r)
+}
+
+/// A holder process dies (`kill -9`); how long until a waiter is granted the lock.
+pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report> {
+    let dir = "/bench/takeover";
+    let waiter = ctx.conn.session(ctx.lease).await?;
+    waiter.ensure_dir(dir).await?;
+    let mut holder = std::process::Command::new(exe)
+        .args([
+            "hold",
+            "--system",
+            match ctx.cluster.system {
+                System::Ours => "ours",
+                System::Etcd => "etcd",
+                System::Zk => "zk",
+            },
+        ])
+        .args(["--endpoints", &ctx.cluster.endpoints.join(",")])
+        .arg("--ca")
+        .arg(&ctx.cluster.ca)
+        .args([
+            "--lock",
+            dir,
+            "--lease-secs",
+            &ctx.lease.as_secs().to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(holder.stdout.take().context("stdout")?);
+        r.read_line(&mut line)?;
+    }
+    anyhow::ensure!(
+        line.starts_with("HELD"),
+        "holder did not take the lock: {line:?}"
+    );
+    let w = tokio::spawn(async move {
+        let r = waiter.acquire(dir).await;
+        (Instant::now(), r.map(|(_, t)| t))
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    anyhow::ensure!(
+        !w.is_finished(),
+        "the waiter got the lock while it was held"
+    );
+    let killed = Instant::now();
+    unsafe { libc::kill(holder.id() as i32, libc::SIGKILL) };
+    let _ = holder.wait();
+    let (pb, t) = ticker(ctx.lease + Duration::from_secs(5), "takeover");
+    let (granted, token) = tokio::time::timeout(ctx.lease * 3, w)
+        .await
+        .context("no takeover within three leases")??;
+    t.abort();
+    pb.finish_and_clear();
+    token?;
+    let mut r = ctx.report("takeover");
+    r.param("holder", "a separate loadgen process, kill -9");
+    let secs = granted.duration_since(killed).as_secs_f64();
+    r.figure("takeover after kill -9 (s)", secs);
+    r.notes.push(format!(
+        "measured from the kill; the holder's last KeepAlive was up to a third of the lease \
+         earlier, so from its last KeepAlive the takeover took up to {:.1} s",
+        secs + ctx.lease.as_secs_f64() / 3.0
+    ));
+    ctx.costs(&mut r);
+    Ok(r)
+}
+
+/// Writers (and their sessions) while the leader is killed (`kill -9`) or frozen
+/// (SIGSTOP): how long writes fail, and whether any session is lost.
+pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
+    let n = ctx.n(16.0, 4);
+    let sessions = ctx.sessions(n).await?;
+    for (i, s) in sessions.iter().enumerate() {
+        s.prepare_key(&format!("/bench-w{i}")).await?;
+    }
+    let start = Instant::now();
+    let before = Duration::from_secs(3);
+    let after = Duration::from_secs(if freeze { 20 } else { 12 });
+    let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (s, stop, done) = (s.clone(), stop.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut lat = Lat::new(start);
+                let key = format!("/bench-w{i}");
+                let mut v = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let t0 = Instant::now();
+                    // Failures (and their time) count as unavailability: retry.
+                    let ok = tokio::time::timeout(
+                        Duration::from_secs(20),
+                        s.write(&key, v.to_string().into_bytes()),
+                    )
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                    let t1 = Instant::now();
+                    if ok {
+                        lat.record(t1 - t0, t1);
+                        done.lock().expect("done").push(t1);
+                        v += 1;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    let (pb, t) = ticker(before + after, if freeze { "freeze" } else { "kill -9" });
+    tokio::time::sleep(before).await;
+    let leader = ctx.cluster.leader().await?;
+    let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
+    let event = Instant::now();
+    unsafe {
+        libc::kill(
+            pid as i32,
+            if freeze { libc::SIGSTOP } else { libc::SIGKILL },
+        )
+    };
+    tokio::time::sleep(after).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut lat = Lat::new(start);
+    for t in tasks {
+        lat.merge(&t.await?);
+    }
+    t.abort();
+    pb.finish_and_clear();
+    let lost = sessions.iter().filter(|s| s.lost()).count();
+    if freeze {
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+    let mut times = done.lock().expect("done").clone();
+    times.sort();
+    // Unavailability: from the event to the first successful write after it, or the
+    // longest gap between successful writes after it if that is longer.
+    let mut gap = Duration::ZERO;
+    let mut prev = event;
+    for t in times.iter().filter(|t| **t > event) {
+        gap = gap.max(*t - prev);
+        prev = *t;
+    }
+    if prev == event {
+        gap = after;
+    }
+    let name = if freeze {
+        "failover-freeze"
+    } else {
+        "failover"
+    };
+    let mut r = ctx.report(name);
+    r.param("writers (sessions, one key each)", n);
+    r.param(
+        "event",
+        if freeze {
+            "leader SIGSTOP"
+        } else {
+            "leader kill -9"
+        },
+    );
+    r.param("leader", &leader);
+    r.latency("write", &lat);
+    r.figure("writes unavailable (s)", gap.as_secs_f64());
+    r.figure("sessions lost", lost as f64);
+    ctx.costs(&mut r);
+    Ok(r)
+}
+
+/// The write ceiling with fsync on: each level runs that many writers (one key each) for
+/// a while; the knee is the last level that still added 10 % throughput.
+pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
+    let levels: Vec<usize> = [1usize, 4, 16, 64, 256]
+        .into_iter()
+        .filter(|l| *l <= ctx.n(256.0, 4))
+        .collect();
+    let per = ctx.secs(10.0, 2.0);
+    let top = *levels.last().expect("levels");
+    let sessions = ctx.sessions(top).await?;
+    for (i, s) in sessions.iter().enumerate() {
+        s.prepare_key(&format!("/bench-mw{i}")).await?;
+    }
+    let start = Instant::now();
+    let mut r = ctx.report("max-writes");
+    let mut all = Lat::new(start);
+    let mut prev = 0.0;
+    let mut knee = levels[0];
+    let pb = bar(levels.len() as u64, "levels");
+    for &level in &levels {
+        let deadline = Instant::now() + per;
+        let tasks: Vec<_> = sessions[..level]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut lat = Lat::new(start);
+                    let key = format!("/bench-mw{i}");
+                    let mut v = 0u64;
+                    while Instant::now() < deadline {
+                        let t0 = Instant::now();
+                        s.write(&key, v.to_string().into_bytes()).await?;
+                        let t1 = Instant::now();
+                        lat.record(t1 - t0, t1);
+                        v += 1;
+                    }
+                    anyhow::Ok(lat)
+                })
+            })
+            .collect();
+        let mut lat = Lat::new(start);
+        for t in tasks {
+            lat.merge(&t.await??);
+        }
+        let tput = lat.count() as f64 / per.as_secs_f64();
+        r.figure(&format!("writes per s at {level:>3} writers"), tput);
+        r.figure(&format!("p99 ms at {level:>3} writers"), lat.summary().p99);
+        if tput > prev * 1.1 {
+            knee = level;
+        }
+        prev = prev.max(tput);
+        all.merge(&lat);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    r.param(
+        "levels (writers, one session and key each)",
+        format!("{levels:?}"),
+    );
+    r.param("seconds per level", per.as_secs_f64());
+    r.latency("write (all levels)", &all);
+    r.figure("knee (writers)", knee as f64);
+    r.figure("peak writes per s", prev);
+    ctx.costs(&mut r);
+    Ok(r)
+}
