@@ -268,18 +268,25 @@ impl Lock {
 
     async fn run(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
         path::validate(&self.path)?;
-        if self.session.exists(&self.path).await?.is_none() {
-            self.ensure_dir().await?;
-        }
         let prefix = path::join(&self.path, self.mode.prefix());
         let mode = CreateMode {
             ephemeral: true,
             sequential: true,
         };
-        let created = self
+        // One write when the lock node exists (the usual case); it is created on first use.
+        let created = match self
             .session
             .create(&prefix, self.data.clone(), mode)
-            .await?;
+            .await
+        {
+            Err(Error::NoNode { path }) if path == self.path => {
+                self.ensure_dir().await?;
+                self.session
+                    .create(&prefix, self.data.clone(), mode)
+                    .await?
+            }
+            r => r?,
+        };
         // From here on our node is in the queue: if this attempt fails or is cancelled
         // before the lock is granted, the guard deletes it so it never blocks the queue.
         let mut pending = PendingNode {
