@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: formatting, lints, docs and every test (unit, property,
+# The project's test command (needs protoc for loadgen's etcd client: apt-get install -y
+# protobuf-compiler): formatting, lints, docs and every test (unit, property,
 # openraft's storage suite, and the cell tests that start real replica processes on
 # loopback). Figures measured by the cell tests are printed as lines starting "FIGURE".
 set -euo pipefail

@@ -79,8 +79,17 @@ struct Inner {
     cfg: ClientConfig,
     endpoint: quinn::Endpoint,
     addrs: Vec<SocketAddr>,
-    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// One slot per endpoint: handshakes to different endpoints proceed in parallel, and
+    /// callers of one endpoint share its connection (or its recent failure).
+    conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
     leader: std::sync::Mutex<Option<SocketAddr>>,
+}
+
+/// An endpoint's connection, or its last failed attempt.
+#[derive(Default)]
+struct Slot {
+    conn: Option<quinn::Connection>,
+    failed: Option<(Instant, Error)>,
 }
 
 /// A handle to a cell; cheap to clone.
@@ -132,7 +141,7 @@ impl Client {
                 cfg,
                 endpoint,
                 addrs,
-                conns: Mutex::new(HashMap::new()),
+                conns: std::sync::Mutex::new(HashMap::new()),
                 leader: std::sync::Mutex::new(None),
             }),
         })
@@ -149,10 +158,25 @@ impl Client {
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, Error> {
-        let mut conns = self.inner.conns.lock().await;
-        if let Some(c) = conns.get(&addr) {
+        let slot = self
+            .inner
+            .conns
+            .lock()
+            .expect("connections lock")
+            .entry(addr)
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().await;
+        if let Some(c) = &slot.conn {
             if c.close_reason().is_none() {
                 return Ok(c.clone());
+            }
+        }
+        // A dead endpoint is tried once per connect timeout, not once per caller: the
+        // others move on to the next endpoint at once.
+        if let Some((at, e)) = &slot.failed {
+            if at.elapsed() < self.inner.cfg.connect_timeout {
+                return Err(e.clone());
             }
         }
         let handshake = async {
@@ -170,26 +194,56 @@ impl Client {
             reply?;
             Ok::<_, Error>(conn)
         };
-        let conn = tokio::time::timeout(self.inner.cfg.connect_timeout, handshake)
+        let r = tokio::time::timeout(self.inner.cfg.connect_timeout, handshake)
             .await
-            .map_err(|_| {
-                conn_err(format!(
+            .unwrap_or_else(|_| {
+                Err(conn_err(format!(
                     "{addr}: no handshake within {:?}",
                     self.inner.cfg.connect_timeout
-                ))
-            })??;
-        conns.insert(addr, conn.clone());
-        Ok(conn)
+                )))
+            });
+        match r {
+            Ok(conn) => {
+                slot.conn = Some(conn.clone());
+                slot.failed = None;
+                Ok(conn)
+            }
+            Err(e) => {
+                slot.conn = None;
+                slot.failed = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets `addr` as the leader after it failed at the connection level, so the next
+    /// attempts start with the other endpoints rather than a dead one.
+    fn connection_failed(&self, addr: SocketAddr) {
+        let mut l = self.inner.leader.lock().expect("leader lock");
+        if *l == Some(addr) {
+            *l = None;
+        }
     }
 
     /// One attempt at one replica: no retry, no redirect.
     pub async fn call_at(&self, addr: SocketAddr, req: &Request) -> Response {
         let attempt = async {
             let conn = self.connection(addr).await?;
-            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-            frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
-            let _ = send.finish();
-            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await?
+            let work = async {
+                let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+                frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
+                let _ = send.finish();
+                frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await?
+            };
+            tokio::select! {
+                r = work => r,
+                _ = presumed_dead(&conn) => {
+                    // Every request waiting on it fails now and is retried elsewhere (with
+                    // its request id), instead of waiting for QUIC's idle timeout.
+                    conn.close(0u32.into(), b"peer silent");
+                    Err(conn_err(format!("{addr}: no answer to a probe; presumed dead")))
+                }
+            }
         };
         let t = self.inner.cfg.attempt_timeout;
         match tokio::time::timeout(t, attempt).await {
@@ -257,7 +311,12 @@ impl Client {
                             break;
                         }
                     }
-                    Err(e) if e.is_retryable() => last_err = Some(e),
+                    Err(e) if e.is_retryable() => {
+                        if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
+                            self.connection_failed(addr);
+                        }
+                        last_err = Some(e)
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -335,7 +394,12 @@ impl Client {
                             break;
                         }
                     }
-                    Err(e) if e.is_retryable() => last_err = e,
+                    Err(e) if e.is_retryable() => {
+                        if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
+                            self.connection_failed(addr);
+                        }
+                        last_err = e
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -431,6 +495,38 @@ impl Client {
         {
             Reply::Children { children, .. } => Ok(children),
             other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// A request waiting this long makes the client probe its connection.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A probe unanswered for this long marks the connection dead.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
+/// legitimately take seconds), a cheap probe is sent every second on the same connection;
+/// one that gets no answer within a second means the peer is gone (killed or frozen), which
+/// QUIC alone would notice only at its idle timeout. The probe is `ProxyStatus`: a proxy
+/// answers it itself, a replica refuses it at once; either answer proves the peer alive.
+async fn presumed_dead(conn: &quinn::Connection) {
+    tokio::time::sleep(PROBE_AFTER).await;
+    loop {
+        let probe = async {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+            let req = Request {
+                session: 0,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::ProxyStatus,
+            };
+            frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
+            let _ = send.finish();
+            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(_)) => tokio::time::sleep(PROBE_AFTER).await,
+            _ => return,
         }
     }
 }

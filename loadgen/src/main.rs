@@ -65,9 +65,12 @@ enum Cmd {
     },
     /// The write ceiling with fsync on, at rising concurrency; reports the knee.
     MaxWrites,
+    /// A mass restart: 2 000 new sessions a second each taking a lock, for 30 s.
+    Burst,
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
-        /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes.
+        /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
+        /// burst.
         scenario: String,
     },
     /// Holds a lock until killed (the takeover scenario's holder process).
@@ -75,7 +78,7 @@ enum Cmd {
     Hold {
         #[arg(long)]
         endpoints: String,
-        #[arg(long)]
+        #[arg(long, default_value = "")]
         ca: PathBuf,
         #[arg(long)]
         lock: String,
@@ -90,9 +93,10 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "failover" => Cmd::Failover { freeze: false },
         "failover-freeze" => Cmd::Failover { freeze: true },
         "max-writes" => Cmd::MaxWrites,
+        "burst" => Cmd::Burst,
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
-             max-writes)"
+             max-writes, burst)"
         ),
     })
 }
@@ -134,6 +138,7 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
         Cmd::Takeover => scenarios::takeover(&ctx, &std::env::current_exe()?).await,
         Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
+        Cmd::Burst => scenarios::burst(&ctx).await,
         Cmd::Compare { .. } | Cmd::Hold { .. } => unreachable!("not a scenario"),
     };
     let mut cluster = ctx.cluster;

@@ -224,8 +224,7 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
             },
         ])
         .args(["--endpoints", &ctx.cluster.endpoints.join(",")])
-        .arg("--ca")
-        .arg(&ctx.cluster.ca)
+        .arg(format!("--ca={}", ctx.cluster.ca.display()))
         .args([
             "--lock",
             dir,
@@ -444,6 +443,97 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
     r.latency("write (all levels)", &all);
     r.figure("knee (writers)", knee as f64);
     r.figure("peak writes per s", prev);
+    ctx.costs(&mut r);
+    Ok(r)
+}
+
+/// A mass restart: clients arrive at a fixed rate (2 000 a second at full scale), each
+/// opening a new session and taking one of a pool of existing locks (its own: the pool
+/// outlasts the hold), holding it briefly, then closing. Latency is from arrival (session
+/// open included) to grant.
+pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
+    let rate = (2000.0 * ctx.scale).max(20.0);
+    let dur = ctx.secs(30.0, 3.0);
+    let hold = Duration::from_secs(2);
+    let total = (rate * dur.as_secs_f64()) as u64;
+    // Locks are reused after pool / rate seconds, well after their 2 s hold.
+    let pool = ((rate * 5.0) as u64).min(total).max(1);
+    let setup = ctx.sessions(64).await?;
+    setup[0].ensure_dir("/bench/burst").await?;
+    let made = Arc::new(AtomicU64::new(0));
+    let creators: Vec<_> = setup
+        .iter()
+        .map(|s| {
+            let (s, made) = (s.clone(), made.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = made.fetch_add(1, Ordering::SeqCst);
+                    if i >= pool {
+                        return anyhow::Ok(());
+                    }
+                    s.ensure_dir(&format!("/bench/burst/l{i}")).await?;
+                }
+            })
+        })
+        .collect();
+    for c in creators {
+        c.await??;
+    }
+    let start = Instant::now();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(4_000));
+    let failed = Arc::new(AtomicU64::new(0));
+    let pb = bar(total, "arrivals");
+    let mut tasks = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        let (conn, lease, failed, pb) = (ctx.conn.clone(), ctx.lease, failed.clone(), pb.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            let arrived = Instant::now();
+            let r = async {
+                let s = conn.session(lease).await?;
+                let dir = format!("/bench/burst/l{}", i % pool);
+                let t0 = Instant::now();
+                let (h, _) = s.acquire(&dir).await?;
+                let granted = Instant::now();
+                tokio::time::sleep(hold).await;
+                s.release(h).await?;
+                s.close().await;
+                anyhow::Ok((arrived, t0, granted))
+            }
+            .await;
+            pb.inc(1);
+            if r.is_err() {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+            r.ok()
+        }));
+    }
+    let offered = start.elapsed();
+    let (mut restart, mut acq) = (Lat::new(start), Lat::new(start));
+    for t in tasks {
+        if let Some((arrived, t0, granted)) = t.await? {
+            restart.record(granted - arrived, granted);
+            acq.record(granted - t0, granted);
+        }
+    }
+    pb.finish_and_clear();
+    let mut r = ctx.report("burst");
+    r.param("arrivals (new session + own lock each)", total);
+    r.param("offered rate (per s)", rate);
+    r.param("hold (s)", hold.as_secs());
+    r.param("locks (reused round robin)", pool);
+    r.latency("arrival to grant", &restart);
+    r.latency("acquire", &acq);
+    r.figure(
+        "achieved arrivals per s",
+        total as f64 / offered.as_secs_f64(),
+    );
+    r.figure("failed", failed.load(Ordering::Relaxed) as f64);
     ctx.costs(&mut r);
     Ok(r)
 }

@@ -37,7 +37,7 @@ pub enum Sess {
     /// Ours.
     Ours(Session),
     /// etcd: client, lease id, the keep-alive task.
-    Etcd(etcd_client::Client, i64, tokio::task::JoinHandle<()>),
+    Etcd(Box<etcd_client::Client>, i64, tokio::task::JoinHandle<()>),
     /// ZooKeeper.
     Zk(zk::Client),
 }
@@ -82,20 +82,43 @@ impl Conn {
             Conn::Etcd(eps) => {
                 let mut c = etcd_client::Client::connect(eps.clone(), None).await?;
                 let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
-                let (mut keeper, mut stream) = c.lease_keep_alive(id).await?;
+                // Like clientv3's concurrency.Session: keep the lease alive through member
+                // failures (re-open the keep-alive stream, possibly at another member) until
+                // the lease is over.
                 let every = lease / 3;
+                let mut kc = c.clone();
                 let task = tokio::spawn(async move {
+                    let mut last_ok = tokio::time::Instant::now();
+                    let mut stream = None;
                     loop {
-                        tokio::time::sleep(every).await;
-                        if keeper.keep_alive().await.is_err() {
-                            return;
+                        if stream.is_none() {
+                            if let Ok(s) = kc.lease_keep_alive(id).await {
+                                stream = Some(s);
+                            }
                         }
-                        if !matches!(stream.message().await, Ok(Some(_))) {
-                            return;
+                        let mut renewed = false;
+                        if let Some((keeper, replies)) = stream.as_mut() {
+                            if keeper.keep_alive().await.is_ok() {
+                                match replies.message().await {
+                                    Ok(Some(r)) if r.ttl() > 0 => renewed = true,
+                                    Ok(Some(_)) => return, // the lease is gone
+                                    _ => {}
+                                }
+                            }
+                        }
+                        if renewed {
+                            last_ok = tokio::time::Instant::now();
+                            tokio::time::sleep(every).await;
+                        } else {
+                            stream = None;
+                            if last_ok.elapsed() > lease {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
                         }
                     }
                 });
-                Ok(Sess::Etcd(c, id, task))
+                Ok(Sess::Etcd(Box::new(c), id, task))
             }
             Conn::Zk(cluster) => {
                 let c = zk::Client::connector()
@@ -153,7 +176,7 @@ impl Sess {
                 Ok((Held::Ours(g), t))
             }
             Sess::Etcd(c, lease, _) => {
-                let mut c = c.clone();
+                let mut c = (**c).clone();
                 let key = format!("{dir}/{lease:x}");
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -279,6 +302,20 @@ impl Sess {
                     Err(e) => Err(zk_err(e)),
                 }
             }
+        }
+    }
+
+    /// Ends the session (its locks and ephemerals go at once).
+    pub async fn close(self) {
+        match self {
+            Sess::Ours(s) => {
+                let _ = s.close().await;
+            }
+            Sess::Etcd(mut c, lease, task) => {
+                task.abort();
+                let _ = c.lease_revoke(lease).await;
+            }
+            Sess::Zk(c) => drop(c),
         }
     }
 

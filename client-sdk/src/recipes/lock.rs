@@ -274,11 +274,7 @@ impl Lock {
             sequential: true,
         };
         // One write when the lock node exists (the usual case); it is created on first use.
-        let created = match self
-            .session
-            .create(&prefix, self.data.clone(), mode)
-            .await
-        {
+        let created = match self.session.create(&prefix, self.data.clone(), mode).await {
             Err(Error::NoNode { path }) if path == self.path => {
                 self.ensure_dir().await?;
                 self.session

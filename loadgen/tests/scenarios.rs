@@ -1,0 +1,78 @@
+//! Every loadgen scenario runs briefly against our cell (`--scale 0.02`), so none of them
+//! rots: each must finish, print its table and write its JSON and chart with the figures
+//! it promises. Speed is not checked here (see docs/benchmarks.md for the measured runs).
+
+use std::path::Path;
+use std::process::Command;
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
+
+/// One scenario at a time (two cores).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run(args: &[&str], out: &Path) -> serde_json::Value {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = Command::new(LOADGEN)
+        .args(["--scale", "0.02", "--out"])
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("run loadgen");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{text}");
+    assert!(o.status.success(), "loadgen {args:?} failed:\n{text}");
+    assert!(text.contains("wrote "), "{text}");
+    let name = match args.last().copied() {
+        Some("--freeze") => "failover-freeze".to_string(),
+        Some(s) => s.to_string(),
+        None => unreachable!(),
+    };
+    let json = out.join(format!("{name}-ours.json"));
+    assert!(out.join(format!("{name}-ours.svg")).exists());
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+fn figure(v: &serde_json::Value, k: &str) -> f64 {
+    v["figures"][k]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
+}
+
+#[test]
+fn acquire_herd_and_max_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(&["acquire"], dir.path());
+    assert!(v["latencies"]["acquire"]["count"].as_u64().unwrap() > 0);
+    assert!(
+        v["processes"].as_array().unwrap().len() >= 4,
+        "replicas and loadgen"
+    );
+    let v = run(&["herd"], dir.path());
+    let n = v["params"]["contenders (sessions)"]
+        .as_str()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap();
+    assert_eq!(v["latencies"]["hand-off"]["count"].as_u64().unwrap(), n - 1);
+    assert!(v["notes"].as_array().unwrap().is_empty(), "{v}");
+    assert!(figure(&v, "watch events per hand-off") <= 1.5);
+    let v = run(&["max-writes"], dir.path());
+    assert!(figure(&v, "peak writes per s") > 0.0);
+}
+
+#[test]
+fn takeover_and_failover_lose_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(&["takeover"], dir.path());
+    let t = figure(&v, "takeover after kill -9 (s)");
+    assert!(t > 6.0 && t < 20.0, "takeover {t} s with a 12 s lease");
+    let v = run(&["failover"], dir.path());
+    assert_eq!(figure(&v, "sessions lost"), 0.0);
+    assert!(figure(&v, "writes unavailable (s)") < 12.0);
+    let v = run(&["failover", "--freeze"], dir.path());
+    assert_eq!(figure(&v, "sessions lost"), 0.0);
+}
