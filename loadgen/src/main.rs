@@ -78,8 +78,8 @@ enum Cmd {
     Hold {
         #[arg(long)]
         endpoints: String,
-        #[arg(long, default_value = "")]
-        ca: PathBuf,
+        #[arg(long)]
+        ca: Option<PathBuf>,
         #[arg(long)]
         lock: String,
     },
@@ -195,7 +195,7 @@ fn main() {
                 hold(
                     cli.system,
                     endpoints,
-                    ca,
+                    ca.as_deref().unwrap_or(std::path::Path::new("")),
                     lock,
                     Duration::from_secs(cli.lease_secs),
                 )

@@ -118,8 +118,27 @@ pub struct Report {
     pub latencies: BTreeMap<String, Summary>,
     pub processes: Vec<ProcCost>,
     pub notes: Vec<String>,
-    #[serde(skip)]
+    /// Latency over time per operation: (seconds, worst latency in ms) per time bucket.
     pub series: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+/// Buckets of a chart: enough to show a stall, few enough for a small SVG.
+const CHART_BUCKETS: f64 = 400.0;
+
+/// The worst latency per time bucket.
+fn bucketed(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let t_max = points.iter().map(|p| p.0).fold(0.0f64, f64::max);
+    let width = (t_max / CHART_BUCKETS).max(0.01);
+    let mut worst: BTreeMap<u64, f64> = BTreeMap::new();
+    for (t, ms) in points {
+        let b = (t / width) as u64;
+        let w = worst.entry(b).or_insert(0.0);
+        *w = w.max(*ms);
+    }
+    worst
+        .into_iter()
+        .map(|(b, ms)| ((b as f64 + 0.5) * width, ms))
+        .collect()
 }
 
 impl Report {
@@ -151,7 +170,7 @@ impl Report {
     /// Adds a latency distribution (and its series for the chart).
     pub fn latency(&mut self, k: &str, lat: &Lat) {
         self.latencies.insert(k.into(), lat.summary());
-        self.series.insert(k.into(), lat.series.clone());
+        self.series.insert(k.into(), bucketed(&lat.series));
     }
 
     /// Prints the summary table.

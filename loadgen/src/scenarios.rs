@@ -213,9 +213,13 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
     let dir = "/bench/takeover";
     let waiter = ctx.conn.session(ctx.lease).await?;
     waiter.ensure_dir(dir).await?;
-    let mut holder = std::process::Command::new(exe)
+    let mut holder = std::process::Command::new(exe);
+    holder.arg("hold");
+    if !ctx.cluster.ca.as_os_str().is_empty() {
+        holder.arg("--ca").arg(&ctx.cluster.ca);
+    }
+    let mut holder = holder
         .args([
-            "hold",
             "--system",
             match ctx.cluster.system {
                 System::Ours => "ours",
@@ -224,7 +228,6 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
             },
         ])
         .args(["--endpoints", &ctx.cluster.endpoints.join(",")])
-        .arg(format!("--ca={}", ctx.cluster.ca.display()))
         .args([
             "--lock",
             dir,
