@@ -235,9 +235,17 @@ impl Client {
                 let _ = send.finish();
                 frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await?
             };
+            // A KeepAlive may wait at a proxy for its next batch: it does not probe (any
+            // other request on the same connection does, for all of them).
+            let probe = async {
+                if matches!(req.op, Op::KeepAlive) {
+                    std::future::pending::<()>().await;
+                }
+                presumed_dead(&conn).await
+            };
             tokio::select! {
                 r = work => r,
-                _ = presumed_dead(&conn) => {
+                _ = probe => {
                     // Every request waiting on it fails now and is retried elsewhere (with
                     // its request id), instead of waiting for QUIC's idle timeout.
                     conn.close(0u32.into(), b"peer silent");
