@@ -3,22 +3,14 @@
 //! `LOCKSVC_PROXY__MAX_CLIENTS=5000`), validated at start.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 /// TLS files: the proxy presents a certificate for the DNS name `lockservice` signed by
 /// the cell's CA (clients cannot tell it from a replica), and trusts that CA when dialing
 /// the replicas.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TlsConfig {
-    /// CA certificate (PEM).
-    pub ca: PathBuf,
-    /// The proxy's certificate chain (PEM).
-    pub cert: PathBuf,
-    /// Its private key (PEM).
-    pub key: PathBuf,
-}
+pub use wire::tls::TlsConfig;
 
 /// Everything a proxy needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

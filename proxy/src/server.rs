@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
-use wire::types::{Op, ProxyStatus, Reply, Request, Response, WatchKind};
+use wire::types::{Op, ProxyStatus, Reply, Request, Response};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::config::ProxyConfig;
@@ -205,19 +205,6 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
     }
 }
 
-fn watch_kind(reply: &Reply) -> Option<(WatchKind, u64)> {
-    match reply {
-        Reply::Data { index, .. } => Some((WatchKind::Data, *index)),
-        Reply::Exists {
-            stat: Some(_),
-            index,
-        } => Some((WatchKind::Data, *index)),
-        Reply::Exists { stat: None, index } => Some((WatchKind::Exists, *index)),
-        Reply::Children { index, .. } => Some((WatchKind::Children, *index)),
-        _ => None,
-    }
-}
-
 impl Proxy {
     /// The proxy's counters.
     pub fn status(&self) -> ProxyStatus {
@@ -344,7 +331,7 @@ impl Proxy {
             .upstream_reads
             .fetch_add(1, Ordering::Relaxed);
         let reply = self.up.own(op).await?;
-        let Some((kind, index)) = watch_kind(&reply) else {
+        let Some((kind, index)) = reply.armed_watch() else {
             return Err(Error::Internal {
                 reason: format!("unexpected answer to a watched read: {reply:?}"),
             });
@@ -358,18 +345,7 @@ impl Proxy {
     /// A client re-arms its watches (after its stream reconnected): re-armed upstream
     /// under the proxy's session; those that fire are answered to this client only.
     async fn rewatch(&self, session: u64, watches: Vec<wire::types::WatchSpec>) -> Response {
-        if watches.len() > wire::REWATCH_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} watches exceed the maximum of {}",
-                    watches.len(),
-                    wire::REWATCH_MAX
-                ),
-            });
-        }
-        for w in &watches {
-            path::validate(&w.path)?;
-        }
+        path::validate_rewatch(&watches)?;
         if watches.is_empty() {
             // Nothing to arm: a session check at the cell, as a replica would make.
             return self

@@ -16,17 +16,8 @@ pub struct Member {
     pub addr: String,
 }
 
-/// TLS files. All replicas of a cell present certificates signed by one CA for the DNS
-/// name `lockservice`; `lockctl dev` generates such a set.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TlsConfig {
-    /// CA certificate (PEM) trusted when dialing peers.
-    pub ca: PathBuf,
-    /// This replica's certificate chain (PEM).
-    pub cert: PathBuf,
-    /// Its private key (PEM).
-    pub key: PathBuf,
-}
+/// TLS files (shared with proxies).
+pub use wire::tls::TlsConfig;
 
 /// Raft timing and log compaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

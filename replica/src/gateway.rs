@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use wire::command::Command;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
-use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp, WatchKind};
+use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::cacher_list::{
@@ -314,19 +314,10 @@ impl Gateway {
             f(&s.sm)?
         };
         if watch {
-            let (kind, since) = match &reply {
-                Reply::Data { index, .. } => (WatchKind::Data, *index),
-                Reply::Exists {
-                    stat: Some(_),
-                    index,
-                } => (WatchKind::Data, *index),
-                Reply::Exists { stat: None, index } => (WatchKind::Exists, *index),
-                Reply::Children { index, .. } => (WatchKind::Children, *index),
-                other => {
-                    return Err(Error::Internal {
-                        reason: format!("unexpected {other:?}"),
-                    })
-                }
+            let Some((kind, since)) = reply.armed_watch() else {
+                return Err(Error::Internal {
+                    reason: format!("unexpected {reply:?}"),
+                });
             };
             let arm = Arm {
                 session: req.session,
@@ -346,18 +337,7 @@ impl Gateway {
         if req.session == 0 {
             return Err(Error::SessionRequired);
         }
-        if watches.len() > wire::REWATCH_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} watches exceed the maximum of {}",
-                    watches.len(),
-                    wire::REWATCH_MAX
-                ),
-            });
-        }
-        for w in &watches {
-            path::validate(&w.path)?;
-        }
+        path::validate_rewatch(&watches)?;
         self.gate.confirm().await?;
         self.state
             .read()

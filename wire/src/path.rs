@@ -1,8 +1,8 @@
 //! Path validation, shared by the client (to fail early) and the state machine (to be sure).
 
 use crate::error::Error;
-use crate::limits::{PATH_BYTES_MAX, TXN_OPS_MAX, VALUE_BYTES_MAX};
-use crate::types::TxnOp;
+use crate::limits::{PATH_BYTES_MAX, REWATCH_MAX, TXN_OPS_MAX, VALUE_BYTES_MAX};
+use crate::types::{TxnOp, WatchSpec};
 
 /// Digits of the sequence suffix the cell appends to sequential nodes.
 pub const SEQUENCE_DIGITS: usize = 10;
@@ -43,6 +43,20 @@ pub fn validate(path: &str) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Checks a `Rewatch` request: at most [`REWATCH_MAX`] watches, every path valid.
+pub fn validate_rewatch(watches: &[WatchSpec]) -> Result<(), Error> {
+    if watches.len() > REWATCH_MAX {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "{} watches exceed the maximum of {}",
+                watches.len(),
+                REWATCH_MAX
+            ),
+        });
+    }
+    watches.iter().try_for_each(|w| validate(&w.path))
 }
 
 /// Checks what can be checked of a write without the namespace: the number of ops, every

@@ -5,11 +5,24 @@
 //! CA. [`DevCa`] makes such a CA and certificates with rcgen for local cells and tests;
 //! production operators bring their own PEM files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// A server's TLS files, as replicas and proxies configure them. Every server of a cell
+/// presents a certificate signed by the cell's CA for the DNS name [`SERVER_NAME`];
+/// `lockctl dev` generates such a set ([`DevCa`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TlsConfig {
+    /// The cell's CA certificate (PEM), trusted when dialing replicas.
+    pub ca: PathBuf,
+    /// This server's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
 
 /// The DNS name every server certificate carries and every client checks.
 pub const SERVER_NAME: &str = "lockservice";

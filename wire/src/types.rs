@@ -515,6 +515,24 @@ pub enum Reply {
     Acked,
 }
 
+impl Reply {
+    /// The watch a watched read of this answer arms, and the index it is armed at: a data
+    /// watch for `Data` and for `Exists` of an existing node, a creation watch for `Exists`
+    /// of a missing one, a children watch for `Children`. `None` for other answers.
+    pub fn armed_watch(&self) -> Option<(WatchKind, LogIndex)> {
+        match self {
+            Reply::Data { index, .. } => Some((WatchKind::Data, *index)),
+            Reply::Exists {
+                stat: Some(_),
+                index,
+            } => Some((WatchKind::Data, *index)),
+            Reply::Exists { stat: None, index } => Some((WatchKind::Exists, *index)),
+            Reply::Children { index, .. } => Some((WatchKind::Children, *index)),
+            _ => None,
+        }
+    }
+}
+
 /// What a watch waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum WatchKind {
