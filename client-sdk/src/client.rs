@@ -83,6 +83,46 @@ struct Inner {
     /// callers of one endpoint share its connection (or its recent failure).
     conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
     leader: std::sync::Mutex<Option<SocketAddr>>,
+    /// Endpoints that said in their handshake that they are proxies.
+    proxies: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
+    /// KeepAlives waiting to be sent (see [`Client::keepalive`]).
+    keepalives: tokio::sync::mpsc::UnboundedSender<KeepAliveWaiter>,
+}
+
+/// KeepAlives of this client's sessions that fall due within this window of the first one
+/// go out together, as one `KeepAliveBatch` RPC.
+const KEEPALIVE_COALESCE: Duration = Duration::from_millis(20);
+
+/// The answer to one session's KeepAlive, and the server that gave it.
+type KeepAliveResult = Result<(Reply, SocketAddr), Error>;
+
+/// One session's KeepAlive waiting for its batch.
+struct KeepAliveWaiter {
+    session: SessionId,
+    deadline: Instant,
+    tx: tokio::sync::oneshot::Sender<KeepAliveResult>,
+}
+
+/// Collects KeepAlives and sends each group as one RPC; ends with the client.
+async fn keepalive_batcher(
+    client: std::sync::Weak<Inner>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<KeepAliveWaiter>,
+) {
+    while let Some(first) = rx.recv().await {
+        tokio::time::sleep(KEEPALIVE_COALESCE).await;
+        let mut batch = vec![first];
+        while batch.len() < wire::KEEPALIVE_BATCH_MAX {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        let client = Client { inner };
+        tokio::spawn(async move { client.send_keepalives(batch).await });
+    }
 }
 
 /// An endpoint's connection, or its last failed attempt.
@@ -136,15 +176,115 @@ impl Client {
         .parse()
         .expect("addr");
         let endpoint = wire::quic::client_endpoint(tls, bind).map_err(conn_err)?;
-        Ok(Client {
-            inner: Arc::new(Inner {
-                cfg,
-                endpoint,
-                addrs,
-                conns: std::sync::Mutex::new(HashMap::new()),
-                leader: std::sync::Mutex::new(None),
-            }),
-        })
+        let (keepalives, rx) = tokio::sync::mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            cfg,
+            endpoint,
+            addrs,
+            conns: std::sync::Mutex::new(HashMap::new()),
+            leader: std::sync::Mutex::new(None),
+            proxies: Default::default(),
+            keepalives,
+        });
+        tokio::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
+        Ok(Client { inner })
+    }
+
+    /// Renews `session`'s lease, trying until `deadline`: the answer (a
+    /// [`Reply::KeepAlive`]) and the server that gave it. KeepAlives of this client's
+    /// sessions that fall due together travel as one `KeepAliveBatch` RPC, so a process
+    /// holding many sessions (a loadgen, a multi-tenant server) sends one RPC per round
+    /// rather than one per session.
+    pub(crate) async fn keepalive(&self, session: SessionId, deadline: Instant) -> KeepAliveResult {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = KeepAliveWaiter {
+            session,
+            deadline,
+            tx,
+        };
+        if self.inner.keepalives.send(w).is_err() {
+            return Err(conn_err("the client is shutting down"));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(conn_err("the KeepAlive batcher stopped")))
+    }
+
+    async fn send_keepalives(&self, mut batch: Vec<KeepAliveWaiter>) {
+        // A session whose loop gave up (it retries) is not renewed on its behalf.
+        batch.retain(|w| !w.tx.is_closed());
+        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+            return;
+        };
+        if batch.len() == 1 {
+            let w = batch.pop().expect("one");
+            let req = Request {
+                session: w.session,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::KeepAlive,
+            };
+            let _ = w.tx.send(self.call_until_from(req, deadline).await);
+            return;
+        }
+        let req = Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::KeepAliveBatch {
+                sessions: batch.iter().map(|w| w.session).collect(),
+            },
+        };
+        match self.call_until_from(req, deadline).await {
+            Ok((
+                Reply::KeepAliveBatch {
+                    session_lease_ms,
+                    renewed,
+                    expired,
+                    unknown,
+                    unacknowledged,
+                },
+                addr,
+            )) => {
+                let renewed: std::collections::HashSet<SessionId> = renewed.into_iter().collect();
+                let expired: std::collections::HashSet<SessionId> = expired.into_iter().collect();
+                let unknown: std::collections::HashSet<SessionId> = unknown.into_iter().collect();
+                let mut unacked: HashMap<SessionId, Vec<(u64, Vec<String>)>> = HashMap::new();
+                for (s, id, paths) in unacknowledged {
+                    unacked.entry(s).or_default().push((id, paths));
+                }
+                for w in batch {
+                    let s = w.session;
+                    let r = if renewed.contains(&s) {
+                        Ok((
+                            Reply::KeepAlive {
+                                session_lease_ms,
+                                unacknowledged: unacked.remove(&s).unwrap_or_default(),
+                            },
+                            addr,
+                        ))
+                    } else if expired.contains(&s) {
+                        Err(Error::SessionExpired { session: s })
+                    } else if unknown.contains(&s) {
+                        Err(Error::UnknownSession { session: s })
+                    } else {
+                        Err(Error::Unavailable {
+                            reason: "not renewed in this round".into(),
+                        })
+                    };
+                    let _ = w.tx.send(r);
+                }
+            }
+            Ok((other, _)) => {
+                for w in batch {
+                    let _ = w.tx.send(Err(unexpected(&other)));
+                }
+            }
+            Err(e) => {
+                for w in batch {
+                    let _ = w.tx.send(Err(e.clone()));
+                }
+            }
+        }
     }
 
     /// The configured endpoints.
@@ -191,7 +331,13 @@ impl Client {
             frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
             let _ = send.finish();
             let reply: HelloReply = frame::read(&mut recv, 4096).await?;
-            reply?;
+            if reply?.proxy {
+                self.inner
+                    .proxies
+                    .lock()
+                    .expect("proxies lock")
+                    .insert(addr);
+            }
             Ok::<_, Error>(conn)
         };
         let r = tokio::time::timeout(self.inner.cfg.connect_timeout, handshake)
@@ -227,18 +373,24 @@ impl Client {
 
     /// One attempt at one replica: no retry, no redirect.
     pub async fn call_at(&self, addr: SocketAddr, req: &Request) -> Response {
+        self.attempt(addr, req).await.and_then(|r| r)
+    }
+
+    /// One attempt: `Err` if it failed here (connection, no answer in time), `Ok` with the
+    /// server's answer otherwise (which may be the server's error).
+    async fn attempt(&self, addr: SocketAddr, req: &Request) -> Result<Response, Error> {
         let attempt = async {
             let conn = self.connection(addr).await?;
             let work = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
                 let _ = send.finish();
-                frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await?
+                frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
             };
             // A KeepAlive may wait at a proxy for its next batch: it does not probe (any
             // other request on the same connection does, for all of them).
             let probe = async {
-                if matches!(req.op, Op::KeepAlive) {
+                if matches!(req.op, Op::KeepAlive | Op::KeepAliveBatch { .. }) {
                     std::future::pending::<()>().await;
                 }
                 presumed_dead(&conn).await
@@ -286,6 +438,15 @@ impl Client {
 
     /// Like [`Client::call`] with an explicit deadline.
     pub async fn call_until(&self, req: Request, deadline: Instant) -> Result<Reply, Error> {
+        self.call_until_from(req, deadline).await.map(|(r, _)| r)
+    }
+
+    /// Like [`Client::call_until`]; also says which server answered.
+    pub(crate) async fn call_until_from(
+        &self,
+        req: Request,
+        deadline: Instant,
+    ) -> Result<(Reply, SocketAddr), Error> {
         let mut last_err = None;
         let mut attempt = 0u32;
         let started = Instant::now();
@@ -295,10 +456,29 @@ impl Client {
                 if Instant::now() >= deadline {
                     break;
                 }
-                match self.call_at(addr, &req).await {
+                let proxy = self
+                    .inner
+                    .proxies
+                    .lock()
+                    .expect("proxies lock")
+                    .contains(&addr);
+                let r = match self.attempt(addr, &req).await {
+                    // A proxy that answers "timed out" is alive and retries the cell with
+                    // the same request id itself: stay with it. Moving on would move every
+                    // session of this client (and their event streams) to another proxy,
+                    // leaving the cached values they hold here to be waited out.
+                    Ok(Err(e @ Error::Timeout { .. })) if proxy => {
+                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        last_err = Some(e);
+                        break;
+                    }
+                    Ok(r) => r,
+                    Err(e) => Err(e),
+                };
+                match r {
                     Ok(r) => {
                         *self.inner.leader.lock().expect("leader lock") = Some(addr);
-                        return Ok(r);
+                        return Ok((r, addr));
                     }
                     Err(Error::NotLeader {
                         leader_addr: Some(hint),
@@ -513,13 +693,21 @@ const PROBE_AFTER: Duration = Duration::from_secs(1);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
-/// legitimately take seconds), a cheap probe is sent every second on the same connection;
-/// one that gets no answer within a second means the peer is gone (killed or frozen), which
-/// QUIC alone would notice only at its idle timeout. The probe is `ProxyStatus`: a proxy
-/// answers it itself, a replica refuses it at once; either answer proves the peer alive.
+/// legitimately take seconds), the connection is checked every second. A peer that sent
+/// anything at all in that second (answers, acknowledgements) is alive, however slow it
+/// is under load. One that was silent is probed with a cheap request (`ProxyStatus`: a
+/// proxy answers it itself, a replica refuses it at once; either answer proves the peer
+/// alive); no answer and still nothing received within a second means the peer is gone
+/// (killed or frozen), which QUIC alone would notice only at its idle timeout.
 async fn presumed_dead(conn: &quinn::Connection) {
-    tokio::time::sleep(PROBE_AFTER).await;
+    let received = || conn.stats().udp_rx.datagrams;
+    let mut seen = received();
     loop {
+        tokio::time::sleep(PROBE_AFTER).await;
+        if received() != seen {
+            seen = received();
+            continue;
+        }
         let probe = async {
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
             let req = Request {
@@ -532,10 +720,11 @@ async fn presumed_dead(conn: &quinn::Connection) {
             let _ = send.finish();
             frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-            Ok(Ok(_)) => tokio::time::sleep(PROBE_AFTER).await,
-            _ => return,
+        let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)));
+        if !answered && received() == seen {
+            return;
         }
+        seen = received();
     }
 }
 

@@ -84,6 +84,8 @@ struct Inner {
     cache: Mutex<Cache>,
     /// Bumped each time the event stream (re)connects.
     stream_generation: std::sync::atomic::AtomicU64,
+    /// The last successful KeepAlive: when it was answered, and its round trip.
+    last_keepalive: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Inner {
@@ -170,6 +172,7 @@ impl Session {
             watch_events: std::sync::atomic::AtomicU64::new(0),
             cache,
             stream_generation: std::sync::atomic::AtomicU64::new(0),
+            last_keepalive: Mutex::new(None),
         });
         tokio::spawn(keepalive_loop(inner.clone()));
         tokio::spawn(event_loop(inner.clone()));
@@ -221,6 +224,13 @@ impl Session {
     /// When the local lease runs out unless renewed.
     pub fn local_deadline(&self) -> Instant {
         *self.inner.local_deadline.lock().expect("deadline lock")
+    }
+
+    /// The last KeepAlive that renewed the lease: when its answer arrived, and its round
+    /// trip (retries included; through a proxy, this includes the wait for the proxy's
+    /// next batch). `None` until the first renewal. For monitoring and load tests.
+    pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
+        *self.inner.last_keepalive.lock().expect("keepalive lock")
     }
 
     /// Stops sending KeepAlives without closing the session, as if the process had died:
@@ -589,15 +599,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
         }
         let sent = Instant::now();
         let deadline_for_try = sent + interval.max(Duration::from_secs(1));
-        let call = inner.client.call_until(
-            Request {
-                session: inner.id,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::KeepAlive,
-            },
-            deadline_for_try,
-        );
+        let call = inner.client.keepalive(inner.id, deadline_for_try);
         tokio::pin!(call);
         let local_deadline = *inner.local_deadline.lock().expect("deadline lock");
         // The lease may run out while this KeepAlive is in flight: enter jeopardy on time.
@@ -609,7 +611,21 @@ async fn keepalive_loop(inner: Arc<Inner>) {
             }
         };
         match r {
-            Ok(Reply::KeepAlive { session_lease_ms }) => {
+            Ok((
+                Reply::KeepAlive {
+                    session_lease_ms,
+                    unacknowledged,
+                },
+                addr,
+            )) => {
+                // Invalidations our event stream missed (Chubby's piggyback): drop the
+                // nodes, then acknowledge to the server that holds the write.
+                for (id, paths) in unacknowledged {
+                    inner.cache.lock().expect("cache lock").invalidate(&paths);
+                    tokio::spawn(ack_invalidation(inner.clone(), addr, id));
+                }
+                let now = Instant::now();
+                *inner.last_keepalive.lock().expect("keepalive lock") = Some((now, now - sent));
                 *inner.local_deadline.lock().expect("deadline lock") =
                     sent + Duration::from_millis(session_lease_ms);
                 inner.set_state(SessionState::Healthy);
@@ -774,19 +790,7 @@ async fn event_loop(inner: Arc<Inner>) {
                 Ok(Ok(Reply::Invalidate { id, paths })) => {
                     // Drop first, then acknowledge: the write waits for the acknowledgement.
                     inner.cache.lock().expect("cache lock").invalidate(&paths);
-                    let inner = inner.clone();
-                    tokio::spawn(async move {
-                        let op = Op::AckInvalidations { ids: vec![id] };
-                        let req = Request {
-                            session: inner.id,
-                            request_id: 0,
-                            ack_below: 0,
-                            op,
-                        };
-                        if let Err(e) = inner.client.call(req).await {
-                            tracing::debug!(session = inner.id, "invalidation ack failed: {e}");
-                        }
-                    });
+                    tokio::spawn(ack_invalidation(inner.clone(), addr, id));
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
@@ -797,6 +801,37 @@ async fn event_loop(inner: Arc<Inner>) {
             }
         }
         reader.abort();
+    }
+}
+
+/// Acknowledges invalidation `id` to the server whose event stream delivered it, and
+/// nowhere else: that server (the leader, or a proxy) is the one holding a write until it
+/// hears from us; another one would ignore the id. Retried for up to a lease: after that,
+/// the server has stopped waiting for us anyway unless we kept renewing through it, and
+/// then our event stream is there too and it sends what is unacknowledged again when the
+/// stream reconnects.
+async fn ack_invalidation(inner: Arc<Inner>, addr: std::net::SocketAddr, id: u64) {
+    let req = Request {
+        session: inner.id,
+        request_id: 0,
+        ack_below: 0,
+        op: Op::AckInvalidations { ids: vec![id] },
+    };
+    let give_up = Instant::now() + inner.lease;
+    let mut backoff = Duration::from_millis(20);
+    while Instant::now() < give_up && *inner.state_tx.borrow() != SessionState::Expired {
+        match inner.client.call_at(addr, &req).await {
+            Ok(_) => return,
+            Err(e) if !e.is_retryable() => {
+                tracing::debug!(session = inner.id, "invalidation ack refused: {e}");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(session = inner.id, "invalidation ack failed, retrying: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
     }
 }
 

@@ -54,7 +54,12 @@ enum Command {
     /// Start a local cell on loopback (data under --data), show it working, run until Ctrl-C.
     Dev(dev::DevArgs),
     /// Show every replica's role, term, applied index and the cell's members.
-    Status,
+    Status {
+        /// Print every counter of every replica (cachers, held invalidations, KeepAlive
+        /// RPCs, watches, snapshot size and time, ...).
+        #[arg(long)]
+        full: bool,
+    },
     /// Create a node.
     Create {
         /// Path (the prefix when --sequential).
@@ -145,6 +150,9 @@ enum Command {
     Member(MemberCommand),
     /// Show each endpoint's proxy counters (the endpoints must be proxies).
     ProxyStatus,
+    /// Make each replica build a snapshot now and purge its log behind it (before
+    /// maintenance, or to measure); prints each one's index, size and time.
+    Snapshot,
     /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
     #[command(hide = true)]
     Proxy {
@@ -261,6 +269,9 @@ async fn connect(
         ca.to_path_buf(),
     );
     cfg.request_timeout = Duration::from_secs(timeout_secs);
+    // Admin operations (a snapshot, a learner catching up) may take one long answer; a
+    // dead replica is still detected by the connection probe within seconds.
+    cfg.attempt_timeout = cfg.attempt_timeout.max(cfg.request_timeout);
     cfg.agent = format!("lockctl {}", env!("CARGO_PKG_VERSION"));
     Client::connect(cfg)
         .await
@@ -275,7 +286,16 @@ async fn command(
 ) -> anyhow::Result<()> {
     let client = connect(endpoints, ca, timeout_secs).await?;
     match cmd {
-        Command::Status => dev::print_status(&client).await,
+        Command::Status { full: false } => dev::print_status(&client).await,
+        Command::Status { full: true } => {
+            for addr in client.endpoints() {
+                match client.status_of(*addr).await {
+                    Ok(s) => println!("{addr}: {s:#?}"),
+                    Err(e) => println!("{addr}: {e}"),
+                }
+            }
+            Ok(())
+        }
         Command::Create {
             path,
             data,
@@ -414,7 +434,7 @@ async fn command(
         }
         Command::ProxyStatus => {
             println!(
-                "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+                "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
                 "proxy",
                 "clients",
                 "sessions",
@@ -424,7 +444,9 @@ async fn command(
                 "reads",
                 "writes",
                 "invals",
-                "watches"
+                "watches",
+                "pending",
+                "oldest-ms"
             );
             for addr in client.endpoints() {
                 let req = wire::types::Request {
@@ -435,7 +457,7 @@ async fn command(
                 };
                 match client.call_at(*addr, &req).await {
                     Ok(Reply::ProxyStatus(s)) => println!(
-                        "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+                        "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
                         addr.to_string(),
                         s.clients,
                         s.sessions,
@@ -445,11 +467,47 @@ async fn command(
                         s.upstream_reads,
                         s.upstream_writes,
                         s.invalidations_relayed,
-                        s.upstream_watches
+                        s.upstream_watches,
+                        s.pending_invalidations,
+                        s.oldest_pending_ms
                     ),
                     Ok(other) => println!("{addr:<18} unexpected reply {other:?}"),
                     Err(e) => println!("{:<18} {e}", addr.to_string()),
                 }
+            }
+            Ok(())
+        }
+        Command::Snapshot => {
+            let mut failed = false;
+            for addr in client.endpoints() {
+                let req = wire::types::Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::Snapshot,
+                };
+                match client.call_at(*addr, &req).await {
+                    Ok(Reply::SnapshotTaken {
+                        index,
+                        bytes,
+                        serialize_ms,
+                        total_ms,
+                    }) => println!(
+                        "{addr}	snapshot at index {index}: {bytes} bytes, serialized in \
+                         {serialize_ms} ms, written in {total_ms} ms"
+                    ),
+                    Ok(other) => {
+                        failed = true;
+                        println!("{addr}	unexpected reply {other:?}")
+                    }
+                    Err(e) => {
+                        failed = true;
+                        println!("{addr}	{e}")
+                    }
+                }
+            }
+            if failed {
+                anyhow::bail!("not every replica took a snapshot");
             }
             Ok(())
         }

@@ -87,6 +87,30 @@ fn dev_cell_demo_commands_and_clean_stop() {
         text(&o)
     );
 
+    // A snapshot on demand on every replica; `status --full` shows its size.
+    let o = lockctl(&endpoints, &ca, &["snapshot"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        text(&o).matches("snapshot at index").count(),
+        3,
+        "{}",
+        text(&o)
+    );
+    let o = lockctl(&endpoints, &ca, &["status", "--full"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        text(&o).matches("snapshot_bytes: 0,").count(),
+        0,
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        text(&o).matches("snapshot_bytes:").count(),
+        3,
+        "{}",
+        text(&o)
+    );
+
     // Ctrl-C stops the cell cleanly.
     let status = stop_dev(dev.0.take().unwrap());
     assert!(status.success(), "{status}");

@@ -592,16 +592,31 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             Err(Error::UnknownSession { session: 999_999 }) => {}
             other => panic!("expected UnknownSession, got {other:?}"),
         }
-        let batch = Request {
+        // A client's batched KeepAlives: bad ones are refused whole, unknown sessions named.
+        let batch = |sessions: Vec<u64>| Request {
             session: 0,
             request_id: 0,
             ack_below: 0,
-            op: Op::KeepAliveBatch { sessions: vec![1] },
+            op: Op::KeepAliveBatch { sessions },
         };
         assert!(matches!(
-            via.call_at(paddr, &batch).await,
+            via.call_at(paddr, &batch(vec![0, 1])).await,
+            Err(Error::SessionRequired)
+        ));
+        assert!(matches!(
+            via.call_at(paddr, &batch(vec![7; wire::KEEPALIVE_BATCH_MAX + 1]))
+                .await,
             Err(Error::BadRequest { .. })
         ));
+        match via.call_at(paddr, &batch(vec![999_999, 999_998])).await {
+            Ok(Reply::KeepAliveBatch {
+                renewed, unknown, ..
+            }) => {
+                assert!(renewed.is_empty());
+                assert_eq!(unknown.len(), 2, "{unknown:?}");
+            }
+            other => panic!("expected unknown sessions, got {other:?}"),
+        }
         let raddr = cell.replicas[0].parse().unwrap();
         let ps = Request {
             op: Op::ProxyStatus,
@@ -775,6 +790,112 @@ fn frozen_proxy_loses_nothing() {
             "FIGURE proxy frozen 16 s: write to a node cached behind it took {write_ms} ms; \
              {n} reads, none stale; holder and reader kept their sessions"
         );
+    });
+    cell.stop();
+}
+
+/// A client that renews through a proxy but never opens its event stream (a stream stuck
+/// somewhere) would make the proxy, and so the leader, hold a write to a node it cached
+/// for ever. The proxy repeats the unacknowledged invalidation in the client's KeepAlive
+/// replies (Chubby's piggyback); its acknowledgement releases the write.
+#[test]
+fn a_deaf_client_hears_of_the_invalidation_in_its_keepalive_reply() {
+    let _g = serial();
+    let cell = Cell::start(1);
+    rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let via = cell.client(&cell.proxies).await;
+        let proxy: std::net::SocketAddr = cell.proxies[0].parse().unwrap();
+        let writer = direct.open_session().await.unwrap();
+        writer
+            .create("/cfg", b"v1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let deaf = match via
+            .call_at(
+                proxy,
+                &Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::CreateSession,
+                },
+            )
+            .await
+            .unwrap()
+        {
+            Reply::SessionCreated { session, .. } => session,
+            other => panic!("{other:?}"),
+        };
+        let raw = |op: Op| Request {
+            session: deaf,
+            request_id: 0,
+            ack_below: 0,
+            op,
+        };
+        // Cached through the proxy (a second read is served from the proxy's cache).
+        for _ in 0..2 {
+            let r = via
+                .call_at(
+                    proxy,
+                    &raw(Op::CachedGet {
+                        path: "/cfg".into(),
+                    }),
+                )
+                .await
+                .unwrap();
+            assert!(
+                matches!(r, Reply::CachedData { cachable: true, .. }),
+                "{r:?}"
+            );
+        }
+        match via.call_at(proxy, &raw(Op::KeepAlive)).await.unwrap() {
+            Reply::KeepAlive { unacknowledged, .. } => assert!(unacknowledged.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        let t = Instant::now();
+        let write =
+            tokio::spawn(async move { writer.set_data("/cfg", b"v2".to_vec(), None).await });
+        let mut heard = None;
+        for _ in 0..40 {
+            if write.is_finished() {
+                break;
+            }
+            // Each KeepAlive waits for the proxy's next batch (about a second).
+            match via.call_at(proxy, &raw(Op::KeepAlive)).await.unwrap() {
+                Reply::KeepAlive { unacknowledged, .. } if !unacknowledged.is_empty() => {
+                    let (id, paths) = &unacknowledged[0];
+                    assert_eq!(paths, &vec!["/cfg".to_string()]);
+                    heard.get_or_insert(t.elapsed());
+                    let r = via
+                        .call_at(proxy, &raw(Op::AckInvalidations { ids: vec![*id] }))
+                        .await
+                        .unwrap();
+                    assert!(matches!(r, Reply::Acked), "{r:?}");
+                }
+                Reply::KeepAlive { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        let heard = heard.expect("a KeepAlive reply repeated the invalidation");
+        tokio::time::timeout(Duration::from_secs(5), write)
+            .await
+            .expect("the write completed")
+            .unwrap()
+            .unwrap();
+        let took = t.elapsed();
+        println!(
+            "FIGURE proxy: a renewing client without an event stream heard of the \
+             invalidation in a KeepAlive reply after {} ms; the write completed after {} ms",
+            heard.as_millis(),
+            took.as_millis()
+        );
+        assert!(
+            took < Duration::from_secs(8),
+            "the write waited {took:?} (lease 12 s)"
+        );
+        let p = proxy_status(&direct, &cell.proxies[0]).await;
+        assert_eq!(p.pending_invalidations, 0, "{p:?}");
     });
     cell.stop();
 }

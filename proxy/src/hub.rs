@@ -74,6 +74,8 @@ struct ClientState {
 }
 
 struct Pending {
+    /// When it was relayed.
+    since: Instant,
     /// The upstream invalidation to acknowledge when done: (proxy session, id).
     upstream: Option<(SessionId, u64)>,
     /// Clients that have not acknowledged yet, with the nodes each was told to drop (sent
@@ -308,6 +310,42 @@ impl Hub {
         lock(&self.t).clients.len()
     }
 
+    /// The invalidations relayed to `session` at least `age` ago that it has not
+    /// acknowledged, the oldest first, at most `max`: repeated in its KeepAlive reply.
+    pub fn unacknowledged(
+        &self,
+        session: SessionId,
+        age: Duration,
+        max: usize,
+    ) -> Vec<(u64, Vec<String>)> {
+        let t = lock(&self.t);
+        let mut out: Vec<(Instant, u64, Vec<String>)> = t
+            .pending
+            .iter()
+            .filter(|(_, p)| p.since.elapsed() >= age)
+            .filter_map(|(id, p)| {
+                p.waiting
+                    .get(&session)
+                    .map(|paths| (p.since, *id, paths.clone()))
+            })
+            .collect();
+        out.sort();
+        out.truncate(max);
+        out.into_iter().map(|(_, id, paths)| (id, paths)).collect()
+    }
+
+    /// Invalidations waiting for client acknowledgements, and the age of the oldest.
+    pub fn pending_invalidations(&self) -> (usize, Duration) {
+        let t = lock(&self.t);
+        let oldest = t
+            .pending
+            .values()
+            .map(|p| p.since.elapsed())
+            .max()
+            .unwrap_or_default();
+        (t.pending.len(), oldest)
+    }
+
     /// (node, kind) watches held upstream.
     pub fn upstream_watch_count(&self) -> usize {
         lock(&self.t).watches.len()
@@ -456,6 +494,15 @@ impl Hub {
     ) -> Option<UpstreamAck> {
         let lease = self.lease();
         let mut t = lock(&self.t);
+        // Sent again (a KeepAlive reply repeats what is overdue): still being relayed, so
+        // acknowledged upstream only when the clients are done. Treating it as new would
+        // find no holders (they were taken the first time) and acknowledge at once.
+        if t.pending
+            .values()
+            .any(|p| p.upstream == Some((session, id)) && !p.waiting.is_empty())
+        {
+            return None;
+        }
         let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::new();
         for p in paths {
             t.inval_seq += 1;
@@ -480,6 +527,7 @@ impl Hub {
         t.pending.insert(
             local,
             Pending {
+                since: Instant::now(),
                 upstream: Some((session, id)),
                 waiting: per_client.clone(),
             },
@@ -531,6 +579,7 @@ impl Hub {
             t.pending.insert(
                 id,
                 Pending {
+                    since: Instant::now(),
                     upstream: None,
                     waiting: [(s, paths.clone())].into_iter().collect(),
                 },
@@ -800,6 +849,29 @@ mod tests {
             hub.renewed(*c, Instant::now());
         }
         hub
+    }
+
+    #[test]
+    fn an_invalidation_sent_again_is_not_acknowledged_before_its_holders() {
+        let hub = ready_hub(&[1]);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        // The leader repeats it (KeepAlive reply, stream resend): its holder was taken the
+        // first time, so treating it as new would acknowledge it at once.
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        // Overdue for client 1 only once it is old enough, and only for client 1.
+        assert!(hub
+            .unacknowledged(1, Duration::from_secs(60), 64)
+            .is_empty());
+        let u = hub.unacknowledged(1, Duration::ZERO, 64);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].1, vec!["/c".to_string()]);
+        assert!(hub.unacknowledged(2, Duration::ZERO, 64).is_empty());
+        assert_eq!(hub.ack(1, &[u[0].0]), vec![(99, 5)]);
+        // Done with it: a later repeat (our acknowledgement was lost) is acknowledged again.
+        assert_eq!(hub.invalidate(99, 5, vec!["/c".into()]), Some((99, 5)));
+        assert_eq!(hub.pending_invalidations().0, 0);
     }
 
     #[test]

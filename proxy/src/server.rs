@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
-use wire::types::{Op, ProxyStatus, Reply, Request, Response};
+use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::config::ProxyConfig;
@@ -151,6 +151,7 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
         Ok(h) => h.check().map(|_| HelloOk {
             protocol_version: wire::PROTOCOL_VERSION,
             replica_id: 0,
+            proxy: true,
         }),
         Err(e) => Err(e),
     };
@@ -183,7 +184,12 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
                 }
                 // KeepAlives and acknowledgements are never refused: a refused one would
                 // cost a session its lease or hold a write up.
-                Ok(req) if matches!(req.op, Op::KeepAlive | Op::AckInvalidations { .. }) => {
+                Ok(req)
+                    if matches!(
+                        req.op,
+                        Op::KeepAlive | Op::KeepAliveBatch { .. } | Op::AckInvalidations { .. }
+                    ) =>
+                {
                     p.handle(req, received).await
                 }
                 Ok(req) => match inflight.try_acquire_owned() {
@@ -209,7 +215,10 @@ impl Proxy {
     /// The proxy's counters.
     pub fn status(&self) -> ProxyStatus {
         let c = &self.hub.counters;
+        let (pending, oldest) = self.hub.pending_invalidations();
         ProxyStatus {
+            pending_invalidations: pending as u64,
+            oldest_pending_ms: oldest.as_millis() as u64,
             clients: c.clients.load(Ordering::Relaxed),
             sessions: self.hub.session_count() as u64,
             keepalive_batches: c.keepalive_batches.load(Ordering::Relaxed),
@@ -240,9 +249,7 @@ impl Proxy {
         let counters = &self.hub.counters;
         match req.op {
             Op::KeepAlive => self.up.keepalive(req.session, received).await,
-            Op::KeepAliveBatch { .. } => Err(Error::BadRequest {
-                reason: "a proxy batches KeepAlives itself: send KeepAlive".into(),
-            }),
+            Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
             Op::ProxyStatus => Ok(Reply::ProxyStatus(self.status())),
             Op::Events => Err(Error::BadRequest {
                 reason: "Events needs its own stream".into(),
@@ -279,7 +286,10 @@ impl Proxy {
                 if op.is_write()
                     || matches!(
                         op,
-                        Op::AddLearner { .. } | Op::Promote { .. } | Op::RemoveMember { .. }
+                        Op::AddLearner { .. }
+                            | Op::Promote { .. }
+                            | Op::RemoveMember { .. }
+                            | Op::Snapshot
                     )
                 {
                     counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
@@ -289,6 +299,64 @@ impl Proxy {
                 self.up.forward(Request { op, ..req }).await
             }
         }
+    }
+
+    /// A client's KeepAlives for many of its sessions at once (the SDK coalesces those
+    /// due together): each joins this proxy's next batch like a single KeepAlive.
+    async fn keepalive_batch(&self, sessions: Vec<SessionId>, received: Instant) -> Response {
+        if sessions.len() > wire::KEEPALIVE_BATCH_MAX {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "{} sessions exceed the batch maximum of {}",
+                    sessions.len(),
+                    wire::KEEPALIVE_BATCH_MAX
+                ),
+            });
+        }
+        if sessions.contains(&0) {
+            return Err(Error::SessionRequired);
+        }
+        let results =
+            futures::future::join_all(sessions.iter().map(|&s| self.up.keepalive(s, received)))
+                .await;
+        let (mut renewed, mut expired, mut unknown, mut unacknowledged) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut lease_ms = self.hub.lease().as_millis() as u64;
+        let mut first_err = None;
+        for (s, r) in sessions.into_iter().zip(results) {
+            match r {
+                Ok(Reply::KeepAlive {
+                    session_lease_ms,
+                    unacknowledged: u,
+                }) => {
+                    lease_ms = session_lease_ms;
+                    renewed.push(s);
+                    unacknowledged.extend(u.into_iter().map(|(id, paths)| (s, id, paths)));
+                }
+                Err(Error::SessionExpired { .. }) => expired.push(s),
+                Err(Error::UnknownSession { .. }) => unknown.push(s),
+                Ok(other) => {
+                    first_err.get_or_insert(Error::Internal {
+                        reason: format!("unexpected KeepAlive answer {other:?}"),
+                    });
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if renewed.is_empty() && expired.is_empty() && unknown.is_empty() {
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        Ok(Reply::KeepAliveBatch {
+            session_lease_ms: lease_ms,
+            renewed,
+            expired,
+            unknown,
+            unacknowledged,
+        })
     }
 
     async fn cached_get(&self, session: u64, p: String) -> Response {

@@ -77,6 +77,11 @@ impl Upstream {
         let deadline = Instant::now() + self.forward_timeout;
         match self.client.call_until(req, deadline).await {
             Err(Error::NotLeader { .. }) => Err(unavailable("no leader reachable from the proxy")),
+            // A proxy that has lost the cell sends its clients elsewhere; one that is
+            // connected answers `Timeout`, and they wait here (the cell is slow).
+            Err(Error::Timeout { .. }) if !self.hub.ready() => {
+                Err(unavailable("the proxy has lost its connection to the cell"))
+            }
             r => r,
         }
     }
@@ -134,6 +139,11 @@ impl Upstream {
         let wait = self.interval * 2 + Duration::from_secs(1);
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(r)) => r,
+            // Connected but slow: the client should wait here, not move.
+            _ if self.hub.ready() => Err(Error::Timeout {
+                what: "the leader renewing this KeepAlive".into(),
+                after_ms: wait.as_millis() as u64,
+            }),
             _ => Err(unavailable("KeepAlive not renewed by the leader in time")),
         }
     }
@@ -243,7 +253,7 @@ impl Upstream {
         }
     }
 
-    async fn send_batch(&self) -> bool {
+    async fn send_batch(self: &Arc<Self>) -> bool {
         let mut waiting: HashMap<SessionId, Vec<Waiter>> =
             std::mem::take(&mut *self.queue.lock().expect("keepalive queue"));
         // A client that stopped waiting (it retries elsewhere, or died) is not renewed on
@@ -264,6 +274,7 @@ impl Upstream {
         let mut renewed_all = Vec::new();
         let mut expired_all = Vec::new();
         let mut unknown_all = Vec::new();
+        let mut own_unacked = Vec::new();
         let mut lease_ms = None;
         let mut ok = true;
         for chunk in sessions.chunks(wire::KEEPALIVE_BATCH_MAX) {
@@ -285,7 +296,14 @@ impl Upstream {
                     renewed,
                     expired,
                     unknown,
+                    unacknowledged,
                 }) => {
+                    own_unacked.extend(
+                        unacknowledged
+                            .into_iter()
+                            .filter(|(s, _, _)| *s == own)
+                            .map(|(_, id, paths)| (id, paths)),
+                    );
                     lease_ms = Some(session_lease_ms);
                     renewed_all.extend(renewed);
                     expired_all.extend(expired);
@@ -304,6 +322,13 @@ impl Upstream {
         if let Some(ms) = lease_ms {
             self.hub.set_lease_ms(ms);
         }
+        // Invalidations our upstream stream missed (the leader repeats what is overdue):
+        // relayed like any other, or acknowledged again if we were done with them.
+        let acks: Vec<UpstreamAck> = own_unacked
+            .into_iter()
+            .filter_map(|(id, paths)| self.hub.invalidate(own, id, paths))
+            .collect();
+        self.send_acks(acks);
         let lease_ms = lease_ms.unwrap_or_else(|| self.hub.lease().as_millis() as u64);
         self.hub
             .counters
@@ -313,10 +338,21 @@ impl Upstream {
             if s == own {
                 self.hub.set_own_renewed(sent);
             }
-            for w in waiting.remove(&s).unwrap_or_default() {
+            let mut replies = waiting.remove(&s).unwrap_or_default();
+            if replies.is_empty() {
+                continue;
+            }
+            // A client whose event stream missed an invalidation hears of it here.
+            let unacknowledged = self.hub.unacknowledged(
+                s,
+                Duration::from_millis(wire::INVALIDATION_RESEND_MS),
+                wire::KEEPALIVE_UNACKED_MAX,
+            );
+            for w in replies.drain(..) {
                 self.hub.renewed(s, w.received);
                 let _ = w.tx.send(Ok(Reply::KeepAlive {
                     session_lease_ms: lease_ms,
+                    unacknowledged: unacknowledged.clone(),
                 }));
             }
         }

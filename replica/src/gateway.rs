@@ -14,17 +14,18 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use wire::command::Command;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
-use wire::types::{MemberInfo, Op, Reply, Request, Response, Status, TxnOp};
+use wire::types::{MemberInfo, Op, Reply, Request, Response, SessionId, Status, TxnOp};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::cacher_list::{
-    Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats, StreamConnected,
+    Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats, StreamConnected, Unacknowledged,
+    UnacknowledgedMany,
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAlive, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
-use crate::raft::sm_store::SharedState;
+use crate::raft::sm_store::{SharedState, SnapshotStats};
 use crate::raft::Raft;
 
 /// Largest hello frame.
@@ -54,6 +55,8 @@ pub struct Gateway {
     pub log_stats: std::sync::Arc<crate::raft::log_store::FlushStats>,
     /// KeepAlive counters for [`Status`].
     pub keepalive_stats: KeepAliveStats,
+    /// What the last snapshot cost, for [`Status`] and [`Op::Snapshot`].
+    pub snapshot_stats: Arc<SnapshotStats>,
 }
 
 /// KeepAlive RPCs answered and leases renewed, since the replica started.
@@ -113,6 +116,7 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
         Ok(h) => h.check().map(|_| HelloOk {
             protocol_version: wire::PROTOCOL_VERSION,
             replica_id: gw.id,
+            proxy: false,
         }),
         Err(e) => Err(e),
     };
@@ -435,8 +439,24 @@ impl Gateway {
                             reason: format!("session manager: {e}"),
                         })
                     });
-                if r.is_ok() {
+                let mut r = r;
+                if let Ok(Reply::KeepAlive { unacknowledged, .. }) = &mut r {
                     self.keepalive_stats.renewed.fetch_add(1, Ordering::Relaxed);
+                    // A cacher whose event stream lost an invalidation hears of it here.
+                    let caches = self
+                        .state
+                        .read()
+                        .expect("state lock")
+                        .sm
+                        .check_session(req.session)
+                        .is_ok_and(|s| s.caches);
+                    if caches {
+                        *unacknowledged = self
+                            .cachers
+                            .send(Unacknowledged(req.session))
+                            .await
+                            .unwrap_or_default();
+                    }
                 }
                 r
             }
@@ -540,6 +560,56 @@ impl Gateway {
             }
             Op::Promote { id } => self.change(ChangeMembership::Promote { id }).await,
             Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
+            Op::Snapshot => self.snapshot().await,
+        }
+    }
+
+    /// Builds a snapshot covering at least what is applied now; answers once it is written.
+    async fn snapshot(&self) -> Response {
+        let st = &self.snapshot_stats;
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
+        let mut seen = st.built.load(Ordering::Acquire);
+        let internal = |e: String| Error::Internal {
+            reason: format!("snapshot: {e}"),
+        };
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        loop {
+            let built = st.built.load(Ordering::Acquire);
+            if built != seen {
+                if st.last_index.load(Ordering::Relaxed) >= applied {
+                    return Ok(Reply::SnapshotTaken {
+                        index: st.last_index.load(Ordering::Relaxed),
+                        bytes: st.last_bytes.load(Ordering::Relaxed),
+                        serialize_ms: st.last_serialize_ms.load(Ordering::Relaxed),
+                        total_ms: st.last_total_ms.load(Ordering::Relaxed),
+                    });
+                }
+                // One already under way when asked covered less: ask again.
+                seen = built;
+                self.raft
+                    .trigger()
+                    .snapshot()
+                    .await
+                    .map_err(|e| internal(e.to_string()))?;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("a snapshot covering index {applied}"),
+                    after_ms: started.elapsed().as_millis() as u64,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -591,11 +661,29 @@ impl Gateway {
         self.keepalive_stats
             .renewed
             .fetch_add(renewed.len() as u64, Ordering::Relaxed);
+        // Cachers among them hear of overdue invalidations here too.
+        let cachers: Vec<SessionId> = {
+            let s = self.state.read().expect("state lock");
+            renewed
+                .iter()
+                .copied()
+                .filter(|id| s.sm.check_session(*id).is_ok_and(|x| x.caches))
+                .collect()
+        };
+        let unacknowledged = if cachers.is_empty() {
+            Vec::new()
+        } else {
+            self.cachers
+                .send(UnacknowledgedMany(cachers))
+                .await
+                .unwrap_or_default()
+        };
         Ok(Reply::KeepAliveBatch {
             session_lease_ms: self.lease_ms,
             renewed,
             expired,
             unknown,
+            unacknowledged,
         })
     }
 
@@ -652,6 +740,8 @@ impl Gateway {
             keepalives_renewed: self.keepalive_stats.renewed.load(Ordering::Relaxed),
             watches,
             invalidations_sent: stats.map_or(0, |s| s.invalidations_sent),
+            snapshot_bytes: self.snapshot_stats.last_bytes.load(Ordering::Relaxed),
+            snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
         }
     }
 }

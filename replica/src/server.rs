@@ -68,6 +68,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         Some(applied_tx),
     )?;
     let state = sm_store.shared();
+    let snapshot_stats = sm_store.snapshot_stats();
     let log_store = LogStore::open(&log_dir)?;
     let log_stats = log_store.stats();
 
@@ -146,6 +147,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         lease_ms: cfg.session.lease_ms,
         log_stats,
         keepalive_stats: Default::default(),
+        snapshot_stats,
     });
     let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

@@ -104,6 +104,66 @@ fn silent_cacher_delays_a_write_until_its_lease_runs_out() {
     });
 }
 
+/// Scenario 2b: a cacher that keeps renewing but never opens its event stream (a client
+/// whose stream is stuck) would hold a write for ever. Like Chubby, the leader repeats the
+/// unacknowledged invalidation in its KeepAlive replies; the acknowledgement releases
+/// the write.
+#[test]
+fn a_deaf_cacher_hears_of_the_invalidation_in_its_keepalive_reply() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let writer = client.open_session().await.unwrap();
+        writer.create("/cfg", b"v1".to_vec(), CreateMode::default()).await.unwrap();
+        let deaf = match client.request(Op::CreateSession).await.unwrap() {
+            Reply::SessionCreated { session, .. } => session,
+            other => panic!("{other:?}"),
+        };
+        let raw = |op: Op| Request { session: deaf, request_id: 0, ack_below: 0, op };
+        let r = client.call(raw(Op::CachedGet { path: "/cfg".into() })).await.unwrap();
+        assert!(matches!(r, Reply::CachedData { cachable: true, .. }), "{r:?}");
+        // Before any write, KeepAlive replies carry nothing.
+        match client.call(raw(Op::KeepAlive)).await.unwrap() {
+            Reply::KeepAlive { unacknowledged, .. } => assert!(unacknowledged.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        let t = Instant::now();
+        let write = tokio::spawn(async move { writer.set_data("/cfg", b"v2".to_vec(), None).await });
+        let mut heard = None;
+        for _ in 0..50 {
+            if write.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match client.call(raw(Op::KeepAlive)).await.unwrap() {
+                Reply::KeepAlive { unacknowledged, .. } if !unacknowledged.is_empty() => {
+                    assert_eq!(unacknowledged.len(), 1, "{unacknowledged:?}");
+                    let (id, paths) = &unacknowledged[0];
+                    assert_eq!(paths, &vec!["/cfg".to_string()]);
+                    heard.get_or_insert(t.elapsed());
+                    let r = client.call(raw(Op::AckInvalidations { ids: vec![*id] })).await.unwrap();
+                    assert!(matches!(r, Reply::Acked), "{r:?}");
+                }
+                Reply::KeepAlive { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        let heard = heard.expect("a KeepAlive reply repeated the invalidation");
+        tokio::time::timeout(Duration::from_secs(5), write).await.expect("the write completed").unwrap().unwrap();
+        let took = t.elapsed();
+        println!(
+            "FIGURE cache: a renewing cacher without an event stream heard of the invalidation in a KeepAlive reply after {} ms; the write completed after {} ms",
+            heard.as_millis(),
+            took.as_millis()
+        );
+        assert!(heard >= Duration::from_millis(wire::INVALIDATION_RESEND_MS), "only repeated once it is overdue");
+        // The lease is 12 s: the write did not wait for it to run out.
+        assert!(took < Duration::from_secs(8), "{took:?}");
+    });
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Op_ {
     value: u64,

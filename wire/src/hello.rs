@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::types::ReplicaId;
 
 /// The protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// ALPN for client (and proxy) connections to a replica.
 pub const ALPN_CLIENT: &[u8] = b"lockservice-client";
@@ -30,8 +30,12 @@ pub struct Hello {
 pub struct HelloOk {
     /// The server's [`PROTOCOL_VERSION`].
     pub protocol_version: u32,
-    /// The answering replica.
+    /// The answering replica (0 for a proxy).
     pub replica_id: ReplicaId,
+    /// True when the server is a proxy. A proxy retries the cell itself, so a client stays
+    /// with it when a request times out there (the cell is slow, not the proxy), and moves
+    /// on only when the proxy is unreachable or says it lost the cell (`Unavailable`).
+    pub proxy: bool,
 }
 
 /// The hello answer frame.

@@ -39,3 +39,13 @@ pub const REWATCH_PATH_BYTES_MAX: usize = CLIENT_FRAME_BYTES_MAX / 4;
 /// Largest number of sessions renewed by one `KeepAliveBatch`: a proxy of ~2 000 clients
 /// sends one batch a second; 10 000 ids are 80 KB, well inside a frame.
 pub const KEEPALIVE_BATCH_MAX: usize = 10_000;
+
+/// An invalidation unacknowledged for this long (ms) is repeated in the session's
+/// KeepAlive replies. Longer than an event-stream round trip, so a healthy stream's
+/// acknowledgement normally arrives first and nothing is sent twice.
+pub const INVALIDATION_RESEND_MS: u64 = 1_000;
+
+/// Unacknowledged invalidations carried by one KeepAlive reply, at most (the oldest
+/// first; the rest come with later KeepAlives). With paths of at most
+/// [`PATH_BYTES_MAX`], the reply stays far below [`CLIENT_FRAME_BYTES_MAX`].
+pub const KEEPALIVE_UNACKED_MAX: usize = 64;

@@ -162,6 +162,10 @@ pub struct Status {
     pub watches: u64,
     /// Invalidations sent to cachers by this leader (one per cacher and held write).
     pub invalidations_sent: u64,
+    /// Size in bytes of the last snapshot this replica built (0 if none since start).
+    pub snapshot_bytes: u64,
+    /// Milliseconds it took to serialize and write it.
+    pub snapshot_build_ms: u64,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.
@@ -189,6 +193,11 @@ pub struct ProxyStatus {
     pub upstream_watches: u64,
     /// The proxy's own session at the cell (0 before it has one).
     pub session: SessionId,
+    /// Invalidations relayed to clients and not yet acknowledged by all of them (or ended
+    /// by their leases): each holds a write at the leader.
+    pub pending_invalidations: u64,
+    /// Age of the oldest of them, in ms (0 if none).
+    pub oldest_pending_ms: u64,
 }
 
 /// A request from a client (or proxy) to a replica.
@@ -214,8 +223,9 @@ pub enum Op {
     CreateSession,
     /// Extend the session's lease. Never logged. Reply: [`Reply::KeepAlive`].
     KeepAlive,
-    /// Extend the leases of many sessions in one RPC (what a proxy sends each interval for
-    /// its clients; the request's own `session` is ignored). At most
+    /// Extend the leases of many sessions in one RPC: what a proxy sends each interval for
+    /// its clients, and what the SDK sends for the sessions of one client that are due
+    /// together (the request's own `session` is ignored). At most
     /// [`crate::KEEPALIVE_BATCH_MAX`] sessions. Reply: [`Reply::KeepAliveBatch`].
     KeepAliveBatch {
         /// The sessions to renew.
@@ -299,6 +309,10 @@ pub enum Op {
         /// The member's id.
         id: ReplicaId,
     },
+    /// Build a snapshot of the replica that receives it now (any replica; no session) and
+    /// purge its log behind it; answered with [`Reply::SnapshotTaken`] once it is written.
+    /// Replicas also snapshot by themselves every `snapshot_interval_entries` entries.
+    Snapshot,
     /// Open the session's event stream (leader only). The first answer frame is
     /// [`Reply::EventsOpened`]; every later frame on the same stream is a [`Reply::Event`],
     /// until the leader changes or the session ends.
@@ -362,6 +376,7 @@ impl Op {
             Op::AddLearner { .. } => "AddLearner",
             Op::Promote { .. } => "Promote",
             Op::RemoveMember { .. } => "RemoveMember",
+            Op::Snapshot => "Snapshot",
             Op::Events => "Events",
             Op::Rewatch { .. } => "Rewatch",
             Op::CheckSequencer { .. } => "CheckSequencer",
@@ -400,6 +415,13 @@ pub enum Reply {
     KeepAlive {
         /// Lease length in milliseconds.
         session_lease_ms: u64,
+        /// Invalidations the answering server sent this session more than
+        /// [`crate::INVALIDATION_RESEND_MS`] ago that it has not acknowledged: (id, nodes).
+        /// Like Chubby's invalidations piggybacked on KeepAlive replies, this ties the
+        /// lease to invalidation: a session that keeps renewing cannot hold a write up for
+        /// long by missing its event stream. The client drops the nodes and acknowledges
+        /// the ids to the server that answered.
+        unacknowledged: Vec<(u64, Vec<String>)>,
     },
     /// The answer to [`Op::KeepAliveBatch`]: sessions in neither list were not renewed
     /// this time (the leader changed or is loading its lease table) and may be retried.
@@ -412,6 +434,9 @@ pub enum Reply {
         expired: Vec<SessionId>,
         /// Sessions this cell never had.
         unknown: Vec<SessionId>,
+        /// For renewed sessions: invalidations sent to them that are overdue, as in
+        /// [`Reply::KeepAlive`]: (session, id, nodes).
+        unacknowledged: Vec<(SessionId, u64, Vec<String>)>,
     },
     /// A proxy's counters.
     ProxyStatus(ProxyStatus),
@@ -469,6 +494,17 @@ pub enum Reply {
     MembershipChanged {
         /// The cell's members after the change.
         members: Vec<MemberInfo>,
+    },
+    /// The answer to [`Op::Snapshot`]: the snapshot now on disk.
+    SnapshotTaken {
+        /// The last log index it covers.
+        index: LogIndex,
+        /// Its size in bytes.
+        bytes: u64,
+        /// Milliseconds to serialize it (applies wait meanwhile).
+        serialize_ms: u64,
+        /// Milliseconds to serialize and write it durably.
+        total_ms: u64,
     },
     /// The event stream is open; events after `index` will be delivered.
     EventsOpened {

@@ -68,6 +68,17 @@ pub struct LeaseExpired(pub Vec<SessionId>);
 #[rtype(result = "()")]
 pub struct StreamConnected(pub SessionId);
 
+/// The invalidations a session has left unacknowledged for a while, to repeat in its
+/// KeepAlive reply (see [`wire::types::Reply::KeepAlive`]).
+#[derive(Message)]
+#[rtype(result = "Vec<(u64, Vec<String>)>")]
+pub struct Unacknowledged(pub SessionId);
+
+/// [`Unacknowledged`] for many sessions (a batched KeepAlive): (session, id, nodes).
+#[derive(Message)]
+#[rtype(result = "Vec<(SessionId, u64, Vec<String>)>")]
+pub struct UnacknowledgedMany(pub Vec<SessionId>);
+
 /// Number of cacher records and age of the oldest waiting invalidation (ms).
 #[derive(Message)]
 #[rtype(result = "CacherStats")]
@@ -272,6 +283,37 @@ impl Handler<StreamConnected> for CacherListActor {
         for id in self.cachers.confirm(msg.0) {
             self.complete(id);
         }
+    }
+}
+
+impl Handler<Unacknowledged> for CacherListActor {
+    type Result = Vec<(u64, Vec<String>)>;
+
+    fn handle(&mut self, msg: Unacknowledged, _: &mut Context<Self>) -> Self::Result {
+        self.cachers.unacknowledged_older(
+            msg.0,
+            Instant::now(),
+            std::time::Duration::from_millis(wire::INVALIDATION_RESEND_MS),
+            wire::KEEPALIVE_UNACKED_MAX,
+        )
+    }
+}
+
+impl Handler<UnacknowledgedMany> for CacherListActor {
+    type Result = Vec<(SessionId, u64, Vec<String>)>;
+
+    fn handle(&mut self, msg: UnacknowledgedMany, _: &mut Context<Self>) -> Self::Result {
+        let now = Instant::now();
+        let age = std::time::Duration::from_millis(wire::INVALIDATION_RESEND_MS);
+        msg.0
+            .into_iter()
+            .flat_map(|s| {
+                self.cachers
+                    .unacknowledged_older(s, now, age, wire::KEEPALIVE_UNACKED_MAX)
+                    .into_iter()
+                    .map(move |(id, paths)| (s, id, paths))
+            })
+            .collect()
     }
 }
 

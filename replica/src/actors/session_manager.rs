@@ -232,6 +232,7 @@ impl SessionManager {
         match self.leases.renew(id, received, Instant::now()) {
             Renewal::Renewed => Ok(Reply::KeepAlive {
                 session_lease_ms: self.lease_ms,
+                unacknowledged: Vec::new(),
             }),
             Renewal::Expired => Err(Error::SessionExpired { session: id }),
             Renewal::NotHere => Err(not_leader()),

@@ -153,6 +153,35 @@ impl Cachers {
         out
     }
 
+    /// Like [`Cachers::unacknowledged`], only the invalidations sent at least `age` before
+    /// `now`, the oldest first, at most `max` of them (for KeepAlive replies).
+    pub fn unacknowledged_older(
+        &self,
+        session: SessionId,
+        now: Instant,
+        age: std::time::Duration,
+        max: usize,
+    ) -> Vec<(u64, Vec<String>)> {
+        if !self.by_session.contains_key(&session)
+            && !self.holds.values().any(|h| h.waiting.contains(&session))
+        {
+            return Vec::new();
+        }
+        let old: std::collections::HashSet<u64> = self
+            .holds
+            .iter()
+            .filter(|(_, h)| h.started + age <= now && h.waiting.contains(&session))
+            .map(|(id, _)| *id)
+            .collect();
+        if old.is_empty() {
+            return Vec::new();
+        }
+        let mut out = self.unacknowledged(session);
+        out.retain(|(id, _)| old.contains(id));
+        out.truncate(max);
+        out
+    }
+
     /// True once every cacher of the hold acknowledged or ended.
     pub fn hold_complete(&self, id: u64) -> bool {
         self.holds.get(&id).is_none_or(Hold::done)
@@ -301,6 +330,29 @@ mod tests {
         assert_eq!(c.unacknowledged(1), vec![(h2, p("/b"))]);
         assert_eq!(c.unacknowledged(2), vec![(h1, p("/a"))]);
         assert!(c.unacknowledged(3).is_empty());
+    }
+
+    #[test]
+    fn only_overdue_invalidations_are_repeated_in_keepalive_replies() {
+        let t0 = Instant::now();
+        let mut c = Cachers::new();
+        for path in ["/a", "/b", "/c"] {
+            let e = c.begin_read(path).unwrap();
+            assert!(c.record(1, path, e));
+        }
+        let (h1, _) = c.hold(&p("/a"), t0, HashSet::new());
+        let (h2, _) = c.hold(&p("/b"), t0 + Duration::from_secs(1), HashSet::new());
+        let (_h3, _) = c.hold(&p("/c"), t0 + Duration::from_secs(2), HashSet::new());
+        let age = Duration::from_secs(1);
+        let at = t0 + Duration::from_millis(2_500);
+        assert_eq!(
+            c.unacknowledged_older(1, at, age, 64),
+            vec![(h1, p("/a")), (h2, p("/b"))]
+        );
+        assert_eq!(c.unacknowledged_older(1, at, age, 1), vec![(h1, p("/a"))]);
+        assert!(c.unacknowledged_older(2, at, age, 64).is_empty());
+        assert!(c.ack(1, h1), "its only cacher acknowledged");
+        assert_eq!(c.unacknowledged_older(1, at, age, 64), vec![(h2, p("/b"))]);
     }
 
     #[test]

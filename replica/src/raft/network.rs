@@ -229,6 +229,7 @@ pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
         Ok(h) => h.check().map(|_| wire::hello::HelloOk {
             protocol_version: wire::PROTOCOL_VERSION,
             replica_id: self_id,
+            proxy: false,
         }),
         Err(e) => Err(e),
     };

@@ -6,6 +6,7 @@
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -80,6 +81,21 @@ impl SnapshotSink {
     }
 }
 
+/// What the last snapshot this replica built cost (for `Status` and `Op::Snapshot`).
+#[derive(Debug, Default)]
+pub struct SnapshotStats {
+    /// Snapshots built since start.
+    pub built: AtomicU64,
+    /// Log index the last one covers.
+    pub last_index: AtomicU64,
+    /// Its size in bytes.
+    pub last_bytes: AtomicU64,
+    /// Milliseconds to serialize it (the state is read-locked meanwhile: applies wait).
+    pub last_serialize_ms: AtomicU64,
+    /// Milliseconds to serialize and write it durably.
+    pub last_total_ms: AtomicU64,
+}
+
 /// The openraft state machine.
 pub struct SmStore {
     state: SharedState,
@@ -87,6 +103,7 @@ pub struct SmStore {
     sink: SnapshotSink,
     applied_tx: Option<mpsc::UnboundedSender<Applied>>,
     snapshot_counter: u64,
+    stats: Arc<SnapshotStats>,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
@@ -116,6 +133,7 @@ impl SmStore {
             sink,
             applied_tx,
             snapshot_counter: 0,
+            stats: Arc::default(),
         })
     }
 
@@ -128,6 +146,11 @@ impl SmStore {
     pub fn shared(&self) -> SharedState {
         self.state.clone()
     }
+
+    /// The snapshot counters, shared with the gateway.
+    pub fn snapshot_stats(&self) -> Arc<SnapshotStats> {
+        self.stats.clone()
+    }
 }
 
 /// Builds snapshots from a consistent copy of the state.
@@ -135,10 +158,12 @@ pub struct SmSnapshotBuilder {
     state: SharedState,
     sink: SnapshotSink,
     counter: u64,
+    stats: Arc<SnapshotStats>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let started = std::time::Instant::now();
         let (data, meta) = {
             let s = self.state.read().expect("state lock");
             let data = postcard::to_allocvec(&*s).map_err(sm_err)?;
@@ -155,14 +180,23 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
             };
             (data, meta)
         };
-        let started = std::time::Instant::now();
+        let serialize_ms = started.elapsed().as_millis() as u64;
         self.sink.write(&meta, data.clone()).await?;
+        let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
+        let total_ms = started.elapsed().as_millis() as u64;
         tracing::info!(
-            index = meta.last_log_id.map(|l| l.index).unwrap_or(0),
+            index,
             bytes = data.len(),
-            ms = started.elapsed().as_millis() as u64,
+            serialize_ms,
+            ms = total_ms,
             "snapshot written"
         );
+        let st = &self.stats;
+        st.last_index.store(index, Ordering::Relaxed);
+        st.last_bytes.store(data.len() as u64, Ordering::Relaxed);
+        st.last_serialize_ms.store(serialize_ms, Ordering::Relaxed);
+        st.last_total_ms.store(total_ms, Ordering::Relaxed);
+        st.built.fetch_add(1, Ordering::Release);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -225,6 +259,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             state: self.state.clone(),
             sink: self.sink.clone(),
             counter: self.snapshot_counter,
+            stats: self.stats.clone(),
         }
     }
 
