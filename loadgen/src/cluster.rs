@@ -42,6 +42,8 @@ pub struct Cluster {
     pub ca: PathBuf,
     dir: PathBuf,
     dev: Option<Child>,
+    /// Replica processes loadgen started itself (restarts, learners).
+    spawned: std::sync::Mutex<Vec<Child>>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -149,6 +151,7 @@ impl Cluster {
                     ca: dir.join("cell/tls/ca.pem"),
                     dir,
                     dev: Some(dev),
+                    spawned: Default::default(),
                     _tmp: Some(tmp),
                 })
             }
@@ -185,6 +188,7 @@ impl Cluster {
                     ca: PathBuf::new(),
                     dir,
                     dev: None,
+                    spawned: Default::default(),
                     _tmp: Some(tmp),
                 };
                 Ok(c)
@@ -233,13 +237,7 @@ impl Cluster {
     /// The pid of the process serving member endpoint `addr`.
     pub fn pid_of(&self, addr: &str) -> Option<u32> {
         match self.system {
-            System::Ours => {
-                let i = self.members.iter().position(|m| m == addr)? + 1;
-                self.processes()
-                    .into_iter()
-                    .find(|(n, _)| *n == format!("replica-{i}"))
-                    .map(|(_, p)| p)
-            }
+            System::Ours => self.replica_pid(self.members.iter().position(|m| m == addr)? + 1),
             _ => std::fs::read_to_string(self.dir.join("pids"))
                 .ok()?
                 .lines()
@@ -305,6 +303,56 @@ impl Cluster {
         }
     }
 
+    fn spawn_replica(&self, config: &Path) -> anyhow::Result<()> {
+        let child = Command::new(sibling("lockctl")?)
+            .arg("replica")
+            .arg("--config")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start a replica")?;
+        self.spawned.lock().expect("spawned").push(child);
+        Ok(())
+    }
+
+    /// Starts replica `i` (1-based) of our cell again from its configuration and data
+    /// (after it was killed).
+    pub fn restart_replica(&self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(self.system == System::Ours, "ours only");
+        self.spawn_replica(&self.dir.join(format!("cell/replica-{i}.toml")))
+    }
+
+    /// Starts a new, empty replica with id `id` (not a member yet) on a free port; returns
+    /// its address, for `AddLearner`.
+    pub fn start_new_replica(&self, id: u64) -> anyhow::Result<String> {
+        anyhow::ensure!(self.system == System::Ours, "ours only");
+        let cell = self.dir.join("cell");
+        let text = std::fs::read_to_string(cell.join("replica-1.toml"))?;
+        let mut cfg: toml::Table = text.parse().context("replica-1.toml")?;
+        let port = free_base(1, 40_000 + (std::process::id() % 5_000) as u16);
+        let addr = format!("127.0.0.1:{port}");
+        cfg.insert("id".into(), toml::Value::Integer(id as i64));
+        cfg.insert("listen".into(), toml::Value::String(addr.clone()));
+        cfg.insert("bootstrap".into(), toml::Value::Boolean(false));
+        cfg.insert(
+            "data_dir".into(),
+            toml::Value::String(cell.join(format!("replica-{id}")).display().to_string()),
+        );
+        let path = cell.join(format!("replica-{id}.toml"));
+        std::fs::write(&path, toml::to_string(&cfg)?)?;
+        self.spawn_replica(&path)?;
+        Ok(addr)
+    }
+
+    /// The pid of replica `i` (1-based) of our cell.
+    pub fn replica_pid(&self, i: usize) -> Option<u32> {
+        self.processes()
+            .into_iter()
+            .find(|(n, _)| *n == format!("replica-{i}"))
+            .map(|(_, p)| p)
+    }
+
     /// Waits until the cluster serves (a leader is known).
     pub async fn ready(&self) -> anyhow::Result<()> {
         self.leader().await.map(|_| ())
@@ -337,6 +385,10 @@ impl Cluster {
                 libc::kill(pid as i32, libc::SIGCONT);
                 libc::kill(pid as i32, libc::SIGKILL);
             }
+        }
+        for mut c in self.spawned.lock().expect("spawned").drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }

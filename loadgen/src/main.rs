@@ -3,8 +3,10 @@
 //! one's standard lock recipe, so one tool measures all three.
 
 mod cluster;
+mod profile;
 mod report;
 mod scenarios;
+mod state;
 mod systems;
 
 use std::path::PathBuf;
@@ -67,10 +69,26 @@ enum Cmd {
     MaxWrites,
     /// A mass restart: 2 000 new sessions a second each taking a lock, for 30 s.
     Burst,
+    /// The seed's steady state through proxies (ours only): 50 000 sessions, 20 000 locks
+    /// (5 000 taken once a minute), 50 000 cached config reads and 10 config writes a
+    /// second, session churn. With --fault, the leader is killed or frozen 40 % into the
+    /// run. Proxies: --proxies, else one per 12 500 sessions.
+    Profile {
+        /// Run time in seconds (default 120 at full scale).
+        #[arg(long)]
+        secs: Option<f64>,
+        /// Kill (`kill -9`) or freeze (SIGSTOP) the leader 40 % into the run.
+        #[arg(long, value_enum)]
+        fault: Option<profile::Fault>,
+    },
+    /// A large state (ours only): 100 000 nodes of 1 KB and 50 000 sessions. Reports
+    /// replica RSS, snapshot size and time (and the write stall meanwhile), a follower's
+    /// restart time and a new learner's catch-up time.
+    State,
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
         /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
-        /// burst.
+        /// burst, profile and state (ours only).
         scenario: String,
     },
     /// Holds a lock until killed (the takeover scenario's holder process).
@@ -94,9 +112,14 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "failover-freeze" => Cmd::Failover { freeze: true },
         "max-writes" => Cmd::MaxWrites,
         "burst" => Cmd::Burst,
+        "state" => Cmd::State,
+        "profile" => Cmd::Profile {
+            secs: None,
+            fault: None,
+        },
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
-             max-writes, burst)"
+             max-writes, burst, profile, state)"
         ),
     })
 }
@@ -117,7 +140,12 @@ fn raise_open_files() {
 async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report> {
     let lease = Duration::from_secs(cli.lease_secs);
     let proxies = if system == System::Ours {
-        cli.proxies
+        match cmd {
+            Cmd::Profile { .. } | Cmd::State if cli.proxies == 0 => {
+                ((50_000.0 * cli.scale / 12_500.0).ceil() as u16).clamp(1, 8)
+            }
+            _ => cli.proxies,
+        }
     } else {
         0
     };
@@ -139,6 +167,8 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
         Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,
+        Cmd::Profile { secs, fault } => profile::profile(&ctx, *secs, *fault).await,
+        Cmd::State => state::state(&ctx).await,
         Cmd::Compare { .. } | Cmd::Hold { .. } => unreachable!("not a scenario"),
     };
     let mut cluster = ctx.cluster;

@@ -104,6 +104,19 @@ pub fn proc_cost(name: &str, pid: u32) -> Option<ProcCost> {
     })
 }
 
+/// A live process's resident memory now (VmRSS), in MB.
+pub fn rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
 /// One scenario's result for one system.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {

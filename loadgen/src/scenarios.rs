@@ -21,15 +21,15 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn n(&self, full: f64, min: usize) -> usize {
+    pub(crate) fn n(&self, full: f64, min: usize) -> usize {
         ((full * self.scale).round() as usize).max(min)
     }
 
-    fn secs(&self, full: f64, min: f64) -> Duration {
+    pub(crate) fn secs(&self, full: f64, min: f64) -> Duration {
         Duration::from_secs_f64((full * self.scale).max(min))
     }
 
-    fn report(&self, scenario: &str) -> Report {
+    pub(crate) fn report(&self, scenario: &str) -> Report {
         let mut r = Report::new(scenario, self.cluster.system.name(), self.scale);
         r.param("members", self.cluster.members.len());
         r.param("client endpoints", self.cluster.endpoints.join(","));
@@ -37,7 +37,7 @@ impl Ctx {
         r
     }
 
-    fn costs(&self, r: &mut Report) {
+    pub(crate) fn costs(&self, r: &mut Report) {
         for (name, pid) in self.cluster.processes() {
             if let Some(c) = proc_cost(&name, pid) {
                 r.processes.push(c);
@@ -62,7 +62,7 @@ impl Ctx {
     }
 }
 
-fn bar(len: u64, what: &str) -> ProgressBar {
+pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
         ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")

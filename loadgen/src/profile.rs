@@ -1,0 +1,579 @@
+//! The `profile` scenario: the seed's steady state of one cell, through proxies.
+//!
+//! At full scale: 50 000 sessions (KeepAlive every lease/3 = 4 s, so 12 500 a second), held
+//! on 25 QUIC connections (2 000 sessions each) spread over the proxies; 20 000 locks, of
+//! which 15 000 are held for the whole run and 5 000 are taken about once a minute each
+//! (held 1 s); every session reads one config value a second through its consistent cache
+//! (50 000 reads a second); a writer changes a config value 10 times a second; 10 sessions
+//! a second are closed and replaced by new ones (churn).
+//!
+//! With `--fault kill` or `--fault freeze`, the leader is killed (`kill -9`) or frozen
+//! (SIGSTOP) 40 % into the run: the report then gives how long config writes failed, and
+//! the latency charts show acquires and KeepAlives around the event. Sessions lost must be
+//! 0 either way.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use client_sdk::{Client, ClientConfig, CreateMode, Lock, Session, SessionState};
+use wire::types::{Op, ProxyStatus, Reply, Request, Status};
+
+use crate::cluster::System;
+use crate::report::{Lat, Report};
+use crate::scenarios::{bar, Ctx};
+
+/// A fault injected into the leader during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// `kill -9` the leader.
+    Kill,
+    /// SIGSTOP the leader (resumed after the run).
+    Freeze,
+}
+
+/// Sessions per QUIC connection (each session keeps one stream open for its events; a
+/// connection carries at most `wire::quic::STREAMS_MAX`).
+pub(crate) const SESSIONS_PER_CONNECTION: usize = 2_000;
+/// Config values every session reads from.
+const CONFIG_KEYS: usize = 100;
+
+pub(crate) fn lat(start: Instant) -> Arc<Mutex<Lat>> {
+    Arc::new(Mutex::new(Lat::new(start)))
+}
+
+pub(crate) fn record(l: &Mutex<Lat>, d: Duration, at: Instant) {
+    l.lock().expect("lat").record(d, at);
+}
+
+pub(crate) async fn leader_status(direct: &Client) -> anyhow::Result<Status> {
+    for _ in 0..50 {
+        for a in direct.endpoints() {
+            if let Ok(s) = direct.status_of(*a).await {
+                if s.role == "Leader" {
+                    return Ok(s);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("no leader answered")
+}
+
+async fn proxy_status(c: &Client, addr: &str) -> Option<ProxyStatus> {
+    let req = Request {
+        session: 0,
+        request_id: 0,
+        ack_below: 0,
+        op: Op::ProxyStatus,
+    };
+    match c.call_at(addr.parse().ok()?, &req).await {
+        Ok(Reply::ProxyStatus(s)) => Some(s),
+        _ => None,
+    }
+}
+
+async fn proxies_total(c: &Client, proxies: &[String]) -> ProxyStatus {
+    let mut t = ProxyStatus::default();
+    for p in proxies {
+        if let Some(s) = proxy_status(c, p).await {
+            t.clients += s.clients;
+            t.sessions += s.sessions;
+            t.keepalive_batches += s.keepalive_batches;
+            t.keepalives_batched += s.keepalives_batched;
+            t.cache_hits += s.cache_hits;
+            t.upstream_reads += s.upstream_reads;
+            t.upstream_writes += s.upstream_writes;
+            t.invalidations_relayed += s.invalidations_relayed;
+        }
+    }
+    t
+}
+
+pub(crate) async fn open_all(clients: &[Client], n: usize) -> anyhow::Result<Vec<Session>> {
+    let pb = bar(n as u64, "sessions");
+    let mut out: Vec<Session> = Vec::with_capacity(n);
+    while out.len() < n {
+        let k = (n - out.len()).min(500);
+        let base = out.len();
+        let got = futures::future::join_all(
+            (0..k).map(|i| clients[(base + i) / SESSIONS_PER_CONNECTION].open_session()),
+        )
+        .await;
+        for s in got {
+            out.push(s.context("open a session")?);
+        }
+        pb.set_position(out.len() as u64);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+/// Enough QUIC connections to `endpoints` for `sessions` sessions; each lists the
+/// endpoints starting at a different one, so they spread over proxies.
+pub(crate) async fn connections(
+    ctx: &Ctx,
+    endpoints: &[String],
+    sessions: usize,
+) -> anyhow::Result<Vec<Client>> {
+    let conns = sessions.div_ceil(SESSIONS_PER_CONNECTION).max(1);
+    let mut clients = Vec::with_capacity(conns);
+    for i in 0..conns {
+        let mut eps = endpoints.to_vec();
+        eps.rotate_left(i % endpoints.len());
+        let mut cfg = ClientConfig::new(eps, ctx.cluster.ca.clone());
+        cfg.agent = "loadgen".into();
+        clients.push(Client::connect(cfg).await?);
+    }
+    Ok(clients)
+}
+
+/// Runs `f` over `0..n` with at most `par` in flight.
+pub(crate) async fn each<F, Fut>(n: usize, par: usize, what: &str, f: F) -> anyhow::Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use futures::StreamExt;
+    let pb = bar(n as u64, what);
+    let mut s = futures::stream::iter((0..n).map(f)).buffer_unordered(par);
+    while let Some(r) = s.next().await {
+        r?;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(())
+}
+
+pub(crate) fn create_ok(r: Result<client_sdk::Created, client_sdk::Error>) -> anyhow::Result<()> {
+    match r {
+        Ok(_) | Err(client_sdk::Error::NodeExists { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The profile scenario (ours only: the proxy tier and the client cache are what it
+/// measures). `secs` overrides the run time (full scale: 120 s).
+pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyhow::Result<Report> {
+    if ctx.cluster.system != System::Ours {
+        bail!(
+            "profile runs against ours only: it measures the proxy tier and the consistent \
+             client cache, which etcd and ZooKeeper do not have (compare them with acquire, \
+             herd, failover, takeover, max-writes and burst)"
+        );
+    }
+    let n = ctx.n(50_000.0, 50);
+    let long_locks = ctx.n(15_000.0, 10).min(n);
+    let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);
+    let dur = secs.map_or_else(|| ctx.secs(120.0, 20.0), Duration::from_secs_f64);
+    // About once a minute each; a short run takes each short lock at least twice.
+    let short_period = Duration::from_secs(60).min(dur / 3);
+    let config_writes_per_s = 10.0;
+    let churn_per_s = (n as f64 / 5_000.0).max(1.0);
+    let proxies = ctx.cluster.endpoints.clone();
+    if proxies == ctx.cluster.members {
+        bail!("profile runs through proxies: start the cell with --proxies N (N >= 1)");
+    }
+
+    let clients = connections(ctx, &proxies, n).await?;
+    let conns = clients.len();
+    let direct = Client::connect(ClientConfig::new(
+        ctx.cluster.members.clone(),
+        ctx.cluster.ca.clone(),
+    ))
+    .await?;
+
+    // Setup: the namespace, then the sessions, then the long-held locks.
+    let admin = clients[0].open_session().await?;
+    for p in ["/profile", "/profile/locks", "/profile/config"] {
+        create_ok(admin.create(p, Vec::new(), CreateMode::default()).await)?;
+    }
+    for k in 0..CONFIG_KEYS {
+        create_ok(
+            admin
+                .create(
+                    &format!("/profile/config/k{k}"),
+                    vec![b'v'; 100],
+                    CreateMode::default(),
+                )
+                .await,
+        )?;
+    }
+    let locks = long_locks + short_locks;
+    each(locks, 128, "lock dirs", |i| {
+        let admin = admin.clone();
+        async move {
+            create_ok(
+                admin
+                    .create(
+                        &format!("/profile/locks/l{i}"),
+                        Vec::new(),
+                        CreateMode::default(),
+                    )
+                    .await,
+            )
+        }
+    })
+    .await?;
+    let opened = Instant::now();
+    let sessions = open_all(&clients, n).await?;
+    let open_secs = opened.elapsed().as_secs_f64();
+    let guards: Arc<Mutex<Vec<client_sdk::LockGuard>>> = Arc::new(Mutex::new(Vec::new()));
+    let setup_errors = Arc::new(AtomicU64::new(0));
+    each(long_locks, 128, "long locks", |i| {
+        let (s, guards, setup_errors) = (sessions[i].clone(), guards.clone(), setup_errors.clone());
+        async move {
+            // A failure is counted (and reported), not fatal: the run shows what follows.
+            match Lock::exclusive(&s, &format!("/profile/locks/l{i}"))
+                .acquire()
+                .await
+            {
+                Ok(g) => guards.lock().expect("guards").push(g),
+                Err(e) => {
+                    if setup_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("loadgen: a long-held lock was not taken: {e}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let slots: Arc<Vec<Mutex<Session>>> = Arc::new(sessions.into_iter().map(Mutex::new).collect());
+
+    // The run.
+    let start = Instant::now();
+    let deadline = start + dur;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (acq, ka, rd, wr) = (lat(start), lat(start), lat(start), lat(start));
+    let writes_ok: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(AtomicU64::new(0));
+    let churned = Arc::new(AtomicU64::new(0));
+    let l0 = leader_status(&direct).await?;
+    let p0 = proxies_total(&direct, &proxies).await;
+    let mut tasks = Vec::new();
+
+    // Short locks: session long_locks + j takes lock long_locks + j once a period, holding
+    // it 1 s; the first time at a random offset.
+    for j in 0..short_locks {
+        let i = long_locks + j;
+        let (slots, acq, stop, errors) = (slots.clone(), acq.clone(), stop.clone(), errors.clone());
+        let offset = short_period.mul_f64(rand::random::<f64>());
+        tasks.push(tokio::spawn(async move {
+            let mut due = start + offset;
+            let path = format!("/profile/locks/l{i}");
+            while due < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep_until(due.into()).await;
+                let s = slots[i].lock().expect("slot").clone();
+                let t0 = Instant::now();
+                match Lock::exclusive(&s, &path).acquire().await {
+                    Ok(g) => {
+                        let t1 = Instant::now();
+                        record(&acq, t1 - t0, t1);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        if g.release().await.is_err() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                due += short_period;
+            }
+        }));
+    }
+
+    // Readers: every session reads its config value once a second through its cache; one
+    // task per 50 sessions.
+    for first in (0..n).step_by(50) {
+        let (slots, rd, stop, reads, errors) = (
+            slots.clone(),
+            rd.clone(),
+            stop.clone(),
+            reads.clone(),
+            errors.clone(),
+        );
+        let offset = Duration::from_secs_f64(rand::random::<f64>());
+        tasks.push(tokio::spawn(async move {
+            let mut due = start + offset;
+            let mut local = Lat::new(start);
+            while due < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep_until(due.into()).await;
+                for i in first..(first + 50).min(slots.len()) {
+                    let s = slots[i].lock().expect("slot").clone();
+                    let t0 = Instant::now();
+                    match s
+                        .get_cached(&format!("/profile/config/k{}", i % CONFIG_KEYS))
+                        .await
+                    {
+                        Ok(_) => {
+                            let t1 = Instant::now();
+                            local.record(t1 - t0, t1);
+                            reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                due += Duration::from_secs(1);
+            }
+            rd.lock().expect("lat").merge(&local);
+        }));
+    }
+
+    // The config writer: retries a failed write (its failures are the unavailability).
+    {
+        let (admin, wr, stop, ok) = (admin.clone(), wr.clone(), stop.clone(), writes_ok.clone());
+        tasks.push(tokio::spawn(async move {
+            let every = Duration::from_secs_f64(1.0 / config_writes_per_s);
+            let mut v = 0u64;
+            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                let key = format!("/profile/config/k{}", v as usize % CONFIG_KEYS);
+                let done = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    admin.set_data(&key, format!("{v:0100}").into_bytes(), None),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok());
+                let t1 = Instant::now();
+                if done {
+                    record(&wr, t1 - t0, t1);
+                    ok.lock().expect("ok").push(t1);
+                    v += 1;
+                    tokio::time::sleep_until((t0 + every).into()).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+
+    // Churn: sessions that hold no lock are closed and replaced by new ones.
+    {
+        let (slots, clients, stop, churned, errors) = (
+            slots.clone(),
+            clients.clone(),
+            stop.clone(),
+            churned.clone(),
+            errors.clone(),
+        );
+        let plain = locks..n;
+        tasks.push(tokio::spawn(async move {
+            if plain.is_empty() {
+                return;
+            }
+            let every = Duration::from_secs_f64(1.0 / churn_per_s);
+            let mut due = start;
+            while due < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep_until(due.into()).await;
+                let i = plain.start + rand::random::<usize>() % plain.len();
+                let client = &clients[i / SESSIONS_PER_CONNECTION];
+                match client.open_session().await {
+                    Ok(fresh) => {
+                        let old = std::mem::replace(&mut *slots[i].lock().expect("slot"), fresh);
+                        if old.close().await.is_err() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        churned.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                due += every;
+            }
+        }));
+    }
+
+    // KeepAlive round trips: every renewal, sampled from each session's last one every
+    // second (a session renews every 4 s).
+    {
+        let (slots, ka, stop) = (slots.clone(), ka.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut seen: Vec<Option<Instant>> = vec![None; slots.len()];
+            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let mut l = ka.lock().expect("lat");
+                for (i, slot) in slots.iter().enumerate() {
+                    let s = slot.lock().expect("slot").clone();
+                    if let Some((at, rtt)) = s.last_keepalive() {
+                        if at > start && seen[i] != Some(at) {
+                            seen[i] = Some(at);
+                            l.record(rtt, at);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+
+    // The fault, 40 % into the run.
+    let mut fault_info = None;
+    let pb = bar(dur.as_secs().max(1), "profile");
+    let fault_at = start + dur.mul_f64(0.4);
+    let mut frozen = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1).min(deadline - Instant::now())).await;
+        pb.set_position(start.elapsed().as_secs());
+        if let Some(f) = fault {
+            if fault_info.is_none() && Instant::now() >= fault_at {
+                let leader = ctx.cluster.leader().await?;
+                let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
+                let at = Instant::now();
+                let sig = match f {
+                    Fault::Kill => libc::SIGKILL,
+                    Fault::Freeze => libc::SIGSTOP,
+                };
+                unsafe { libc::kill(pid as i32, sig) };
+                if f == Fault::Freeze {
+                    frozen = Some(pid);
+                }
+                fault_info = Some((leader, at));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    stop.store(true, Ordering::SeqCst);
+    let elapsed = start.elapsed().as_secs_f64();
+    let l1 = leader_status(&direct).await?;
+    let p1 = proxies_total(&direct, &proxies).await;
+    // Tasks still blocked (an acquire that never returned) count as errors.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    for t in tasks {
+        let abort = t.abort_handle();
+        if tokio::time::timeout_at(give_up, t).await.is_err() {
+            abort.abort();
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if let Some(pid) = frozen {
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+
+    // Results.
+    let sessions: Vec<Session> = slots
+        .iter()
+        .map(|s| s.lock().expect("slot").clone())
+        .collect();
+    let lost = sessions
+        .iter()
+        .filter(|s| s.state() == SessionState::Expired)
+        .count()
+        + usize::from(admin.state() == SessionState::Expired);
+    let (mut hits, mut misses) = (0u64, 0u64);
+    for s in &sessions {
+        let c = s.cache_stats();
+        hits += c.hits;
+        misses += c.misses;
+    }
+    let held_long = guards
+        .lock()
+        .expect("guards")
+        .iter()
+        .filter(|g| g.may_act())
+        .count();
+    let name = match fault {
+        None => "profile",
+        Some(Fault::Kill) => "profile-kill",
+        Some(Fault::Freeze) => "profile-freeze",
+    };
+    let mut r = ctx.report(name);
+    r.param("sessions", n);
+    r.param(
+        "QUIC connections (sessions per connection)",
+        format!("{conns} ({SESSIONS_PER_CONNECTION})"),
+    );
+    r.param("proxies", proxies.len());
+    r.param("loadgen processes", 1);
+    r.param("locks held all run", long_locks);
+    r.param(
+        "short locks (each taken once a period, held 1 s)",
+        format!("{short_locks} (period {:.0} s)", short_period.as_secs_f64()),
+    );
+    r.param(
+        "config values (each session reads one a second)",
+        CONFIG_KEYS,
+    );
+    r.param("config writes per s", config_writes_per_s);
+    r.param("sessions churned per s", churn_per_s);
+    r.param("run (s)", format!("{elapsed:.0}"));
+    r.latency("acquire (short locks)", &acq.lock().expect("lat"));
+    r.latency("KeepAlive round trip", &ka.lock().expect("lat"));
+    r.latency("config read (cached)", &rd.lock().expect("lat"));
+    r.latency("config write", &wr.lock().expect("lat"));
+    r.figure("sessions opened per s (setup)", n as f64 / open_secs);
+    r.figure("sessions lost", lost as f64);
+    r.figure("long-held locks still held", held_long as f64);
+    r.figure(
+        "config reads per s (at clients)",
+        reads.load(Ordering::Relaxed) as f64 / elapsed,
+    );
+    r.figure(
+        "client cache hit rate (%)",
+        100.0 * hits as f64 / (hits + misses).max(1) as f64,
+    );
+    r.figure(
+        "reads reaching the cell per s",
+        p1.upstream_reads.saturating_sub(p0.upstream_reads) as f64 / elapsed,
+    );
+    r.figure(
+        "reads answered by proxies' caches per s",
+        p1.cache_hits.saturating_sub(p0.cache_hits) as f64 / elapsed,
+    );
+    r.figure("sessions churned", churned.load(Ordering::Relaxed) as f64);
+    r.figure("operation errors", errors.load(Ordering::Relaxed) as f64);
+    r.figure(
+        "setup errors (long-held locks not taken)",
+        setup_errors.load(Ordering::Relaxed) as f64,
+    );
+    if l0.id == l1.id {
+        let rpcs = l1.keepalive_rpcs.saturating_sub(l0.keepalive_rpcs);
+        let renewed = l1.keepalives_renewed.saturating_sub(l0.keepalives_renewed);
+        r.figure("KeepAlive RPCs at the leader per s", rpcs as f64 / elapsed);
+        r.figure("leases renewed per s", renewed as f64 / elapsed);
+    } else {
+        r.notes.push(format!(
+            "the leader changed (replica {} to {}): leader counters are not compared",
+            l0.id, l1.id
+        ));
+    }
+    r.figure(
+        "KeepAlives batched by proxies per s",
+        p1.keepalives_batched.saturating_sub(p0.keepalives_batched) as f64 / elapsed,
+    );
+    r.figure("sessions at the leader (end)", l1.session_count as f64);
+    if let Some((leader, at)) = fault_info {
+        let mut times = writes_ok.lock().expect("ok").clone();
+        times.sort();
+        let mut gap = Duration::ZERO;
+        let mut prev = at;
+        for t in times.iter().filter(|t| **t > at) {
+            gap = gap.max(*t - prev);
+            prev = *t;
+        }
+        if prev == at {
+            gap = deadline.saturating_duration_since(at);
+        }
+        r.param(
+            "fault",
+            format!(
+                "leader {leader} {} at {:.0} s",
+                if fault == Some(Fault::Kill) {
+                    "kill -9"
+                } else {
+                    "SIGSTOP"
+                },
+                at.duration_since(start).as_secs_f64()
+            ),
+        );
+        r.figure("config writes unavailable (s)", gap.as_secs_f64());
+    }
+    ctx.costs(&mut r);
+    // The sessions end with the cell (closing 50 000 of them would be 50 000 writes).
+    Ok(r)
+}
