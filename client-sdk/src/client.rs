@@ -387,14 +387,9 @@ impl Client {
                 let _ = send.finish();
                 frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
             };
-            // A KeepAlive may wait at a proxy for its next batch: it does not probe (any
-            // other request on the same connection does, for all of them).
-            let probe = async {
-                if matches!(req.op, Op::KeepAlive | Op::KeepAliveBatch { .. }) {
-                    std::future::pending::<()>().await;
-                }
-                presumed_dead(&conn).await
-            };
+            // Every request probes, KeepAlives too: one that waits at a proxy for its
+            // next batch makes the probe ask the proxy, which answers at once.
+            let probe = presumed_dead(&conn);
             tokio::select! {
                 r = work => r,
                 _ = probe => {

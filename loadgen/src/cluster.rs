@@ -396,6 +396,12 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
+        // LOADGEN_KEEP_DATA=1 keeps the cluster's directory (data, configs, logs).
+        if std::env::var_os("LOADGEN_KEEP_DATA").is_some() {
+            if let Some(t) = self._tmp.take() {
+                eprintln!("loadgen: kept {}", t.keep().display());
+            }
+        }
     }
 }
 

@@ -75,13 +75,23 @@ impl Upstream {
     /// `Unavailable`, so the client retries here instead of bypassing the proxy.
     pub async fn forward(&self, req: Request) -> Response {
         let deadline = Instant::now() + self.forward_timeout;
+        let started = Instant::now();
         match self.client.call_until(req, deadline).await {
-            Err(Error::NotLeader { .. }) => Err(unavailable("no leader reachable from the proxy")),
-            // A proxy that has lost the cell sends its clients elsewhere; one that is
-            // connected answers `Timeout`, and they wait here (the cell is slow).
-            Err(Error::Timeout { .. }) if !self.hub.ready() => {
-                Err(unavailable("the proxy has lost its connection to the cell"))
+            // The cell is slow, electing or loading: the client waits here and resends
+            // (same request id). Every other proxy sees the same cell, and clients that
+            // moved during a fail-over left their cached values behind, which this
+            // proxy's reset then had to wait out for a lease. Never `NotLeader`: that
+            // would send the client past the proxy.
+            Err(e) if e.is_retryable() && self.hub.own_session_valid(Instant::now()) => {
+                Err(Error::Timeout {
+                    what: format!("the cell, through this proxy (last error: {e})"),
+                    after_ms: started.elapsed().as_millis() as u64,
+                })
             }
+            // A proxy whose own lease ran out has lost the cell: clients go elsewhere.
+            Err(e) if e.is_retryable() => Err(unavailable(&format!(
+                "the proxy has lost its connection to the cell ({e})"
+            ))),
             r => r,
         }
     }
@@ -139,8 +149,8 @@ impl Upstream {
         let wait = self.interval * 2 + Duration::from_secs(1);
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(r)) => r,
-            // Connected but slow: the client should wait here, not move.
-            _ if self.hub.ready() => Err(Error::Timeout {
+            // The cell is slow or electing: the client should wait here, not move.
+            _ if self.hub.own_session_valid(Instant::now()) => Err(Error::Timeout {
                 what: "the leader renewing this KeepAlive".into(),
                 after_ms: wait.as_millis() as u64,
             }),

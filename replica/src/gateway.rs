@@ -57,6 +57,46 @@ pub struct Gateway {
     pub keepalive_stats: KeepAliveStats,
     /// What the last snapshot cost, for [`Status`] and [`Op::Snapshot`].
     pub snapshot_stats: Arc<SnapshotStats>,
+    /// Writes being held or proposed here, by (session, request id): a retry of one still
+    /// in flight waits for its answer instead of proposing a second entry.
+    pub in_flight: InFlight,
+}
+
+/// Writes in flight at this replica (see [`Gateway::in_flight`]).
+#[derive(Default)]
+pub struct InFlight(
+    std::sync::Mutex<
+        std::collections::HashMap<
+            (SessionId, wire::types::RequestId),
+            tokio::sync::broadcast::Sender<Response>,
+        >,
+    >,
+);
+
+/// Removes a write from [`InFlight`] when its first caller is done (or gone), telling the
+/// retries that joined it: the answer, or `Unavailable` so they retry themselves.
+struct InFlightGuard<'a> {
+    table: &'a InFlight,
+    key: (SessionId, wire::types::RequestId),
+    answer: Option<Response>,
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let tx = self
+            .table
+            .0
+            .lock()
+            .expect("in-flight lock")
+            .remove(&self.key);
+        if let Some(tx) = tx {
+            let _ = tx.send(self.answer.take().unwrap_or_else(|| {
+                Err(Error::Unavailable {
+                    reason: "the first attempt of this request was abandoned; retry".into(),
+                })
+            }));
+        }
+    }
 }
 
 /// KeepAlive RPCs answered and leases renewed, since the replica started.
@@ -211,6 +251,33 @@ impl Gateway {
         {
             return Err(e);
         }
+        // A retry (same session and request id) of a write still in flight here joins it:
+        // under load clients and proxies resend while a write is held or queued, and each
+        // resend would otherwise be one more log entry (applied as a duplicate, but paid
+        // for in the log, replication and apply).
+        let key = (req.session, req.request_id);
+        let joined = {
+            let mut m = self.in_flight.0.lock().expect("in-flight lock");
+            match m.get(&key) {
+                Some(tx) => Some(tx.subscribe()),
+                None => {
+                    m.insert(key, tokio::sync::broadcast::channel(1).0);
+                    None
+                }
+            }
+        };
+        if let Some(mut rx) = joined {
+            return rx.recv().await.unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    reason: "the first attempt of this request ended; retry".into(),
+                })
+            });
+        }
+        let mut guard = InFlightGuard {
+            table: &self.in_flight,
+            key,
+            answer: None,
+        };
         let paths = cached_paths(&ops);
         let cmd = Command::Write {
             session: req.session,
@@ -219,7 +286,9 @@ impl Gateway {
             ops,
             single,
         };
-        self.propose_held(paths, cmd).await
+        let r = self.propose_held(paths, cmd).await;
+        guard.answer = Some(r.clone());
+        r
     }
 
     /// Proposes `cmd` after every cacher of `paths` dropped them (Chubby's rule), keeping

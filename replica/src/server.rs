@@ -148,6 +148,7 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         log_stats,
         keepalive_stats: Default::default(),
         snapshot_stats,
+        in_flight: Default::default(),
     });
     let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

@@ -164,6 +164,119 @@ fn a_deaf_cacher_hears_of_the_invalidation_in_its_keepalive_reply() {
     });
 }
 
+/// Resends of a write that is held (here by a silent cacher) join the first attempt at
+/// the leader: every resend gets the same answer and the log gains one entry for the
+/// write, not one per resend (under load, resends used to flood the log after a hold).
+#[test]
+fn resends_of_a_held_write_join_it_and_add_no_entries() {
+    let _g = serial();
+    rt().block_on(async {
+        let lease_ms = 3_000;
+        let cell = TestCell::start(Opts {
+            lease_ms,
+            ..Opts::default()
+        });
+        let mut cfg = cell.client_config();
+        cfg.attempt_timeout = Duration::from_secs(15);
+        let client = client_sdk::Client::connect(cfg).await.unwrap();
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let writer = match client.request(Op::CreateSession).await.unwrap() {
+            Reply::SessionCreated { session, .. } => session,
+            other => panic!("{other:?}"),
+        };
+        // The writer keeps its session alive (the silent cacher does not).
+        let ka = {
+            let c = client.clone();
+            tokio::spawn(async move {
+                loop {
+                    let req = Request {
+                        session: writer,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::KeepAlive,
+                    };
+                    let _ = c.call(req).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        let w = |op: Op| Request {
+            session: writer,
+            request_id: 1,
+            ack_below: 1,
+            op,
+        };
+        let create = Op::Create {
+            path: "/cfg".into(),
+            data: b"v1".to_vec(),
+            mode: client_sdk::CreateMode::default(),
+        };
+        let r = client
+            .call(Request {
+                request_id: 0,
+                ack_below: 0,
+                ..w(create)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(r, Reply::Created { .. }), "{r:?}");
+        let silent = match client.request(Op::CreateSession).await.unwrap() {
+            Reply::SessionCreated { session, .. } => session,
+            other => panic!("{other:?}"),
+        };
+        let r = client
+            .call(Request {
+                session: silent,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::CachedGet {
+                    path: "/cfg".into(),
+                },
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(r, Reply::CachedData { cachable: true, .. }),
+            "{r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = cell.statuses(&client).await[&leader].last_log_index;
+        let set = || {
+            w(Op::SetData {
+                path: "/cfg".into(),
+                data: b"v2".to_vec(),
+                version: None,
+            })
+        };
+        let addr = client.leader_hint().unwrap();
+        let first = {
+            let c = client.clone();
+            let req = set();
+            tokio::spawn(async move { c.call_at(addr, &req).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reqs: Vec<Request> = (0..5).map(|_| set()).collect();
+        let resends = futures::future::join_all(reqs.iter().map(|r| client.call_at(addr, r))).await;
+        let first = first.await.unwrap();
+        assert!(matches!(first, Ok(Reply::Set { .. })), "{first:?}");
+        for r in &resends {
+            assert_eq!(r, &first, "a resend got another answer");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = cell.statuses(&client).await[&leader].last_log_index;
+        // The write and the silent session's expiry (and at most one more, e.g. a lease
+        // checkpoint): without joining, each resend would be one more entry.
+        assert!(
+            after - before <= 3,
+            "the log grew by {} entries",
+            after - before
+        );
+        ka.abort();
+    });
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Op_ {
     value: u64,

@@ -21,6 +21,42 @@ use wire::command::Command;
 
 type Waiter = oneshot::Sender<Result<(), Error>>;
 
+/// One quorum round, retried while `timeout` lasts: a round fails when a follower answers
+/// its heartbeat later than openraft waits for (a loaded follower, a big entry in flight),
+/// and failing every caller then (each KeepAlive waiting on it, after a fail-over all of
+/// them) would let live sessions expire for want of a second try. Every try starts after
+/// the callers arrived, so a success confirms leadership as late as the first would have.
+/// Losing leadership is final at once.
+async fn confirm_within(raft: &Raft, timeout: Duration) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => {
+                let e = crate::errors::from_check_leader(e);
+                if matches!(e, Error::NotLeader { .. })
+                    || tokio::time::Instant::now() + RETRY_AFTER >= deadline
+                {
+                    return Err(e);
+                }
+                tracing::debug!("leadership not confirmed this round, retrying: {e}");
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    reason: format!(
+                        "leadership not confirmed by a quorum within {} ms",
+                        timeout.as_millis()
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// Pause between quorum rounds that failed.
+const RETRY_AFTER: Duration = Duration::from_millis(20);
+
 /// A cheap handle to the gate's task.
 #[derive(Clone)]
 pub struct ReadGate {
@@ -57,16 +93,7 @@ impl ReadGate {
                     };
                 }
                 if result.is_ok() {
-                    result = match tokio::time::timeout(timeout, raft.ensure_linearizable()).await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(crate::errors::from_check_leader(e)),
-                        Err(_) => Err(Error::Unavailable {
-                            reason: format!(
-                                "leadership not confirmed by a quorum within {} ms",
-                                timeout.as_millis()
-                            ),
-                        }),
-                    };
+                    result = confirm_within(&raft, timeout).await;
                 }
                 for w in batch {
                     let _ = w.send(result.clone());
