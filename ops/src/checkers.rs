@@ -1,0 +1,616 @@
+//! Histories and the checkers that read them (the fault-injection suite's verdicts).
+//!
+//! A history is a list of [`Event`]s, stored as JSON lines: every operation a client
+//! starts is an `invoke`, and ends as `ok` (it happened), `fail` (it surely did not) or
+//! `info` (unknown: a timeout, a crash). Times are microseconds on one clock per history.
+//!
+//! - [`check_fenced_lock`]: clients take a lock and write to a protected resource with the
+//!   grant's fencing token; the resource records what it accepted. Accepted tokens never
+//!   go down, writes of two critical sections never interleave, and a grant that completed
+//!   before another was asked for has the lower token.
+//! - [`check_register`]: get / set / compare-and-set on keys must be linearizable per key
+//!   (a Wing–Gong search with memoization, for the short histories a fault run records).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::BufRead;
+
+use serde::{Deserialize, Serialize};
+
+/// How an operation ended, or that it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// It started.
+    Invoke,
+    /// It happened.
+    Ok,
+    /// It surely did not happen.
+    Fail,
+    /// Unknown whether it happened.
+    Info,
+}
+
+/// What an operation is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "f", rename_all = "snake_case")]
+pub enum Op {
+    /// Take a lock; `token` is set on `ok`.
+    Acquire {
+        /// The lock.
+        lock: String,
+        /// The fencing token granted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<u64>,
+    },
+    /// Release a lock.
+    Release {
+        /// The lock.
+        lock: String,
+        /// The token held.
+        token: u64,
+    },
+    /// A write to a protected resource under `token`, as the resource saw it: `ok` when
+    /// accepted (it then carries the resource's acceptance sequence), `fail` when refused
+    /// as stale.
+    FencedWrite {
+        /// The resource.
+        resource: String,
+        /// The token presented.
+        token: u64,
+        /// Order of acceptance at the resource.
+        #[serde(default)]
+        seq: u64,
+    },
+    /// Read a key; `value` on `ok` (`None`: absent).
+    Read {
+        /// The key.
+        key: String,
+        /// What was read.
+        #[serde(default)]
+        value: Option<String>,
+    },
+    /// Write a key.
+    Write {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+    },
+    /// Set `key` to `to` if it holds `from` (`None`: absent). `fail`: it did not hold it.
+    Cas {
+        /// The key.
+        key: String,
+        /// The expected value.
+        from: Option<String>,
+        /// The new value.
+        to: String,
+    },
+}
+
+/// One line of a history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Microseconds since the run started.
+    pub at_us: u64,
+    /// The client that did it.
+    pub process: String,
+    /// Start or end.
+    pub kind: Kind,
+    /// The operation.
+    pub op: Op,
+}
+
+/// Reads a JSON-lines history; names the line of a bad record.
+pub fn read_history(r: impl std::io::Read) -> Result<Vec<Event>, String> {
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(r).lines().enumerate() {
+        let line = line.map_err(|e| format!("line {}: {e}", i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", i + 1))?);
+    }
+    Ok(out)
+}
+
+/// Writes a history as JSON lines.
+pub fn write_history(w: &mut impl std::io::Write, events: &[Event]) -> std::io::Result<()> {
+    for e in events {
+        serde_json::to_writer(&mut *w, e)?;
+        w.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// What a passing fenced-lock check covered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedStats {
+    /// Grants seen.
+    pub grants: usize,
+    /// Writes the resources accepted.
+    pub accepted: usize,
+    /// Writes refused as stale.
+    pub refused: usize,
+}
+
+/// Checks a fenced-lock history; the error names the first violation found.
+pub fn check_fenced_lock(events: &[Event]) -> Result<FencedStats, String> {
+    // 1. At each resource, in acceptance order: tokens never go down, and one token's
+    //    writes come from one client (two critical sections never interleave).
+    let mut accepted: BTreeMap<&str, Vec<(u64, u64, &str)>> = BTreeMap::new();
+    let mut refused = 0;
+    for e in events {
+        if let Op::FencedWrite {
+            resource,
+            token,
+            seq,
+        } = &e.op
+        {
+            match e.kind {
+                Kind::Ok => accepted.entry(resource.as_str()).or_default().push((
+                    *seq,
+                    *token,
+                    e.process.as_str(),
+                )),
+                Kind::Fail => refused += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut n_accepted = 0;
+    for (resource, writes) in &mut accepted {
+        writes.sort();
+        n_accepted += writes.len();
+        let mut owner: HashMap<u64, &str> = HashMap::new();
+        for w in writes.windows(2) {
+            let ((s1, t1, _), (s2, t2, _)) = (w[0], w[1]);
+            if s1 == s2 {
+                return Err(format!("{resource}: two writes accepted as #{s1}"));
+            }
+            if t2 < t1 {
+                return Err(format!(
+                    "{resource}: token {t2} accepted (#{s2}) after token {t1} (#{s1})"
+                ));
+            }
+        }
+        for (seq, token, p) in writes.iter() {
+            if let Some(o) = owner.insert(*token, p) {
+                if o != *p {
+                    return Err(format!(
+                        "{resource}: token {token} used by {o} and {p} (write #{seq})"
+                    ));
+                }
+            }
+        }
+    }
+    // 2. Grants: unique per lock, and one that completed before another was invoked has
+    //    the lower token (the grant had the highest token when it returned).
+    let mut invoked: HashMap<&str, Vec<u64>> = HashMap::new();
+    struct Grant<'a> {
+        invoked: u64,
+        done: u64,
+        token: u64,
+        process: &'a str,
+    }
+    let mut grants: BTreeMap<&str, Vec<Grant>> = BTreeMap::new();
+    for e in events {
+        if let Op::Acquire { lock, token } = &e.op {
+            match (e.kind, token) {
+                (Kind::Invoke, _) => invoked.entry(e.process.as_str()).or_default().push(e.at_us),
+                (Kind::Ok, Some(t)) => {
+                    let start = invoked
+                        .get_mut(e.process.as_str())
+                        .and_then(|v| v.pop())
+                        .ok_or_else(|| {
+                            format!("{}: acquire ok without an invoke at {}", e.process, e.at_us)
+                        })?;
+                    grants.entry(lock.as_str()).or_default().push(Grant {
+                        invoked: start,
+                        done: e.at_us,
+                        token: *t,
+                        process: &e.process,
+                    });
+                }
+                (Kind::Ok, None) => {
+                    return Err(format!("{}: acquire ok without a token", e.process));
+                }
+                _ => {
+                    invoked.get_mut(e.process.as_str()).and_then(|v| v.pop());
+                }
+            }
+        }
+    }
+    let mut n_grants = 0;
+    for (lock, gs) in &grants {
+        n_grants += gs.len();
+        let mut seen: HashMap<u64, &str> = HashMap::new();
+        for g in gs {
+            if let Some(p) = seen.insert(g.token, g.process) {
+                return Err(format!(
+                    "{lock}: token {} granted to {p} and {}",
+                    g.token, g.process
+                ));
+            }
+        }
+        // Sorted by completion, the largest token among grants completed before each
+        // invoke must be below that grant's token.
+        let mut by_done: Vec<&Grant> = gs.iter().collect();
+        by_done.sort_by_key(|g| g.done);
+        for g in gs {
+            let earlier = by_done
+                .iter()
+                .take_while(|h| h.done < g.invoked)
+                .max_by_key(|h| h.token);
+            if let Some(h) = earlier {
+                if h.token > g.token {
+                    return Err(format!(
+                        "{lock}: {} was granted token {} (asked at {} µs) although {} had \
+                         been granted the higher token {} at {} µs",
+                        g.process, g.token, g.invoked, h.process, h.token, h.done
+                    ));
+                }
+            }
+        }
+    }
+    Ok(FencedStats {
+        grants: n_grants,
+        accepted: n_accepted,
+        refused,
+    })
+}
+
+/// One register operation with its interval (`done = None`: unknown outcome).
+#[derive(Debug, Clone)]
+struct RegOp {
+    invoked: u64,
+    done: Option<u64>,
+    op: Op,
+    ok: bool,
+}
+
+/// Checks that every key's reads, writes and compare-and-sets are linearizable. Keys are
+/// checked one by one; at most `max_ops_per_key` completed operations each (the search is
+/// exponential in the worst case). The error names the key and its operations.
+pub fn check_register(events: &[Event], max_ops_per_key: usize) -> Result<usize, String> {
+    let mut open: HashMap<(&str, &str), (u64, &Op)> = HashMap::new();
+    let mut per_key: BTreeMap<String, Vec<RegOp>> = BTreeMap::new();
+    for e in events {
+        let key = match &e.op {
+            Op::Read { key, .. } | Op::Write { key, .. } | Op::Cas { key, .. } => key.as_str(),
+            _ => continue,
+        };
+        match e.kind {
+            Kind::Invoke => {
+                open.insert((e.process.as_str(), key), (e.at_us, &e.op));
+            }
+            kind => {
+                let (invoked, inv_op) =
+                    open.remove(&(e.process.as_str(), key)).ok_or_else(|| {
+                        format!(
+                            "{}: {key}: completion without an invoke at {}",
+                            e.process, e.at_us
+                        )
+                    })?;
+                let r = match kind {
+                    Kind::Ok => RegOp {
+                        invoked,
+                        done: Some(e.at_us),
+                        op: e.op.clone(),
+                        ok: true,
+                    },
+                    Kind::Fail => RegOp {
+                        invoked,
+                        done: Some(e.at_us),
+                        op: e.op.clone(),
+                        ok: false,
+                    },
+                    // An unknown read constrains nothing.
+                    _ if matches!(inv_op, Op::Read { .. }) => continue,
+                    _ => RegOp {
+                        invoked,
+                        done: None,
+                        op: inv_op.clone(),
+                        ok: true,
+                    },
+                };
+                // A failed read or write did nothing: leave it out.
+                if !r.ok && !matches!(r.op, Op::Cas { .. }) {
+                    continue;
+                }
+                per_key.entry(key.to_string()).or_default().push(r);
+            }
+        }
+    }
+    // Operations still open at the end are unknown too.
+    for ((_, key), (invoked, op)) in open {
+        if !matches!(op, Op::Read { .. }) {
+            per_key.entry(key.to_string()).or_default().push(RegOp {
+                invoked,
+                done: None,
+                op: op.clone(),
+                ok: true,
+            });
+        }
+    }
+    let mut checked = 0;
+    for (key, ops) in &per_key {
+        if ops.len() > max_ops_per_key {
+            return Err(format!(
+                "{key}: {} operations, more than the {max_ops_per_key} the search handles",
+                ops.len()
+            ));
+        }
+        if !linearizable(ops) {
+            return Err(format!("{key}: no linearization of {ops:#?}"));
+        }
+        checked += ops.len();
+    }
+    Ok(checked)
+}
+
+/// Applies `o` to `state`, or says it cannot happen there.
+fn step(state: &Option<String>, o: &RegOp) -> Option<Option<String>> {
+    match (&o.op, o.ok) {
+        (Op::Read { value, .. }, _) => (value == state).then(|| state.clone()),
+        (Op::Write { value, .. }, _) => Some(Some(value.clone())),
+        (Op::Cas { from, to, .. }, true) => (from == state).then(|| Some(to.clone())),
+        (Op::Cas { from, .. }, false) => (from != state).then(|| state.clone()),
+        _ => None,
+    }
+}
+
+/// Wing and Gong's search: repeatedly pick an operation that may come next (none of the
+/// others pending finished before it began), apply it if the register allows, backtrack
+/// otherwise; states already explored (same set done, same value) are skipped.
+fn linearizable(ops: &[RegOp]) -> bool {
+    let n = ops.len();
+    let words = n.div_ceil(64);
+    let must: Vec<usize> = (0..n).filter(|i| ops[*i].done.is_some()).collect();
+    let mut seen: HashSet<(Vec<u64>, Option<String>)> = HashSet::new();
+    let mut stack = vec![(vec![0u64; words], None::<String>)];
+    while let Some((done, state)) = stack.pop() {
+        let is_done = |i: usize| done[i / 64] & (1 << (i % 64)) != 0;
+        if must.iter().all(|i| is_done(*i)) {
+            return true;
+        }
+        if !seen.insert((done.clone(), state.clone())) {
+            continue;
+        }
+        // The earliest completion among pending operations bounds what may go next.
+        let horizon = (0..n)
+            .filter(|i| !is_done(*i))
+            .filter_map(|i| ops[i].done)
+            .min()
+            .unwrap_or(u64::MAX);
+        for i in (0..n).filter(|i| !is_done(*i)) {
+            if ops[i].invoked > horizon {
+                continue;
+            }
+            if let Some(next) = step(&state, &ops[i]) {
+                let mut d = done.clone();
+                d[i / 64] |= 1 << (i % 64);
+                stack.push((d, next));
+            }
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(at_us: u64, p: &str, kind: Kind, op: Op) -> Event {
+        Event {
+            at_us,
+            process: p.into(),
+            kind,
+            op,
+        }
+    }
+
+    fn acq(lock: &str, token: Option<u64>) -> Op {
+        Op::Acquire {
+            lock: lock.into(),
+            token,
+        }
+    }
+
+    fn fw(token: u64, seq: u64) -> Op {
+        Op::FencedWrite {
+            resource: "r".into(),
+            token,
+            seq,
+        }
+    }
+
+    fn good_lock_history() -> Vec<Event> {
+        vec![
+            ev(0, "a", Kind::Invoke, acq("/l", None)),
+            ev(5, "a", Kind::Ok, acq("/l", Some(10))),
+            ev(6, "a", Kind::Ok, fw(10, 1)),
+            ev(7, "a", Kind::Ok, fw(10, 2)),
+            ev(3, "b", Kind::Invoke, acq("/l", None)),
+            ev(20, "b", Kind::Ok, acq("/l", Some(12))),
+            ev(21, "b", Kind::Ok, fw(12, 3)),
+            // a paused holder wakes up and is refused
+            ev(22, "a", Kind::Fail, fw(10, 0)),
+        ]
+    }
+
+    #[test]
+    fn a_good_fenced_history_passes_and_survives_json() {
+        let h = good_lock_history();
+        let mut buf = Vec::new();
+        write_history(&mut buf, &h).unwrap();
+        let back = read_history(&buf[..]).unwrap();
+        assert_eq!(back, h);
+        let s = check_fenced_lock(&back).unwrap();
+        assert_eq!(
+            s,
+            FencedStats {
+                grants: 2,
+                accepted: 3,
+                refused: 1
+            }
+        );
+    }
+
+    #[test]
+    fn fenced_lock_violations_are_caught() {
+        // A stale token accepted after a newer one.
+        let mut h = good_lock_history();
+        h.push(ev(23, "a", Kind::Ok, fw(10, 4)));
+        assert!(check_fenced_lock(&h)
+            .unwrap_err()
+            .contains("after token 12"));
+        // Two holders with one token.
+        let mut h = good_lock_history();
+        h.push(ev(24, "b", Kind::Ok, fw(10, 0)));
+        let e = check_fenced_lock(&h).unwrap_err();
+        assert!(e.contains("used by"), "{e}");
+        // A grant that returned after another completed, with a lower token.
+        let mut h = good_lock_history();
+        h.push(ev(30, "c", Kind::Invoke, acq("/l", None)));
+        h.push(ev(31, "c", Kind::Ok, acq("/l", Some(11))));
+        let e = check_fenced_lock(&h).unwrap_err();
+        assert!(e.contains("higher token 12"), "{e}");
+        // The same token granted twice.
+        let mut h = good_lock_history();
+        h.push(ev(30, "c", Kind::Invoke, acq("/l", None)));
+        h.push(ev(31, "c", Kind::Ok, acq("/l", Some(12))));
+        assert!(check_fenced_lock(&h).unwrap_err().contains("granted to"));
+    }
+
+    #[test]
+    fn bad_lines_are_named() {
+        let e = read_history(&b"{\"at_us\":1}\n"[..]).unwrap_err();
+        assert!(e.starts_with("line 1:"), "{e}");
+    }
+
+    fn read(key: &str, v: Option<&str>) -> Op {
+        Op::Read {
+            key: key.into(),
+            value: v.map(String::from),
+        }
+    }
+
+    fn write(key: &str, v: &str) -> Op {
+        Op::Write {
+            key: key.into(),
+            value: v.into(),
+        }
+    }
+
+    fn cas(key: &str, from: Option<&str>, to: &str) -> Op {
+        Op::Cas {
+            key: key.into(),
+            from: from.map(String::from),
+            to: to.into(),
+        }
+    }
+
+    /// (invoke, complete, process, kind, op) into events.
+    fn hist(ops: &[(u64, u64, &str, Kind, Op)]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for (a, b, p, k, op) in ops {
+            let inv = match op {
+                Op::Read { key, .. } => read(key, None),
+                o => o.clone(),
+            };
+            out.push(ev(*a, p, Kind::Invoke, inv));
+            out.push(ev(*b, p, *k, op.clone()));
+        }
+        out.sort_by_key(|e| e.at_us);
+        out
+    }
+
+    #[test]
+    fn linearizable_register_histories_pass() {
+        // Concurrent write and read: the read may see either value.
+        let h = hist(&[
+            (0, 10, "a", Kind::Ok, write("k", "1")),
+            (5, 15, "b", Kind::Ok, read("k", None)),
+            (20, 30, "a", Kind::Ok, cas("k", Some("1"), "2")),
+            (21, 31, "b", Kind::Fail, cas("k", Some("1"), "3")),
+            (40, 50, "b", Kind::Ok, read("k", Some("2"))),
+        ]);
+        assert_eq!(check_register(&h, 100).unwrap(), 5);
+        // A write with an unknown outcome may have happened, late.
+        let mut h = hist(&[(0, 10, "a", Kind::Ok, write("k", "1"))]);
+        h.push(ev(11, "b", Kind::Invoke, write("k", "2")));
+        h.push(ev(12, "b", Kind::Info, write("k", "2")));
+        h.extend(hist(&[(100, 110, "c", Kind::Ok, read("k", Some("2")))]));
+        check_register(&h, 100).unwrap();
+    }
+
+    #[test]
+    fn random_sequential_runs_pass_and_one_wrong_read_fails() {
+        // A deterministic generator (no dependency): ops one after another on a model.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut model: Option<String> = None;
+        let mut ops = Vec::new();
+        for i in 0..200u64 {
+            let (kind, op) = match next(3) {
+                0 => {
+                    let v = next(4).to_string();
+                    model = Some(v.clone());
+                    (Kind::Ok, write("k", &v))
+                }
+                1 => (Kind::Ok, read("k", model.as_deref())),
+                _ => {
+                    let from = next(4).to_string();
+                    let to = next(4).to_string();
+                    if model.as_deref() == Some(from.as_str()) {
+                        model = Some(to.clone());
+                        (Kind::Ok, cas("k", Some(&from), &to))
+                    } else {
+                        (Kind::Fail, cas("k", Some(&from), &to))
+                    }
+                }
+            };
+            ops.push((i * 10, i * 10 + 5, "a", kind, op));
+        }
+        check_register(&hist(&ops), 1_000).unwrap();
+        let last_read = ops
+            .iter()
+            .rposition(|o| matches!(o.4, Op::Read { .. }))
+            .unwrap();
+        ops[last_read].4 = read("k", Some("never written"));
+        assert!(check_register(&hist(&ops), 1_000).is_err());
+    }
+
+    #[test]
+    fn stale_and_impossible_reads_are_caught() {
+        // A read that began after a write completed sees the old value: stale.
+        let h = hist(&[
+            (0, 10, "a", Kind::Ok, write("k", "1")),
+            (20, 30, "a", Kind::Ok, write("k", "2")),
+            (40, 50, "b", Kind::Ok, read("k", Some("1"))),
+        ]);
+        assert!(check_register(&h, 100).unwrap_err().starts_with("k:"));
+        // Two successful compare-and-sets from the same value.
+        let h = hist(&[
+            (0, 10, "a", Kind::Ok, write("k", "1")),
+            (20, 30, "a", Kind::Ok, cas("k", Some("1"), "2")),
+            (21, 31, "b", Kind::Ok, cas("k", Some("1"), "3")),
+        ]);
+        assert!(check_register(&h, 100).is_err());
+        // A value nobody wrote.
+        let h = hist(&[(0, 10, "a", Kind::Ok, read("k", Some("9")))]);
+        assert!(check_register(&h, 100).is_err());
+        // Too long a history is refused, not searched for ever.
+        let many: Vec<_> = (0..10)
+            .map(|i| (i * 10, i * 10 + 5, "a", Kind::Ok, write("k", "1")))
+            .collect();
+        assert!(check_register(&hist(&many), 5)
+            .unwrap_err()
+            .contains("more than"));
+    }
+}
