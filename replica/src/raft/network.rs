@@ -122,18 +122,8 @@ impl PeerClient {
     }
 
     async fn call(&self, req: PeerRequest, ttl: Duration) -> Result<PeerResponse, CallError> {
-        // What the peer had sent on the connection when the call began: a peer that sends
-        // nothing at all until the call times out is frozen or cut off, not just slow.
-        let heard_before = self
-            .conn
-            .lock()
-            .await
-            .as_ref()
-            .map(|c| c.stats().udp_rx.datagrams);
-        let connected = std::sync::atomic::AtomicBool::new(false);
         let fut = async {
             let conn = self.connection().await?;
-            connected.store(true, std::sync::atomic::Ordering::Relaxed);
             let (mut send, mut recv) = conn
                 .open_bi()
                 .await
@@ -148,27 +138,10 @@ impl PeerClient {
         };
         match tokio::time::timeout(ttl, fut).await {
             Ok(r) => r,
-            Err(_) => {
-                let heard_after = self
-                    .conn
-                    .lock()
-                    .await
-                    .as_ref()
-                    .map(|c| c.stats().udp_rx.datagrams);
-                let msg = format!("rpc to {} timed out", self.target);
-                // Silent for the whole call: report it unreachable so openraft backs off
-                // instead of re-sending at once (found with a SIGSTOPped leader under
-                // 50 000 sessions: the new leader spent itself re-sending large
-                // AppendEntries to it). So is one we could not even connect to in time. A
-                // peer that answered anything (acknowledgements, other calls) is alive but
-                // slow: a plain network error, retried at once.
-                let never_connected = !connected.load(std::sync::atomic::Ordering::Relaxed);
-                if never_connected || (heard_before.is_some() && heard_before == heard_after) {
-                    Err(CallError::Unreachable(msg))
-                } else {
-                    Err(CallError::Network(msg))
-                }
-            }
+            Err(_) => Err(CallError::Network(format!(
+                "rpc to {} timed out",
+                self.target
+            ))),
         }
     }
 }
