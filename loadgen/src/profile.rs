@@ -548,17 +548,11 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
     );
     r.figure("sessions at the leader (end)", l1.session_count as f64);
     if let Some((leader, at)) = fault_info {
-        let mut times = writes_ok.lock().expect("ok").clone();
-        times.sort();
-        let mut gap = Duration::ZERO;
-        let mut prev = at;
-        for t in times.iter().filter(|t| **t > at) {
-            gap = gap.max(*t - prev);
-            prev = *t;
-        }
-        if prev == at {
-            gap = deadline.saturating_duration_since(at);
-        }
+        let gap = crate::scenarios::unavailable(
+            &writes_ok.lock().expect("ok"),
+            at,
+            deadline.saturating_duration_since(at),
+        );
         r.param(
             "fault",
             format!(

@@ -89,27 +89,24 @@ pub fn proc_cost(name: &str, pid: u32) -> Option<ProcCost> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm_kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
     Some(ProcCost {
         name: name.to_string(),
         cpu_secs: ticks / hz,
-        peak_rss_mb: hwm_kb / 1024.0,
+        peak_rss_mb: status_mb(pid, "VmHWM:")?,
     })
 }
 
 /// A live process's resident memory now (VmRSS), in MB.
 pub fn rss_mb(pid: u32) -> Option<f64> {
+    status_mb(pid, "VmRSS:")
+}
+
+/// A kB field of `/proc/<pid>/status` (e.g. `VmRSS:`), in MB.
+fn status_mb(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()

@@ -346,19 +346,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     if freeze {
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
-    let mut times = done.lock().expect("done").clone();
-    times.sort();
-    // Unavailability: from the event to the first successful write after it, or the
-    // longest gap between successful writes after it if that is longer.
-    let mut gap = Duration::ZERO;
-    let mut prev = event;
-    for t in times.iter().filter(|t| **t > event) {
-        gap = gap.max(*t - prev);
-        prev = *t;
-    }
-    if prev == event {
-        gap = after;
-    }
+    let gap = unavailable(&done.lock().expect("done"), event, after);
     let name = if freeze {
         "failover-freeze"
     } else {
@@ -380,6 +368,24 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     r.figure("sessions lost", lost as f64);
     ctx.costs(&mut r);
     Ok(r)
+}
+
+/// Unavailability after `event`: from it to the first success after it, or the longest
+/// gap between successes after it if that is longer; `none` if nothing succeeded.
+pub(crate) fn unavailable(successes: &[Instant], event: Instant, none: Duration) -> Duration {
+    let mut times: Vec<Instant> = successes.iter().copied().filter(|t| *t > event).collect();
+    times.sort();
+    let mut gap = Duration::ZERO;
+    let mut prev = event;
+    for t in times {
+        gap = gap.max(t - prev);
+        prev = t;
+    }
+    if prev == event {
+        none
+    } else {
+        gap
+    }
 }
 
 /// The write ceiling with fsync on: each level runs that many writers (one key each) for

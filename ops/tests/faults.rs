@@ -60,20 +60,6 @@ fn fenced_write(rec: &Recorder, res: &Mutex<Resource>, who: &str, token: u64) ->
     accepted
 }
 
-fn signal_leader(data: &std::path::Path, endpoints: &str, sig: i32) -> Option<i32> {
-    let o = lockctl(endpoints, &data.join("tls/ca.pem"), &["status"]);
-    let st = text(&o);
-    let addr = st
-        .lines()
-        .find(|l| l.contains(" Leader "))?
-        .split_whitespace()
-        .nth(1)?
-        .to_string();
-    let pid = pid_listening(data, "replica", &addr)?;
-    unsafe { libc::kill(pid, sig) };
-    Some(pid)
-}
-
 #[test]
 fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
     let _g = serial();
@@ -195,7 +181,7 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
         tokio::time::sleep(Duration::from_secs(4)).await;
         let frozen = tokio::task::block_in_place(|| signal_leader(&data, &eps, libc::SIGSTOP));
         tokio::time::sleep(Duration::from_secs(3)).await;
-        if let Some(pid) = frozen {
+        if let Some((_, pid)) = frozen {
             unsafe { libc::kill(pid, libc::SIGCONT) };
         }
         for w in workers {

@@ -304,18 +304,7 @@ impl Proxy {
     /// A client's KeepAlives for many of its sessions at once (the SDK coalesces those
     /// due together): each joins this proxy's next batch like a single KeepAlive.
     async fn keepalive_batch(&self, sessions: Vec<SessionId>, received: Instant) -> Response {
-        if sessions.len() > wire::KEEPALIVE_BATCH_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} sessions exceed the batch maximum of {}",
-                    sessions.len(),
-                    wire::KEEPALIVE_BATCH_MAX
-                ),
-            });
-        }
-        if sessions.contains(&0) {
-            return Err(Error::SessionRequired);
-        }
+        path::validate_keepalive_batch(&sessions)?;
         let results =
             futures::future::join_all(sessions.iter().map(|&s| self.up.keepalive(s, received)))
                 .await;

@@ -686,18 +686,7 @@ impl Gateway {
     /// checks of KeepAlives in flight together). Fails as a whole only when this replica
     /// does not lead; otherwise says which sessions were renewed and which are over.
     async fn keepalive_batch(&self, sessions: Vec<u64>, received: Instant) -> Response {
-        if sessions.len() > wire::KEEPALIVE_BATCH_MAX {
-            return Err(Error::BadRequest {
-                reason: format!(
-                    "{} sessions exceed the batch maximum of {}",
-                    sessions.len(),
-                    wire::KEEPALIVE_BATCH_MAX
-                ),
-            });
-        }
-        if sessions.contains(&0) {
-            return Err(Error::SessionRequired);
-        }
+        path::validate_keepalive_batch(&sessions)?;
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
         let results = futures::future::join_all(
             sessions

@@ -1,8 +1,10 @@
 //! Path validation, shared by the client (to fail early) and the state machine (to be sure).
 
 use crate::error::Error;
-use crate::limits::{PATH_BYTES_MAX, REWATCH_MAX, TXN_OPS_MAX, VALUE_BYTES_MAX};
-use crate::types::{TxnOp, WatchSpec};
+use crate::limits::{
+    KEEPALIVE_BATCH_MAX, PATH_BYTES_MAX, REWATCH_MAX, TXN_OPS_MAX, VALUE_BYTES_MAX,
+};
+use crate::types::{SessionId, TxnOp, WatchSpec};
 
 /// Digits of the sequence suffix the cell appends to sequential nodes.
 pub const SEQUENCE_DIGITS: usize = 10;
@@ -41,6 +43,23 @@ pub fn validate(path: &str) -> Result<(), Error> {
         if component.chars().any(|c| c.is_control()) {
             return bad("control character in path");
         }
+    }
+    Ok(())
+}
+
+/// Checks a `KeepAliveBatch` request: at most [`KEEPALIVE_BATCH_MAX`] sessions, none of
+/// them 0.
+pub fn validate_keepalive_batch(sessions: &[SessionId]) -> Result<(), Error> {
+    if sessions.len() > KEEPALIVE_BATCH_MAX {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "{} sessions exceed the batch maximum of {KEEPALIVE_BATCH_MAX}",
+                sessions.len()
+            ),
+        });
+    }
+    if sessions.contains(&0) {
+        return Err(Error::SessionRequired);
     }
     Ok(())
 }

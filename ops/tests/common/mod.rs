@@ -138,13 +138,18 @@ pub fn pid_listening(data: &Path, kind: &str, addr: &str) -> Option<i32> {
 /// `kill -9` of whichever replica of the cell in `data` leads now (asked through
 /// `endpoints`). Returns its address.
 pub fn kill_leader(data: &Path, endpoints: &str) -> Option<String> {
+    signal_leader(data, endpoints, libc::SIGKILL).map(|(addr, _)| addr)
+}
+
+/// Sends `sig` to the leader's replica process; returns its address and pid.
+pub fn signal_leader(data: &Path, endpoints: &str, sig: i32) -> Option<(String, i32)> {
     let o = lockctl(endpoints, &data.join("tls/ca.pem"), &["status"]);
     let st = text(&o);
     let line = st.lines().find(|l| l.contains(" Leader "))?;
     let addr = line.split_whitespace().nth(1)?.to_string();
     let pid = pid_listening(data, "replica", &addr)?;
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    Some(addr)
+    unsafe { libc::kill(pid, sig) };
+    Some((addr, pid))
 }
 
 fn wall_us() -> u128 {
