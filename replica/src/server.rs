@@ -121,6 +121,10 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
             Duration::from_millis(cfg.session.expiry_scan_interval_ms),
         )
         .with_cachers(cacher_list.clone())
+        .with_quorum_watch(
+            raft.metrics(),
+            Duration::from_millis(cfg.raft.election_timeout_min_ms),
+        )
     });
     let raft_node = raft_node_addr.expect("raft node started");
 

@@ -71,7 +71,17 @@ pub struct SessionManager {
     generation: u64,
     waiting: HashMap<SessionId, Vec<Waiter>>,
     cachers: Option<Addr<CacherListActor>>,
+    /// Raft's metrics (when the quorum last acknowledged this leader) and how long a
+    /// silence stops the lease clock; see [`SessionManager::quorum_silent`].
+    quorum: Option<(QuorumWatch, Duration)>,
+    last_tick: Instant,
+    /// Whether the lease clock is stopped now (for logging the change once).
+    clock_stopped: bool,
 }
+
+type QuorumWatch = tokio::sync::watch::Receiver<
+    openraft::RaftMetrics<wire::types::ReplicaId, openraft::BasicNode>,
+>;
 
 impl SessionManager {
     /// A session manager proposing through `raft_node`.
@@ -94,7 +104,32 @@ impl SessionManager {
             generation: 0,
             waiting: HashMap::new(),
             cachers: None,
+            quorum: None,
+            last_tick: Instant::now(),
+            clock_stopped: false,
         }
+    }
+
+    /// Stops the lease clock while this leader has heard no quorum acknowledgement for
+    /// `silence` (Raft's `millis_since_quorum_ack`): KeepAlives cannot be confirmed then,
+    /// through no fault of the clients (a slow or lossy link at the leader), so no lease
+    /// runs out meanwhile. Cells of one voter have no quorum to hear from and are left out.
+    pub fn with_quorum_watch(mut self, metrics: QuorumWatch, silence: Duration) -> SessionManager {
+        self.quorum = Some((metrics, silence));
+        self
+    }
+
+    /// True while a leader of several voters has not heard a quorum for the set silence.
+    fn quorum_silent(&self) -> bool {
+        let Some((m, silence)) = &self.quorum else {
+            return false;
+        };
+        let m = m.borrow();
+        if m.membership_config.membership().voter_ids().count() < 2 {
+            return false;
+        }
+        m.millis_since_quorum_ack
+            .is_none_or(|ms| Duration::from_millis(ms) > *silence)
     }
 
     /// Expiries delete ephemeral nodes: hold them through `cachers` first, so no client
@@ -123,10 +158,23 @@ impl SessionManager {
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let since_last = now.saturating_duration_since(self.last_tick);
+        self.last_tick = now;
         if !self.leases.is_active() {
             return;
         }
-        let now = Instant::now();
+        if self.quorum_silent() {
+            if !self.clock_stopped {
+                tracing::warn!("no quorum acknowledgement: lease clock stopped");
+                self.clock_stopped = true;
+            }
+            self.leases.postpone(since_last);
+            return;
+        } else if self.clock_stopped {
+            tracing::warn!("quorum heard again: lease clock running");
+            self.clock_stopped = false;
+        }
         let expired = self.leases.take_expired(now);
         if !expired.is_empty() {
             tracing::info!(sessions = ?expired, "expiring sessions");

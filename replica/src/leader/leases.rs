@@ -228,6 +228,19 @@ impl Leases {
         out
     }
 
+    /// Stops the lease clock for `d`: every lease not already expiring runs `d` longer.
+    /// The leader calls it for the time its own quorum was silent, when KeepAlives could
+    /// not be confirmed (a slow or lossy link at the leader): clients that kept sending
+    /// them must not lose their sessions for it. Extending a lease is always safe (no
+    /// holder loses a lock earlier than its client expects); a dead client's session
+    /// merely expires that much later. Recorded silence is not reduced, so checkpoints
+    /// stay lower bounds.
+    pub fn postpone(&mut self, d: Duration) {
+        for l in self.sessions.values_mut().filter(|l| !l.expiring) {
+            l.deadline += d;
+        }
+    }
+
     /// An expiry proposal failed: these may be proposed again.
     pub fn expiry_failed(&mut self, ids: &[SessionId]) {
         for id in ids {
@@ -329,6 +342,19 @@ mod tests {
         assert_eq!(l.deadline(2), Some(t0 + Duration::from_secs(7)));
         assert_eq!(l.deadline(3), Some(t0));
         assert_eq!(l.take_expired(t0), vec![3]);
+    }
+
+    #[test]
+    fn postponing_extends_live_leases_but_not_expiries_in_flight() {
+        let t0 = Instant::now();
+        let mut l = Leases::new(LEASE, CP);
+        l.become_leader(t0, [(1, None), (2, Some(12_000))]);
+        assert_eq!(l.take_expired(t0), vec![2]);
+        l.postpone(Duration::from_secs(3));
+        assert_eq!(l.deadline(1), Some(t0 + LEASE + Duration::from_secs(3)));
+        assert_eq!(l.deadline(2), Some(t0), "an expiry in flight stays decided");
+        assert!(l.take_expired(t0 + LEASE).is_empty());
+        assert_eq!(l.take_expired(t0 + LEASE + Duration::from_secs(3)), vec![1]);
     }
 
     #[test]
