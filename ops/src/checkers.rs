@@ -122,6 +122,94 @@ pub fn write_history(w: &mut impl std::io::Write, events: &[Event]) -> std::io::
     Ok(())
 }
 
+/// Records a history as it happens: one clock (microseconds since [`Recorder::new`]),
+/// shared by every client of a run.
+#[derive(Debug)]
+pub struct Recorder {
+    start: std::time::Instant,
+    events: std::sync::Mutex<Vec<Event>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+impl Recorder {
+    /// A recorder whose clock starts now.
+    pub fn new() -> Recorder {
+        Recorder {
+            start: std::time::Instant::now(),
+            events: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// When the clock started.
+    pub fn start(&self) -> std::time::Instant {
+        self.start
+    }
+
+    /// Records one event now.
+    pub fn log(&self, process: &str, kind: Kind, op: Op) {
+        let at_us = self.start.elapsed().as_micros() as u64;
+        self.events.lock().expect("history lock").push(Event {
+            at_us,
+            process: process.into(),
+            kind,
+            op,
+        });
+    }
+
+    /// Everything recorded so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().expect("history lock").clone()
+    }
+}
+
+/// A protected resource that checks fencing tokens: it accepts a write whose token is at
+/// least the highest it accepted, and records every write (accepted with its order of
+/// acceptance, or refused as stale) in a [`Recorder`].
+#[derive(Debug)]
+pub struct FencedResource {
+    name: String,
+    /// (highest token accepted, writes accepted).
+    state: std::sync::Mutex<(u64, u64)>,
+}
+
+impl FencedResource {
+    /// A resource that has accepted nothing yet.
+    pub fn new(name: &str) -> FencedResource {
+        FencedResource {
+            name: name.into(),
+            state: std::sync::Mutex::new((0, 0)),
+        }
+    }
+
+    /// `who` writes under `token`; true when accepted.
+    pub fn write(&self, rec: &Recorder, who: &str, token: u64) -> bool {
+        let mut st = self.state.lock().expect("resource lock");
+        let accepted = token >= st.0;
+        let seq = if accepted {
+            st.0 = token;
+            st.1 += 1;
+            st.1
+        } else {
+            0
+        };
+        rec.log(
+            who,
+            if accepted { Kind::Ok } else { Kind::Fail },
+            Op::FencedWrite {
+                resource: self.name.clone(),
+                token,
+                seq,
+            },
+        );
+        accepted
+    }
+}
+
 /// What a passing fenced-lock check covered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencedStats {

@@ -6,59 +6,14 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use client_sdk::{Client, ClientConfig, Lock};
 use common::*;
-use ops::checkers::{check_fenced_lock, read_history, write_history, Event, Kind, Op};
-
-/// The protected resource: accepts a write only with a token at least the highest it has
-/// accepted, and records the order of acceptance.
-#[derive(Default)]
-struct Resource {
-    highest: u64,
-    seq: u64,
-}
-
-struct Recorder {
-    start: Instant,
-    events: Mutex<Vec<Event>>,
-}
-
-impl Recorder {
-    fn log(&self, process: &str, kind: Kind, op: Op) {
-        let at_us = self.start.elapsed().as_micros() as u64;
-        self.events.lock().unwrap().push(Event {
-            at_us,
-            process: process.into(),
-            kind,
-            op,
-        });
-    }
-}
-
-fn fenced_write(rec: &Recorder, res: &Mutex<Resource>, who: &str, token: u64) -> bool {
-    let mut r = res.lock().unwrap();
-    let accepted = token >= r.highest;
-    let seq = if accepted {
-        r.highest = token;
-        r.seq += 1;
-        r.seq
-    } else {
-        0
-    };
-    rec.log(
-        who,
-        if accepted { Kind::Ok } else { Kind::Fail },
-        Op::FencedWrite {
-            resource: "r".into(),
-            token,
-            seq,
-        },
-    );
-    accepted
-}
+use ops::checkers::{
+    check_fenced_lock, read_history, write_history, FencedResource, Kind, Op, Recorder,
+};
 
 #[test]
 fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
@@ -71,11 +26,8 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
     let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
     let eps = endpoints.join(",");
     let ca = data.join("tls/ca.pem");
-    let rec = Arc::new(Recorder {
-        start: Instant::now(),
-        events: Mutex::new(Vec::new()),
-    });
-    let res = Arc::new(Mutex::new(Resource::default()));
+    let rec = Arc::new(Recorder::new());
+    let res = Arc::new(FencedResource::new("r"));
     let run = Duration::from_secs(22);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -152,11 +104,11 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
                         paused_once = true;
                         session.stop_keepalives();
                         tokio::time::sleep(Duration::from_secs(9)).await;
-                        fenced_write(&rec, &res, &who, token);
+                        res.write(&rec, &who, token);
                         continue;
                     }
                     for _ in 0..3 {
-                        if !g.may_act() || !fenced_write(&rec, &res, &who, token) {
+                        if !g.may_act() || !res.write(&rec, &who, token) {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -191,7 +143,7 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
                 .unwrap();
         }
     });
-    let events = rec.events.lock().unwrap().clone();
+    let events = rec.events();
     let path = dir.path().join("fenced-lock.jsonl");
     write_history(&mut std::fs::File::create(&path).unwrap(), &events).unwrap();
     let history = read_history(std::fs::File::open(&path).unwrap()).unwrap();

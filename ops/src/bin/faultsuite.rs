@@ -1,0 +1,214 @@
+//! `faultsuite`: the fault-injection suite on real replica processes in network
+//! namespaces. See `ops::suite` and docs/testing.md.
+//!
+//! ```text
+//! faultsuite --time 10m            # ten minutes of faults, a random seed
+//! faultsuite --time 60s --seed 7   # the nemesis schedule of seed 7 again
+//! ```
+//!
+//! Exit status: 0 when every checker passed, 1 when one found a violation (or the run
+//! broke), 77 when the suite cannot run here (not root, tools missing).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use ops::netns::{self, Hosts};
+use ops::suite::{self, Fault, Plan, Verdict};
+
+/// Run the lock service's fault suite: five replica processes in network namespaces, a
+/// seeded nemesis, fenced-lock / register / session / watch workloads and their checkers.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// How long to inject faults (e.g. 90s, 10m, 1h).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    time: Duration,
+    /// Seed of the nemesis' schedule and the workloads' choices (default: from the clock;
+    /// printed, so a run can be repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Where histories, logs and verdict.json go (default: target/faultsuite/seed-<seed>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The cell's session lease in milliseconds.
+    #[arg(long, default_value_t = 6_000, value_parser = clap::value_parser!(u64).range(2_000..=60_000))]
+    lease_ms: u64,
+    /// Clock rate skew of hosts 4 and 5 under libfaketime (0.02: 2 % fast and 2 % slow);
+    /// 0 turns it off. Turned off with a warning when `faketime` is not installed.
+    #[arg(long, default_value_t = 0.02)]
+    skew: f64,
+    /// The faults to draw from (comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<Fault>,
+    #[command(subcommand)]
+    command: Option<Hidden>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Hidden {
+    /// (internal) The clients and the nemesis, run inside the client host.
+    #[command(hide = true)]
+    Inside {
+        #[arg(long)]
+        prefix: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// (internal) One replica.
+    #[command(hide = true)]
+    Replica {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Some(Hidden::Replica { config }) => replica::config::ReplicaConfig::load(Some(config))
+            .and_then(replica::server::run_until_signal)
+            .map(|_| ExitCode::SUCCESS),
+        Some(Hidden::Inside { prefix, out }) => inside(prefix, out),
+        None => outer(cli),
+    };
+    r.unwrap_or_else(|e| {
+        eprintln!("faultsuite: error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn inside(prefix: &str, out: &Path) -> anyhow::Result<ExitCode> {
+    let plan: Plan = serde_json::from_slice(&std::fs::read(out.join("plan.json"))?)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let v = rt.block_on(suite::run_inside(plan, prefix, out))?;
+    Ok(if v.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(reason) = netns::unavailable() {
+        eprintln!("faultsuite: skipped: {reason}");
+        return Ok(ExitCode::from(77));
+    }
+    let seed = cli.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64 % 1_000_000)
+            .unwrap_or(1)
+    });
+    let mut skew = cli.skew;
+    anyhow::ensure!((0.0..0.5).contains(&skew), "--skew must be in [0, 0.5)");
+    if skew > 0.0
+        && std::process::Command::new("faketime")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("faultsuite: `faketime` not found (apt-get install -y faketime): no clock skew");
+        skew = 0.0;
+    }
+    let plan = Plan {
+        time: cli.time,
+        seed,
+        lease_ms: cli.lease_ms,
+        skew,
+        faults: if cli.faults.is_empty() {
+            Fault::ALL.to_vec()
+        } else {
+            cli.faults.clone()
+        },
+    };
+    let out = cli
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("target/faultsuite/seed-{seed}")));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let out = std::fs::canonicalize(&out)?;
+    wire::tls::DevCa::generate()
+        .map_err(anyhow::Error::msg)?
+        .write_to(&out.join("tls"))?;
+    std::fs::write(out.join("plan.json"), serde_json::to_vec_pretty(&plan)?)?;
+    eprintln!(
+        "faultsuite: seed {seed}, {} of faults ({:?}), lease {} ms, clock skew ±{:.0} %; \
+         output in {}",
+        humantime::format_duration(plan.time),
+        plan.faults,
+        plan.lease_ms,
+        skew * 100.0,
+        out.display()
+    );
+    let prefix = format!("fs{}", std::process::id());
+    let hosts = Hosts::up(&prefix, suite::CLIENT_HOST).map_err(anyhow::Error::msg)?;
+    let mut child = hosts
+        .command(suite::CLIENT_HOST, std::env::current_exe()?)
+        .args(["inside", "--prefix", &prefix, "--out"])
+        .arg(&out)
+        .spawn()?;
+    let limit = Instant::now() + plan.time + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break Some(s);
+        }
+        if Instant::now() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(hosts);
+    let verdict: Option<Verdict> = std::fs::read(out.join("verdict.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(v) = verdict else {
+        eprintln!(
+            "faultsuite: the run broke ({}); no verdict. Replay: faultsuite --seed {seed} --time {}",
+            status.map_or("timed out".to_string(), |s| s.to_string()),
+            humantime::format_duration(plan.time)
+        );
+        return Ok(ExitCode::FAILURE);
+    };
+    println!(
+        "faultsuite: seed {seed}: {} faults; {} grants, {} fenced writes accepted, {} refused as \
+         stale; {} register ops linearizable; {} sessions kept, {} abandoned; {} watches checked",
+        v.faults.len(),
+        v.grants,
+        v.fenced_accepted,
+        v.fenced_refused,
+        v.register_ops,
+        v.sessions_kept,
+        v.sessions_abandoned,
+        v.watches_checked
+    );
+    if v.passed() {
+        println!("faultsuite: PASS (seed {seed})");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for x in &v.violations {
+            println!("faultsuite: VIOLATION {x}");
+        }
+        println!(
+            "faultsuite: FAIL (seed {seed}); histories in {}; replay the schedule with \
+             `faultsuite --seed {seed} --time {}`",
+            out.display(),
+            humantime::format_duration(plan.time)
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
