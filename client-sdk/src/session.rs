@@ -165,7 +165,7 @@ impl Session {
             }),
             request_done: tokio::sync::Notify::new(),
             state_tx,
-            local_deadline: Mutex::new(sent + lease),
+            local_deadline: Mutex::new(sent + wire::local_lease(lease)),
             keepalives_stopped: AtomicBool::new(false),
             events: broadcast::channel(64).0,
             watches: Registry::default(),
@@ -221,7 +221,10 @@ impl Session {
         self.inner.watches.len()
     }
 
-    /// When the local lease runs out unless renewed.
+    /// When the local lease runs out unless renewed: the cell's lease counted from when
+    /// the last acknowledged KeepAlive was sent, shortened by
+    /// [`wire::CLOCK_DRIFT_PERMILLE_MAX`] so it ends before the leader's even if the
+    /// leader's clock runs fast.
     pub fn local_deadline(&self) -> Instant {
         *self.inner.local_deadline.lock().expect("deadline lock")
     }
@@ -626,8 +629,9 @@ async fn keepalive_loop(inner: Arc<Inner>) {
                 }
                 let now = Instant::now();
                 *inner.last_keepalive.lock().expect("keepalive lock") = Some((now, now - sent));
+                // Shortened for clock drift: it ends before the leader's lease does.
                 *inner.local_deadline.lock().expect("deadline lock") =
-                    sent + Duration::from_millis(session_lease_ms);
+                    sent + wire::local_lease(Duration::from_millis(session_lease_ms));
                 inner.set_state(SessionState::Healthy);
                 next = sent + interval;
             }

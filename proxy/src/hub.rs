@@ -260,14 +260,15 @@ impl Hub {
     /// The proxy's own session was renewed by a batch sent at `sent`.
     pub fn set_own_renewed(&self, sent: Instant) {
         let mut d = self.own_deadline.lock().expect("own deadline");
-        let new = sent + self.lease();
+        let new = sent + wire::local_lease(self.lease());
         *d = Some(d.map_or(new, |old| old.max(new)));
     }
 
     /// The proxy opened a new session with a request sent at `sent` (`None`: it has no
     /// session now).
     pub fn set_own_session(&self, sent: Option<Instant>) {
-        *self.own_deadline.lock().expect("own deadline") = sent.map(|t| t + self.lease());
+        *self.own_deadline.lock().expect("own deadline") =
+            sent.map(|t| t + wire::local_lease(self.lease()));
     }
 
     /// Marks the upstream stream usable (after a reset and re-arm) or not.

@@ -370,6 +370,23 @@ fn jeopardy_then_safe_then_expired() {
         cell.wait_leader(&client, Duration::from_secs(20), None)
             .await;
         let s = client.open_session().await.unwrap();
+        let opened = Instant::now();
+        // The local lease is the cell's shortened for clock drift, counted from the send:
+        // it ends before the leader's even if the leader's clock runs 2.5 % fast.
+        let lease = Duration::from_millis(3_000);
+        assert!(s.local_deadline() <= opened + wire::local_lease(lease));
+        let renewed_by = Instant::now() + Duration::from_secs(5);
+        loop {
+            let before = s.local_deadline();
+            if let Some((at, rtt)) = s.last_keepalive() {
+                if s.local_deadline() == before {
+                    assert_eq!(before, at - rtt + wire::local_lease(lease));
+                    break;
+                }
+            }
+            assert!(Instant::now() < renewed_by, "no KeepAlive in 5 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let mut events = s.events();
         // Cut the client off: every replica down for ~4.5 s (> 3 s lease, < 3 + 6 s).
         for id in 1..=5 {

@@ -49,3 +49,31 @@ pub const INVALIDATION_RESEND_MS: u64 = 1_000;
 /// first; the rest come with later KeepAlives). With paths of at most
 /// [`PATH_BYTES_MAX`], the reply stays far below [`CLIENT_FRAME_BYTES_MAX`].
 pub const KEEPALIVE_UNACKED_MAX: usize = 64;
+
+/// How much faster, at most, a replica's clock may run than a client's, in parts per
+/// thousand. A client (or proxy) counts its local lease as the cell's lease shortened by
+/// this share ([`local_lease`]), so it stops trusting its lease and its cache before the
+/// leader can expire the session even when the leader's clock runs that much fast
+/// (Chubby's conservative client lease). 25 ‰ is 300 ms of a 12 s lease.
+pub const CLOCK_DRIFT_PERMILLE_MAX: u32 = 25;
+
+/// The lease a client may count on locally for a lease of `lease` at the cell: shortened
+/// by [`CLOCK_DRIFT_PERMILLE_MAX`].
+pub fn local_lease(lease: std::time::Duration) -> std::time::Duration {
+    lease * (1_000 - CLOCK_DRIFT_PERMILLE_MAX) / 1_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn local_lease_ends_before_the_cells_even_on_a_fast_cell_clock() {
+        let lease = Duration::from_secs(12);
+        assert_eq!(local_lease(lease), Duration::from_millis(11_700));
+        // A cell clock 2.5 % fast ends the lease after 12 s / 1.025 of real time.
+        let cell_real = lease.as_secs_f64() / 1.025;
+        assert!(local_lease(lease).as_secs_f64() <= cell_real + 1e-9);
+    }
+}
