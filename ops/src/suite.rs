@@ -73,7 +73,7 @@ pub enum Fault {
     OneWay,
     /// Drop 30 % of the packets arriving at a random replica.
     Loss,
-    /// Shape the leader's outgoing traffic to 256 kbit/s (tbf).
+    /// Shape the leader's outgoing traffic to 256 kbit/s (tbf) for a lease and a half.
     Slow,
     /// Replace a follower: remove it, wipe it, add it back under a new id as a learner,
     /// promote it.
@@ -105,7 +105,7 @@ pub struct Plan {
     /// Session lease of the cell, ms.
     pub lease_ms: u64,
     /// Clock rate skew for hosts 4 and 5 (e.g. 0.02: one runs 2 % fast, one 2 % slow);
-    /// 0 for none. Needs `faketime`.
+    /// 0 for none. Needs libfaketime (Debian package `faketime`).
     pub skew: f64,
     /// The faults to draw from.
     pub faults: Vec<Fault>,
@@ -159,6 +159,17 @@ impl Verdict {
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
     }
+}
+
+/// Where Debian's libfaketime (package `faketime`) keeps its thread-safe library.
+pub fn faketime_library() -> Option<&'static str> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
 }
 
 fn replica_addr(host: usize) -> String {
@@ -236,14 +247,14 @@ impl Cell {
             5 if self.plan.skew > 0.0 => Some(1.0 - self.plan.skew),
             _ => None,
         };
-        let mut cmd = match rate {
-            Some(r) => {
-                let mut c = self.hosts.command(host, "faketime");
-                c.args(["-f", &format!("+0 x{r:.3}")]).arg(&self.exe);
-                c
-            }
-            None => self.hosts.command(host, &self.exe),
-        };
+        let mut cmd = self.hosts.command(host, &self.exe);
+        if let (Some(r), Some(lib)) = (rate, faketime_library()) {
+            // libfaketime preloaded into the replica itself (not the `faketime` wrapper,
+            // which forks: signals to the wrapper would miss the replica).
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME", format!("+0 x{r:.3}"))
+                .env("FAKETIME_DONT_RESET", "1");
+        }
         cmd.arg("replica")
             .arg("--config")
             .arg(self.config_path(id))
@@ -776,6 +787,9 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
                 tokio::time::sleep(hold).await;
             }
             (Fault::Slow, Some(l)) => {
+                // Held longer than a lease: a degraded link at the leader must not cost
+                // the clients that keep renewing their sessions.
+                let hold = run.lease * 3 / 2;
                 target = format!("host {} (256 kbit/s)", cell.slots[l].host);
                 error = cell.hosts.slow(cell.slots[l].host, 256).err();
                 tokio::time::sleep(hold).await;

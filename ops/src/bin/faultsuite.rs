@@ -36,7 +36,7 @@ struct Cli {
     #[arg(long, default_value_t = 6_000, value_parser = clap::value_parser!(u64).range(2_000..=60_000))]
     lease_ms: u64,
     /// Clock rate skew of hosts 4 and 5 under libfaketime (0.02: 2 % fast and 2 % slow);
-    /// 0 turns it off. Turned off with a warning when `faketime` is not installed.
+    /// 0 turns it off. Turned off with a warning when libfaketime is not installed.
     #[arg(long, default_value_t = 0.02)]
     skew: f64,
     /// The faults to draw from (comma-separated; default: all).
@@ -113,13 +113,8 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
     });
     let mut skew = cli.skew;
     anyhow::ensure!((0.0..0.5).contains(&skew), "--skew must be in [0, 0.5)");
-    if skew > 0.0
-        && std::process::Command::new("faketime")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("faultsuite: `faketime` not found (apt-get install -y faketime): no clock skew");
+    if skew > 0.0 && suite::faketime_library().is_none() {
+        eprintln!("faultsuite: libfaketime not found (apt-get install -y faketime): no clock skew");
         skew = 0.0;
     }
     let plan = Plan {
@@ -173,6 +168,10 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(200));
     };
     drop(hosts);
+    let stray = kill_strays(&out);
+    if stray > 0 {
+        eprintln!("faultsuite: killed {stray} replica processes left running");
+    }
     let verdict: Option<Verdict> = std::fs::read(out.join("verdict.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -211,4 +210,29 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// Kills any process still running a replica of this run (its command line names a config
+/// under `out`); returns how many. The client host stops its replicas itself; this is the
+/// safety net for a client host that crashed or was killed.
+fn kill_strays(out: &Path) -> usize {
+    let needle = out.to_string_lossy().into_owned();
+    let mut n = 0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(" replica --config ") && cmdline.contains(&needle) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            n += 1;
+        }
+    }
+    n
 }
