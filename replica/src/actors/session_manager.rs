@@ -243,7 +243,7 @@ impl SessionManager {
     }
 
     fn checkpoint_done(&mut self, cp: &LeaseCheckpoint, ok: bool, ctx: &mut Context<Self>) {
-        let cleared = self.leases.checkpoint_done(cp, ok);
+        let cleared = self.leases.checkpoint_done(cp, ok, Instant::now());
         if !ok {
             for (_, (_, tx)) in self.take_waiters(&cp.renewed) {
                 let _ = tx.send(Err(Error::Unavailable {

@@ -347,14 +347,16 @@ impl StateMachine {
                 s.silent_ms.get_or_insert(0);
             }
         }
-        for (id, ms) in &cp.silent {
-            if let Some(s) = self.sessions.get_mut(id) {
-                s.silent_ms = Some(*ms);
-            }
-        }
         for id in &cp.renewed {
             if let Some(s) = self.sessions.get_mut(id) {
                 s.silent_ms = None;
+            }
+        }
+        if cp.silent_add_ms > 0 {
+            for s in self.sessions.values_mut() {
+                if let Some(ms) = s.silent_ms.as_mut() {
+                    *ms = ms.saturating_add(cp.silent_add_ms);
+                }
             }
         }
     }

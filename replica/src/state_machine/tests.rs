@@ -427,19 +427,36 @@ fn lease_checkpoints() {
         ..Default::default()
     }));
     assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(0));
+    // Renewals clear first; the silence added applies to those still marked.
     let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
         mark_all: false,
-        silent: vec![(a, 5_000)],
         renewed: vec![b],
+        silent_add_ms: 5_000,
     }));
     assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
     assert_eq!(h.sm.session(b).unwrap().silent_ms, None);
+    let c = h.session();
+    let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
+        silent_add_ms: 1_500,
+        ..Default::default()
+    }));
+    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(6_500));
+    assert_eq!(
+        h.sm.session(b).unwrap().silent_ms,
+        None,
+        "renewed: unmarked"
+    );
+    assert_eq!(
+        h.sm.session(c).unwrap().silent_ms,
+        None,
+        "opened after the mark"
+    );
     // mark_all keeps accumulated silence.
     let _ = h.apply(Command::LeaseCheckpoint(LeaseCheckpoint {
         mark_all: true,
         ..Default::default()
     }));
-    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(5_000));
+    assert_eq!(h.sm.session(a).unwrap().silent_ms, Some(6_500));
 }
 
 // ---- Property tests against a model ----
@@ -618,6 +635,130 @@ proptest! {
             // Ephemerals belong to open sessions only.
             for n in h.sm.nodes.values() {
                 if let Some(owner) = n.ephemeral_owner { prop_assert!(open.contains(&owner)); }
+            }
+        }
+    }
+}
+
+// ---- Lease checkpoints: recorded silence is a lower bound of the truth ----
+
+#[derive(Debug, Clone)]
+enum LeaseAction {
+    /// Time passes (ms).
+    Advance(u64),
+    /// Session `i` sends a KeepAlive.
+    KeepAlive(usize),
+    /// The leader proposes its next checkpoint: it commits and the leader hears so
+    /// (`Commit`), it fails (`Lost`), or it commits although the leader heard a failure
+    /// (`CommittedButFailed`, a timeout on a slow commit).
+    Checkpoint(CheckpointFate),
+    /// A new leader takes over from the log.
+    Takeover,
+    /// A client opens a session.
+    Open,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum CheckpointFate {
+    Commit,
+    Lost,
+    CommittedButFailed,
+}
+
+fn lease_action() -> impl Strategy<Value = LeaseAction> {
+    prop_oneof![
+        4 => (0u64..2_500).prop_map(LeaseAction::Advance),
+        4 => (0usize..8).prop_map(LeaseAction::KeepAlive),
+        3 => prop_oneof![
+            Just(CheckpointFate::Commit),
+            Just(CheckpointFate::Lost),
+            Just(CheckpointFate::CommittedButFailed),
+        ]
+        .prop_map(LeaseAction::Checkpoint),
+        1 => Just(LeaseAction::Takeover),
+        1 => Just(LeaseAction::Open),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The real leader lease table driving the real state machine: whatever commits,
+    /// fails or commits unbeknownst, and however leaders change, no session's recorded
+    /// silence exceeds the time since the receipt of its last acknowledged renewal, so no
+    /// new leader gives a live session less lease than its client counts on.
+    #[test]
+    fn recorded_silence_never_exceeds_the_truth(
+        actions in proptest::collection::vec(lease_action(), 1..120)
+    ) {
+        use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
+        use std::time::{Duration, Instant};
+        let lease = Duration::from_secs(12);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut h = Harness::new();
+        let mut ids: Vec<u64> = (0..4).map(|_| h.session()).collect();
+        // When each session's last acknowledged renewal was received.
+        let mut acked: BTreeMap<u64, Instant> = ids.iter().map(|id| (*id, t0)).collect();
+        // KeepAlives waiting for a checkpoint: (session, received).
+        let mut waiting: Vec<(u64, Instant)> = Vec::new();
+        let mut leader = Leases::new(lease, Duration::from_secs(1));
+        let load = |h: &Harness| -> Vec<(u64, Option<u64>)> {
+            h.sm.sessions().map(|(id, s)| (id, s.silent_ms)).collect()
+        };
+        leader.become_leader(now, load(&h));
+        for a in actions {
+            match a {
+                LeaseAction::Advance(ms) => now += Duration::from_millis(ms),
+                LeaseAction::KeepAlive(i) => {
+                    let id = ids[i % ids.len()];
+                    match leader.keepalive(id, now) {
+                        KeepAliveStep::Renew => {
+                            if leader.renew(id, now, now) == Renewal::Renewed {
+                                acked.insert(id, now);
+                            }
+                        }
+                        KeepAliveStep::NeedsCheckpoint => waiting.push((id, now)),
+                        KeepAliveStep::Unknown | KeepAliveStep::Expired => {}
+                    }
+                }
+                LeaseAction::Checkpoint(fate) => {
+                    let Some(cp) = leader.next_checkpoint(now) else { continue };
+                    if !matches!(fate, CheckpointFate::Lost) {
+                        let _ = h.apply(Command::LeaseCheckpoint(cp.clone()));
+                    }
+                    let ok = matches!(fate, CheckpointFate::Commit);
+                    for id in leader.checkpoint_done(&cp, ok, now) {
+                        for (w, received) in waiting.iter().filter(|(w, _)| *w == id) {
+                            if leader.renew(*w, *received, now) == Renewal::Renewed {
+                                let a = acked.get_mut(w).unwrap();
+                                *a = (*a).max(*received);
+                            }
+                        }
+                        waiting.retain(|(w, _)| *w != id);
+                    }
+                }
+                LeaseAction::Takeover => {
+                    leader = Leases::new(lease, Duration::from_secs(1));
+                    leader.become_leader(now, load(&h));
+                    waiting.clear();
+                }
+                LeaseAction::Open => {
+                    let id = h.session();
+                    leader.opened(id, now);
+                    acked.insert(id, now);
+                    ids.push(id);
+                }
+            }
+            for (id, s) in h.sm.sessions() {
+                if let Some(ms) = s.silent_ms {
+                    let truth = now.duration_since(acked[&id]).as_millis() as u64;
+                    prop_assert!(
+                        ms <= truth,
+                        "session {id}: recorded silence {ms} ms > {truth} ms since its last \
+                         acknowledged renewal"
+                    );
+                }
             }
         }
     }
