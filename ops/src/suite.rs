@@ -73,6 +73,9 @@ pub enum Fault {
     OneWay,
     /// Drop 30 % of the packets arriving at a random replica.
     Loss,
+    /// Drop 30 % of the packets arriving at the clients' host (late invalidations and
+    /// watch events, retried KeepAlives).
+    ClientLoss,
     /// Shape the leader's outgoing traffic to 256 kbit/s (tbf) for a lease and a half.
     Slow,
     /// Replace a follower: remove it, wipe it, add it back under a new id as a learner,
@@ -82,7 +85,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::KillLeader,
         Fault::KillFollower,
         Fault::PauseLeader,
@@ -90,6 +93,7 @@ impl Fault {
         Fault::Split,
         Fault::OneWay,
         Fault::Loss,
+        Fault::ClientLoss,
         Fault::Slow,
         Fault::Member,
     ];
@@ -786,6 +790,11 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
                 error = cell.hosts.loss(cell.slots[i].host, 30).err();
                 tokio::time::sleep(hold).await;
             }
+            (Fault::ClientLoss, _) => {
+                target = format!("host {CLIENT_HOST} (30 %)");
+                error = cell.hosts.loss(CLIENT_HOST, 30).err();
+                tokio::time::sleep(hold).await;
+            }
             (Fault::Slow, Some(l)) => {
                 // Held longer than a lease: a degraded link at the leader must not cost
                 // the clients that keep renewing their sessions.
@@ -1019,7 +1028,16 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
     let mut tasks = Vec::new();
     // Each workload gets its own client (its own QUIC connections), as separate
     // processes would.
-    let new_client = || Client::connect(config.clone());
+    // Each client lists the replicas starting from a different one, as independently
+    // configured clients would: reads then reach followers first, and only a follower
+    // that refuses them (it does not lead) sends the client on to the leader.
+    let mut n_clients = 0usize;
+    let mut new_client = || {
+        let mut cfg = config.clone();
+        cfg.endpoints.rotate_left(n_clients % REPLICAS);
+        n_clients += 1;
+        Client::connect(cfg)
+    };
     for w in 0..3 {
         let c = new_client().await?;
         tasks.push(tokio::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
