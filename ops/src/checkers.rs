@@ -429,11 +429,67 @@ pub fn check_register(events: &[Event], max_ops_per_key: usize) -> Result<usize,
             ));
         }
         if !linearizable(ops) {
-            return Err(format!("{key}: no linearization of {ops:#?}"));
+            return Err(explain_non_linearizable(key, ops));
         }
         checked += ops.len();
     }
     Ok(checked)
+}
+
+/// Names the first operation whose completion made `ops` non-linearizable: the shortest
+/// prefix in time (operations completed later counted as still open) that has no
+/// linearization, found by bisection (a prefix that fails stays failing as it grows).
+fn explain_non_linearizable(key: &str, ops: &[RegOp]) -> String {
+    let cut = |t: u64| -> Vec<RegOp> {
+        ops.iter()
+            .filter(|o| o.invoked <= t)
+            .filter_map(|o| match o.done {
+                Some(d) if d <= t => Some(o.clone()),
+                // Still open at `t`: a read constrains nothing yet, a write may or may not
+                // have happened.
+                _ if matches!(o.op, Op::Read { .. }) => None,
+                _ if !o.ok => None,
+                _ => Some(RegOp {
+                    done: None,
+                    ..o.clone()
+                }),
+            })
+            .collect()
+    };
+    let mut times: Vec<u64> = ops.iter().filter_map(|o| o.done).collect();
+    times.sort_unstable();
+    times.dedup();
+    let (mut lo, mut hi) = (0usize, times.len().saturating_sub(1));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if linearizable(&cut(times[mid])) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let at = times.get(lo).copied().unwrap_or(0);
+    let culprit: Vec<&RegOp> = ops.iter().filter(|o| o.done == Some(at)).collect();
+    let since = culprit.iter().map(|o| o.invoked).min().unwrap_or(at);
+    let context: Vec<String> = ops
+        .iter()
+        .filter(|o| o.invoked <= at && o.done.is_none_or(|d| d + 1_000_000 >= since))
+        .map(|o| {
+            format!(
+                "  [{} .. {}] {}{:?}",
+                o.invoked,
+                o.done.map_or("?".into(), |d| d.to_string()),
+                if o.ok { "" } else { "failed " },
+                o.op
+            )
+        })
+        .collect();
+    let context = &context[context.len().saturating_sub(16)..];
+    format!(
+        "{key}: not linearizable from {at} µs on, when this completed: {culprit:?}; the \
+         operations around it (µs since the start):\n{}",
+        context.join("\n")
+    )
 }
 
 /// Applies `o` to `state`, or says it cannot happen there.
@@ -681,8 +737,12 @@ mod tests {
             (0, 10, "a", Kind::Ok, write("k", "1")),
             (20, 30, "a", Kind::Ok, write("k", "2")),
             (40, 50, "b", Kind::Ok, read("k", Some("1"))),
+            (60, 70, "b", Kind::Ok, read("k", Some("2"))),
         ]);
-        assert!(check_register(&h, 100).unwrap_err().starts_with("k:"));
+        let e = check_register(&h, 100).unwrap_err();
+        // The explanation names the stale read's completion as the first bad moment.
+        assert!(e.starts_with("k: not linearizable from 50 µs on"), "{e}");
+        assert!(e.contains("Some(\"1\")"), "{e}");
         // Two successful compare-and-sets from the same value.
         let h = hist(&[
             (0, 10, "a", Kind::Ok, write("k", "1")),

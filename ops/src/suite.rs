@@ -53,7 +53,7 @@ const PORT: u16 = 7100;
 const EPOCH: Duration = Duration::from_secs(10);
 const KEYS_PER_EPOCH: usize = 2;
 /// The register checker's bound on one key's operations.
-const MAX_OPS_PER_KEY: usize = 600;
+pub const MAX_OPS_PER_KEY: usize = 600;
 
 /// One kind of fault the nemesis injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

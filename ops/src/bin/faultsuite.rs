@@ -48,6 +48,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Hidden {
+    /// Check a recorded history again (history.jsonl of a run): fenced lock and register.
+    Check {
+        /// The history (JSON lines).
+        history: PathBuf,
+    },
     /// (internal) The clients and the nemesis, run inside the client host.
     #[command(hide = true)]
     Inside {
@@ -78,10 +83,39 @@ fn main() -> ExitCode {
             .and_then(replica::server::run_until_signal)
             .map(|_| ExitCode::SUCCESS),
         Some(Hidden::Inside { prefix, out }) => inside(prefix, out),
+        Some(Hidden::Check { history }) => check(history),
         None => outer(cli),
     };
     r.unwrap_or_else(|e| {
         eprintln!("faultsuite: error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn check(history: &Path) -> anyhow::Result<ExitCode> {
+    let events = ops::checkers::read_history(std::fs::File::open(history)?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", history.display()))?;
+    let mut ok = true;
+    match ops::checkers::check_fenced_lock(&events) {
+        Ok(s) => println!(
+            "fenced lock: ok ({} grants, {} writes accepted, {} refused)",
+            s.grants, s.accepted, s.refused
+        ),
+        Err(e) => {
+            ok = false;
+            println!("fenced lock: VIOLATION {e}");
+        }
+    }
+    match ops::checkers::check_register(&events, suite::MAX_OPS_PER_KEY) {
+        Ok(n) => println!("register: ok ({n} operations linearizable)"),
+        Err(e) => {
+            ok = false;
+            println!("register: VIOLATION {e}");
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
         ExitCode::FAILURE
     })
 }
