@@ -297,6 +297,12 @@ impl Client {
         &self.inner.cfg
     }
 
+    /// The local UDP address this client's QUIC endpoint is bound to (every connection of
+    /// the client uses it): for matching its traffic in captures and firewall rules.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.endpoint.local_addr()
+    }
+
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, Error> {
         let slot = self
             .inner

@@ -229,6 +229,43 @@ impl Hosts {
         )
     }
 
+    /// Host `i` drops `pct` % of the UDP packets arriving for the given local ports, at
+    /// random (one client process's bad link, say, while the host's others are fine).
+    pub fn loss_to_ports(&self, i: usize, ports: &[u16], pct: u8) -> Result<(), String> {
+        if ports.is_empty() {
+            return Ok(());
+        }
+        self.chaos_table(i)?;
+        let set = format!(
+            "{{ {} }}",
+            ports
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.nft(
+            i,
+            &[
+                "add",
+                "rule",
+                "inet",
+                "chaos",
+                "in",
+                "udp",
+                "dport",
+                &set,
+                "numgen",
+                "random",
+                "mod",
+                "100",
+                "<",
+                &pct.min(100).to_string(),
+                "drop",
+            ],
+        )
+    }
+
     /// Shapes host `i`'s outgoing traffic to `kbit` kbit/s (tbf; queued up to 2 s).
     pub fn slow(&self, i: usize, kbit: u32) -> Result<(), String> {
         run(Command::new("ip").args([

@@ -73,8 +73,9 @@ pub enum Fault {
     OneWay,
     /// Drop 30 % of the packets arriving at a random replica.
     Loss,
-    /// Drop 30 % of the packets arriving at the clients' host (late invalidations and
-    /// watch events, retried KeepAlives).
+    /// Drop 50 % of the packets arriving for two of the four register clients (their
+    /// invalidations and watch events arrive late, while the other two write freely):
+    /// a cached read must still never be stale.
     ClientLoss,
     /// Shape the leader's outgoing traffic to 256 kbit/s (tbf) for a lease and a half.
     Slow,
@@ -387,6 +388,8 @@ struct Run {
     lease: Duration,
     violations: Mutex<Vec<String>>,
     resource: FencedResource,
+    /// The local ports of the register clients that `client-loss` hits.
+    lossy_ports: Vec<u16>,
     abandoned: Mutex<usize>,
     watches_checked: Mutex<usize>,
 }
@@ -791,8 +794,9 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
                 tokio::time::sleep(hold).await;
             }
             (Fault::ClientLoss, _) => {
-                target = format!("host {CLIENT_HOST} (30 %)");
-                error = cell.hosts.loss(CLIENT_HOST, 30).err();
+                let ports = run.lossy_ports.clone();
+                target = format!("host {CLIENT_HOST} ports {ports:?} (50 %)");
+                error = cell.hosts.loss_to_ports(CLIENT_HOST, &ports, 50).err();
                 tokio::time::sleep(hold).await;
             }
             (Fault::Slow, Some(l)) => {
@@ -1015,22 +1019,10 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         }
     }
     let _ = setup.close().await;
-    let run = Arc::new(Run {
-        rec,
-        deadline: Instant::now() + plan.time,
-        lease: Duration::from_millis(plan.lease_ms),
-        violations: Mutex::new(Vec::new()),
-        resource: FencedResource::new("r"),
-        abandoned: Mutex::new(0),
-        watches_checked: Mutex::new(0),
-    });
-    let mut rng = StdRng::seed_from_u64(plan.seed);
-    let mut tasks = Vec::new();
     // Each workload gets its own client (its own QUIC connections), as separate
-    // processes would.
-    // Each client lists the replicas starting from a different one, as independently
-    // configured clients would: reads then reach followers first, and only a follower
-    // that refuses them (it does not lead) sends the client on to the leader.
+    // processes would. Each client lists the replicas starting from a different one, as
+    // independently configured clients would: reads then reach followers first, and only
+    // a follower that refuses them (it does not lead) sends the client on to the leader.
     let mut n_clients = 0usize;
     let mut new_client = || {
         let mut cfg = config.clone();
@@ -1038,12 +1030,31 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         n_clients += 1;
         Client::connect(cfg)
     };
+    let mut register_clients = Vec::new();
+    for _ in 0..4 {
+        register_clients.push(new_client().await?);
+    }
+    let lossy_ports = register_clients[..2]
+        .iter()
+        .map(|c| c.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<u16>>>()?;
+    let run = Arc::new(Run {
+        rec,
+        deadline: Instant::now() + plan.time,
+        lease: Duration::from_millis(plan.lease_ms),
+        violations: Mutex::new(Vec::new()),
+        resource: FencedResource::new("r"),
+        lossy_ports,
+        abandoned: Mutex::new(0),
+        watches_checked: Mutex::new(0),
+    });
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let mut tasks = Vec::new();
     for w in 0..3 {
         let c = new_client().await?;
         tasks.push(tokio::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
     }
-    for w in 0..4 {
-        let c = new_client().await?;
+    for (w, c) in register_clients.into_iter().enumerate() {
         tasks.push(tokio::spawn(register_worker(c, run.clone(), w, rng.gen())));
     }
     {
