@@ -230,7 +230,8 @@ impl Hosts {
     }
 
     /// Host `i` drops `pct` % of the UDP packets arriving for the given local ports, at
-    /// random (one client process's bad link, say, while the host's others are fine).
+    /// random, or all of them at 100 (one client process cut off, say, while the host's
+    /// others are fine).
     pub fn loss_to_ports(&self, i: usize, ports: &[u16], pct: u8) -> Result<(), String> {
         if ports.is_empty() {
             return Ok(());
@@ -244,26 +245,14 @@ impl Hosts {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        self.nft(
-            i,
-            &[
-                "add",
-                "rule",
-                "inet",
-                "chaos",
-                "in",
-                "udp",
-                "dport",
-                &set,
-                "numgen",
-                "random",
-                "mod",
-                "100",
-                "<",
-                &pct.min(100).to_string(),
-                "drop",
-            ],
-        )
+        let pct = pct.min(100).to_string();
+        let mut rule = vec!["add", "rule", "inet", "chaos", "in", "udp", "dport", &set];
+        if pct != "100" {
+            // (nftables refuses `< 100` for `mod 100`: all is simply no condition.)
+            rule.extend(["numgen", "random", "mod", "100", "<", &pct]);
+        }
+        rule.push("drop");
+        self.nft(i, &rule)
     }
 
     /// Shapes host `i`'s outgoing traffic to `kbit` kbit/s (tbf; queued up to 2 s).

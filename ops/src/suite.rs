@@ -73,10 +73,10 @@ pub enum Fault {
     OneWay,
     /// Drop 30 % of the packets arriving at a random replica.
     Loss,
-    /// Drop 50 % of the packets arriving for two of the four register clients (their
-    /// invalidations and watch events arrive late, while the other two write freely):
-    /// a cached read must still never be stale.
-    ClientLoss,
+    /// Drop every packet arriving for two of the four register clients (their
+    /// invalidations, watch events and KeepAlive replies stop, while the other two write
+    /// on): their cached reads must still never be stale.
+    ClientCut,
     /// Shape the leader's outgoing traffic to 256 kbit/s (tbf) for a lease and a half.
     Slow,
     /// Replace a follower: remove it, wipe it, add it back under a new id as a learner,
@@ -94,7 +94,7 @@ impl Fault {
         Fault::Split,
         Fault::OneWay,
         Fault::Loss,
-        Fault::ClientLoss,
+        Fault::ClientCut,
         Fault::Slow,
         Fault::Member,
     ];
@@ -388,7 +388,7 @@ struct Run {
     lease: Duration,
     violations: Mutex<Vec<String>>,
     resource: FencedResource,
-    /// The local ports of the register clients that `client-loss` hits.
+    /// The local ports of the register clients that `client-cut` hits.
     lossy_ports: Vec<u16>,
     abandoned: Mutex<usize>,
     watches_checked: Mutex<usize>,
@@ -793,10 +793,10 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
                 error = cell.hosts.loss(cell.slots[i].host, 30).err();
                 tokio::time::sleep(hold).await;
             }
-            (Fault::ClientLoss, _) => {
+            (Fault::ClientCut, _) => {
                 let ports = run.lossy_ports.clone();
-                target = format!("host {CLIENT_HOST} ports {ports:?} (50 %)");
-                error = cell.hosts.loss_to_ports(CLIENT_HOST, &ports, 50).err();
+                target = format!("host {CLIENT_HOST} ports {ports:?}");
+                error = cell.hosts.loss_to_ports(CLIENT_HOST, &ports, 100).err();
                 tokio::time::sleep(hold).await;
             }
             (Fault::Slow, Some(l)) => {
