@@ -12,8 +12,9 @@
 //!   token; one of them now and then stops renewing while it holds the lock, sleeps past
 //!   its lease and writes anyway. Checked by [`crate::checkers::check_fenced_lock`].
 //! - *register*: linearizable reads, cached reads, writes and compare-and-sets on a few
-//!   keys (fresh keys every epoch, so each key's history stays short enough to search).
-//!   Checked by [`crate::checkers::check_register`].
+//!   keys (fresh keys every epoch, so each key's history stays short enough to search),
+//!   and two cache readers that only read through their session caches. Checked by
+//!   [`crate::checkers::check_register`].
 //! - *sessions*: sessions that keep renewing hold an ephemeral each and must never expire;
 //!   sessions that stop renewing must take their ephemerals with them, on every replica.
 //! - *watches*: one watcher per register key re-reads after every event; once the key's
@@ -53,7 +54,7 @@ const PORT: u16 = 7100;
 const EPOCH: Duration = Duration::from_secs(10);
 const KEYS_PER_EPOCH: usize = 2;
 /// The register checker's bound on one key's operations.
-pub const MAX_OPS_PER_KEY: usize = 600;
+pub const MAX_OPS_PER_KEY: usize = 1_500;
 
 /// One kind of fault the nemesis injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -73,9 +74,9 @@ pub enum Fault {
     OneWay,
     /// Drop 30 % of the packets arriving at a random replica.
     Loss,
-    /// Drop every packet arriving for two of the four register clients (their
-    /// invalidations, watch events and KeepAlive replies stop, while the other two write
-    /// on): their cached reads must still never be stale.
+    /// Drop every packet arriving for the two cache readers (their invalidations and
+    /// KeepAlive replies stop while the register workers write on): what they serve from
+    /// their caches must still never be stale.
     ClientCut,
     /// Shape the leader's outgoing traffic to 256 kbit/s (tbf) for a lease and a half.
     Slow,
@@ -388,7 +389,7 @@ struct Run {
     lease: Duration,
     violations: Mutex<Vec<String>>,
     resource: FencedResource,
-    /// The local ports of the register clients that `client-cut` hits.
+    /// The local ports of the cache readers, which `client-cut` hits.
     lossy_ports: Vec<u16>,
     abandoned: Mutex<usize>,
     watches_checked: Mutex<usize>,
@@ -575,6 +576,39 @@ async fn register_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(20..80))).await;
+    }
+    let _ = session.close().await;
+}
+
+/// A cache reader: cached reads only, of the current epoch's keys, one every few
+/// milliseconds. Its hits never wait on the network, so while `client-cut` stops what
+/// arrives for it, it goes on serving what it cached, and the register checker sees
+/// whether a write completed meanwhile without waiting for this session.
+async fn cache_reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
+    let who = format!("cache-{i}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let Some(mut session) = open_session(&client, &run).await else {
+        return;
+    };
+    while Instant::now() < run.deadline {
+        if session.state() == SessionState::Expired {
+            match open_session(&client, &run).await {
+                Some(s) => session = s,
+                None => return,
+            }
+        }
+        let k = key(
+            run.epoch_of(Instant::now()),
+            rng.gen_range(0..KEYS_PER_EPOCH),
+        );
+        run.rec.log(&who, Kind::Invoke, read(&k, None));
+        match session.get_cached(&k).await {
+            Ok(v) => run
+                .rec
+                .log(&who, Kind::Ok, read(&k, v.map(|(data, _)| text(&data)))),
+            Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(15..45))).await;
     }
     let _ = session.close().await;
 }
@@ -1030,11 +1064,11 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         n_clients += 1;
         Client::connect(cfg)
     };
-    let mut register_clients = Vec::new();
-    for _ in 0..4 {
-        register_clients.push(new_client().await?);
+    let mut cache_clients = Vec::new();
+    for _ in 0..2 {
+        cache_clients.push(new_client().await?);
     }
-    let lossy_ports = register_clients[..2]
+    let lossy_ports = cache_clients
         .iter()
         .map(|c| c.local_addr().map(|a| a.port()))
         .collect::<std::io::Result<Vec<u16>>>()?;
@@ -1054,8 +1088,12 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         let c = new_client().await?;
         tasks.push(tokio::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
     }
-    for (w, c) in register_clients.into_iter().enumerate() {
+    for w in 0..4 {
+        let c = new_client().await?;
         tasks.push(tokio::spawn(register_worker(c, run.clone(), w, rng.gen())));
+    }
+    for (i, c) in cache_clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(cache_reader(c, run.clone(), i, rng.gen())));
     }
     {
         let c = new_client().await?;
