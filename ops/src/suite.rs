@@ -13,7 +13,8 @@
 //!   its lease and writes anyway. Checked by [`crate::checkers::check_fenced_lock`].
 //! - *register*: linearizable reads, cached reads, writes and compare-and-sets on a few
 //!   keys (fresh keys every epoch, so each key's history stays short enough to search),
-//!   and two cache readers that only read through their session caches. Checked by
+//!   two cache readers that only read through their session caches, and two readers that
+//!   only make linearizable reads (and so start at a follower). Checked by
 //!   [`crate::checkers::check_register`].
 //! - *sessions*: sessions that keep renewing hold an ephemeral each and must never expire;
 //!   sessions that stop renewing must take their ephemerals with them, on every replica.
@@ -613,6 +614,27 @@ async fn cache_reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
     let _ = session.close().await;
 }
 
+/// A reader: linearizable reads only, of the current epoch's keys. It never writes, so it
+/// never learns who leads from a write's redirect: its reads go to the first replica of
+/// its list (a follower, mostly), which must send it on to the leader rather than answer
+/// from its own, possibly stale, state.
+async fn reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
+    let who = format!("read-{i}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    while Instant::now() < run.deadline {
+        let k = key(
+            run.epoch_of(Instant::now()),
+            rng.gen_range(0..KEYS_PER_EPOCH),
+        );
+        run.rec.log(&who, Kind::Invoke, read(&k, None));
+        match client.get(&k).await {
+            Ok((v, _)) => run.rec.log(&who, Kind::Ok, read(&k, Some(text(&v)))),
+            Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..60))).await;
+    }
+}
+
 fn read(k: &str, value: Option<String>) -> Op {
     Op::Read {
         key: k.into(),
@@ -1094,6 +1116,10 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
     }
     for (i, c) in cache_clients.into_iter().enumerate() {
         tasks.push(tokio::spawn(cache_reader(c, run.clone(), i, rng.gen())));
+    }
+    for i in 0..2 {
+        let c = new_client().await?;
+        tasks.push(tokio::spawn(reader(c, run.clone(), i, rng.gen())));
     }
     {
         let c = new_client().await?;
