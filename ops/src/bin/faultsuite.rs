@@ -7,10 +7,13 @@
 //! ```
 //!
 //! Exit status: 0 when every checker passed, 1 when one found a violation (or the run
-//! broke), 77 when the suite cannot run here (not root, tools missing).
+//! broke), 77 when the suite cannot run here (not root, tools missing), 130 when
+//! interrupted (Ctrl-C, SIGTERM: the namespaces and replicas are cleaned up first).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
@@ -189,12 +192,19 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         .args(["inside", "--prefix", &prefix, "--out"])
         .arg(&out)
         .spawn()?;
+    // Ctrl-C or SIGTERM: stop the run, but still delete the namespaces and any replica
+    // left running, instead of leaving them behind.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let interrupted = interrupted.clone();
+        ctrlc::set_handler(move || interrupted.store(true, Ordering::SeqCst))?;
+    }
     let limit = Instant::now() + plan.time + Duration::from_secs(600);
     let status = loop {
         if let Some(s) = child.try_wait()? {
             break Some(s);
         }
-        if Instant::now() > limit {
+        if Instant::now() > limit || interrupted.load(Ordering::SeqCst) {
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -202,6 +212,15 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(200));
     };
     drop(hosts);
+    if interrupted.load(Ordering::SeqCst) {
+        let stray = kill_strays(&out);
+        eprintln!(
+            "faultsuite: interrupted; namespaces deleted, {stray} replica processes stopped; \
+             partial output in {}",
+            out.display()
+        );
+        return Ok(ExitCode::from(130));
+    }
     let stray = kill_strays(&out);
     if stray > 0 {
         eprintln!("faultsuite: killed {stray} replica processes left running");
