@@ -425,6 +425,21 @@ async fn open_session(client: &Client, run: &Run) -> Option<Session> {
     None
 }
 
+/// Replaces `session` with a new one if it expired; false if none could be opened before
+/// the deadline (the worker stops).
+async fn renew_if_expired(client: &Client, run: &Run, session: &mut Session) -> bool {
+    if session.state() != SessionState::Expired {
+        return true;
+    }
+    match open_session(client, run).await {
+        Some(s) => {
+            *session = s;
+            true
+        }
+        None => false,
+    }
+}
+
 /// A fenced-lock worker; worker 0 sometimes stops renewing while it holds the lock.
 async fn fenced_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
     let who = format!("lock-{w}");
@@ -439,11 +454,8 @@ async fn fenced_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
     };
     let mut grants = 0u64;
     while Instant::now() < run.deadline {
-        if session.state() == SessionState::Expired {
-            match open_session(&client, &run).await {
-                Some(s) => session = s,
-                None => return,
-            }
+        if !renew_if_expired(&client, &run, &mut session).await {
+            return;
         }
         run.rec.log(&who, Kind::Invoke, acq(None));
         let guard = match Lock::exclusive(&session, lock_path)
@@ -506,11 +518,8 @@ async fn register_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
     };
     let mut n = 0u64;
     while Instant::now() < run.deadline {
-        if session.state() == SessionState::Expired {
-            match open_session(&client, &run).await {
-                Some(s) => session = s,
-                None => return,
-            }
+        if !renew_if_expired(&client, &run, &mut session).await {
+            return;
         }
         let k = key(
             run.epoch_of(Instant::now()),
@@ -592,11 +601,8 @@ async fn cache_reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
         return;
     };
     while Instant::now() < run.deadline {
-        if session.state() == SessionState::Expired {
-            match open_session(&client, &run).await {
-                Some(s) => session = s,
-                None => return,
-            }
+        if !renew_if_expired(&client, &run, &mut session).await {
+            return;
         }
         let k = key(
             run.epoch_of(Instant::now()),
