@@ -280,6 +280,8 @@ impl Client {
                 }
             }
             Err(e) => {
+                let ids: Vec<SessionId> = batch.iter().map(|w| w.session).collect();
+                tracing::debug!(sessions = %wire::types::IdRanges(&ids), "KeepAliveBatch failed: {e}");
                 for w in batch {
                     let _ = w.tx.send(Err(e.clone()));
                 }

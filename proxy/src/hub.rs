@@ -311,28 +311,70 @@ impl Hub {
         lock(&self.t).clients.len()
     }
 
-    /// The invalidations relayed to `session` at least `age` ago that it has not
-    /// acknowledged, the oldest first, at most `max`: repeated in its KeepAlive reply.
+    /// The invalidations `session` has not acknowledged although they were relayed at
+    /// least `age` ago, the oldest first, at most `max` (for its KeepAlive reply).
     pub fn unacknowledged(
         &self,
         session: SessionId,
         age: Duration,
         max: usize,
     ) -> Vec<(u64, Vec<String>)> {
-        let t = lock(&self.t);
-        let mut out: Vec<(Instant, u64, Vec<String>)> = t
-            .pending
-            .iter()
-            .filter(|(_, p)| p.since.elapsed() >= age)
-            .filter_map(|(id, p)| {
-                p.waiting
-                    .get(&session)
-                    .map(|paths| (p.since, *id, paths.clone()))
+        self.unacknowledged_many(&[session], age, max)
+            .remove(&session)
+            .unwrap_or_default()
+    }
+
+    /// [`Hub::unacknowledged`] for many sessions in one pass over the pending
+    /// invalidations (sessions with none are left out). One pass, not one per session:
+    /// after a reset there is a pending invalidation per client, and a batch renews
+    /// thousands of them, so a pass per session held the table for seconds (every client
+    /// request waited, and the next KeepAlive batch went out seconds late).
+    pub fn unacknowledged_many(
+        &self,
+        sessions: &[SessionId],
+        age: Duration,
+        max: usize,
+    ) -> HashMap<SessionId, Vec<(u64, Vec<String>)>> {
+        let wanted: HashSet<SessionId> = sessions.iter().copied().collect();
+        let mut found: HashMap<SessionId, Vec<(Instant, u64, Vec<String>)>> = HashMap::new();
+        let now = Instant::now();
+        {
+            let t = lock(&self.t);
+            for (id, p) in t.pending.iter() {
+                if now.saturating_duration_since(p.since) < age {
+                    continue;
+                }
+                // Walk the smaller side: an invalidation of a popular node waits for
+                // thousands of clients, a batch may name a few.
+                if p.waiting.len() <= wanted.len() {
+                    for (s, paths) in &p.waiting {
+                        if wanted.contains(s) {
+                            found
+                                .entry(*s)
+                                .or_default()
+                                .push((p.since, *id, paths.clone()));
+                        }
+                    }
+                } else {
+                    for s in &wanted {
+                        if let Some(paths) = p.waiting.get(s) {
+                            found
+                                .entry(*s)
+                                .or_default()
+                                .push((p.since, *id, paths.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|(s, mut v)| {
+                v.sort();
+                v.truncate(max);
+                (s, v.into_iter().map(|(_, id, paths)| (id, paths)).collect())
             })
-            .collect();
-        out.sort();
-        out.truncate(max);
-        out.into_iter().map(|(_, id, paths)| (id, paths)).collect()
+            .collect()
     }
 
     /// Invalidations waiting for client acknowledgements, and the age of the oldest.
@@ -873,6 +915,45 @@ mod tests {
         // Done with it: a later repeat (our acknowledgement was lost) is acknowledged again.
         assert_eq!(hub.invalidate(99, 5, vec!["/c".into()]), Some((99, 5)));
         assert_eq!(hub.pending_invalidations().0, 0);
+    }
+
+    #[test]
+    fn overdue_invalidations_of_many_sessions_match_one_at_a_time() {
+        // Clients 1..=5 cache /pop; 1 and 2 also cache /a; 6 caches nothing.
+        let hub = ready_hub(&[1, 2, 3, 4, 5, 6]);
+        let read = |s: SessionId, p: &str| {
+            // The first reader fills the proxy's cache; later ones hit it (and hold it too).
+            if let Err(snap) = hub.cache_lookup(s, p) {
+                hub.cache_fill(s, p, snap, Some((b"v".to_vec(), stat())), 7, true);
+            }
+        };
+        for s in 1..=5 {
+            read(s, "/pop");
+        }
+        for s in [1, 2] {
+            read(s, "/a");
+        }
+        assert!(hub.invalidate(99, 5, vec!["/pop".into()]).is_none());
+        assert!(hub.invalidate(99, 6, vec!["/a".into()]).is_none());
+        // Fewer sessions asked than waiting (walks the batch) and more (walks the waiters).
+        for asked in [vec![2, 6], vec![1, 2, 3, 4, 5, 6, 7, 8]] {
+            let many = hub.unacknowledged_many(&asked, Duration::ZERO, 64);
+            for s in &asked {
+                let one = hub.unacknowledged(*s, Duration::ZERO, 64);
+                assert_eq!(many.get(s).cloned().unwrap_or_default(), one, "session {s}");
+            }
+            assert!(!many.contains_key(&6) && !many.contains_key(&7));
+        }
+        let two = hub.unacknowledged(2, Duration::ZERO, 64);
+        assert_eq!(two.len(), 2, "oldest first: /pop then /a");
+        assert_eq!(two[0].1, vec!["/pop".to_string()]);
+        assert_eq!(two[1].1, vec!["/a".to_string()]);
+        assert_eq!(hub.unacknowledged(2, Duration::ZERO, 1), two[..1].to_vec());
+        let three = hub.unacknowledged(3, Duration::ZERO, 64);
+        assert_eq!(three, vec![(two[0].0, vec!["/pop".to_string()])]);
+        assert!(hub
+            .unacknowledged_many(&[1, 2], Duration::from_secs(60), 64)
+            .is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
-use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId};
+use wire::types::{IdRanges, Op, ProxyStatus, Reply, Request, Response, SessionId};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::config::ProxyConfig;
@@ -308,6 +308,7 @@ impl Proxy {
         let results =
             futures::future::join_all(sessions.iter().map(|&s| self.up.keepalive(s, received)))
                 .await;
+        let ids = sessions.clone();
         let (mut renewed, mut expired, mut unknown, mut unacknowledged) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut lease_ms = self.hub.lease().as_millis() as u64;
@@ -334,6 +335,15 @@ impl Proxy {
                 }
             }
         }
+        tracing::debug!(
+            sessions = %IdRanges(&ids),
+            renewed = renewed.len(),
+            expired = expired.len(),
+            unknown = unknown.len(),
+            first_err = ?first_err,
+            ms = received.elapsed().as_millis() as u64,
+            "client KeepAliveBatch"
+        );
         if renewed.is_empty() && expired.is_empty() && unknown.is_empty() {
             if let Some(e) = first_err {
                 return Err(e);

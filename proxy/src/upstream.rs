@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use client_sdk::Client;
 use tokio::sync::oneshot;
-use wire::types::{Op, Reply, Request, Response, SessionId, WatchSpec};
+use wire::types::{IdRanges, Op, Reply, Request, Response, SessionId, WatchSpec};
 use wire::Error;
 
 use crate::hub::{Hub, UpstreamAck, WatchKey};
@@ -329,6 +329,15 @@ impl Upstream {
                 }
             }
         }
+        tracing::debug!(
+            sessions = %IdRanges(&sessions),
+            renewed = renewed_all.len(),
+            expired = expired_all.len(),
+            unknown = unknown_all.len(),
+            ok,
+            ms = sent.elapsed().as_millis() as u64,
+            "upstream KeepAliveBatch"
+        );
         if let Some(ms) = lease_ms {
             self.hub.set_lease_ms(ms);
         }
@@ -344,6 +353,12 @@ impl Upstream {
             .counters
             .keepalives_batched
             .fetch_add(renewed_all.len() as u64, Ordering::Relaxed);
+        // A client whose event stream missed an invalidation hears of it here.
+        let mut overdue = self.hub.unacknowledged_many(
+            &renewed_all,
+            Duration::from_millis(wire::INVALIDATION_RESEND_MS),
+            wire::KEEPALIVE_UNACKED_MAX,
+        );
         for s in renewed_all {
             if s == own {
                 self.hub.set_own_renewed(sent);
@@ -352,12 +367,7 @@ impl Upstream {
             if replies.is_empty() {
                 continue;
             }
-            // A client whose event stream missed an invalidation hears of it here.
-            let unacknowledged = self.hub.unacknowledged(
-                s,
-                Duration::from_millis(wire::INVALIDATION_RESEND_MS),
-                wire::KEEPALIVE_UNACKED_MAX,
-            );
+            let unacknowledged = overdue.remove(&s).unwrap_or_default();
             for w in replies.drain(..) {
                 self.hub.renewed(s, w.received);
                 let _ = w.tx.send(Ok(Reply::KeepAlive {

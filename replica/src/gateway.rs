@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use wire::command::Command;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
-use wire::types::{MemberInfo, Op, Reply, Request, Response, SessionId, Status, TxnOp};
+use wire::types::{IdRanges, MemberInfo, Op, Reply, Request, Response, SessionId, Status, TxnOp};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::cacher_list::{
@@ -696,21 +696,35 @@ impl Gateway {
         .await;
         let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut first_err = None;
+        let mut failed = Vec::new();
+        let ids = sessions.clone();
         for (session, r) in sessions.into_iter().zip(results) {
             match r {
                 Ok(Ok(_)) => renewed.push(session),
                 Ok(Err(Error::SessionExpired { .. })) => expired.push(session),
                 Ok(Err(Error::UnknownSession { .. })) => unknown.push(session),
                 Ok(Err(e)) => {
+                    failed.push(session);
                     first_err.get_or_insert(e);
                 }
                 Err(e) => {
+                    failed.push(session);
                     first_err.get_or_insert(Error::Internal {
                         reason: format!("session manager: {e}"),
                     });
                 }
             }
         }
+        tracing::debug!(
+            sessions = %IdRanges(&ids),
+            renewed = renewed.len(),
+            expired = %IdRanges(&expired),
+            unknown = %IdRanges(&unknown),
+            failed = %IdRanges(&failed),
+            first_err = ?first_err,
+            ms = received.elapsed().as_millis() as u64,
+            "KeepAliveBatch"
+        );
         if renewed.is_empty() && expired.is_empty() && unknown.is_empty() {
             if let Some(e) = first_err {
                 return Err(e);

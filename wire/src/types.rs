@@ -644,3 +644,48 @@ pub fn rewatch_chunks(specs: &[WatchSpec]) -> Vec<&[WatchSpec]> {
 
 /// One frame sent in answer to a [`Request`].
 pub type Response = Result<Reply, crate::Error>;
+
+/// Session ids written compactly for logs: sorted, runs of consecutive ids as `a-b`
+/// (`"3-5,9"`). A proxy's batch of thousands of sessions is mostly a few runs, because
+/// the SDK opens a process's sessions together and renews those due together.
+pub struct IdRanges<'a>(pub &'a [SessionId]);
+
+impl std::fmt::Display for IdRanges<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids = self.0.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut i = 0;
+        while i < ids.len() {
+            let mut j = i;
+            while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+                j += 1;
+            }
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if j == i {
+                write!(f, "{}", ids[i])?;
+            } else {
+                write!(f, "{}-{}", ids[i], ids[j])?;
+            }
+            i = j + 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod id_ranges_tests {
+    use super::IdRanges;
+
+    #[test]
+    fn runs_are_folded_and_order_is_ignored() {
+        assert_eq!(IdRanges(&[]).to_string(), "");
+        assert_eq!(IdRanges(&[7]).to_string(), "7");
+        assert_eq!(
+            IdRanges(&[9, 3, 4, 5, 5, 11, 12]).to_string(),
+            "3-5,9,11-12"
+        );
+    }
+}
