@@ -87,6 +87,47 @@ struct Inner {
     proxies: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
     /// KeepAlives waiting to be sent (see [`Client::keepalive`]).
     keepalives: tokio::sync::mpsc::UnboundedSender<KeepAliveWaiter>,
+    /// Invalidation acknowledgements waiting to be sent (see [`Client::ack_invalidation`]).
+    acks: tokio::sync::mpsc::UnboundedSender<PendingAck>,
+}
+
+/// Acknowledgements of this client's sessions that arrive within this window of the first
+/// one go out together, one `AckInvalidationsBatch` RPC per server.
+const ACK_COALESCE: Duration = Duration::from_millis(5);
+
+/// One invalidation to acknowledge to the server that sent it.
+struct PendingAck {
+    addr: SocketAddr,
+    session: SessionId,
+    id: u64,
+    /// Retried until then (a lease): the server has stopped waiting for us by then.
+    give_up: Instant,
+}
+
+/// Collects acknowledgements and sends them grouped by server; ends with the client.
+async fn ack_batcher(
+    client: std::sync::Weak<Inner>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<PendingAck>,
+) {
+    while let Some(first) = rx.recv().await {
+        tokio::time::sleep(ACK_COALESCE).await;
+        let mut by_addr: HashMap<SocketAddr, Vec<PendingAck>> = HashMap::new();
+        by_addr.entry(first.addr).or_default().push(first);
+        // Bounded by what is queued now (each batch at most KEEPALIVE_BATCH_MAX sessions
+        // is split below).
+        while let Ok(a) = rx.try_recv() {
+            by_addr.entry(a.addr).or_default().push(a);
+        }
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        for (addr, acks) in by_addr {
+            let client = Client {
+                inner: inner.clone(),
+            };
+            tokio::spawn(async move { client.send_acks(addr, acks).await });
+        }
+    }
 }
 
 /// KeepAlives of this client's sessions that fall due within this window of the first one
@@ -177,6 +218,7 @@ impl Client {
         .expect("addr");
         let endpoint = wire::quic::client_endpoint(tls, bind).map_err(conn_err)?;
         let (keepalives, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (acks, acks_rx) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             cfg,
             endpoint,
@@ -185,8 +227,10 @@ impl Client {
             leader: std::sync::Mutex::new(None),
             proxies: Default::default(),
             keepalives,
+            acks,
         });
         tokio::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
+        tokio::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
         Ok(Client { inner })
     }
 
@@ -207,6 +251,83 @@ impl Client {
         }
         rx.await
             .unwrap_or_else(|_| Err(conn_err("the KeepAlive batcher stopped")))
+    }
+
+    /// Acknowledges invalidation `id` of `session` to the server `addr` whose event stream
+    /// delivered it, and nowhere else: that server (the leader, or a proxy) is the one
+    /// holding a write until it hears from us; another one would ignore the id.
+    /// Acknowledgements queued together travel as one `AckInvalidationsBatch` per server;
+    /// each is retried until `give_up`.
+    pub(crate) fn ack_invalidation(
+        &self,
+        addr: SocketAddr,
+        session: SessionId,
+        id: u64,
+        give_up: Instant,
+    ) {
+        let _ = self.inner.acks.send(PendingAck {
+            addr,
+            session,
+            id,
+            give_up,
+        });
+    }
+
+    async fn send_acks(&self, addr: SocketAddr, mut acks: Vec<PendingAck>) {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            acks.retain(|a| Instant::now() < a.give_up);
+            if acks.is_empty() {
+                return;
+            }
+            let mut by_session: std::collections::BTreeMap<SessionId, Vec<u64>> =
+                Default::default();
+            for a in &acks {
+                by_session.entry(a.session).or_default().push(a.id);
+            }
+            let all: Vec<(SessionId, Vec<u64>)> = by_session.into_iter().collect();
+            let mut failed = false;
+            for chunk in all.chunks(wire::KEEPALIVE_BATCH_MAX) {
+                let req = if let [(session, ids)] = chunk {
+                    // One session: the plain form, which every server version knows.
+                    Request {
+                        session: *session,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::AckInvalidations { ids: ids.clone() },
+                    }
+                } else {
+                    Request {
+                        session: 0,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::AckInvalidationsBatch {
+                            acks: chunk.to_vec(),
+                        },
+                    }
+                };
+                match self.call_at(addr, &req).await {
+                    Ok(_) => {
+                        let done: std::collections::HashSet<SessionId> =
+                            chunk.iter().map(|(s, _)| *s).collect();
+                        acks.retain(|a| !done.contains(&a.session));
+                    }
+                    Err(e) if !e.is_retryable() => {
+                        tracing::debug!(%addr, "invalidation acks refused: {e}");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%addr, "invalidation acks failed, retrying: {e}");
+                        failed = true;
+                    }
+                }
+            }
+            if !failed {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
     }
 
     async fn send_keepalives(&self, mut batch: Vec<KeepAliveWaiter>) {

@@ -625,7 +625,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
                 // nodes, then acknowledge to the server that holds the write.
                 for (id, paths) in unacknowledged {
                     inner.cache.lock().expect("cache lock").invalidate(&paths);
-                    tokio::spawn(ack_invalidation(inner.clone(), addr, id));
+                    ack_invalidation(&inner, addr, id);
                 }
                 let now = Instant::now();
                 *inner.last_keepalive.lock().expect("keepalive lock") = Some((now, now - sent));
@@ -794,7 +794,7 @@ async fn event_loop(inner: Arc<Inner>) {
                 Ok(Ok(Reply::Invalidate { id, paths })) => {
                     // Drop first, then acknowledge: the write waits for the acknowledgement.
                     inner.cache.lock().expect("cache lock").invalidate(&paths);
-                    tokio::spawn(ack_invalidation(inner.clone(), addr, id));
+                    ack_invalidation(&inner, addr, id);
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
@@ -808,35 +808,14 @@ async fn event_loop(inner: Arc<Inner>) {
     }
 }
 
-/// Acknowledges invalidation `id` to the server whose event stream delivered it, and
-/// nowhere else: that server (the leader, or a proxy) is the one holding a write until it
-/// hears from us; another one would ignore the id. Retried for up to a lease: after that,
-/// the server has stopped waiting for us anyway unless we kept renewing through it, and
-/// then our event stream is there too and it sends what is unacknowledged again when the
-/// stream reconnects.
-async fn ack_invalidation(inner: Arc<Inner>, addr: std::net::SocketAddr, id: u64) {
-    let req = Request {
-        session: inner.id,
-        request_id: 0,
-        ack_below: 0,
-        op: Op::AckInvalidations { ids: vec![id] },
-    };
-    let give_up = Instant::now() + inner.lease;
-    let mut backoff = Duration::from_millis(20);
-    while Instant::now() < give_up && *inner.state_tx.borrow() != SessionState::Expired {
-        match inner.client.call_at(addr, &req).await {
-            Ok(_) => return,
-            Err(e) if !e.is_retryable() => {
-                tracing::debug!(session = inner.id, "invalidation ack refused: {e}");
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(session = inner.id, "invalidation ack failed, retrying: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-        }
-    }
+/// Acknowledges invalidation `id` to the server whose event stream delivered it (through
+/// the client's batcher). Retried for up to a lease: after that, the server has stopped
+/// waiting for us anyway unless we kept renewing through it, and then our event stream is
+/// there too and it sends what is unacknowledged again when the stream reconnects.
+fn ack_invalidation(inner: &Inner, addr: std::net::SocketAddr, id: u64) {
+    inner
+        .client
+        .ack_invalidation(addr, inner.id, id, Instant::now() + inner.lease);
 }
 
 /// Re-arms watches at the leader; those that fired in the gap are dispatched at once.

@@ -617,7 +617,38 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             }
             other => panic!("expected unknown sessions, got {other:?}"),
         }
+        // Batched invalidation acknowledgements: checked whole, at the proxy and the cell.
+        let acks = |acks: Vec<(u64, Vec<u64>)>| Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::AckInvalidationsBatch { acks },
+        };
         let raddr = cell.replicas[0].parse().unwrap();
+        for addr in [paddr, raddr] {
+            assert!(matches!(
+                via.call_at(addr, &acks(vec![(5, vec![1]), (0, vec![2])]))
+                    .await,
+                Err(Error::SessionRequired)
+            ));
+            assert!(matches!(
+                via.call_at(addr, &acks(vec![(5, vec![])])).await,
+                Err(Error::BadRequest { .. })
+            ));
+            let too_many = (1..=wire::KEEPALIVE_BATCH_MAX as u64 + 1)
+                .map(|s| (s, vec![1]))
+                .collect();
+            assert!(matches!(
+                via.call_at(addr, &acks(too_many)).await,
+                Err(Error::BadRequest { .. })
+            ));
+            // Ids nobody is waiting for (a late or repeated acknowledgement) change nothing.
+            assert!(matches!(
+                via.call_at(addr, &acks(vec![(999_999, vec![12_345])]))
+                    .await,
+                Ok(Reply::Acked)
+            ));
+        }
         let ps = Request {
             op: Op::ProxyStatus,
             ..status.clone()

@@ -187,7 +187,10 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
                 Ok(req)
                     if matches!(
                         req.op,
-                        Op::KeepAlive | Op::KeepAliveBatch { .. } | Op::AckInvalidations { .. }
+                        Op::KeepAlive
+                            | Op::KeepAliveBatch { .. }
+                            | Op::AckInvalidations { .. }
+                            | Op::AckInvalidationsBatch { .. }
                     ) =>
                 {
                     p.handle(req, received).await
@@ -258,6 +261,15 @@ impl Proxy {
             Op::AckInvalidations { ids } => {
                 let acks = self.hub.ack(req.session, &ids);
                 self.up.send_acks(acks);
+                Ok(Reply::Acked)
+            }
+            Op::AckInvalidationsBatch { acks } => {
+                path::validate_ack_batch(&acks)?;
+                let mut owed = Vec::new();
+                for (session, ids) in acks {
+                    owed.extend(self.hub.ack(session, &ids));
+                }
+                self.up.send_acks(owed);
                 Ok(Reply::Acked)
             }
             Op::Get { watch: true, .. }

@@ -619,6 +619,13 @@ impl Gateway {
                 });
                 Ok(Reply::Acked)
             }
+            Op::AckInvalidationsBatch { acks } => {
+                path::validate_ack_batch(&acks)?;
+                for (session, ids) in acks {
+                    self.cachers.do_send(Ack { session, ids });
+                }
+                Ok(Reply::Acked)
+            }
             Op::AddLearner { id, addr } => {
                 if addr.parse::<std::net::SocketAddr>().is_err() {
                     return Err(Error::BadRequest {

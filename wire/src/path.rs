@@ -47,6 +47,28 @@ pub fn validate(path: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks an `AckInvalidationsBatch` request: at most [`KEEPALIVE_BATCH_MAX`] sessions,
+/// none of them 0 (`SessionRequired`) and each with at least one id.
+pub fn validate_ack_batch(acks: &[(SessionId, Vec<u64>)]) -> Result<(), Error> {
+    if acks.len() > KEEPALIVE_BATCH_MAX {
+        return Err(Error::BadRequest {
+            reason: format!(
+                "{} sessions exceed the batch maximum of {KEEPALIVE_BATCH_MAX}",
+                acks.len()
+            ),
+        });
+    }
+    if acks.iter().any(|(s, _)| *s == 0) {
+        return Err(Error::SessionRequired);
+    }
+    if let Some((s, _)) = acks.iter().find(|(_, ids)| ids.is_empty()) {
+        return Err(Error::BadRequest {
+            reason: format!("session {s} acknowledges no invalidation"),
+        });
+    }
+    Ok(())
+}
+
 /// Checks a `KeepAliveBatch` request: at most [`KEEPALIVE_BATCH_MAX`] sessions, none of
 /// them 0.
 pub fn validate_keepalive_batch(sessions: &[SessionId]) -> Result<(), Error> {
@@ -179,6 +201,23 @@ fn truncate(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ack_batches_are_bounded_and_name_real_sessions() {
+        assert!(validate_ack_batch(&[]).is_ok());
+        assert!(validate_ack_batch(&[(3, vec![1, 2]), (4, vec![9])]).is_ok());
+        assert!(matches!(
+            validate_ack_batch(&[(3, vec![1]), (0, vec![1])]),
+            Err(Error::SessionRequired)
+        ));
+        let err = validate_ack_batch(&[(3, vec![1]), (5, vec![])]).unwrap_err();
+        assert!(err.to_string().contains("session 5"), "{err}");
+        let too_many: Vec<(SessionId, Vec<u64>)> = (1..=KEEPALIVE_BATCH_MAX as u64 + 1)
+            .map(|s| (s, vec![1]))
+            .collect();
+        let err = validate_ack_batch(&too_many).unwrap_err().to_string();
+        assert!(err.contains("batch maximum"), "{err}");
+    }
 
     #[test]
     fn accepts_and_rejects() {

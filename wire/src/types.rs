@@ -354,6 +354,15 @@ pub enum Op {
         /// The node's full path.
         path: String,
     },
+    /// [`Op::AckInvalidations`] for several sessions at once, each with its own ids: what
+    /// the SDK sends for the sessions of one client whose acknowledgements fall due
+    /// together (a fail-over flushes every session's cache at once; one RPC per session
+    /// made the flush take seconds). The request's own `session` is ignored; at most
+    /// [`crate::KEEPALIVE_BATCH_MAX`] sessions. Reply: [`Reply::Acked`].
+    AckInvalidationsBatch {
+        /// Each session with the invalidation ids it acknowledges.
+        acks: Vec<(SessionId, Vec<u64>)>,
+    },
 }
 
 impl Op {
@@ -383,6 +392,7 @@ impl Op {
             Op::Predecessor { .. } => "Predecessor",
             Op::CachedGet { .. } => "CachedGet",
             Op::AckInvalidations { .. } => "AckInvalidations",
+            Op::AckInvalidationsBatch { .. } => "AckInvalidationsBatch",
         }
     }
 
