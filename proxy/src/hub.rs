@@ -96,6 +96,12 @@ struct Tables {
     cache: HashMap<String, Entry>,
     holders: HashMap<String, HashSet<SessionId>>,
     pending: HashMap<u64, Pending>,
+    /// The index of `pending[..].waiting` by client: after a reset there is a pending
+    /// invalidation per client, and what one client is owed must not be found by walking
+    /// them all (that held the tables for seconds once per client).
+    waiting_on: HashMap<SessionId, HashSet<u64>>,
+    /// Pending invalidations by the upstream invalidation they relay.
+    by_upstream: HashMap<UpstreamAck, u64>,
     next_id: u64,
     next_stream: u64,
     /// Bumped on every reset of the upstream session or stream.
@@ -177,21 +183,71 @@ impl Tables {
         }
     }
 
-    /// Removes `session` from every pending invalidation; returns the upstream acks owed.
-    fn stop_waiting_for(&mut self, session: SessionId) -> Vec<UpstreamAck> {
-        let mut done = Vec::new();
-        for (id, p) in self.pending.iter_mut() {
-            if p.waiting.remove(&session).is_some() && p.waiting.is_empty() {
-                done.push(*id);
+    /// Records a pending invalidation (and indexes it).
+    fn add_pending(&mut self, id: u64, p: Pending) {
+        for s in p.waiting.keys() {
+            self.waiting_on.entry(*s).or_default().insert(id);
+        }
+        if let Some(u) = p.upstream {
+            self.by_upstream.insert(u, id);
+        }
+        self.pending.insert(id, p);
+    }
+
+    fn unindex(&mut self, session: SessionId, id: u64) {
+        if let Some(ids) = self.waiting_on.get_mut(&session) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.waiting_on.remove(&session);
             }
         }
+    }
+
+    /// Invalidation `id` stops waiting for `session`; true if it waits for nobody now.
+    fn stop_waiting(&mut self, id: u64, session: SessionId) -> bool {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return false;
+        };
+        if p.waiting.remove(&session).is_none() {
+            return false;
+        }
+        let done = p.waiting.is_empty();
+        self.unindex(session, id);
+        done
+    }
+
+    /// Removes `session` from every pending invalidation; returns the upstream acks owed.
+    fn stop_waiting_for(&mut self, session: SessionId) -> Vec<UpstreamAck> {
+        let ids: Vec<u64> = self
+            .waiting_on
+            .get(&session)
+            .map(|ids| ids.iter().copied().collect())
+            .unwrap_or_default();
+        let done = ids
+            .into_iter()
+            .filter(|id| self.stop_waiting(*id, session))
+            .collect();
         self.finish(done)
     }
 
+    /// Drops the pending invalidations `ids` (done); returns their upstream acks.
     fn finish(&mut self, ids: Vec<u64>) -> Vec<UpstreamAck> {
-        ids.into_iter()
-            .filter_map(|id| self.pending.remove(&id).and_then(|p| p.upstream))
-            .collect()
+        let mut acks = Vec::new();
+        for id in ids {
+            let Some(p) = self.pending.remove(&id) else {
+                continue;
+            };
+            for s in p.waiting.keys() {
+                self.unindex(*s, id);
+            }
+            if let Some(u) = p.upstream {
+                if self.by_upstream.get(&u) == Some(&id) {
+                    self.by_upstream.remove(&u);
+                }
+                acks.push(u);
+            }
+        }
+        acks
     }
 
     fn forget_holder(&mut self, session: SessionId) {
@@ -335,34 +391,23 @@ impl Hub {
         age: Duration,
         max: usize,
     ) -> HashMap<SessionId, Vec<(u64, Vec<String>)>> {
-        let wanted: HashSet<SessionId> = sessions.iter().copied().collect();
         let mut found: HashMap<SessionId, Vec<(Instant, u64, Vec<String>)>> = HashMap::new();
         let now = Instant::now();
         {
             let t = lock(&self.t);
-            for (id, p) in t.pending.iter() {
-                if now.saturating_duration_since(p.since) < age {
-                    continue;
-                }
-                // Walk the smaller side: an invalidation of a popular node waits for
-                // thousands of clients, a batch may name a few.
-                if p.waiting.len() <= wanted.len() {
-                    for (s, paths) in &p.waiting {
-                        if wanted.contains(s) {
-                            found
-                                .entry(*s)
-                                .or_default()
-                                .push((p.since, *id, paths.clone()));
-                        }
+            for s in sessions {
+                for id in t.waiting_on.get(s).into_iter().flatten() {
+                    let Some(p) = t.pending.get(id) else {
+                        continue;
+                    };
+                    if now.saturating_duration_since(p.since) < age {
+                        continue;
                     }
-                } else {
-                    for s in &wanted {
-                        if let Some(paths) = p.waiting.get(s) {
-                            found
-                                .entry(*s)
-                                .or_default()
-                                .push((p.since, *id, paths.clone()));
-                        }
+                    if let Some(paths) = p.waiting.get(s) {
+                        found
+                            .entry(*s)
+                            .or_default()
+                            .push((p.since, *id, paths.clone()));
                     }
                 }
             }
@@ -417,9 +462,14 @@ impl Hub {
         t.next_stream += 1;
         let id = t.next_stream;
         let mut resend: Vec<(u64, Vec<String>)> = t
-            .pending
-            .iter()
-            .filter_map(|(pid, p)| p.waiting.get(&session).map(|paths| (*pid, paths.clone())))
+            .waiting_on
+            .get(&session)
+            .into_iter()
+            .flatten()
+            .filter_map(|pid| {
+                let paths = t.pending.get(pid)?.waiting.get(&session)?;
+                Some((*pid, paths.clone()))
+            })
             .collect();
         resend.sort();
         let c = t.client(session, lease);
@@ -540,10 +590,7 @@ impl Hub {
         // Sent again (a KeepAlive reply repeats what is overdue): still being relayed, so
         // acknowledged upstream only when the clients are done. Treating it as new would
         // find no holders (they were taken the first time) and acknowledge at once.
-        if t.pending
-            .values()
-            .any(|p| p.upstream == Some((session, id)) && !p.waiting.is_empty())
-        {
+        if t.by_upstream.contains_key(&(session, id)) {
             return None;
         }
         let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::new();
@@ -567,7 +614,7 @@ impl Hub {
         }
         t.next_id += 1;
         let local = t.next_id;
-        t.pending.insert(
+        t.add_pending(
             local,
             Pending {
                 since: Instant::now(),
@@ -589,10 +636,8 @@ impl Hub {
         let mut t = lock(&self.t);
         let mut done = Vec::new();
         for id in ids {
-            if let Some(p) = t.pending.get_mut(id) {
-                if p.waiting.remove(&session).is_some() && p.waiting.is_empty() {
-                    done.push(*id);
-                }
+            if t.stop_waiting(*id, session) {
+                done.push(*id);
             }
         }
         t.finish(done)
@@ -619,7 +664,7 @@ impl Hub {
         for (s, paths) in holding {
             t.next_id += 1;
             let id = t.next_id;
-            t.pending.insert(
+            t.add_pending(
                 id,
                 Pending {
                     since: Instant::now(),
@@ -649,12 +694,21 @@ impl Hub {
         let mut done = Vec::new();
         let t = &mut *t;
         let clients = &t.clients;
+        let mut gone = Vec::new();
         for (id, p) in t.pending.iter_mut() {
-            p.waiting
-                .retain(|c, _| clients.get(c).is_some_and(|cs| cs.lease_until > now));
+            p.waiting.retain(|c, _| {
+                let live = clients.get(c).is_some_and(|cs| cs.lease_until > now);
+                if !live {
+                    gone.push((*c, *id));
+                }
+                live
+            });
             if p.waiting.is_empty() {
                 done.push(*id);
             }
+        }
+        for (c, id) in gone {
+            t.unindex(c, id);
         }
         let forget: Vec<SessionId> = t
             .clients
@@ -837,6 +891,120 @@ fn seq_touched<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Hub {
+        /// Panics unless the indexes of the pending invalidations match them.
+        fn assert_indexed(&self) {
+            let t = lock(&self.t);
+            let mut waiting_on: HashMap<SessionId, HashSet<u64>> = HashMap::new();
+            let mut by_upstream = HashMap::new();
+            for (id, p) in &t.pending {
+                assert!(!p.waiting.is_empty(), "pending {id} waits for nobody");
+                for s in p.waiting.keys() {
+                    waiting_on.entry(*s).or_default().insert(*id);
+                }
+                if let Some(u) = p.upstream {
+                    assert!(by_upstream.insert(u, *id).is_none(), "{u:?} relayed twice");
+                }
+            }
+            assert_eq!(t.waiting_on, waiting_on);
+            assert_eq!(t.by_upstream, by_upstream);
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Read(SessionId, u8),
+        Invalidate(u64, u8),
+        Ack(SessionId, u64),
+        AckOwed(SessionId),
+        Reset,
+        End(SessionId),
+        Renew(SessionId),
+        Attach(SessionId),
+        TickAll,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let c = 1..6u64;
+        prop_oneof![
+            4 => (c.clone(), 0..3u8).prop_map(|(s, p)| Step::Read(s, p)),
+            3 => (1..6u64, 0..3u8).prop_map(|(i, p)| Step::Invalidate(i, p)),
+            1 => (c.clone(), 1..12u64).prop_map(|(s, i)| Step::Ack(s, i)),
+            3 => c.clone().prop_map(Step::AckOwed),
+            1 => Just(Step::Reset),
+            1 => c.clone().prop_map(Step::End),
+            1 => c.clone().prop_map(Step::Renew),
+            1 => c.prop_map(Step::Attach),
+            1 => Just(Step::TickAll),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever clients read, acknowledge, end or let lapse, and whatever the leader
+        /// invalidates (repeats included) and however often the proxy resets, the
+        /// per-client index of pending invalidations stays exact, and what it answers for
+        /// KeepAlive replies and reattached streams is what a walk of them all finds.
+        #[test]
+        fn pending_index_matches_a_full_walk(steps in proptest::collection::vec(step(), 1..60)) {
+            let hub = ready_hub(&[1, 2, 3, 4, 5]);
+            for st in steps {
+                match st {
+                    Step::Read(c, p) => {
+                        let path = format!("/k{p}");
+                        if let Err(snap) = hub.cache_lookup(c, &path) {
+                            hub.cache_fill(c, &path, snap, Some((b"v".to_vec(), stat())), 7, true);
+                        }
+                    }
+                    Step::Invalidate(i, p) => {
+                        hub.invalidate(99, i, vec![format!("/k{p}")]);
+                    }
+                    Step::Ack(c, i) => {
+                        hub.ack(c, &[i]);
+                    }
+                    Step::AckOwed(c) => {
+                        let ids: Vec<u64> = hub
+                            .unacknowledged(c, Duration::ZERO, 64)
+                            .into_iter()
+                            .map(|(id, _)| id)
+                            .collect();
+                        hub.ack(c, &ids);
+                    }
+                    Step::Reset => {
+                        hub.reset();
+                        hub.set_ready(true);
+                    }
+                    Step::End(c) => {
+                        hub.session_ended(c);
+                    }
+                    Step::Renew(c) => hub.renewed(c, Instant::now()),
+                    Step::Attach(c) => {
+                        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                        hub.attach_stream(c, tx);
+                    }
+                    Step::TickAll => {
+                        hub.tick(Instant::now() + Duration::from_secs(3_600));
+                    }
+                }
+                hub.assert_indexed();
+                let all: Vec<SessionId> = (1..=6).collect();
+                let many = hub.unacknowledged_many(&all, Duration::ZERO, 64);
+                let t = lock(&hub.t);
+                for s in &all {
+                    let mut walk: Vec<(Instant, u64, Vec<String>)> = t
+                        .pending
+                        .iter()
+                        .filter_map(|(id, p)| p.waiting.get(s).map(|x| (p.since, *id, x.clone())))
+                        .collect();
+                    walk.sort();
+                    let walk: Vec<(u64, Vec<String>)> =
+                        walk.into_iter().map(|(_, id, x)| (id, x)).collect();
+                    proptest::prop_assert_eq!(many.get(s).cloned().unwrap_or_default(), walk);
+                }
+            }
+        }
+    }
 
     fn ev(path: &str, kind: WatchKind, index: u64) -> WatchEvent {
         WatchEvent {
