@@ -930,3 +930,143 @@ fn a_deaf_client_hears_of_the_invalidation_in_its_keepalive_reply() {
     });
     cell.stop();
 }
+
+/// A UDP relay on loopback between one client (the proxy) and `target` that drops every
+/// datagram both ways while `paused` is set: a slow link between a proxy and its leader,
+/// without touching the cell. Runs until the task is aborted.
+async fn pausable_relay(
+    listen: tokio::net::UdpSocket,
+    target: std::net::SocketAddr,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    let up = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    up.connect(target).await.unwrap();
+    let mut client = None;
+    let (mut a, mut b) = (vec![0u8; 65_536], vec![0u8; 65_536]);
+    loop {
+        tokio::select! {
+            r = listen.recv_from(&mut a) => {
+                let Ok((n, from)) = r else { return };
+                client = Some(from);
+                if !paused.load(Ordering::SeqCst) {
+                    let _ = up.send(&a[..n]).await;
+                }
+            }
+            r = up.recv(&mut b) => {
+                let Ok(n) = r else { return };
+                if let (Some(c), false) = (client, paused.load(Ordering::SeqCst)) {
+                    let _ = listen.send_to(&b[..n], c).await;
+                }
+            }
+        }
+    }
+}
+
+/// A KeepAlive that reaches the proxy while its batch to the leader is slow is still
+/// forwarded in the next batch, although the proxy's wait for it ran out first (the
+/// `profile --fault kill` run that lost 103 sessions: their clients' retries each timed
+/// out at the proxy just before the next batch started). One replica, reached by the
+/// proxy only through a relay that goes silent for 2.5 s; the proxy batches every 100 ms,
+/// so it waits 1.2 s for each KeepAlive. The session sends exactly one KeepAlive, during
+/// the silence, and must outlive its first lease.
+#[test]
+fn a_keepalive_is_forwarded_after_its_wait_ran_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cell");
+    let base = free_base(1);
+    let (dev, _) = start_dev_of(&data, base, 1, &["--no-demo"]);
+    let _dev = DevGuard(Some(dev));
+    let replica: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
+    let pport = free_base_from(base + 16, 1);
+    let paddr: std::net::SocketAddr = format!("127.0.0.1:{pport}").parse().unwrap();
+    let rt = rt();
+    let paused = Arc::new(AtomicBool::new(false));
+    let relay_sock = rt
+        .block_on(tokio::net::UdpSocket::bind("127.0.0.1:0"))
+        .unwrap();
+    let relay_addr = relay_sock.local_addr().unwrap();
+    let relay = rt.spawn(pausable_relay(relay_sock, replica, paused.clone()));
+    let tls = data.join("tls");
+    let cfg = dir.path().join("proxy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"{paddr}\"\nreplicas = [\"{relay_addr}\"]\nkeepalive_interval_ms = 100\n\
+             forward_timeout_ms = 5000\n\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            tls.join("ca.pem").display(),
+            tls.join("server.pem").display(),
+            tls.join("server.key").display()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+    let mut proxy = std::process::Command::new(LOCKCTL)
+        .args(["proxy", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "info,proxy::upstream=debug")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let outcome = rt.block_on(async {
+        let ca = tls.join("ca.pem");
+        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
+            .await
+            .unwrap();
+        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
+            .await
+            .unwrap();
+        let raw = |session, op| Request {
+            session,
+            request_id: 0,
+            ack_below: 0,
+            op,
+        };
+        // The proxy is up once it opens sessions for us.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let session = loop {
+            match via.call_at(paddr, &raw(0, Op::CreateSession)).await {
+                Ok(Reply::SessionCreated { session, .. }) => break session,
+                other => {
+                    assert!(Instant::now() < deadline, "proxy not serving: {other:?}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        let opened = Instant::now();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        paused.store(true, Ordering::SeqCst);
+        // A batch is in flight by now (one starts every 100 ms) and stuck; ours waits
+        // behind it, and the proxy stops waiting for it after 1.2 s.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let ka = {
+            let via = via.clone();
+            let req = raw(session, Op::KeepAlive);
+            tokio::spawn(async move { via.call_at(paddr, &req).await })
+        };
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        paused.store(false, Ordering::SeqCst);
+        println!("KeepAlive answer while the link was silent: {:?}", ka.await);
+        // Past the session's first lease (12 s from its opening) with margin, and before
+        // the one the forwarded KeepAlive gave it (12 s from the batch after the silence).
+        tokio::time::sleep_until((opened + Duration::from_millis(13_500)).into()).await;
+        direct
+            .call_at(replica, &raw(session, Op::CloseSession))
+            .await
+    });
+    relay.abort();
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    match outcome {
+        Ok(_) => {}
+        Err(e) => panic!(
+            "the session did not outlive its first lease ({e}): its one KeepAlive was not \
+             forwarded; proxy log:\n{}",
+            std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default()
+        ),
+    }
+}

@@ -264,14 +264,17 @@ impl Upstream {
     }
 
     async fn send_batch(self: &Arc<Self>) -> bool {
+        // Every KeepAlive received since the previous batch started goes in this one, also
+        // when its client has stopped waiting for the answer: the wait (two intervals and
+        // a second) can run out while a slow batch is in flight, and a client whose
+        // retries each arrived during one slow batch and timed out before the next
+        // started was never forwarded at all (103 sessions lost in a `profile --fault
+        // kill` run). Renewing it is what the client asked for; the leader's lease runs
+        // from the batch, as for every renewal through a proxy. A failed batch is retried
+        // only for those still waiting (below), so a dead client is renewed at most once
+        // after its last KeepAlive.
         let mut waiting: HashMap<SessionId, Vec<Waiter>> =
             std::mem::take(&mut *self.queue.lock().expect("keepalive queue"));
-        // A client that stopped waiting (it retries elsewhere, or died) is not renewed on
-        // its behalf: a dead client's session must run out one lease after it stopped.
-        waiting.retain(|_, ws| {
-            ws.retain(|w| !w.tx.is_closed());
-            !ws.is_empty()
-        });
         let own = self.session();
         let mut sessions: Vec<SessionId> = waiting.keys().copied().collect();
         if own != 0 && !waiting.contains_key(&own) {
@@ -460,6 +463,7 @@ impl Upstream {
     /// as the proxy's confirmation); after it, every upstream watch is re-armed.
     pub async fn stream_loop(self: Arc<Self>) {
         loop {
+            let down_at = Instant::now();
             self.hub.set_ready(false);
             let session = match self.ensure_session().await {
                 Ok(s) => s,
@@ -469,12 +473,14 @@ impl Upstream {
                     continue;
                 }
             };
+            let reset_at = Instant::now();
             let ids = self.hub.reset();
             // Bounded by the clients' leases (the tick stops waiting for expired ones).
             let flushed_by = Instant::now() + self.hub.lease() * 2;
             while !self.hub.all_done(&ids) && Instant::now() < flushed_by {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            let flushed_at = Instant::now();
             let req = Request {
                 session,
                 request_id: 0,
@@ -508,7 +514,19 @@ impl Upstream {
                 set.extend(all.into_iter().map(|s| (s.path, s.kind)));
             }
             self.hub.set_ready(true);
-            tracing::info!(session, leader = %addr, "upstream event stream open");
+            let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_millis() as u64;
+            let now = Instant::now();
+            // Where a fail-over's time goes at the proxy: writes to what its clients cached
+            // wait for this stream (the leader's sign that they flushed).
+            tracing::info!(
+                session,
+                leader = %addr,
+                clients_flushed = ids.len(),
+                session_ms = ms(down_at, reset_at),
+                flush_ms = ms(reset_at, flushed_at),
+                open_ms = ms(flushed_at, now),
+                "upstream event stream open"
+            );
             let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1024);
             let reader = tokio::spawn(async move {
                 loop {

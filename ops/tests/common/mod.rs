@@ -51,11 +51,21 @@ pub fn start_dev(
     base: u16,
     extra: &[&str],
 ) -> (std::process::Child, String) {
+    start_dev_of(data, base, 3, extra)
+}
+
+/// [`start_dev`] with `replicas` replicas.
+pub fn start_dev_of(
+    data: &std::path::Path,
+    base: u16,
+    replicas: u16,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     let mut dev = Command::new(LOCKCTL)
         .args([
             "dev",
             "--replicas",
-            "3",
+            &replicas.to_string(),
             "--base-port",
             &base.to_string(),
             "--data",

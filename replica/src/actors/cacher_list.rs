@@ -102,6 +102,8 @@ struct Failover {
     /// Sessions with ids at or below this were created by earlier leaders.
     boundary: u64,
     confirmed: HashSet<SessionId>,
+    /// When this replica took over (for the log line when the last one confirms).
+    since: std::time::Instant,
 }
 
 /// The actor.
@@ -141,6 +143,11 @@ impl CacherListActor {
                 .collect()
         };
         if set.is_empty() {
+            tracing::info!(
+                confirmed = f.confirmed.len(),
+                after_ms = f.since.elapsed().as_millis() as u64,
+                "fail-over over: a write found every earlier cacher confirmed its flush"
+            );
             self.failover = None;
         }
         set
@@ -261,6 +268,7 @@ impl Handler<LeadershipChanged> for CacherListActor {
         self.failover = msg.leading.then(|| Failover {
             boundary: msg.last_log_index,
             confirmed: HashSet::new(),
+            since: std::time::Instant::now(),
         });
     }
 }
