@@ -18,14 +18,9 @@ use ops::checkers::{
 #[test]
 fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
-    let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
-    let mut dev = DevGuard(Some(dev));
-    let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
-    let eps = endpoints.join(",");
-    let ca = data.join("tls/ca.pem");
+    let mut cell = DevCell::start(&["--no-demo", "--lease-ms", "3000"]);
+    let (data, endpoints) = (cell.data.clone(), cell.endpoints.clone());
+    let (eps, ca) = (cell.eps(), cell.ca.clone());
     let rec = Arc::new(Recorder::new());
     let res = Arc::new(FencedResource::new("r"));
     let run = Duration::from_secs(22);
@@ -144,7 +139,7 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
         }
     });
     let events = rec.events();
-    let path = dir.path().join("fenced-lock.jsonl");
+    let path = cell.dir.path().join("fenced-lock.jsonl");
     write_history(&mut std::fs::File::create(&path).unwrap(), &events).unwrap();
     let history = read_history(std::fs::File::open(&path).unwrap()).unwrap();
     let stats = check_fenced_lock(&history)
@@ -159,7 +154,7 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
         stats.refused >= 1,
         "the paused holder's stale write was not refused: {stats:?}"
     );
-    let _ = stop_dev(dev.0.take().unwrap());
+    let _ = cell.stop();
 }
 
 /// A follower frozen (SIGSTOP) for 6 s under steady writes: the leader keeps committing
@@ -168,13 +163,9 @@ fn fenced_lock_history_holds_across_kill_freeze_and_a_paused_holder() {
 #[test]
 fn a_frozen_follower_neither_stalls_the_cell_nor_stays_behind() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
-    let (dev, _) = start_dev(&data, base, &["--no-demo"]);
-    let mut dev = DevGuard(Some(dev));
-    let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
-    let ca = data.join("tls/ca.pem");
+    let mut cell = DevCell::start(&["--no-demo"]);
+    let (data, endpoints) = (cell.data.clone(), cell.endpoints.clone());
+    let ca = cell.ca.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -244,5 +235,5 @@ fn a_frozen_follower_neither_stalls_the_cell_nor_stays_behind() {
         assert!(n >= 50, "only {n} writes in 6 s with one follower frozen");
         assert!(slowest < Duration::from_secs(3), "a write took {slowest:?}");
     });
-    let _ = stop_dev(dev.0.take().unwrap());
+    let _ = cell.stop();
 }

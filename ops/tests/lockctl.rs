@@ -11,11 +11,8 @@ use common::*;
 #[test]
 fn dev_cell_demo_commands_and_clean_stop() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
-    let (dev, out) = start_dev(&data, base, &[]);
-    let mut dev = DevGuard(Some(dev));
+    let mut cell = DevCell::start(&[]);
+    let (out, base, data) = (cell.out.clone(), cell.base, cell.data.clone());
     assert!(out.contains("a stale compare-and-set is refused"), "{out}");
     assert!(
         out.contains("took /demo/lock as /demo/lock/n-0000000000 with fencing token"),
@@ -26,11 +23,7 @@ fn dev_cell_demo_commands_and_clean_stop() {
         "{out}"
     );
 
-    let endpoints = (0..3)
-        .map(|i| format!("127.0.0.1:{}", base + i))
-        .collect::<Vec<_>>()
-        .join(",");
-    let ca = data.join("tls/ca.pem");
+    let (endpoints, ca) = (cell.eps(), cell.ca.clone());
 
     let o = lockctl(&endpoints, &ca, &["status"]);
     assert!(o.status.success(), "{}", text(&o));
@@ -112,7 +105,7 @@ fn dev_cell_demo_commands_and_clean_stop() {
     );
 
     // Ctrl-C stops the cell cleanly.
-    let status = stop_dev(dev.0.take().unwrap());
+    let status = cell.stop();
     assert!(status.success(), "{status}");
     // Its replicas are gone: the ports are free again.
     for p in base..base + 3 {
@@ -162,17 +155,9 @@ fn paused_holder_is_fenced_out() {
     use std::os::unix::process::CommandExt;
 
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let store = dir.path().join("resource");
-    let base = free_base(3);
-    let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
-    let mut dev = DevGuard(Some(dev));
-    let endpoints = (0..3)
-        .map(|i| format!("127.0.0.1:{}", base + i))
-        .collect::<Vec<_>>()
-        .join(",");
-    let ca = data.join("tls/ca.pem");
+    let mut cell = DevCell::start(&["--no-demo", "--lease-ms", "3000"]);
+    let store = cell.dir.path().join("resource");
+    let (ca, endpoints) = (cell.ca.clone(), cell.eps());
     let o = lockctl(&endpoints, &ca, &["create", "/locks"]);
     assert!(o.status.success(), "{}", text(&o));
 
@@ -273,7 +258,7 @@ fn paused_holder_is_fenced_out() {
         "{}",
         text(&o)
     );
-    assert!(stop_dev(dev.0.take().unwrap()).success());
+    assert!(cell.stop().success());
 }
 
 /// Issue 4, scenario 2 with a real client process: a cacher stopped with SIGSTOP delays a
@@ -284,16 +269,8 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
     use std::os::unix::process::CommandExt;
 
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
-    let (dev, _) = start_dev(&data, base, &["--no-demo", "--lease-ms", "3000"]);
-    let mut dev = DevGuard(Some(dev));
-    let endpoints = (0..3)
-        .map(|i| format!("127.0.0.1:{}", base + i))
-        .collect::<Vec<_>>()
-        .join(",");
-    let ca = data.join("tls/ca.pem");
+    let mut cell = DevCell::start(&["--no-demo", "--lease-ms", "3000"]);
+    let (ca, endpoints) = (cell.ca.clone(), cell.eps());
     assert!(lockctl(&endpoints, &ca, &["create", "/flag", "old"])
         .status
         .success());
@@ -363,7 +340,7 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
     assert!(after > 0, "no reads after resuming");
     unsafe { libc::kill(-(cacher.id() as i32), libc::SIGKILL) };
     let _ = cacher.wait();
-    assert!(stop_dev(dev.0.take().unwrap()).success());
+    assert!(cell.stop().success());
 }
 
 /// Issue 4, scenario 3 with separate processes: three `lockctl watch-cached` reader
@@ -373,16 +350,8 @@ fn stopped_cacher_delays_write_and_never_serves_the_old_value() {
 #[test]
 fn checker_with_reader_processes() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(3);
-    let (dev, _) = start_dev(&data, base, &["--no-demo"]);
-    let mut dev = DevGuard(Some(dev));
-    let endpoints = (0..3)
-        .map(|i| format!("127.0.0.1:{}", base + i))
-        .collect::<Vec<_>>()
-        .join(",");
-    let ca = data.join("tls/ca.pem");
+    let mut cell = DevCell::start(&["--no-demo"]);
+    let (data, ca, endpoints) = (cell.data.clone(), cell.ca.clone(), cell.eps());
     assert!(lockctl(&endpoints, &ca, &["create", "/reg", "0"])
         .status
         .success());
@@ -399,5 +368,5 @@ fn checker_with_reader_processes() {
         );
     }
     // The dev launcher reports the killed replica's exit; stop what is left.
-    let _ = stop_dev(dev.0.take().unwrap());
+    let _ = cell.stop();
 }

@@ -93,6 +93,53 @@ pub fn start_dev_of(
     (dev, out)
 }
 
+/// A three-replica `lockctl dev` cell in its own temporary directory, stopped on drop: the
+/// preamble of most tests here.
+pub struct DevCell {
+    /// The temporary directory; the cell's data is in `cell/`, tests may add files.
+    pub dir: tempfile::TempDir,
+    /// The cell's data directory.
+    pub data: std::path::PathBuf,
+    /// The first replica's port (the others follow it).
+    pub base: u16,
+    /// The replicas' addresses.
+    pub endpoints: Vec<String>,
+    /// The development CA the cell's certificates are signed with.
+    pub ca: std::path::PathBuf,
+    /// What `lockctl dev` printed up to "cell running".
+    pub out: String,
+    dev: DevGuard,
+}
+
+impl DevCell {
+    /// Starts `lockctl dev --replicas 3` with `extra` arguments on free ports.
+    pub fn start(extra: &[&str]) -> DevCell {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("cell");
+        let base = free_base(3);
+        let (dev, out) = start_dev(&data, base, extra);
+        DevCell {
+            endpoints: (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect(),
+            ca: data.join("tls/ca.pem"),
+            data,
+            dir,
+            base,
+            out,
+            dev: DevGuard(Some(dev)),
+        }
+    }
+
+    /// The endpoints as `lockctl --endpoints` takes them.
+    pub fn eps(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// Ctrl-C to `lockctl dev`; waits for it and returns its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        stop_dev(self.dev.0.take().expect("the cell is running"))
+    }
+}
+
 /// One dev cell at a time in this binary (two cores; fixed port blocks).
 pub static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
