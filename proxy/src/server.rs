@@ -320,12 +320,11 @@ impl Proxy {
         let results =
             futures::future::join_all(sessions.iter().map(|&s| self.up.keepalive(s, received)))
                 .await;
-        let ids = sessions.clone();
         let (mut renewed, mut expired, mut unknown, mut unacknowledged) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut lease_ms = self.hub.lease().as_millis() as u64;
         let mut first_err = None;
-        for (s, r) in sessions.into_iter().zip(results) {
+        for (&s, r) in sessions.iter().zip(results) {
             match r {
                 Ok(Reply::KeepAlive {
                     session_lease_ms,
@@ -348,7 +347,7 @@ impl Proxy {
             }
         }
         tracing::debug!(
-            sessions = %IdRanges(&ids),
+            sessions = %IdRanges(&sessions),
             renewed = renewed.len(),
             expired = expired.len(),
             unknown = unknown.len(),

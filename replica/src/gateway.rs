@@ -704,8 +704,7 @@ impl Gateway {
         let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut first_err = None;
         let mut failed = Vec::new();
-        let ids = sessions.clone();
-        for (session, r) in sessions.into_iter().zip(results) {
+        for (&session, r) in sessions.iter().zip(results) {
             match r {
                 Ok(Ok(_)) => renewed.push(session),
                 Ok(Err(Error::SessionExpired { .. })) => expired.push(session),
@@ -723,7 +722,7 @@ impl Gateway {
             }
         }
         tracing::debug!(
-            sessions = %IdRanges(&ids),
+            sessions = %IdRanges(&sessions),
             renewed = renewed.len(),
             expired = %IdRanges(&expired),
             unknown = %IdRanges(&unknown),
