@@ -521,29 +521,12 @@ async fn register_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
         if !renew_if_expired(&client, &run, &mut session).await {
             return;
         }
-        let k = key(
-            run.epoch_of(Instant::now()),
-            rng.gen_range(0..KEYS_PER_EPOCH),
-        );
+        let k = current_key(&run, &mut rng);
         n += 1;
         let value = format!("{w}-{n}");
         match rng.gen_range(0..100) {
-            0..30 => {
-                run.rec.log(&who, Kind::Invoke, read(&k, None));
-                match client.get(&k).await {
-                    Ok((v, _)) => run.rec.log(&who, Kind::Ok, read(&k, Some(text(&v)))),
-                    Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
-                }
-            }
-            30..50 => {
-                run.rec.log(&who, Kind::Invoke, read(&k, None));
-                match session.get_cached(&k).await {
-                    Ok(v) => run
-                        .rec
-                        .log(&who, Kind::Ok, read(&k, v.map(|(data, _)| text(&data)))),
-                    Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
-                }
-            }
+            0..30 => linearizable_read(&client, &run, &who, &k).await,
+            30..50 => cached_read(&session, &run, &who, &k).await,
             50..75 => {
                 let op = Op::Write {
                     key: k.clone(),
@@ -604,17 +587,8 @@ async fn cache_reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
         if !renew_if_expired(&client, &run, &mut session).await {
             return;
         }
-        let k = key(
-            run.epoch_of(Instant::now()),
-            rng.gen_range(0..KEYS_PER_EPOCH),
-        );
-        run.rec.log(&who, Kind::Invoke, read(&k, None));
-        match session.get_cached(&k).await {
-            Ok(v) => run
-                .rec
-                .log(&who, Kind::Ok, read(&k, v.map(|(data, _)| text(&data)))),
-            Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
-        }
+        let k = current_key(&run, &mut rng);
+        cached_read(&session, &run, &who, &k).await;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(15..45))).await;
     }
     let _ = session.close().await;
@@ -628,16 +602,37 @@ async fn reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
     let who = format!("read-{i}");
     let mut rng = StdRng::seed_from_u64(seed);
     while Instant::now() < run.deadline {
-        let k = key(
-            run.epoch_of(Instant::now()),
-            rng.gen_range(0..KEYS_PER_EPOCH),
-        );
-        run.rec.log(&who, Kind::Invoke, read(&k, None));
-        match client.get(&k).await {
-            Ok((v, _)) => run.rec.log(&who, Kind::Ok, read(&k, Some(text(&v)))),
-            Err(_) => run.rec.log(&who, Kind::Info, read(&k, None)),
-        }
+        let k = current_key(&run, &mut rng);
+        linearizable_read(&client, &run, &who, &k).await;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(20..60))).await;
+    }
+}
+
+/// One of the current epoch's register keys, drawn from `rng`.
+fn current_key(run: &Run, rng: &mut StdRng) -> String {
+    key(
+        run.epoch_of(Instant::now()),
+        rng.gen_range(0..KEYS_PER_EPOCH),
+    )
+}
+
+/// A linearizable read of `k`, recorded (a failed one as indeterminate).
+async fn linearizable_read(client: &Client, run: &Run, who: &str, k: &str) {
+    run.rec.log(who, Kind::Invoke, read(k, None));
+    match client.get(k).await {
+        Ok((v, _)) => run.rec.log(who, Kind::Ok, read(k, Some(text(&v)))),
+        Err(_) => run.rec.log(who, Kind::Info, read(k, None)),
+    }
+}
+
+/// A read of `k` through `session`'s cache, recorded (a failed one as indeterminate).
+async fn cached_read(session: &Session, run: &Run, who: &str, k: &str) {
+    run.rec.log(who, Kind::Invoke, read(k, None));
+    match session.get_cached(k).await {
+        Ok(v) => run
+            .rec
+            .log(who, Kind::Ok, read(k, v.map(|(data, _)| text(&data)))),
+        Err(_) => run.rec.log(who, Kind::Info, read(k, None)),
     }
 }
 
