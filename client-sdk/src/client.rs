@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
@@ -37,6 +38,9 @@ pub struct ClientConfig {
     pub cache_bytes_max: usize,
     /// Agent string sent in the hello.
     pub agent: String,
+    /// The UDP sockets the client's QUIC endpoint runs on (default: the operating
+    /// system's; the fault suite's simulation passes simulated ones).
+    pub sockets: wire::quic::Sockets,
 }
 
 /// The endpoints of a local `lockctl dev` cell.
@@ -71,6 +75,7 @@ impl ClientConfig {
             cache_entries_max: 10_000,
             cache_bytes_max: 64 * 1024 * 1024,
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
+            sockets: wire::quic::Sockets::Os,
         }
     }
 }
@@ -216,7 +221,7 @@ impl Client {
         }
         .parse()
         .expect("addr");
-        let endpoint = wire::quic::client_endpoint(tls, bind).map_err(conn_err)?;
+        let endpoint = wire::quic::client_endpoint_on(&cfg.sockets, tls, bind).map_err(conn_err)?;
         let (keepalives, rx) = tokio::sync::mpsc::unbounded_channel();
         let (acks, acks_rx) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::new(Inner {

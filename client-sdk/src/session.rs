@@ -9,7 +9,8 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::{broadcast, watch};
 use wire::types::{
@@ -594,7 +595,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
     let retry = Duration::from_millis(250).min(interval);
     let mut next = Instant::now() + interval;
     loop {
-        tokio::time::sleep_until(next.into()).await;
+        tokio::time::sleep_until(next).await;
         if inner.keepalives_stopped.load(Ordering::SeqCst)
             || *inner.state_tx.borrow() == SessionState::Expired
         {
@@ -608,7 +609,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
         // The lease may run out while this KeepAlive is in flight: enter jeopardy on time.
         let r = tokio::select! {
             r = &mut call => r,
-            _ = tokio::time::sleep_until(local_deadline.into()) => {
+            _ = tokio::time::sleep_until(local_deadline) => {
                 enter_jeopardy(&inner);
                 call.await
             }

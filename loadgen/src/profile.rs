@@ -14,7 +14,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{bail, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Session, SessionState};
@@ -265,7 +266,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
             let mut due = start + offset;
             let path = format!("/profile/locks/l{i}");
             while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due.into()).await;
+                tokio::time::sleep_until(due).await;
                 let s = slots[i].lock().expect("slot").clone();
                 let t0 = Instant::now();
                 match Lock::exclusive(&s, &path).acquire().await {
@@ -301,7 +302,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
             let mut due = start + offset;
             let mut local = Lat::new(start);
             while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due.into()).await;
+                tokio::time::sleep_until(due).await;
                 for i in first..(first + 50).min(slots.len()) {
                     let s = slots[i].lock().expect("slot").clone();
                     let t0 = Instant::now();
@@ -345,7 +346,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
                     record(&wr, t1 - t0, t1);
                     ok.lock().expect("ok").push(t1);
                     v += 1;
-                    tokio::time::sleep_until((t0 + every).into()).await;
+                    tokio::time::sleep_until(t0 + every).await;
                 } else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -370,7 +371,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
             let every = Duration::from_secs_f64(1.0 / churn_per_s);
             let mut due = start;
             while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due.into()).await;
+                tokio::time::sleep_until(due).await;
                 let i = plain.start + rand::random::<usize>() % plain.len();
                 let client = &clients[i / SESSIONS_PER_CONNECTION];
                 match client.open_session().await {

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -495,7 +496,7 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
-        tokio::time::sleep_until(due.into()).await;
+        tokio::time::sleep_until(due).await;
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };

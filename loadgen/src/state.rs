@@ -10,7 +10,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{bail, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Session, SessionState};

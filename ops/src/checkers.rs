@@ -126,7 +126,7 @@ pub fn write_history(w: &mut impl std::io::Write, events: &[Event]) -> std::io::
 /// shared by every client of a run.
 #[derive(Debug)]
 pub struct Recorder {
-    start: std::time::Instant,
+    start: tokio::time::Instant,
     events: std::sync::Mutex<Vec<Event>>,
 }
 
@@ -140,13 +140,13 @@ impl Recorder {
     /// A recorder whose clock starts now.
     pub fn new() -> Recorder {
         Recorder {
-            start: std::time::Instant::now(),
+            start: tokio::time::Instant::now(),
             events: std::sync::Mutex::new(Vec::new()),
         }
     }
 
     /// When the clock started.
-    pub fn start(&self) -> std::time::Instant {
+    pub fn start(&self) -> tokio::time::Instant {
         self.start
     }
 

@@ -5,4 +5,5 @@
 
 pub mod checkers;
 pub mod netns;
+pub mod sim;
 pub mod suite;

@@ -31,7 +31,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Session, SessionState};
 use rand::rngs::StdRng;
@@ -58,7 +59,9 @@ const KEYS_PER_EPOCH: usize = 2;
 pub const MAX_OPS_PER_KEY: usize = 1_500;
 
 /// One kind of fault the nemesis injects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// `kill -9` the leader, restart it after the hold.
@@ -673,7 +676,7 @@ async fn watch_key(
                 last = Some(text(&v));
                 tokio::select! {
                     _ = w => {}
-                    _ = tokio::time::sleep_until(until.into()) => break,
+                    _ = tokio::time::sleep_until(until) => break,
                 }
             }
             Ok(Err(_)) => {
@@ -742,7 +745,7 @@ async fn keeper(client: Client, run: Arc<Run>, i: usize) -> bool {
         }
         tokio::select! {
             r = states.changed() => if r.is_err() { break },
-            _ = tokio::time::sleep_until(run.deadline.into()) => break,
+            _ = tokio::time::sleep_until(run.deadline) => break,
         }
     }
     let _ = session.close().await;
@@ -972,25 +975,26 @@ fn expect_membership(r: Result<Reply, wire::Error>) -> anyhow::Result<()> {
 
 /// After healing: every replica answers, no session is left, all hold the same number of
 /// nodes, and no ephemeral of the run survives.
-async fn check_converged(cell: &Cell, client: &Client, within: Duration) -> Result<(), String> {
+pub(crate) async fn check_converged(
+    replicas: &[(u64, SocketAddr)],
+    client: &Client,
+    within: Duration,
+) -> Result<(), String> {
     let end = Instant::now() + within;
     let mut last = String::new();
     while Instant::now() < end {
         let mut seen = BTreeMap::new();
-        for i in 0..cell.slots.len() {
+        for (id, addr) in replicas {
             if let Ok(Ok(st)) =
-                tokio::time::timeout(Duration::from_secs(1), client.status_of(cell.addr(i))).await
+                tokio::time::timeout(Duration::from_secs(1), client.status_of(*addr)).await
             {
-                seen.insert(
-                    cell.slots[i].id,
-                    (st.session_count, st.node_count, st.last_applied),
-                );
+                seen.insert(*id, (st.session_count, st.node_count, st.last_applied));
             }
         }
         let counts: std::collections::BTreeSet<_> =
             seen.values().map(|(s, n, _)| (*s, *n)).collect();
         let applied: std::collections::BTreeSet<_> = seen.values().map(|(_, _, a)| *a).collect();
-        if seen.len() == cell.slots.len() && counts.len() == 1 && applied.len() == 1 {
+        if seen.len() == replicas.len() && counts.len() == 1 && applied.len() == 1 {
             let (sessions, _) = counts.into_iter().next().expect("one");
             if sessions == 0 {
                 let members = client
@@ -1052,8 +1056,53 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
     cell.wait_leader(&client, Duration::from_secs(30))
         .await
         .ok_or_else(|| anyhow::anyhow!("no leader within 30 s"))?;
-    // The namespace the workloads use; every register key starts at "0".
-    let setup = open_session_until(&client, Instant::now() + Duration::from_secs(30)).await?;
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let workloads = start_workloads(&client, &config, &plan, &mut rng).await?;
+    let faults = nemesis(cell, &client, &workloads.run, &mut rng).await;
+    tokio::time::sleep_until(workloads.deadline()).await;
+    let mut violations = Vec::new();
+    for e in cell.heal_all() {
+        violations.push(format!("healing: {e}"));
+    }
+    eprintln!("faultsuite: time is up; faults healed; waiting for the workloads");
+    let replicas: Vec<(u64, SocketAddr)> = (0..cell.slots.len())
+        .map(|i| (cell.slots[i].id, cell.addr(i)))
+        .collect();
+    let verdict = Verdict {
+        seed: plan.seed,
+        secs: plan.time.as_secs(),
+        faults,
+        violations,
+        ..Verdict::default()
+    };
+    finish_workloads(workloads, &client, &replicas, &plan, verdict, out).await
+}
+
+/// The workloads of one run, as [`start_workloads`] left them running.
+pub(crate) struct Workloads {
+    run: Arc<Run>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    keepers: Vec<tokio::task::JoinHandle<bool>>,
+    watchers: tokio::task::JoinHandle<usize>,
+}
+
+impl Workloads {
+    /// When the workloads stop starting operations.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.run.deadline
+    }
+}
+
+/// Creates the namespace the workloads use (every register key starts at "0") and starts
+/// every workload, each on its own client built from `config`, until `plan.time` from now.
+/// Worker seeds are drawn from `rng`.
+pub(crate) async fn start_workloads(
+    client: &Client,
+    config: &ClientConfig,
+    plan: &Plan,
+    rng: &mut StdRng,
+) -> anyhow::Result<Workloads> {
+    let setup = open_session_until(client, Instant::now() + Duration::from_secs(30)).await?;
     for p in ["/suite", "/suite/reg", "/suite/members", "/suite/lock"] {
         match setup.create(p, vec![], CreateMode::default()).await {
             Ok(_) | Err(wire::Error::NodeExists { .. }) => {}
@@ -1105,7 +1154,6 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         abandoned: Mutex::new(0),
         watches_checked: Mutex::new(0),
     });
-    let mut rng = StdRng::seed_from_u64(plan.seed);
     let mut tasks = Vec::new();
     for w in 0..3 {
         let c = new_client().await?;
@@ -1126,14 +1174,11 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         let c = new_client().await?;
         tasks.push(tokio::spawn(abandoner(c, run.clone())));
     }
-    let keepers: Vec<_> = {
-        let mut v = Vec::new();
-        for i in 0..3 {
-            let c = new_client().await?;
-            v.push(tokio::spawn(keeper(c, run.clone(), i)));
-        }
-        v
-    };
+    let mut keepers = Vec::new();
+    for i in 0..3 {
+        let c = new_client().await?;
+        keepers.push(tokio::spawn(keeper(c, run.clone(), i)));
+    }
     // Watchers: one session, a task per key of each epoch, started as the epoch begins.
     let watch_client = new_client().await?;
     let watchers = {
@@ -1146,7 +1191,7 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
             let mut hs = Vec::new();
             for e in 0..epochs_run {
                 let starts = run.rec.start() + EPOCH * e as u32;
-                tokio::time::sleep_until(starts.into()).await;
+                tokio::time::sleep_until(starts).await;
                 let until = starts + EPOCH + Duration::from_secs(12);
                 for k in 0..KEYS_PER_EPOCH {
                     hs.push(tokio::spawn(watcher(
@@ -1171,14 +1216,32 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
             unfinished
         })
     };
+    Ok(Workloads {
+        run,
+        tasks,
+        keepers,
+        watchers,
+    })
+}
 
-    let faults = nemesis(cell, &client, &run, &mut rng).await;
-    tokio::time::sleep_until(run.deadline.into()).await;
-    let mut violations = Vec::new();
-    for e in cell.heal_all() {
-        violations.push(format!("healing: {e}"));
-    }
-    eprintln!("faultsuite: time is up; faults healed; waiting for the workloads");
+/// Once the faults are healed: waits for the workloads, checks the cell converged, writes
+/// the history and runs the checkers; completes `verdict` (which holds the faults and any
+/// violations found so far) and writes it to `out/verdict.json`.
+pub(crate) async fn finish_workloads(
+    workloads: Workloads,
+    client: &Client,
+    replicas: &[(u64, SocketAddr)],
+    plan: &Plan,
+    mut verdict: Verdict,
+    out: &Path,
+) -> anyhow::Result<Verdict> {
+    let Workloads {
+        run,
+        tasks,
+        keepers,
+        watchers,
+    } = workloads;
+    let mut violations = std::mem::take(&mut verdict.violations);
     for t in tasks {
         if tokio::time::timeout(Duration::from_secs(60), t)
             .await
@@ -1200,7 +1263,7 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
     }
     // Convergence: sessions left to expire need a lease, plus fail-over slack.
     let within = Duration::from_millis(plan.lease_ms * 3) + Duration::from_secs(30);
-    if let Err(e) = check_converged(cell, &client, within).await {
+    if let Err(e) = check_converged(replicas, client, within).await {
         violations.push(e);
     }
 
@@ -1209,15 +1272,9 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         &mut std::fs::File::create(out.join("history.jsonl"))?,
         &events,
     )?;
-    let mut verdict = Verdict {
-        seed: plan.seed,
-        secs: plan.time.as_secs(),
-        faults,
-        sessions_kept: kept,
-        sessions_abandoned: *run.abandoned.lock().expect("lock"),
-        watches_checked: *run.watches_checked.lock().expect("lock"),
-        ..Verdict::default()
-    };
+    verdict.sessions_kept = kept;
+    verdict.sessions_abandoned = *run.abandoned.lock().expect("lock");
+    verdict.watches_checked = *run.watches_checked.lock().expect("lock");
     match check_fenced_lock(&events) {
         Ok(s) => {
             verdict.grants = s.grants;

@@ -20,7 +20,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 use wire::types::{LogIndex, NodeStat, Reply, Response, SessionId, WatchEvent, WatchKind};

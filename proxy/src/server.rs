@@ -3,7 +3,8 @@
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;

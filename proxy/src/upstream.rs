@@ -4,7 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use client_sdk::Client;
 use tokio::sync::oneshot;
@@ -257,7 +258,7 @@ impl Upstream {
     pub async fn batch_loop(self: Arc<Self>) {
         let mut next = Instant::now() + self.interval;
         loop {
-            tokio::time::sleep_until(next.into()).await;
+            tokio::time::sleep_until(next).await;
             let ok = self.send_batch().await;
             next = Instant::now() + if ok { self.interval } else { BATCH_RETRY };
         }

@@ -9,6 +9,7 @@ use actix::{Actor, AsyncContext, SyncArbiter};
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::sync::mpsc;
 use wire::hello::{ALPN_CLIENT, ALPN_PEER};
+use wire::quic::Sockets;
 
 use crate::actors::cacher_list::CacherListActor;
 use crate::actors::raft_node::RaftNode;
@@ -19,6 +20,7 @@ use crate::config::ReplicaConfig;
 use crate::gateway::Gateway;
 use crate::leader::read_gate::ReadGate;
 use crate::raft::log_store::LogStore;
+use crate::raft::mem_log::MemLog;
 use crate::raft::network::PeerNetworkFactory;
 use crate::raft::sm_store::{SmStore, SnapshotSink};
 use crate::raft::Raft;
@@ -40,9 +42,33 @@ pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
     Ok(c.validate()?)
 }
 
+/// What a replica runs on besides its configuration. [`run`] uses the default: real UDP
+/// sockets, the Raft log on fjall under the data directory, and snapshot files written by
+/// the snapshotter actor on its own thread.
+#[derive(Debug, Clone, Default)]
+pub struct Plumbing {
+    /// The UDP sockets of the replica's QUIC endpoint.
+    pub sockets: Sockets,
+    /// Keep the Raft log in this in-memory store instead of fjall, and write snapshot
+    /// files from the state machine's task instead of the snapshotter thread. For the
+    /// fault suite's simulation, where every task runs on one simulated clock and no
+    /// actix system (which the snapshotter's thread needs) exists.
+    pub memory_log: Option<MemLog>,
+}
+
 /// Runs a replica until `shutdown` resolves. Must be called inside an actix system whose
 /// tokio runtime is multi-threaded (see `main.rs`).
 pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_on(cfg, Plumbing::default(), shutdown).await
+}
+
+/// [`run`] on the given [`Plumbing`]. With an in-memory log it needs no actix system, only
+/// a tokio `LocalSet` (actors are spawned as local tasks).
+pub async fn run_on(
+    cfg: ReplicaConfig,
+    plumbing: Plumbing,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     cfg.validate()?;
     let log_dir = cfg.data_dir.join("log");
     let snap_dir = cfg.data_dir.join("snapshots");
@@ -56,31 +82,33 @@ pub async fn run(cfg: ReplicaConfig, shutdown: impl Future<Output = ()>) -> anyh
         wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
     )
     .map_err(anyhow::Error::msg)?;
-    let endpoint =
-        wire::quic::server_endpoint(cfg.listen, server_tls, None).map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint_on(&plumbing.sockets, cfg.listen, server_tls, None)
+        .map_err(anyhow::Error::msg)?;
 
-    let dir = snap_dir.clone();
-    let snapshotter = SyncArbiter::start(1, move || Snapshotter::new(dir.clone()));
+    let sink = if plumbing.memory_log.is_some() {
+        SnapshotSink::Direct(snap_dir.clone())
+    } else {
+        let dir = snap_dir.clone();
+        SnapshotSink::Actor(SyncArbiter::start(1, move || Snapshotter::new(dir.clone())))
+    };
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
-    let sm_store = SmStore::open(
-        &snap_dir,
-        SnapshotSink::Actor(snapshotter),
-        Some(applied_tx),
-    )?;
+    let sm_store = SmStore::open(&snap_dir, sink, Some(applied_tx))?;
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
-    let log_store = LogStore::open(&log_dir)?;
-    let log_stats = log_store.stats();
-
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
-    let raft = Raft::new(
-        cfg.id,
-        Arc::new(raft_config(&cfg)?),
-        network,
-        log_store,
-        sm_store,
-    )
-    .await?;
+    let config = Arc::new(raft_config(&cfg)?);
+    let (raft, log_stats) = match plumbing.memory_log {
+        Some(log) => {
+            let raft = Raft::new(cfg.id, config, network, log, sm_store).await?;
+            (raft, Arc::default())
+        }
+        None => {
+            let log_store = LogStore::open(&log_dir)?;
+            let log_stats = log_store.stats();
+            let raft = Raft::new(cfg.id, config, network, log_store, sm_store).await?;
+            (raft, log_stats)
+        }
+    };
 
     if cfg.bootstrap && !raft.is_initialized().await? {
         let members: BTreeMap<u64, BasicNode> = cfg

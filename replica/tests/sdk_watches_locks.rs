@@ -4,7 +4,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use client_sdk::{CreateMode, Error, EventType, Lock, SessionEvent, SessionState, WatchKind};
 use common::{percentile, rt, serial, Opts, TestCell};

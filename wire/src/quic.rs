@@ -49,9 +49,70 @@ fn socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     Ok(sock.into())
 }
 
+/// Binds the UDP sockets QUIC endpoints run on, in place of the operating system's: a
+/// simulated network (the fault suite's deterministic simulation) or any other datagram
+/// transport. A process built without one uses real sockets.
+pub trait SocketFactory: Send + Sync + 'static {
+    /// A socket bound to `addr` (port 0: any free port).
+    fn bind(&self, addr: SocketAddr) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>>;
+}
+
+/// Which sockets an endpoint uses: the operating system's, or a [`SocketFactory`]'s.
+#[derive(Clone, Default)]
+pub enum Sockets {
+    /// Real UDP sockets.
+    #[default]
+    Os,
+    /// Sockets from a factory.
+    Factory(Arc<dyn SocketFactory>),
+}
+
+impl std::fmt::Debug for Sockets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sockets::Os => f.write_str("Os"),
+            Sockets::Factory(_) => f.write_str("Factory"),
+        }
+    }
+}
+
+fn endpoint(
+    sockets: &Sockets,
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> Result<quinn::Endpoint, String> {
+    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
+    match sockets {
+        Sockets::Os => {
+            let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+            quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, runtime)
+        }
+        Sockets::Factory(f) => {
+            let sock = f.bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+            quinn::Endpoint::new_with_abstract_socket(
+                quinn::EndpointConfig::default(),
+                server,
+                sock,
+                runtime,
+            )
+        }
+    }
+    .map_err(|e| format!("endpoint on {addr}: {e}"))
+}
+
 /// A QUIC endpoint that accepts connections on `addr` with `tls`, and can also dial out
 /// with `client_tls` if given.
 pub fn server_endpoint(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    client_tls: Option<rustls::ClientConfig>,
+) -> Result<quinn::Endpoint, String> {
+    server_endpoint_on(&Sockets::Os, addr, tls, client_tls)
+}
+
+/// [`server_endpoint`] on `sockets`.
+pub fn server_endpoint_on(
+    sockets: &Sockets,
     addr: SocketAddr,
     tls: rustls::ServerConfig,
     client_tls: Option<rustls::ClientConfig>,
@@ -60,15 +121,7 @@ pub fn server_endpoint(
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(transport());
-    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
-    let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-    let mut ep = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server),
-        sock,
-        runtime,
-    )
-    .map_err(|e| format!("endpoint on {addr}: {e}"))?;
+    let mut ep = endpoint(sockets, addr, Some(server))?;
     if let Some(c) = client_tls {
         ep.set_default_client_config(client_config(c)?);
     }
@@ -80,10 +133,16 @@ pub fn client_endpoint(
     tls: rustls::ClientConfig,
     bind: SocketAddr,
 ) -> Result<quinn::Endpoint, String> {
-    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
-    let sock = socket(bind).map_err(|e| format!("bind {bind}: {e}"))?;
-    let mut ep = quinn::Endpoint::new(quinn::EndpointConfig::default(), None, sock, runtime)
-        .map_err(|e| format!("client endpoint: {e}"))?;
+    client_endpoint_on(&Sockets::Os, tls, bind)
+}
+
+/// [`client_endpoint`] on `sockets`.
+pub fn client_endpoint_on(
+    sockets: &Sockets,
+    tls: rustls::ClientConfig,
+    bind: SocketAddr,
+) -> Result<quinn::Endpoint, String> {
+    let mut ep = endpoint(sockets, bind, None).map_err(|e| format!("client {e}"))?;
     ep.set_default_client_config(client_config(tls)?);
     Ok(ep)
 }

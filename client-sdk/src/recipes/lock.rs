@@ -28,7 +28,8 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use wire::types::{CreateMode, LogIndex, NodeStat, SessionId};
 use wire::{path, Error};
@@ -383,7 +384,7 @@ impl Lock {
             let expired = self.session.expired();
             let timer = async {
                 match deadline {
-                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    Some(d) => tokio::time::sleep_until(d).await,
                     None => std::future::pending().await,
                 }
             };

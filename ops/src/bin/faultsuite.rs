@@ -56,6 +56,25 @@ enum Hidden {
         /// The history (JSON lines).
         history: PathBuf,
     },
+    /// Run the simulation tier: the whole cell in this process on turmoil's simulated
+    /// network and clock, one run per seed (no root needed).
+    Sim {
+        /// How many seeds to run, from `--seed` up.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        seeds: u64,
+        /// The first seed (default: from the clock; printed, so a run can be repeated).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Simulated time per seed of workloads under faults (e.g. 30s, 2m).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        time: Duration,
+        /// The cell's session lease in milliseconds.
+        #[arg(long, default_value_t = 6_000, value_parser = clap::value_parser!(u64).range(2_000..=60_000))]
+        lease_ms: u64,
+        /// Where each seed's histories and verdict.json go (default: target/faultsuite/sim).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// (internal) The clients and the nemesis, run inside the client host.
     #[command(hide = true)]
     Inside {
@@ -73,20 +92,33 @@ enum Hidden {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The simulation runs every replica in this process, and its faults make openraft and
+    // the replicas log a warning per lost RPC: quiet unless RUST_LOG asks.
+    let default_filter = match cli.command {
+        Some(Hidden::Sim { .. }) => "off",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let r = match &cli.command {
         Some(Hidden::Replica { config }) => replica::config::ReplicaConfig::load(Some(config))
             .and_then(replica::server::run_until_signal)
             .map(|_| ExitCode::SUCCESS),
         Some(Hidden::Inside { prefix, out }) => inside(prefix, out),
         Some(Hidden::Check { history }) => check(history),
+        Some(Hidden::Sim {
+            seeds,
+            seed,
+            time,
+            lease_ms,
+            out,
+        }) => sim(*seeds, *seed, *time, *lease_ms, out.clone()),
         None => outer(cli),
     };
     r.unwrap_or_else(|e| {
@@ -123,6 +155,93 @@ fn check(history: &Path) -> anyhow::Result<ExitCode> {
     })
 }
 
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64 % 1_000_000)
+        .unwrap_or(1)
+}
+
+fn sim(
+    seeds: u64,
+    seed: Option<u64>,
+    time: Duration,
+    lease_ms: u64,
+    out: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        time >= Duration::from_secs(5) && time <= Duration::from_secs(3_600),
+        "--time must be between 5s and 1h of simulated time"
+    );
+    let first = seed.unwrap_or_else(clock_seed);
+    let out = out.unwrap_or_else(|| PathBuf::from("target/faultsuite/sim"));
+    let mut failed = Vec::new();
+    let started = Instant::now();
+    for s in first..first.saturating_add(seeds) {
+        let dir = out.join(format!("seed-{s}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let plan = ops::sim::SimPlan {
+            seed: s,
+            time,
+            lease_ms,
+        };
+        let t = Instant::now();
+        let replay = format!(
+            "faultsuite sim --seed {s} --time {}",
+            humantime::format_duration(time)
+        );
+        match ops::sim::run_seed(&plan, &dir) {
+            Ok(v) if v.passed() => {
+                println!(
+                    "faultsuite sim: seed {s}: PASS in {:.1} s: {} faults; {} grants, {} fenced \
+                     writes accepted, {} refused; {} register ops linearizable; {} sessions \
+                     kept, {} abandoned; {} watches checked",
+                    t.elapsed().as_secs_f64(),
+                    v.faults.len(),
+                    v.grants,
+                    v.fenced_accepted,
+                    v.fenced_refused,
+                    v.register_ops,
+                    v.sessions_kept,
+                    v.sessions_abandoned,
+                    v.watches_checked
+                );
+                let _ = std::fs::remove_dir_all(dir.join("tls"));
+            }
+            Ok(v) => {
+                for x in &v.violations {
+                    println!("faultsuite sim: seed {s}: VIOLATION {x}");
+                }
+                println!(
+                    "faultsuite sim: seed {s}: FAIL; output in {}; replay: {replay}",
+                    dir.display()
+                );
+                failed.push(s);
+            }
+            Err(e) => {
+                println!(
+                    "faultsuite sim: seed {s}: the run broke: {e:#}; output in {}; replay: \
+                     {replay}",
+                    dir.display()
+                );
+                failed.push(s);
+            }
+        }
+    }
+    println!(
+        "faultsuite sim: {} of {seeds} seeds passed ({first}..{}) in {:.0} s",
+        seeds - failed.len() as u64,
+        first.saturating_add(seeds),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("faultsuite sim: failed seeds: {failed:?}");
+        ExitCode::FAILURE
+    })
+}
+
 fn inside(prefix: &str, out: &Path) -> anyhow::Result<ExitCode> {
     let plan: Plan = serde_json::from_slice(&std::fs::read(out.join("plan.json"))?)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -142,12 +261,7 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         eprintln!("faultsuite: skipped: {reason}");
         return Ok(ExitCode::from(77));
     }
-    let seed = cli.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64 % 1_000_000)
-            .unwrap_or(1)
-    });
+    let seed = cli.seed.unwrap_or_else(clock_seed);
     let mut skew = cli.skew;
     anyhow::ensure!((0.0..0.5).contains(&skew), "--skew must be in [0, 0.5)");
     if skew > 0.0 && suite::faketime_library().is_none() {

@@ -3,7 +3,7 @@
 //! invalidations on the sessions' event streams. The logic is [`Cachers`].
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
 use tokio::sync::oneshot;
@@ -103,7 +103,7 @@ struct Failover {
     boundary: u64,
     confirmed: HashSet<SessionId>,
     /// When this replica took over (for the log line when the last one confirms).
-    since: std::time::Instant,
+    since: tokio::time::Instant,
 }
 
 /// The actor.
@@ -268,7 +268,7 @@ impl Handler<LeadershipChanged> for CacherListActor {
         self.failover = msg.leading.then(|| Failover {
             boundary: msg.last_log_index,
             confirmed: HashSet::new(),
-            since: std::time::Instant::now(),
+            since: tokio::time::Instant::now(),
         });
     }
 }

@@ -17,7 +17,8 @@
 //! Leader-local and volatile: lost on fail-over; clients flush their caches then.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use wire::types::SessionId;
 

@@ -38,7 +38,8 @@
 //! This struct is plain logic with time passed in; the session-manager actor drives it.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use wire::command::LeaseCheckpoint;
 use wire::types::SessionId;

@@ -3,6 +3,7 @@
 //! `wire::raft`), so a port to another openraft line stays contained.
 
 pub mod log_store;
+pub mod mem_log;
 pub mod network;
 pub mod sm_store;
 pub mod snapshot_file;

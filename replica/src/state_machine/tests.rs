@@ -692,7 +692,8 @@ proptest! {
         actions in proptest::collection::vec(lease_action(), 1..120)
     ) {
         use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
-        use std::time::{Duration, Instant};
+        use std::time::Duration;
+        use tokio::time::Instant;
         let lease = Duration::from_secs(12);
         let t0 = Instant::now();
         let mut now = t0;

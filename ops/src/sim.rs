@@ -1,0 +1,580 @@
+//! The fault suite's simulation tier (`faultsuite sim`): a whole cell in one process on a
+//! simulated network and clock (turmoil).
+//!
+//! Five replicas run the real replica code (`replica::server::run_on`: the actors, the
+//! state machine, openraft, QUIC with TLS) on turmoil hosts. Their QUIC endpoints send
+//! datagrams through turmoil's simulated UDP ([`SimSockets`]), their Raft logs live in
+//! memory ([`replica::raft::mem_log::MemLog`], kept across a simulated crash as a synced
+//! disk would be) and every timer, lease and deadline runs on turmoil's clock, which
+//! advances only as the simulation steps. One more host runs the workloads and checkers of
+//! the namespace suite ([`crate::suite`]) through the client SDK, on simulated sockets too.
+//!
+//! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
+//! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
+//! datagrams, slow links, and a "hold" of the leader's traffic (its messages wait and
+//! then arrive together, as after a pause). When the workloads' time is up every fault is
+//! healed and the cell must converge, exactly as in the namespace suite.
+//!
+//! What the seed fixes: the fault schedule, the workloads' choices and turmoil's network
+//! (which datagrams are lost, how long each one takes) and host scheduling. What it does not
+//! fix yet: openraft's election timeouts, QUIC connection ids and TLS randomness (drawn from
+//! the operating system), and `HashMap` iteration order; so a replayed seed gets the same
+//! faults at the same simulated times, not necessarily the same interleaving.
+
+use std::future::Future;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use client_sdk::{Client, ClientConfig};
+use quinn::udp::{RecvMeta, Transmit};
+use quinn::{AsyncUdpSocket, UdpPoller};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use replica::config::{Member, RaftConfig, ReplicaConfig, SessionConfig, TlsConfig};
+use replica::raft::mem_log::MemLog;
+use replica::server::Plumbing;
+use wire::quic::{SocketFactory, Sockets};
+
+use crate::suite::{self, Fault, Injected, Plan, Verdict};
+
+/// Replicas of the simulated cell.
+pub const REPLICAS: usize = 5;
+const PORT: u16 = 7100;
+const CLIENTS: &str = "clients";
+
+/// Binds turmoil's simulated UDP sockets for QUIC endpoints; must be called from a task
+/// of a turmoil host.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SimSockets;
+
+impl SocketFactory for SimSockets {
+    fn bind(&self, addr: SocketAddr) -> io::Result<Arc<dyn AsyncUdpSocket>> {
+        // turmoil's bind is `async` but completes at once (it only touches the simulated
+        // world), so one poll finishes it.
+        let mut bind = std::pin::pin!(turmoil::net::UdpSocket::bind(addr));
+        let sock = match bind
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        {
+            Poll::Ready(r) => r?,
+            Poll::Pending => return Err(io::Error::other("simulated bind did not complete")),
+        };
+        let local = sock.local_addr()?;
+        let sock = Arc::new(sock);
+        // turmoil offers `recv_from` as a future only; a task turns it into a channel that
+        // quinn's `poll_recv` can poll.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let reader = sock.clone();
+        let task = tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok((n, from)) = reader.recv_from(&mut buf).await {
+                if tx.send((buf[..n].to_vec(), from)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Arc::new(SimUdp {
+            sock,
+            local,
+            rx: Mutex::new(rx),
+            reader: task.abort_handle(),
+        }))
+    }
+}
+
+type Datagram = (Vec<u8>, SocketAddr);
+
+/// A turmoil UDP socket as quinn sees it.
+#[derive(Debug)]
+struct SimUdp {
+    sock: Arc<turmoil::net::UdpSocket>,
+    local: SocketAddr,
+    rx: Mutex<tokio::sync::mpsc::UnboundedReceiver<Datagram>>,
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for SimUdp {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Simulated sends never block.
+#[derive(Debug)]
+struct AlwaysWritable;
+
+impl UdpPoller for AlwaysWritable {
+    fn poll_writable(self: Pin<&mut Self>, _cx: &mut Context) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncUdpSocket for SimUdp {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        Box::pin(AlwaysWritable)
+    }
+
+    fn try_send(&self, t: &Transmit) -> io::Result<()> {
+        match t.segment_size {
+            Some(seg) if seg > 0 => {
+                for chunk in t.contents.chunks(seg) {
+                    self.sock.try_send_to(chunk, t.destination)?;
+                }
+            }
+            _ => {
+                self.sock.try_send_to(t.contents, t.destination)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let room = bufs.len().min(meta.len());
+        let mut n = 0;
+        while n < room {
+            let (data, from) = if n == 0 {
+                match rx.poll_recv(cx) {
+                    Poll::Ready(Some(d)) => d,
+                    Poll::Ready(None) => {
+                        return Poll::Ready(Err(io::Error::other("simulated socket closed")))
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(d) => d,
+                    Err(_) => break,
+                }
+            };
+            let len = data.len().min(bufs[n].len());
+            bufs[n][..len].copy_from_slice(&data[..len]);
+            meta[n] = RecvMeta {
+                addr: from,
+                len,
+                stride: len,
+                ..RecvMeta::default()
+            };
+            n += 1;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+
+    fn may_fragment(&self) -> bool {
+        false
+    }
+}
+
+/// One simulation run: a seed and how long the workloads run (simulated time).
+#[derive(Debug, Clone)]
+pub struct SimPlan {
+    /// Seed of everything seeded (see the module documentation).
+    pub seed: u64,
+    /// How long the workloads run and faults are injected, in simulated time.
+    pub time: Duration,
+    /// The cell's session lease.
+    pub lease_ms: u64,
+}
+
+fn host(i: usize) -> String {
+    format!("r{i}")
+}
+
+/// What the client host tells the nemesis: when the workloads end (simulated time since
+/// the start) and which replica leads (from the replicas' status).
+#[derive(Debug, Default)]
+struct Shared {
+    ends_at: Option<Duration>,
+    leader: Option<usize>,
+    verdict: Option<anyhow::Result<Verdict>>,
+}
+
+/// A fault the nemesis injected and has not healed yet.
+struct Active {
+    fault: Fault,
+    target: String,
+    from: Duration,
+    until: Duration,
+    crashed: Option<String>,
+}
+
+const SIM_FAULTS: [Fault; 8] = [
+    Fault::KillLeader,
+    Fault::KillFollower,
+    Fault::PauseLeader,
+    Fault::IsolateLeader,
+    Fault::Split,
+    Fault::OneWay,
+    Fault::Loss,
+    Fault::Slow,
+];
+
+/// Every host of the simulation.
+fn all_hosts() -> Vec<String> {
+    let mut v: Vec<String> = (1..=REPLICAS).map(host).collect();
+    v.push(CLIENTS.into());
+    v
+}
+
+/// Undoes every network fault: repairs and releases every link, no loss, normal latency.
+fn heal_network(sim: &mut turmoil::Sim<'_>) {
+    let hosts = all_hosts();
+    for a in &hosts {
+        for b in &hosts {
+            if a < b {
+                sim.repair(a.as_str(), b.as_str());
+                sim.release(a.as_str(), b.as_str());
+                sim.set_link_fail_rate(a.as_str(), b.as_str(), 0.0);
+                sim.set_link_max_message_latency(a.as_str(), b.as_str(), MAX_LATENCY);
+            }
+        }
+    }
+}
+
+const MAX_LATENCY: Duration = Duration::from_millis(5);
+
+/// Injects `fault`; returns what it hit and the host it crashed, if any.
+fn inject(
+    sim: &mut turmoil::Sim<'_>,
+    fault: Fault,
+    leader: Option<usize>,
+    rng: &mut StdRng,
+) -> (String, Option<String>) {
+    let leader = leader.unwrap_or_else(|| rng.gen_range(1..=REPLICAS));
+    let follower = {
+        let others: Vec<usize> = (1..=REPLICAS).filter(|i| *i != leader).collect();
+        *others.choose(rng).expect("four followers")
+    };
+    let replicas: Vec<String> = (1..=REPLICAS).map(host).collect();
+    match fault {
+        Fault::KillLeader | Fault::KillFollower => {
+            let h = host(if fault == Fault::KillLeader {
+                leader
+            } else {
+                follower
+            });
+            sim.crash(h.as_str());
+            (h.clone(), Some(h))
+        }
+        Fault::PauseLeader => {
+            let h = host(leader);
+            for other in all_hosts().iter().filter(|o| **o != h) {
+                sim.hold(h.as_str(), other.as_str());
+            }
+            (h, None)
+        }
+        Fault::IsolateLeader => {
+            let h = host(leader);
+            for other in all_hosts().iter().filter(|o| **o != h) {
+                sim.partition(h.as_str(), other.as_str());
+            }
+            (h, None)
+        }
+        Fault::Split => {
+            let mut order = replicas.clone();
+            order.shuffle(rng);
+            let (minority, majority) = order.split_at(2);
+            for a in minority {
+                for b in majority {
+                    sim.partition(a.as_str(), b.as_str());
+                }
+            }
+            (format!("{minority:?} | {majority:?}"), None)
+        }
+        Fault::OneWay => {
+            let (a, b) = (host(leader), host(follower));
+            sim.partition_oneway(a.as_str(), b.as_str());
+            (format!("{a} -> {b}"), None)
+        }
+        Fault::Loss => {
+            let rate = rng.gen_range(0.05..0.3);
+            for a in &replicas {
+                for b in all_hosts().iter().filter(|b| *b != a) {
+                    sim.set_link_fail_rate(a.as_str(), b.as_str(), rate);
+                }
+            }
+            (format!("{:.0} % of datagrams", rate * 100.0), None)
+        }
+        Fault::Slow => {
+            let h = host(rng.gen_range(1..=REPLICAS));
+            let ms = rng.gen_range(50..300);
+            for other in all_hosts().iter().filter(|o| **o != h) {
+                sim.set_link_max_message_latency(
+                    h.as_str(),
+                    other.as_str(),
+                    Duration::from_millis(ms),
+                );
+            }
+            (format!("{h} up to {ms} ms per datagram"), None)
+        }
+        Fault::ClientCut | Fault::Member => unreachable!("not drawn in the simulation"),
+    }
+}
+
+/// Runs one seed: builds the simulated cell, runs the workloads under the nemesis, heals,
+/// checks. Histories and `verdict.json` go to `out`.
+pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
+    std::fs::create_dir_all(out)?;
+    let tls = out.join("tls");
+    wire::tls::DevCa::generate()
+        .map_err(anyhow::Error::msg)?
+        .write_to(&tls)?;
+    let margin = Duration::from_secs(600);
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(plan.seed)
+        .simulation_duration(plan.time + margin)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(Duration::from_micros(100))
+        .max_message_latency(MAX_LATENCY)
+        .udp_capacity(1 << 16)
+        .enable_random_order()
+        .build();
+
+    let addrs: Vec<SocketAddr> = (1..=REPLICAS)
+        .map(|i| SocketAddr::new(sim.lookup(host(i)), PORT))
+        .collect();
+    let members: Vec<Member> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Member {
+            id: i as u64 + 1,
+            addr: a.to_string(),
+        })
+        .collect();
+    for i in 1..=REPLICAS {
+        let cfg = ReplicaConfig {
+            id: i as u64,
+            // turmoil binds only the unspecified address; peers know the host's.
+            listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
+            advertise: Some(addrs[i - 1].to_string()),
+            data_dir: out.join(format!("data-{i}")),
+            bootstrap: i == 1,
+            members: members.clone(),
+            tls: TlsConfig {
+                ca: tls.join(wire::tls::CA_FILE),
+                cert: tls.join(wire::tls::CERT_FILE),
+                key: tls.join(wire::tls::KEY_FILE),
+            },
+            raft: RaftConfig::default(),
+            session: SessionConfig {
+                lease_ms: plan.lease_ms,
+                ..SessionConfig::default()
+            },
+            request_timeout_ms: 5_000,
+        };
+        cfg.validate()?;
+        let log = MemLog::new();
+        sim.host(host(i), move || {
+            let cfg = cfg.clone();
+            let plumbing = Plumbing {
+                sockets: Sockets::Factory(Arc::new(SimSockets)),
+                memory_log: Some(log.clone()),
+            };
+            async move {
+                replica::server::run_on(cfg, plumbing, std::future::pending())
+                    .await
+                    .map_err(|e| format!("replica: {e:#}").into())
+            }
+        });
+    }
+
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    {
+        let shared = shared.clone();
+        let mut config = ClientConfig::new(
+            addrs.iter().map(|a| a.to_string()).collect(),
+            tls.join(wire::tls::CA_FILE),
+        );
+        config.sockets = Sockets::Factory(Arc::new(SimSockets));
+        let suite_plan = Plan {
+            time: plan.time,
+            seed: plan.seed,
+            lease_ms: plan.lease_ms,
+            skew: 0.0,
+            faults: SIM_FAULTS.to_vec(),
+        };
+        let out = out.to_path_buf();
+        let replicas: Vec<(u64, SocketAddr)> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (i as u64 + 1, *a))
+            .collect();
+        sim.client(CLIENTS, async move {
+            let r = clients(config, suite_plan, replicas, &out, shared.clone()).await;
+            shared.lock().expect("shared").verdict = Some(r);
+            Ok(())
+        });
+    }
+
+    let faults = nemesis(&mut sim, plan, &shared)?;
+    let verdict = shared
+        .lock()
+        .expect("shared")
+        .verdict
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the client host ended without a verdict"))?;
+    let mut verdict = verdict?;
+    verdict.faults = faults;
+    std::fs::write(
+        out.join("verdict.json"),
+        serde_json::to_string_pretty(&verdict)?,
+    )?;
+    Ok(verdict)
+}
+
+/// The step loop with the nemesis between steps; returns the faults injected.
+fn nemesis(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &SimPlan,
+    shared: &Mutex<Shared>,
+) -> anyhow::Result<Vec<Injected>> {
+    let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6e656d65_73697300);
+    let mut log = Vec::new();
+    let mut active: Option<Active> = None;
+    let mut next_at: Option<Duration> = None;
+    let mut bag: Vec<Fault> = Vec::new();
+    let mut healed = false;
+    loop {
+        let finished = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
+        if finished {
+            break;
+        }
+        let now = sim.elapsed();
+        let (ends_at, leader) = {
+            let s = shared.lock().expect("shared");
+            (s.ends_at, s.leader)
+        };
+        let Some(ends_at) = ends_at else { continue };
+        if healed {
+            continue;
+        }
+        if now >= ends_at {
+            if let Some(a) = active.take() {
+                log.push(heal(sim, a, now));
+            }
+            heal_network(sim);
+            healed = true;
+            continue;
+        }
+        if let Some(a) = &active {
+            if now >= a.until {
+                let a = active.take().expect("active");
+                log.push(heal(sim, a, now));
+                next_at = Some(now + Duration::from_millis(rng.gen_range(1_000..3_000)));
+            }
+            continue;
+        }
+        let due = *next_at.get_or_insert(now + Duration::from_secs(2));
+        let hold = Duration::from_millis(rng.gen_range(1_000..6_000));
+        if now < due || now + hold + Duration::from_secs(1) >= ends_at {
+            continue;
+        }
+        if bag.is_empty() {
+            // Rounds of every kind in a seeded order; the first round of seed `s` opens
+            // with kind `s mod 8`, so any eight consecutive seeds start with every kind.
+            bag = SIM_FAULTS.to_vec();
+            bag.shuffle(&mut rng);
+            if log.is_empty() {
+                let first = SIM_FAULTS[(plan.seed % SIM_FAULTS.len() as u64) as usize];
+                let at = bag.iter().position(|f| *f == first).expect("every kind");
+                let last = bag.len() - 1;
+                bag.swap(at, last);
+            }
+        }
+        let fault = bag.pop().expect("refilled");
+        let (target, crashed) = inject(sim, fault, leader, &mut rng);
+        active = Some(Active {
+            fault,
+            target,
+            from: now,
+            until: now + hold,
+            crashed,
+        });
+    }
+    Ok(log)
+}
+
+/// Heals one fault: restarts the host it crashed, undoes what it did to the network.
+fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration) -> Injected {
+    if let Some(h) = &a.crashed {
+        sim.bounce(h.as_str());
+    }
+    heal_network(sim);
+    Injected {
+        at_ms: a.from.as_millis() as u64,
+        fault: a.fault,
+        target: a.target,
+        held_ms: (now - a.from).as_millis() as u64,
+        error: None,
+    }
+}
+
+/// The client host: waits for a leader, runs the workloads until the plan's time is up,
+/// then checks what they recorded. Meanwhile it tells the nemesis who leads.
+async fn clients(
+    config: ClientConfig,
+    plan: Plan,
+    replicas: Vec<(u64, SocketAddr)>,
+    out: &Path,
+    shared: Arc<Mutex<Shared>>,
+) -> anyhow::Result<Verdict> {
+    let client = Client::connect(config.clone()).await?;
+    let watch = tokio::spawn(watch_leader(
+        client.clone(),
+        replicas.clone(),
+        shared.clone(),
+    ));
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let workloads = suite::start_workloads(&client, &config, &plan, &mut rng).await?;
+    shared.lock().expect("shared").ends_at = Some(turmoil::elapsed() + plan.time);
+    tokio::time::sleep_until(workloads.deadline()).await;
+    // The nemesis heals everything when the time is up; give it a moment.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let verdict = Verdict {
+        seed: plan.seed,
+        secs: plan.time.as_secs(),
+        ..Verdict::default()
+    };
+    let r = suite::finish_workloads(workloads, &client, &replicas, &plan, verdict, out).await;
+    watch.abort();
+    r
+}
+
+/// Keeps [`Shared::leader`] current: the replica that says it leads with the highest term.
+async fn watch_leader(
+    client: Client,
+    replicas: Vec<(u64, SocketAddr)>,
+    shared: Arc<Mutex<Shared>>,
+) {
+    loop {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, (_, addr)) in replicas.iter().enumerate() {
+            if let Ok(Ok(st)) =
+                tokio::time::timeout(Duration::from_millis(500), client.status_of(*addr)).await
+            {
+                if st.role == "Leader" && best.is_none_or(|(t, _)| st.term > t) {
+                    best = Some((st.term, i + 1));
+                }
+            }
+        }
+        if let Some((_, l)) = best {
+            shared.lock().expect("shared").leader = Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
