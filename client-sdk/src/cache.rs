@@ -10,7 +10,7 @@
 //! generation, and a read's answer is stored only if the generation did not move while it
 //! was in flight.
 
-use std::collections::HashMap;
+use wire::hash::HashMap;
 
 use wire::types::NodeStat;
 
@@ -55,7 +55,7 @@ pub(crate) struct Cache {
 impl Cache {
     pub(crate) fn new(entries_max: usize, bytes_max: usize) -> Cache {
         Cache {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             entries_max,
             bytes_max,
             clock: 0,

@@ -1,11 +1,11 @@
 //! Connections, leader discovery and retries.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::HashMap;
 
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
@@ -89,7 +89,7 @@ struct Inner {
     conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
     leader: std::sync::Mutex<Option<SocketAddr>>,
     /// Endpoints that said in their handshake that they are proxies.
-    proxies: std::sync::Mutex<std::collections::HashSet<SocketAddr>>,
+    proxies: std::sync::Mutex<wire::hash::HashSet<SocketAddr>>,
     /// KeepAlives waiting to be sent (see [`Client::keepalive`]).
     keepalives: tokio::sync::mpsc::UnboundedSender<KeepAliveWaiter>,
     /// Invalidation acknowledgements waiting to be sent (see [`Client::ack_invalidation`]).
@@ -116,7 +116,7 @@ async fn ack_batcher(
 ) {
     while let Some(first) = rx.recv().await {
         tokio::time::sleep(ACK_COALESCE).await;
-        let mut by_addr: HashMap<SocketAddr, Vec<PendingAck>> = HashMap::new();
+        let mut by_addr: HashMap<SocketAddr, Vec<PendingAck>> = HashMap::default();
         by_addr.entry(first.addr).or_default().push(first);
         // Bounded by what is queued now (each batch at most KEEPALIVE_BATCH_MAX sessions
         // is split below).
@@ -228,7 +228,7 @@ impl Client {
             cfg,
             endpoint,
             addrs,
-            conns: std::sync::Mutex::new(HashMap::new()),
+            conns: std::sync::Mutex::new(HashMap::default()),
             leader: std::sync::Mutex::new(None),
             proxies: Default::default(),
             keepalives,
@@ -313,7 +313,7 @@ impl Client {
                 };
                 match self.call_at(addr, &req).await {
                     Ok(_) => {
-                        let done: std::collections::HashSet<SessionId> =
+                        let done: wire::hash::HashSet<SessionId> =
                             chunk.iter().map(|(s, _)| *s).collect();
                         acks.retain(|a| !done.contains(&a.session));
                     }
@@ -371,10 +371,10 @@ impl Client {
                 },
                 addr,
             )) => {
-                let renewed: std::collections::HashSet<SessionId> = renewed.into_iter().collect();
-                let expired: std::collections::HashSet<SessionId> = expired.into_iter().collect();
-                let unknown: std::collections::HashSet<SessionId> = unknown.into_iter().collect();
-                let mut unacked: HashMap<SessionId, Vec<(u64, Vec<String>)>> = HashMap::new();
+                let renewed: wire::hash::HashSet<SessionId> = renewed.into_iter().collect();
+                let expired: wire::hash::HashSet<SessionId> = expired.into_iter().collect();
+                let unknown: wire::hash::HashSet<SessionId> = unknown.into_iter().collect();
+                let mut unacked: HashMap<SessionId, Vec<(u64, Vec<String>)>> = HashMap::default();
                 for (s, id, paths) in unacknowledged {
                     unacked.entry(s).or_default().push((id, paths));
                 }

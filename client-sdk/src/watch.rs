@@ -6,11 +6,11 @@
 //! the event's index. Waiters of that node and kind armed later are re-armed at the cell,
 //! since the cell keeps one watch per (session, node, kind).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
+use wire::hash::HashMap;
 
 use tokio::sync::oneshot;
 use wire::types::{LogIndex, WatchEvent, WatchKind, WatchSpec};

@@ -17,11 +17,12 @@
 //! kind) and each client's watch is kept here with the index its read reflects. An event
 //! fires every client watch armed below the event's index; the rest are re-armed upstream.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::{HashMap, HashSet};
 
 use tokio::sync::mpsc::UnboundedSender;
 use wire::types::{LogIndex, NodeStat, Reply, Response, SessionId, WatchEvent, WatchKind};
@@ -160,7 +161,7 @@ impl Tables {
             sink: None,
             queued: VecDeque::new(),
             lease_until: Instant::now() + lease,
-            paths: HashSet::new(),
+            paths: HashSet::default(),
             renewed: false,
         })
     }
@@ -392,7 +393,7 @@ impl Hub {
         age: Duration,
         max: usize,
     ) -> HashMap<SessionId, Vec<(u64, Vec<String>)>> {
-        let mut found: HashMap<SessionId, Vec<(Instant, u64, Vec<String>)>> = HashMap::new();
+        let mut found: HashMap<SessionId, Vec<(Instant, u64, Vec<String>)>> = HashMap::default();
         let now = Instant::now();
         {
             let t = lock(&self.t);
@@ -594,7 +595,7 @@ impl Hub {
         if t.by_upstream.contains_key(&(session, id)) {
             return None;
         }
-        let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::new();
+        let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::default();
         for p in paths {
             t.inval_seq += 1;
             let seq = t.inval_seq;
@@ -897,8 +898,8 @@ mod tests {
         /// Panics unless the indexes of the pending invalidations match them.
         fn assert_indexed(&self) {
             let t = lock(&self.t);
-            let mut waiting_on: HashMap<SessionId, HashSet<u64>> = HashMap::new();
-            let mut by_upstream = HashMap::new();
+            let mut waiting_on: HashMap<SessionId, HashSet<u64>> = HashMap::default();
+            let mut by_upstream = HashMap::default();
             for (id, p) in &t.pending {
                 assert!(!p.waiting.is_empty(), "pending {id} waits for nobody");
                 for s in p.waiting.keys() {

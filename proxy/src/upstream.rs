@@ -1,11 +1,11 @@
 //! The proxy's side toward the cell: its own session, the KeepAlive batcher, and its event
 //! stream (invalidations and watch events for everything its clients cache and watch).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::{HashMap, HashSet};
 
 use client_sdk::Client;
 use tokio::sync::oneshot;
@@ -58,9 +58,9 @@ impl Upstream {
             client,
             hub,
             session: AtomicU64::new(0),
-            queue: Mutex::new(HashMap::new()),
+            queue: Mutex::new(HashMap::default()),
             owed: Mutex::new(Vec::new()),
-            to_rearm: Mutex::new(HashSet::new()),
+            to_rearm: Mutex::new(HashSet::default()),
             interval,
             forward_timeout,
         }

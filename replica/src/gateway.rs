@@ -67,7 +67,7 @@ pub struct Gateway {
 #[derive(Default)]
 pub struct InFlight(
     std::sync::Mutex<
-        std::collections::HashMap<
+        wire::hash::HashMap<
             (SessionId, wire::types::RequestId),
             tokio::sync::broadcast::Sender<Response>,
         >,

@@ -27,6 +27,7 @@
 pub mod command;
 pub mod error;
 pub mod frame;
+pub mod hash;
 pub mod hello;
 pub mod limits;
 pub mod path;

@@ -55,6 +55,13 @@ fn socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
 pub trait SocketFactory: Send + Sync + 'static {
     /// A socket bound to `addr` (port 0: any free port).
     fn bind(&self, addr: SocketAddr) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>>;
+
+    /// Adjusts the configuration of the next endpoint made on this factory's sockets; a
+    /// simulation that must replay exactly seeds the endpoint's randomness here (its
+    /// random number generator, its connection ids). The default changes nothing.
+    fn configure(&self, config: &mut quinn::EndpointConfig) {
+        let _ = config;
+    }
 }
 
 /// Which sockets an endpoint uses: the operating system's, or a [`SocketFactory`]'s.
@@ -89,12 +96,9 @@ fn endpoint(
         }
         Sockets::Factory(f) => {
             let sock = f.bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-            quinn::Endpoint::new_with_abstract_socket(
-                quinn::EndpointConfig::default(),
-                server,
-                sock,
-                runtime,
-            )
+            let mut config = quinn::EndpointConfig::default();
+            f.configure(&mut config);
+            quinn::Endpoint::new_with_abstract_socket(config, server, sock, runtime)
         }
     }
     .map_err(|e| format!("endpoint on {addr}: {e}"))

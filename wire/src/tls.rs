@@ -45,24 +45,69 @@ pub struct DevCa {
 }
 
 impl DevCa {
-    /// Makes a fresh CA and a server certificate signed by it.
+    /// Makes a fresh CA and a server certificate signed by it (ECDSA P-256 keys).
     pub fn generate() -> Result<DevCa, String> {
+        DevCa::generate_with(&rcgen::PKCS_ECDSA_P256_SHA256)
+    }
+
+    /// Like [`DevCa::generate`], with Ed25519 keys (every signature the same length; an
+    /// ECDSA one varies by a byte or two) derived from `seed` and fixed serial numbers, so
+    /// the certificates, and with them the size of every handshake packet, are the same in
+    /// every run. For the fault
+    /// suite's simulation only: whoever knows the seed holds the keys.
+    pub fn generate_ed25519_from_seed(seed: u64) -> Result<DevCa, String> {
         let e = |e: rcgen::Error| e.to_string();
-        let ca_key = rcgen::KeyPair::generate().map_err(e)?;
+        let key = |n: u64| -> Result<rcgen::KeyPair, String> {
+            // PKCS#8 v1 of an Ed25519 key: a fixed prefix, then the 32-byte secret.
+            let mut der = vec![
+                0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+                0x04, 0x20,
+            ];
+            for i in 0..4u64 {
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hasher::write_u64(&mut h, seed);
+                std::hash::Hasher::write_u64(&mut h, n * 4 + i);
+                der.extend_from_slice(&std::hash::Hasher::finish(&h).to_le_bytes());
+            }
+            rcgen::KeyPair::try_from(der.as_slice()).map_err(e)
+        };
+        DevCa::build(key(0)?, key(1)?, true)
+    }
+
+    fn generate_with(alg: &'static rcgen::SignatureAlgorithm) -> Result<DevCa, String> {
+        let e = |e: rcgen::Error| e.to_string();
+        DevCa::build(
+            rcgen::KeyPair::generate_for(alg).map_err(e)?,
+            rcgen::KeyPair::generate_for(alg).map_err(e)?,
+            false,
+        )
+    }
+
+    fn build(
+        ca_key: rcgen::KeyPair,
+        key: rcgen::KeyPair,
+        fixed_serials: bool,
+    ) -> Result<DevCa, String> {
+        let e = |e: rcgen::Error| e.to_string();
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         ca_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "lockservice dev CA");
+        if fixed_serials {
+            ca_params.serial_number = Some(rcgen::SerialNumber::from(1u64));
+        }
         let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(e)?;
 
-        let key = rcgen::KeyPair::generate().map_err(e)?;
-        let params = rcgen::CertificateParams::new(vec![
+        let mut params = rcgen::CertificateParams::new(vec![
             SERVER_NAME.to_string(),
             "localhost".to_string(),
             "127.0.0.1".to_string(),
         ])
         .map_err(e)?;
+        if fixed_serials {
+            params.serial_number = Some(rcgen::SerialNumber::from(2u64));
+        }
         let cert = params.signed_by(&key, &ca).map_err(e)?;
         Ok(DevCa {
             ca_pem: ca.pem(),

@@ -2,8 +2,8 @@
 //! until every cacher dropped the value (or its session ended), and sends the
 //! invalidations on the sessions' event streams. The logic is [`Cachers`].
 
-use std::collections::{HashMap, HashSet};
 use tokio::time::Instant;
+use wire::hash::{HashMap, HashSet};
 
 use actix::{Actor, Addr, Context, Handler, Message, ResponseFuture};
 use tokio::sync::oneshot;
@@ -122,7 +122,7 @@ impl CacherListActor {
         CacherListActor {
             cachers: Cachers::new(),
             streams,
-            waiters: HashMap::new(),
+            waiters: HashMap::default(),
             state,
             failover: None,
             invalidations_sent: 0,
@@ -133,7 +133,7 @@ impl CacherListActor {
     /// mode once there are none.
     fn unconfirmed(&mut self) -> HashSet<SessionId> {
         let Some(f) = &self.failover else {
-            return HashSet::new();
+            return HashSet::default();
         };
         let set: HashSet<SessionId> = {
             let s = self.state.read().expect("state lock");
@@ -267,7 +267,7 @@ impl Handler<LeadershipChanged> for CacherListActor {
         self.waiters.clear();
         self.failover = msg.leading.then(|| Failover {
             boundary: msg.last_log_index,
-            confirmed: HashSet::new(),
+            confirmed: HashSet::default(),
             since: tokio::time::Instant::now(),
         });
     }

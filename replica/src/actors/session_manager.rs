@@ -9,9 +9,9 @@
 //! Every leadership change starts a new *generation*; results of proposals and checks
 //! started in an earlier generation are ignored, so they never touch the new table.
 
-use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::HashMap;
 
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, ResponseActFuture,
@@ -103,7 +103,7 @@ impl SessionManager {
             scan_interval,
             leading_term: None,
             generation: 0,
-            waiting: HashMap::new(),
+            waiting: HashMap::default(),
             cachers: None,
             quorum: None,
             last_tick: Instant::now(),

@@ -3,7 +3,8 @@
 //! reconnecting). Leader-only; emptied when leadership changes, which also ends every
 //! event stream so clients reconnect to the new leader and re-arm.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use wire::hash::HashMap;
 
 use actix::{Actor, Context, Handler, Message};
 use tokio::sync::mpsc;
@@ -90,7 +91,7 @@ impl WatchTableActor {
         WatchTableActor {
             table: WatchTable::new(),
             state,
-            sinks: HashMap::new(),
+            sinks: HashMap::default(),
         }
     }
 

@@ -16,9 +16,9 @@
 //!
 //! Leader-local and volatile: lost on fail-over; clients flush their caches then.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::{HashMap, HashSet};
 
 use wire::types::SessionId;
 
@@ -108,7 +108,7 @@ impl Cachers {
     ) -> (u64, Invalidations) {
         self.next_hold += 1;
         let id = self.next_hold;
-        let mut per_session: HashMap<SessionId, Vec<String>> = HashMap::new();
+        let mut per_session: HashMap<SessionId, Vec<String>> = HashMap::default();
         for p in paths {
             *self.holding.entry(p.clone()).or_default() += 1;
             *self.epoch.entry(p.clone()).or_default() += 1;
@@ -168,7 +168,7 @@ impl Cachers {
         {
             return Vec::new();
         }
-        let old: std::collections::HashSet<u64> = self
+        let old: wire::hash::HashSet<u64> = self
             .holds
             .iter()
             .filter(|(_, h)| h.started + age <= now && h.waiting.contains(&session))
@@ -301,7 +301,7 @@ mod tests {
         let e = c.begin_read("/cfg").unwrap();
         assert!(c.record(1, "/cfg", e));
         assert!(c.record(2, "/cfg", e));
-        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::new());
+        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::default());
         assert_eq!(sends, vec![(1, p("/cfg")), (2, p("/cfg"))]);
         assert!(!c.hold_complete(id));
         // Uncachable meanwhile.
@@ -324,8 +324,8 @@ mod tests {
         }
         let e = c.begin_read("/a").unwrap();
         assert!(c.record(2, "/a", e));
-        let (h1, _) = c.hold(&p("/a"), now, HashSet::new());
-        let (h2, _) = c.hold(&p("/b"), now, HashSet::new());
+        let (h1, _) = c.hold(&p("/a"), now, HashSet::default());
+        let (h2, _) = c.hold(&p("/b"), now, HashSet::default());
         assert_eq!(c.unacknowledged(1), vec![(h1, p("/a")), (h2, p("/b"))]);
         assert!(!c.ack(1, h1));
         assert_eq!(c.unacknowledged(1), vec![(h2, p("/b"))]);
@@ -341,9 +341,9 @@ mod tests {
             let e = c.begin_read(path).unwrap();
             assert!(c.record(1, path, e));
         }
-        let (h1, _) = c.hold(&p("/a"), t0, HashSet::new());
-        let (h2, _) = c.hold(&p("/b"), t0 + Duration::from_secs(1), HashSet::new());
-        let (_h3, _) = c.hold(&p("/c"), t0 + Duration::from_secs(2), HashSet::new());
+        let (h1, _) = c.hold(&p("/a"), t0, HashSet::default());
+        let (h2, _) = c.hold(&p("/b"), t0 + Duration::from_secs(1), HashSet::default());
+        let (_h3, _) = c.hold(&p("/c"), t0 + Duration::from_secs(2), HashSet::default());
         let age = Duration::from_secs(1);
         let at = t0 + Duration::from_millis(2_500);
         assert_eq!(
@@ -363,7 +363,7 @@ mod tests {
         let e = c.begin_read("/cfg").unwrap();
         // A write holds and completes (nobody cached) and is released before the read's
         // record arrives: the read saw the old value and must not be cached.
-        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::new());
+        let (id, sends) = c.hold(&p("/cfg"), now, HashSet::default());
         assert!(sends.is_empty() && c.hold_complete(id));
         c.release(id);
         assert!(!c.record(7, "/cfg", e));
@@ -378,7 +378,7 @@ mod tests {
             let e = c.begin_read("/a").unwrap();
             c.record(s, "/a", e);
         }
-        let (id, _) = c.hold(&p("/a"), t0, HashSet::new());
+        let (id, _) = c.hold(&p("/a"), t0, HashSet::default());
         assert_eq!(
             c.oldest_waiting(t0 + Duration::from_secs(3)),
             Duration::from_secs(3)
@@ -390,8 +390,8 @@ mod tests {
             Duration::ZERO
         );
         // Two writes on one node: cachable only after both released.
-        let (a, _) = c.hold(&p("/b"), t0, HashSet::new());
-        let (b, _) = c.hold(&p("/b"), t0, HashSet::new());
+        let (a, _) = c.hold(&p("/b"), t0, HashSet::default());
+        let (b, _) = c.hold(&p("/b"), t0, HashSet::default());
         c.release(a);
         assert_eq!(c.begin_read("/b"), None);
         c.release(b);
@@ -404,12 +404,12 @@ mod tests {
         let mut c = Cachers::new();
         // Nobody cached at this leader, but sessions 1 and 2 may hold values cached from
         // the old one.
-        let (id, sends) = c.hold(&p("/x"), t0, HashSet::from([1, 2]));
+        let (id, sends) = c.hold(&p("/x"), t0, HashSet::from_iter([1, 2]));
         assert!(sends.is_empty());
         assert!(!c.hold_complete(id));
         assert!(c.confirm(1).is_empty());
         assert_eq!(c.confirm(2), vec![id]);
-        let (id2, _) = c.hold(&p("/y"), t0, HashSet::from([3]));
+        let (id2, _) = c.hold(&p("/y"), t0, HashSet::from_iter([3]));
         assert_eq!(c.session_ended(3), vec![id2], "or its lease ran out");
     }
 }

@@ -37,9 +37,9 @@
 //!
 //! This struct is plain logic with time passed in; the session-manager actor drives it.
 
-use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
+use wire::hash::HashMap;
 
 use wire::command::LeaseCheckpoint;
 use wire::types::SessionId;
@@ -104,7 +104,7 @@ impl Leases {
         Leases {
             lease,
             checkpoint_interval,
-            sessions: HashMap::new(),
+            sessions: HashMap::default(),
             mark_all_unapplied: false,
             mark_all_proposed: false,
             checkpoint_in_flight: false,

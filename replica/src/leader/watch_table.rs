@@ -13,7 +13,7 @@
 //! Leader-local and volatile: emptied on every leadership change; clients re-arm their
 //! watches with the index they last saw (`Op::Rewatch`).
 
-use std::collections::{HashMap, HashSet};
+use wire::hash::{HashMap, HashSet};
 
 use wire::command::Effect;
 use wire::types::{EventType, LogIndex, SessionId, WatchEvent, WatchKind};

@@ -163,7 +163,7 @@ pub struct SmSnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let (data, meta) = {
             let s = self.state.read().expect("state lock");
             let data = postcard::to_allocvec(&*s).map_err(sm_err)?;
@@ -294,10 +294,18 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let dir = self.dir.clone();
-        let file = tokio::task::spawn_blocking(move || snapshot_file::latest(&dir))
-            .await
-            .map_err(sm_err)?
-            .map_err(sm_err)?;
+        let file = match self.sink {
+            // Snapshots written from the calling task (tests, the simulation) are read
+            // the same way: a blocking-pool thread would finish on the wall clock, and a
+            // simulation replays only what runs on its own.
+            SnapshotSink::Direct(_) => snapshot_file::latest(&dir).map_err(sm_err)?,
+            SnapshotSink::Actor(_) => {
+                tokio::task::spawn_blocking(move || snapshot_file::latest(&dir))
+                    .await
+                    .map_err(sm_err)?
+                    .map_err(sm_err)?
+            }
+        };
         Ok(file.map(|f| Snapshot {
             meta: f.meta,
             snapshot: Box::new(Cursor::new(f.data)),
