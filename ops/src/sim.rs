@@ -6,13 +6,15 @@
 //! datagrams through turmoil's simulated UDP ([`SimSockets`]), their Raft logs live in
 //! memory ([`replica::raft::mem_log::MemLog`], kept across a simulated crash as a synced
 //! disk would be) and every timer, lease and deadline runs on turmoil's clock, which
-//! advances only as the simulation steps. One more host runs the workloads and checkers of
-//! the namespace suite ([`crate::suite`]) through the client SDK, on simulated sockets too.
+//! advances only as the simulation steps. A sixth host runs a proxy
+//! (`proxy::server::run_on`), and one more runs the workloads and checkers of the namespace
+//! suite ([`crate::suite`]) through the client SDK on simulated sockets too: both cache
+//! readers, a fenced worker, two register workers and a keeper go through the proxy.
 //!
 //! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
 //! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
-//! datagrams, slow links, and a "hold" of the leader's traffic (its messages wait and
-//! then arrive together, as after a pause). When the workloads' time is up every fault is
+//! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and
+//! then arrive together, as after a pause), and proxied clients cut off from their proxy. When the workloads' time is up every fault is
 //! healed and the cell must converge, exactly as in the namespace suite.
 //!
 //! A seed replays: the same faults at the same simulated times and, in most runs, the same
@@ -60,6 +62,8 @@ use crate::suite::{self, Fault, Injected, Plan, Verdict};
 pub const REPLICAS: usize = 5;
 const PORT: u16 = 7100;
 const CLIENTS: &str = "clients";
+const PROXY: &str = "p1";
+const PROXY_PORT: u16 = 7200;
 
 /// Binds turmoil's simulated UDP sockets for QUIC endpoints; must be called from a task
 /// of a turmoil host.
@@ -304,7 +308,7 @@ struct Active {
     crashed: Option<String>,
 }
 
-const SIM_FAULTS: [Fault; 8] = [
+const SIM_FAULTS: [Fault; 9] = [
     Fault::KillLeader,
     Fault::KillFollower,
     Fault::PauseLeader,
@@ -313,11 +317,13 @@ const SIM_FAULTS: [Fault; 8] = [
     Fault::OneWay,
     Fault::Loss,
     Fault::Slow,
+    Fault::ClientCut,
 ];
 
 /// Every host of the simulation.
 fn all_hosts() -> Vec<String> {
     let mut v: Vec<String> = (1..=REPLICAS).map(host).collect();
+    v.push(PROXY.into());
     v.push(CLIENTS.into());
     v
 }
@@ -402,6 +408,8 @@ fn inject(
             (format!("{:.0} % of datagrams", rate * 100.0), None)
         }
         Fault::Slow => {
+            // One replica's links: each datagram takes up to 50–300 ms. (Slower leader
+            // links lose sessions: see docs/testing.md, "Found by the simulation".)
             let h = host(rng.gen_range(1..=REPLICAS));
             let ms = rng.gen_range(50..300);
             for other in all_hosts().iter().filter(|o| **o != h) {
@@ -413,7 +421,14 @@ fn inject(
             }
             (format!("{h} up to {ms} ms per datagram"), None)
         }
-        Fault::ClientCut | Fault::Member => unreachable!("not drawn in the simulation"),
+        Fault::ClientCut => {
+            // The proxied clients (both cache readers among them) lose their proxy, which
+            // stays connected to the cell: writes to what they cache must wait for their
+            // leases, while their caches keep answering.
+            sim.partition(CLIENTS, PROXY);
+            (format!("{CLIENTS} | {PROXY}"), None)
+        }
+        Fault::Member => unreachable!("not drawn in the simulation"),
     }
 }
 
@@ -496,6 +511,31 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         });
     }
 
+    // One proxy in front of the cell; some of the workloads' clients go through it.
+    let proxy_addr = SocketAddr::new(sim.lookup(PROXY), PROXY_PORT);
+    {
+        let mut cfg = proxy::config::ProxyConfig::new(
+            SocketAddr::from(([0, 0, 0, 0], PROXY_PORT)),
+            addrs.iter().map(|a| a.to_string()).collect(),
+            TlsConfig {
+                ca: tls.join(wire::tls::CA_FILE),
+                cert: tls.join(wire::tls::CERT_FILE),
+                key: tls.join(wire::tls::KEY_FILE),
+            },
+        );
+        cfg.stats_interval_ms = 0;
+        let seed = plan.seed;
+        sim.host(PROXY, move || {
+            let cfg = cfg.clone();
+            let sockets = Sockets::Factory(Arc::new(SimSockets::new(PROXY, seed ^ 0x7072_6f78)));
+            async move {
+                proxy::server::run_on(cfg, sockets, std::future::pending())
+                    .await
+                    .map_err(|e| format!("proxy: {e:#}").into())
+            }
+        });
+    }
+
     let shared = Arc::new(Mutex::new(Shared::default()));
     {
         let shared = shared.clone();
@@ -504,6 +544,8 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             tls.join(wire::tls::CA_FILE),
         );
         config.sockets = Sockets::Factory(Arc::new(SimSockets::new(CLIENTS, plan.seed)));
+        let mut proxied = config.clone();
+        proxied.endpoints = vec![proxy_addr.to_string()];
         let suite_plan = Plan {
             time: plan.time,
             seed: plan.seed,
@@ -518,7 +560,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             .map(|(i, a)| (i as u64 + 1, *a))
             .collect();
         sim.client(CLIENTS, async move {
-            let r = clients(config, suite_plan, replicas, &out, shared.clone()).await;
+            let r = clients(config, proxied, suite_plan, replicas, &out, shared.clone()).await;
             shared.lock().expect("shared").verdict = Some(r);
             Ok(())
         });
@@ -588,18 +630,22 @@ fn nemesis(
             continue;
         }
         if bag.is_empty() {
-            // Rounds of every kind in a seeded order; the first round of seed `s` opens
-            // with kind `s mod 8`, so any eight consecutive seeds start with every kind.
+            // Rounds of every kind in a seeded order. The first round of seed `s` opens
+            // with kinds 3s, 3s+1 and 3s+2 (mod 9, in a seeded order), so any three
+            // consecutive seeds open with every kind between them.
             bag = SIM_FAULTS.to_vec();
             bag.shuffle(&mut rng);
             if log.is_empty() {
-                let first = SIM_FAULTS[(plan.seed % SIM_FAULTS.len() as u64) as usize];
-                let at = bag.iter().position(|f| *f == first).expect("every kind");
-                let last = bag.len() - 1;
-                bag.swap(at, last);
+                let n = SIM_FAULTS.len() as u64;
+                let front: Vec<Fault> = (0..3)
+                    .map(|j| SIM_FAULTS[((3 * plan.seed + j) % n) as usize])
+                    .collect();
+                // `pop` takes from the end: the front kinds go last.
+                bag.sort_by_key(|f| front.contains(f));
             }
         }
         let fault = bag.pop().expect("refilled");
+
         let (target, crashed) = inject(sim, fault, leader, &mut rng);
         active = Some(Active {
             fault,
@@ -631,6 +677,7 @@ fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration) -> Injected {
 /// then checks what they recorded. Meanwhile it tells the nemesis who leads.
 async fn clients(
     config: ClientConfig,
+    proxied: ClientConfig,
     plan: Plan,
     replicas: Vec<(u64, SocketAddr)>,
     out: &Path,
@@ -643,7 +690,8 @@ async fn clients(
         shared.clone(),
     ));
     let mut rng = StdRng::seed_from_u64(plan.seed);
-    let workloads = suite::start_workloads(&client, &config, &plan, &mut rng).await?;
+    let workloads =
+        suite::start_workloads(&client, &config, Some(&proxied), &plan, &mut rng).await?;
     shared.lock().expect("shared").ends_at = Some(turmoil::elapsed() + plan.time);
     tokio::time::sleep_until(workloads.deadline()).await;
     // The nemesis heals everything when the time is up; give it a moment.
@@ -653,7 +701,8 @@ async fn clients(
         secs: plan.time.as_secs(),
         ..Verdict::default()
     };
-    let r = suite::finish_workloads(workloads, &client, &replicas, &plan, verdict, out).await;
+    // The proxy keeps a session of its own for as long as it runs.
+    let r = suite::finish_workloads(workloads, &client, &replicas, 1, &plan, verdict, out).await;
     watch.abort();
     r
 }

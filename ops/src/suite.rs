@@ -978,6 +978,7 @@ fn expect_membership(r: Result<Reply, wire::Error>) -> anyhow::Result<()> {
 pub(crate) async fn check_converged(
     replicas: &[(u64, SocketAddr)],
     client: &Client,
+    sessions_left: u64,
     within: Duration,
 ) -> Result<(), String> {
     let end = Instant::now() + within;
@@ -996,7 +997,7 @@ pub(crate) async fn check_converged(
         let applied: std::collections::BTreeSet<_> = seen.values().map(|(_, _, a)| *a).collect();
         if seen.len() == replicas.len() && counts.len() == 1 && applied.len() == 1 {
             let (sessions, _) = counts.into_iter().next().expect("one");
-            if sessions == 0 {
+            if sessions == sessions_left {
                 let members = client
                     .children("/suite/members")
                     .await
@@ -1057,7 +1058,7 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         .await
         .ok_or_else(|| anyhow::anyhow!("no leader within 30 s"))?;
     let mut rng = StdRng::seed_from_u64(plan.seed);
-    let workloads = start_workloads(&client, &config, &plan, &mut rng).await?;
+    let workloads = start_workloads(&client, &config, None, &plan, &mut rng).await?;
     let faults = nemesis(cell, &client, &workloads.run, &mut rng).await;
     tokio::time::sleep_until(workloads.deadline()).await;
     let mut violations = Vec::new();
@@ -1075,7 +1076,7 @@ async fn drive(cell: &mut Cell, plan: Plan, out: &Path) -> anyhow::Result<Verdic
         violations,
         ..Verdict::default()
     };
-    finish_workloads(workloads, &client, &replicas, &plan, verdict, out).await
+    finish_workloads(workloads, &client, &replicas, 0, &plan, verdict, out).await
 }
 
 /// The workloads of one run, as [`start_workloads`] left them running.
@@ -1095,10 +1096,13 @@ impl Workloads {
 
 /// Creates the namespace the workloads use (every register key starts at "0") and starts
 /// every workload, each on its own client built from `config`, until `plan.time` from now.
-/// Worker seeds are drawn from `rng`.
+/// With `proxied`, both cache readers, one fenced worker, two register workers and one
+/// keeper use it instead (a proxy's endpoints): their sessions, KeepAlives, reads and
+/// invalidations then go through the proxy. Worker seeds are drawn from `rng`.
 pub(crate) async fn start_workloads(
     client: &Client,
     config: &ClientConfig,
+    proxied: Option<&ClientConfig>,
     plan: &Plan,
     rng: &mut StdRng,
 ) -> anyhow::Result<Workloads> {
@@ -1130,15 +1134,19 @@ pub(crate) async fn start_workloads(
     // independently configured clients would: reads then reach followers first, and only
     // a follower that refuses them (it does not lead) sends the client on to the leader.
     let mut n_clients = 0usize;
-    let mut new_client = || {
-        let mut cfg = config.clone();
-        cfg.endpoints.rotate_left(n_clients % REPLICAS);
+    let mut new_client = |via_proxy: bool| {
+        let mut cfg = match proxied {
+            Some(p) if via_proxy => p.clone(),
+            _ => config.clone(),
+        };
+        let n = cfg.endpoints.len().max(1);
+        cfg.endpoints.rotate_left(n_clients % n);
         n_clients += 1;
         Client::connect(cfg)
     };
     let mut cache_clients = Vec::new();
     for _ in 0..2 {
-        cache_clients.push(new_client().await?);
+        cache_clients.push(new_client(true).await?);
     }
     let lossy_ports = cache_clients
         .iter()
@@ -1156,31 +1164,31 @@ pub(crate) async fn start_workloads(
     });
     let mut tasks = Vec::new();
     for w in 0..3 {
-        let c = new_client().await?;
+        let c = new_client(w == 2).await?;
         tasks.push(tokio::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
     }
     for w in 0..4 {
-        let c = new_client().await?;
+        let c = new_client(w >= 2).await?;
         tasks.push(tokio::spawn(register_worker(c, run.clone(), w, rng.gen())));
     }
     for (i, c) in cache_clients.into_iter().enumerate() {
         tasks.push(tokio::spawn(cache_reader(c, run.clone(), i, rng.gen())));
     }
     for i in 0..2 {
-        let c = new_client().await?;
+        let c = new_client(false).await?;
         tasks.push(tokio::spawn(reader(c, run.clone(), i, rng.gen())));
     }
     {
-        let c = new_client().await?;
+        let c = new_client(false).await?;
         tasks.push(tokio::spawn(abandoner(c, run.clone())));
     }
     let mut keepers = Vec::new();
     for i in 0..3 {
-        let c = new_client().await?;
+        let c = new_client(i == 2).await?;
         keepers.push(tokio::spawn(keeper(c, run.clone(), i)));
     }
     // Watchers: one session, a task per key of each epoch, started as the epoch begins.
-    let watch_client = new_client().await?;
+    let watch_client = new_client(false).await?;
     let watchers = {
         let run = run.clone();
         let epochs_run = plan.time.as_millis().div_ceil(EPOCH.as_millis()) as u64;
@@ -1224,13 +1232,15 @@ pub(crate) async fn start_workloads(
     })
 }
 
-/// Once the faults are healed: waits for the workloads, checks the cell converged, writes
-/// the history and runs the checkers; completes `verdict` (which holds the faults and any
+/// Once the faults are healed: waits for the workloads, checks the cell converged (with
+/// `sessions_left` sessions that are not the workloads', such as a proxy's own), writes the
+/// history and runs the checkers; completes `verdict` (which holds the faults and any
 /// violations found so far) and writes it to `out/verdict.json`.
 pub(crate) async fn finish_workloads(
     workloads: Workloads,
     client: &Client,
     replicas: &[(u64, SocketAddr)],
+    sessions_left: u64,
     plan: &Plan,
     mut verdict: Verdict,
     out: &Path,
@@ -1263,7 +1273,7 @@ pub(crate) async fn finish_workloads(
     }
     // Convergence: sessions left to expire need a lease, plus fail-over slack.
     let within = Duration::from_millis(plan.lease_ms * 3) + Duration::from_secs(30);
-    if let Err(e) = check_converged(replicas, client, within).await {
+    if let Err(e) = check_converged(replicas, client, sessions_left, within).await {
         violations.push(e);
     }
 

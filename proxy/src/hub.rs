@@ -862,14 +862,13 @@ impl Tables {
     }
 }
 
+/// A number that differs between processes and between calls: from the keys of a fresh
+/// `wire::hash` hasher (random per process, fixed per seed in the fault suite's
+/// simulation, which must replay).
 fn rand_u32() -> u32 {
     use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
+    let mut h = wire::hash::SeededState::default().build_hasher();
+    h.write_u8(0);
     h.finish() as u32
 }
 

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;
 use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
+use wire::quic::Sockets;
 use wire::types::{IdRanges, Op, ProxyStatus, Reply, Request, Response, SessionId};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
@@ -27,12 +28,23 @@ pub struct Proxy {
 
 /// Runs a proxy until `shutdown` completes.
 pub async fn run(cfg: ProxyConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_on(cfg, Sockets::Os, shutdown).await
+}
+
+/// [`run`] with both its endpoints (the listener and the upstream client) on `sockets`:
+/// the fault suite's simulation runs proxies on simulated ones.
+pub async fn run_on(
+    cfg: ProxyConfig,
+    sockets: Sockets,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     cfg.validate()?;
     let tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT])
         .map_err(anyhow::Error::msg)?;
-    let endpoint =
-        wire::quic::server_endpoint(cfg.listen, tls, None).map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint_on(&sockets, cfg.listen, tls, None)
+        .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
+    ccfg.sockets = sockets;
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
     ccfg.attempt_timeout = Duration::from_millis(cfg.forward_timeout_ms);
     let client = Client::connect(ccfg)

@@ -23,8 +23,10 @@ pub use wire::tls::TlsConfig;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RaftConfig {
-    /// Leader heartbeat period. openraft 0.9 also uses it as the AppendEntries timeout, so
-    /// below ~100 ms debug builds time out.
+    /// Leader heartbeat period. openraft 0.9 also uses it as the AppendEntries and
+    /// leadership-check timeout, so below ~100 ms debug builds time out, and it must exceed
+    /// the worst round trip between replicas (see docs/testing.md, "Found by the
+    /// simulation").
     pub heartbeat_interval_ms: u64,
     /// Lower bound of the randomized election timeout: long enough that a slow fsync or a
     /// short blip does not start an election, short enough for fail-over well inside a lease.
