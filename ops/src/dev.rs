@@ -65,11 +65,7 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             data_dir: abs.join(format!("replica-{}", m.id)),
             bootstrap: m.id == 1,
             members: members.clone(),
-            tls: TlsConfig {
-                ca: abs.join("tls").join(wire::tls::CA_FILE),
-                cert: abs.join("tls").join(wire::tls::CERT_FILE),
-                key: abs.join("tls").join(wire::tls::KEY_FILE),
-            },
+            tls: TlsConfig::in_dir(&abs.join("tls")),
             raft: RaftConfig::default(),
             session: SessionConfig {
                 lease_ms: args.lease_ms,
@@ -104,11 +100,7 @@ pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
         let cfg = proxy::ProxyConfig::new(
             listen.parse()?,
             replicas.clone(),
-            proxy::config::TlsConfig {
-                ca: abs.join("tls").join(wire::tls::CA_FILE),
-                cert: abs.join("tls").join(wire::tls::CERT_FILE),
-                key: abs.join("tls").join(wire::tls::KEY_FILE),
-            },
+            proxy::config::TlsConfig::in_dir(&abs.join("tls")),
         );
         cfg.validate()?;
         let path = args.data.join(format!("proxy-{}.toml", i + 1));

@@ -478,11 +478,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             data_dir: out.join(format!("data-{i}")),
             bootstrap: i == 1,
             members: members.clone(),
-            tls: TlsConfig {
-                ca: tls.join(wire::tls::CA_FILE),
-                cert: tls.join(wire::tls::CERT_FILE),
-                key: tls.join(wire::tls::KEY_FILE),
-            },
+            tls: TlsConfig::in_dir(&tls),
             raft: RaftConfig {
                 election_timeout_min_ms: election,
                 election_timeout_max_ms: election + 1,
@@ -517,11 +513,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         let mut cfg = proxy::config::ProxyConfig::new(
             SocketAddr::from(([0, 0, 0, 0], PROXY_PORT)),
             addrs.iter().map(|a| a.to_string()).collect(),
-            TlsConfig {
-                ca: tls.join(wire::tls::CA_FILE),
-                cert: tls.join(wire::tls::CERT_FILE),
-                key: tls.join(wire::tls::KEY_FILE),
-            },
+            TlsConfig::in_dir(&tls),
         );
         cfg.stats_interval_ms = 0;
         let seed = plan.seed;

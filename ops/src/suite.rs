@@ -228,11 +228,7 @@ impl Cell {
             data_dir: self.out.join(format!("data-{id}")),
             bootstrap,
             members,
-            tls: TlsConfig {
-                ca: tls.join(wire::tls::CA_FILE),
-                cert: tls.join(wire::tls::CERT_FILE),
-                key: tls.join(wire::tls::KEY_FILE),
-            },
+            tls: TlsConfig::in_dir(&tls),
             raft: Default::default(),
             session: SessionConfig {
                 lease_ms: self.plan.lease_ms,

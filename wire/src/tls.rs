@@ -24,6 +24,17 @@ pub struct TlsConfig {
     pub key: PathBuf,
 }
 
+impl TlsConfig {
+    /// The files [`DevCa::write_to`] writes into `dir`.
+    pub fn in_dir(dir: &Path) -> TlsConfig {
+        TlsConfig {
+            ca: dir.join(CA_FILE),
+            cert: dir.join(CERT_FILE),
+            key: dir.join(KEY_FILE),
+        }
+    }
+}
+
 /// The DNS name every server certificate carries and every client checks.
 pub const SERVER_NAME: &str = "lockservice";
 

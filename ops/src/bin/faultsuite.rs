@@ -155,6 +155,22 @@ fn check(history: &Path) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// One line of what a run did and checked.
+fn summary(v: &Verdict) -> String {
+    format!(
+        "{} faults; {} grants, {} fenced writes accepted, {} refused as stale; {} register ops \
+         linearizable; {} sessions kept, {} abandoned; {} watches checked",
+        v.faults.len(),
+        v.grants,
+        v.fenced_accepted,
+        v.fenced_refused,
+        v.register_ops,
+        v.sessions_kept,
+        v.sessions_abandoned,
+        v.watches_checked
+    )
+}
+
 fn clock_seed() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -193,18 +209,9 @@ fn sim(
         match ops::sim::run_seed(&plan, &dir) {
             Ok(v) if v.passed() => {
                 println!(
-                    "faultsuite sim: seed {s}: PASS in {:.1} s: {} faults; {} grants, {} fenced \
-                     writes accepted, {} refused; {} register ops linearizable; {} sessions \
-                     kept, {} abandoned; {} watches checked",
+                    "faultsuite sim: seed {s}: PASS in {:.1} s: {}",
                     t.elapsed().as_secs_f64(),
-                    v.faults.len(),
-                    v.grants,
-                    v.fenced_accepted,
-                    v.fenced_refused,
-                    v.register_ops,
-                    v.sessions_kept,
-                    v.sessions_abandoned,
-                    v.watches_checked
+                    summary(&v)
                 );
                 let _ = std::fs::remove_dir_all(dir.join("tls"));
             }
@@ -350,18 +357,7 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::FAILURE);
     };
-    println!(
-        "faultsuite: seed {seed}: {} faults; {} grants, {} fenced writes accepted, {} refused as \
-         stale; {} register ops linearizable; {} sessions kept, {} abandoned; {} watches checked",
-        v.faults.len(),
-        v.grants,
-        v.fenced_accepted,
-        v.fenced_refused,
-        v.register_ops,
-        v.sessions_kept,
-        v.sessions_abandoned,
-        v.watches_checked
-    );
+    println!("faultsuite: seed {seed}: {}", summary(&v));
     if v.passed() {
         println!("faultsuite: PASS (seed {seed})");
         Ok(ExitCode::SUCCESS)
