@@ -408,10 +408,10 @@ fn inject(
             (format!("{:.0} % of datagrams", rate * 100.0), None)
         }
         Fault::Slow => {
-            // One replica's links: each datagram takes up to 50–300 ms. (Slower leader
-            // links lose sessions: see docs/testing.md, "Found by the simulation".)
-            let h = host(rng.gen_range(1..=REPLICAS));
-            let ms = rng.gen_range(50..300);
+            // The leader's links: each datagram takes up to 100–400 ms, above openraft's
+            // 150 ms RPC timeout, for a lease and a half (see `nemesis`).
+            let h = host(leader);
+            let ms = rng.gen_range(100..400);
             for other in all_hosts().iter().filter(|o| **o != h) {
                 sim.set_link_max_message_latency(
                     h.as_str(),
@@ -637,6 +637,15 @@ fn nemesis(
             }
         }
         let fault = bag.pop().expect("refilled");
+        let hold = if fault == Fault::Slow {
+            hold.max(Duration::from_millis(plan.lease_ms * 3 / 2))
+        } else {
+            hold
+        };
+        if now + hold + Duration::from_secs(1) >= ends_at {
+            bag.push(fault);
+            continue;
+        }
 
         let (target, crashed) = inject(sim, fault, leader, &mut rng);
         active = Some(Active {

@@ -24,6 +24,7 @@ use wire::Error;
 
 use crate::actors::cacher_list::{CacherListActor, Hold, LeaseExpired, Release};
 use crate::actors::raft_node::{LeadershipChanged, Propose, RaftNode};
+use crate::leader::confirm_watch::ConfirmWatch;
 use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::{Applied, SharedState};
@@ -78,6 +79,8 @@ pub struct SessionManager {
     last_tick: Instant,
     /// Whether the lease clock is stopped now (for logging the change once).
     clock_stopped: bool,
+    /// Leadership confirmations for KeepAlives: failing ones stop the lease clock too.
+    confirms: ConfirmWatch,
 }
 
 type QuorumWatch = tokio::sync::watch::Receiver<
@@ -108,13 +111,17 @@ impl SessionManager {
             quorum: None,
             last_tick: Instant::now(),
             clock_stopped: false,
+            confirms: ConfirmWatch::default(),
         }
     }
 
     /// Stops the lease clock while this leader has heard no quorum acknowledgement for
     /// `silence` (Raft's `millis_since_quorum_ack`): KeepAlives cannot be confirmed then,
     /// through no fault of the clients (a slow or lossy link at the leader), so no lease
-    /// runs out meanwhile. Cells of one voter have no quorum to hear from and are left out.
+    /// runs out meanwhile. Also while KeepAlives' leadership confirmations fail or stall
+    /// for longer than `silence` (see [`ConfirmWatch`]): with round trips just above
+    /// openraft's RPC timeout, the quorum clock can look alive while no KeepAlive is
+    /// confirmed. Cells of one voter have no quorum to hear from and are left out.
     pub fn with_quorum_watch(mut self, metrics: QuorumWatch, silence: Duration) -> SessionManager {
         self.quorum = Some((metrics, silence));
         self
@@ -158,6 +165,37 @@ impl SessionManager {
         }
     }
 
+    /// True while KeepAlives' leadership confirmations stall or fail (multi-voter cells
+    /// with a quorum watch only): one waiting longer than the silence, or the last one
+    /// failed within a lease with none confirmed since.
+    fn confirms_failing(&self, now: Instant) -> bool {
+        let Some((m, silence)) = &self.quorum else {
+            return false;
+        };
+        if m.borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .count()
+            < 2
+        {
+            return false;
+        }
+        self.confirms
+            .failing(now, *silence, Duration::from_millis(self.lease_ms))
+    }
+
+    /// Confirms leadership for KeepAlives through the read gate, tracked by `confirms`.
+    fn confirm_for_keepalives(&self) -> impl std::future::Future<Output = Result<(), Error>> {
+        let gate = self.gate.clone();
+        let ticket = self.confirms.start(Instant::now());
+        async move {
+            let r = gate.confirm().await;
+            ticket.finish(r.is_ok(), Instant::now());
+            r
+        }
+    }
+
     fn tick(&mut self, ctx: &mut Context<Self>) {
         let now = Instant::now();
         let since_last = now.saturating_duration_since(self.last_tick);
@@ -165,15 +203,21 @@ impl SessionManager {
         if !self.leases.is_active() {
             return;
         }
-        if self.quorum_silent() {
+        let quorum_silent = self.quorum_silent();
+        if quorum_silent || self.confirms_failing(now) {
             if !self.clock_stopped {
-                tracing::warn!("no quorum acknowledgement: lease clock stopped");
+                let why = if quorum_silent {
+                    "no quorum acknowledgement"
+                } else {
+                    "KeepAlive confirmations failing"
+                };
+                tracing::warn!("{why}: lease clock stopped");
                 self.clock_stopped = true;
             }
             self.leases.postpone(since_last);
             return;
         } else if self.clock_stopped {
-            tracing::warn!("quorum heard again: lease clock running");
+            tracing::warn!("quorum heard and KeepAlives confirmed again: lease clock running");
             self.clock_stopped = false;
         }
         let expired = self.leases.take_expired(now);
@@ -259,10 +303,9 @@ impl SessionManager {
         if waiters.is_empty() {
             return;
         }
-        let gate = self.gate.clone();
         let generation = self.generation;
         ctx.spawn(
-            async move { gate.confirm().await }
+            self.confirm_for_keepalives()
                 .into_actor(self)
                 .map(move |r, act, _| {
                     for (id, (received, tx)) in waiters {
@@ -342,6 +385,7 @@ impl Handler<LeadershipChanged> for SessionManager {
 
     fn handle(&mut self, msg: LeadershipChanged, ctx: &mut Context<Self>) {
         self.generation += 1;
+        self.confirms.reset();
         self.leases.step_down();
         self.fail_all_waiters(not_leader());
         if !msg.leading {
@@ -415,17 +459,18 @@ impl Handler<KeepAlive> for SessionManager {
             KeepAliveStep::Unknown => fail(not_leader()),
             KeepAliveStep::Expired => fail(Error::SessionExpired { session: id }),
             KeepAliveStep::Renew => {
-                let gate = self.gate.clone();
                 let generation = self.generation;
-                Box::pin(async move { gate.confirm().await }.into_actor(self).map(
-                    move |r, act, _| {
-                        r?;
-                        if act.generation != generation {
-                            return Err(not_leader());
-                        }
-                        act.renewal_reply(id, msg.received)
-                    },
-                ))
+                Box::pin(
+                    self.confirm_for_keepalives()
+                        .into_actor(self)
+                        .map(move |r, act, _| {
+                            r?;
+                            if act.generation != generation {
+                                return Err(not_leader());
+                            }
+                            act.renewal_reply(id, msg.received)
+                        }),
+                )
             }
             KeepAliveStep::NeedsCheckpoint => {
                 let (tx, rx) = oneshot::channel();
