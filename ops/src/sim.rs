@@ -13,9 +13,10 @@
 //!
 //! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
 //! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
-//! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and
-//! then arrive together, as after a pause), and proxied clients cut off from their proxy. When the workloads' time is up every fault is
-//! healed and the cell must converge, exactly as in the namespace suite.
+//! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and then
+//! arrive together, as after a pause), and proxied clients cut off from their proxy. When
+//! the workloads' time is up every fault is healed and the cell must converge, exactly as
+//! in the namespace suite.
 //!
 //! A seed replays: the same faults at the same simulated times and, in most runs, the same
 //! datagrams in the same order and so the same history. What that takes, besides
