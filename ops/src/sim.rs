@@ -14,7 +14,9 @@
 //! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
 //! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
 //! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and then
-//! arrive together, as after a pause), and proxied clients cut off from their proxy. When
+//! arrive together, as after a pause), proxied clients cut off from their proxy, and a
+//! follower replaced (removed, restarted empty under a new id, added as a learner, caught
+//! up, promoted). When
 //! the workloads' time is up every fault is healed and the cell must converge, exactly as
 //! in the namespace suite.
 //!
@@ -34,8 +36,7 @@
 //! (simulated time, host, peer, length), which is how the other sources were found.
 //!
 //! Not simulated here (the namespace tier covers them): clock rate skew (turmoil gives
-//! every host the same clock), process pauses (a "hold" of the network is the nearest),
-//! and membership changes.
+//! every host the same clock) and process pauses (a "hold" of the network is the nearest).
 
 use std::future::Future;
 use std::io::{self, IoSliceMut};
@@ -56,6 +57,7 @@ use replica::config::{Member, RaftConfig, ReplicaConfig, SessionConfig, TlsConfi
 use replica::raft::mem_log::MemLog;
 use replica::server::Plumbing;
 use wire::quic::{SocketFactory, Sockets};
+use wire::types::{Op as WireOp, Reply};
 
 use crate::suite::{self, Fault, Injected, Plan, Verdict};
 
@@ -298,6 +300,36 @@ struct Shared {
     ends_at: Option<Duration>,
     leader: Option<usize>,
     verdict: Option<anyhow::Result<Verdict>>,
+    /// A membership change for the client host to make (the `member` fault), and its
+    /// outcome.
+    admin: Option<Admin>,
+    admin_result: Option<Result<(), String>>,
+}
+
+/// A membership change the nemesis asks the client host to make.
+#[derive(Debug, Clone)]
+enum Admin {
+    /// Remove replica `id` from the cell.
+    Remove(u64),
+    /// Add replica `id` at `addr` as a learner, wait until it caught up, promote it.
+    Add { id: u64, addr: SocketAddr },
+}
+
+/// What a replica host runs when it (re)starts: the `member` fault gives it a new id,
+/// an empty log and a fresh data directory.
+#[derive(Debug, Clone)]
+struct Slot {
+    cfg: ReplicaConfig,
+    log: MemLog,
+}
+
+/// Where a `member` fault stands.
+#[derive(Debug, Clone, Copy)]
+enum MemberStep {
+    /// Waiting for the removal of `old`, which runs on host `host`.
+    Removing { host: usize, old: u64 },
+    /// The host restarted as a new replica; waiting for it to be added and promoted.
+    Adding,
 }
 
 /// A fault the nemesis injected and has not healed yet.
@@ -307,9 +339,10 @@ struct Active {
     from: Duration,
     until: Duration,
     crashed: Option<String>,
+    member: Option<MemberStep>,
 }
 
-const SIM_FAULTS: [Fault; 9] = [
+const SIM_FAULTS: [Fault; 10] = [
     Fault::KillLeader,
     Fault::KillFollower,
     Fault::PauseLeader,
@@ -319,6 +352,7 @@ const SIM_FAULTS: [Fault; 9] = [
     Fault::Loss,
     Fault::Slow,
     Fault::ClientCut,
+    Fault::Member,
 ];
 
 /// Every host of the simulation.
@@ -429,7 +463,7 @@ fn inject(
             sim.partition(CLIENTS, PROXY);
             (format!("{CLIENTS} | {PROXY}"), None)
         }
-        Fault::Member => unreachable!("not drawn in the simulation"),
+        Fault::Member => unreachable!("a membership change is driven by `nemesis`"),
     }
 }
 
@@ -467,6 +501,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     // openraft draws each election timeout from the operating system's randomness; a
     // range one millisecond wide makes it a constant, drawn here per replica from the seed
     // (distinct, so elections do not tie).
+    let mut slots = Vec::new();
     let mut timeouts: Vec<u64> = (0..10u64).map(|k| 500 + 50 * k).collect();
     timeouts.shuffle(&mut StdRng::seed_from_u64(plan.seed ^ 0x656c_6563));
     for i in 1..=REPLICAS {
@@ -492,13 +527,22 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             request_timeout_ms: 5_000,
         };
         cfg.validate()?;
-        let log = MemLog::new();
+        let slot = Arc::new(Mutex::new(Slot {
+            cfg,
+            log: MemLog::new(),
+        }));
+        slots.push(slot.clone());
         let seed = plan.seed;
+        let starts = std::sync::atomic::AtomicU64::new(0);
         sim.host(host(i), move || {
-            let cfg = cfg.clone();
+            let Slot { cfg, log } = slot.lock().expect("slot").clone();
+            // Each start of the host seeds its endpoint anew: a restarted replica must
+            // not reuse its previous life's connection ids.
+            let start = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let sockets = SimSockets::new(&host(i), seed ^ i as u64 ^ (start << 32));
             let plumbing = Plumbing {
-                sockets: Sockets::Factory(Arc::new(SimSockets::new(&host(i), seed ^ i as u64))),
-                memory_log: Some(log.clone()),
+                sockets: Sockets::Factory(Arc::new(sockets)),
+                memory_log: Some(log),
             };
             async move {
                 replica::server::run_on(cfg, plumbing, std::future::pending())
@@ -559,7 +603,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         });
     }
 
-    let faults = nemesis(&mut sim, plan, &shared)?;
+    let faults = nemesis(&mut sim, plan, &shared, &slots, &addrs, out)?;
     let verdict = shared
         .lock()
         .expect("shared")
@@ -580,7 +624,11 @@ fn nemesis(
     sim: &mut turmoil::Sim<'_>,
     plan: &SimPlan,
     shared: &Mutex<Shared>,
+    slots: &[Arc<Mutex<Slot>>],
+    addrs: &[SocketAddr],
+    out: &Path,
 ) -> anyhow::Result<Vec<Injected>> {
+    let mut next_id = REPLICAS as u64 + 1;
     let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6e656d65_73697300);
     let mut log = Vec::new();
     let mut active: Option<Active> = None;
@@ -603,16 +651,51 @@ fn nemesis(
         }
         if now >= ends_at {
             if let Some(a) = active.take() {
-                log.push(heal(sim, a, now));
+                let error = a.member.map(|m| format!("unfinished at the end: {m:?}"));
+                log.push(heal(sim, a, now, error));
             }
             heal_network(sim);
             healed = true;
             continue;
         }
-        if let Some(a) = &active {
-            if now >= a.until {
+        if let Some(a) = &mut active {
+            let mut done: Option<Option<String>> = None;
+            if let Some(step) = a.member {
+                let result = shared.lock().expect("shared").admin_result.take();
+                match (step, result) {
+                    (MemberStep::Removing { host: h, old }, Some(Ok(()))) => {
+                        // Removed: the host starts again as a new, empty replica.
+                        let new = next_id;
+                        next_id += 1;
+                        sim.crash(host(h).as_str());
+                        {
+                            let mut slot = slots[h - 1].lock().expect("slot");
+                            slot.cfg.id = new;
+                            slot.cfg.bootstrap = false;
+                            slot.cfg.data_dir = out.join(format!("data-{new}"));
+                            slot.log = MemLog::new();
+                        }
+                        sim.bounce(host(h).as_str());
+                        a.target = format!("{}: replica {old} replaced by {new}", host(h));
+                        a.member = Some(MemberStep::Adding);
+                        shared.lock().expect("shared").admin = Some(Admin::Add {
+                            id: new,
+                            addr: addrs[h - 1],
+                        });
+                    }
+                    (MemberStep::Adding, Some(Ok(()))) => done = Some(None),
+                    (_, Some(Err(e))) => done = Some(Some(e)),
+                    (_, None) if now >= a.until => {
+                        done = Some(Some(format!("timed out: {step:?}")));
+                    }
+                    (_, None) => {}
+                }
+            } else if now >= a.until {
+                done = Some(None);
+            }
+            if let Some(error) = done {
                 let a = active.take().expect("active");
-                log.push(heal(sim, a, now));
+                log.push(heal(sim, a, now, error));
                 next_at = Some(now + Duration::from_millis(rng.gen_range(1_000..3_000)));
             }
             continue;
@@ -624,7 +707,7 @@ fn nemesis(
         }
         if bag.is_empty() {
             // Rounds of every kind in a seeded order. The first round of seed `s` opens
-            // with kinds 3s, 3s+1 and 3s+2 (mod 9, in a seeded order), so any three
+            // with kinds 3s, 3s+1 and 3s+2 (mod 10, in a seeded order), so any four
             // consecutive seeds open with every kind between them.
             bag = SIM_FAULTS.to_vec();
             bag.shuffle(&mut rng);
@@ -638,13 +721,36 @@ fn nemesis(
             }
         }
         let fault = bag.pop().expect("refilled");
-        let hold = if fault == Fault::Slow {
-            hold.max(Duration::from_millis(plan.lease_ms * 3 / 2))
-        } else {
-            hold
+        let hold = match fault {
+            Fault::Slow => hold.max(Duration::from_millis(plan.lease_ms * 3 / 2)),
+            // The longest a membership change may take.
+            Fault::Member => Duration::from_secs(15),
+            _ => hold,
         };
         if now + hold + Duration::from_secs(1) >= ends_at {
-            bag.push(fault);
+            // Too long for the time left: try another kind first.
+            bag.insert(0, fault);
+            continue;
+        }
+        if fault == Fault::Member {
+            // A follower's replica is removed; `Removing` then restarts its host as a
+            // new replica, which is added as a learner, caught up and promoted.
+            let Some(l) = leader else {
+                bag.insert(0, fault);
+                continue;
+            };
+            let followers: Vec<usize> = (1..=REPLICAS).filter(|h| *h != l).collect();
+            let h = *followers.choose(&mut rng).expect("four followers");
+            let old = slots[h - 1].lock().expect("slot").cfg.id;
+            shared.lock().expect("shared").admin = Some(Admin::Remove(old));
+            active = Some(Active {
+                fault,
+                target: format!("{}: replica {old}", host(h)),
+                from: now,
+                until: now + hold,
+                crashed: None,
+                member: Some(MemberStep::Removing { host: h, old }),
+            });
             continue;
         }
 
@@ -655,13 +761,14 @@ fn nemesis(
             from: now,
             until: now + hold,
             crashed,
+            member: None,
         });
     }
     Ok(log)
 }
 
 /// Heals one fault: restarts the host it crashed, undoes what it did to the network.
-fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration) -> Injected {
+fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration, error: Option<String>) -> Injected {
     if let Some(h) = &a.crashed {
         sim.bounce(h.as_str());
     }
@@ -671,7 +778,7 @@ fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration) -> Injected {
         fault: a.fault,
         target: a.target,
         held_ms: (now - a.from).as_millis() as u64,
-        error: None,
+        error,
     }
 }
 
@@ -686,6 +793,7 @@ async fn clients(
     shared: Arc<Mutex<Shared>>,
 ) -> anyhow::Result<Verdict> {
     let client = Client::connect(config.clone()).await?;
+    let admin = tokio::spawn(admin_loop(client.clone(), replicas.clone(), shared.clone()));
     let watch = tokio::spawn(watch_leader(
         client.clone(),
         replicas.clone(),
@@ -706,7 +814,80 @@ async fn clients(
     // The proxy keeps a session of its own for as long as it runs.
     let r = suite::finish_workloads(workloads, &client, &replicas, 1, &plan, verdict, out).await;
     watch.abort();
+    admin.abort();
     r
+}
+
+/// Makes the membership changes the nemesis asks for ([`Admin`]), one at a time, and
+/// reports each outcome in [`Shared::admin_result`].
+async fn admin_loop(client: Client, replicas: Vec<(u64, SocketAddr)>, shared: Arc<Mutex<Shared>>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(op) = shared.lock().expect("shared").admin.take() else {
+            continue;
+        };
+        let r = match op {
+            Admin::Remove(id) => membership(&client, WireOp::RemoveMember { id }).await,
+            Admin::Add { id, addr } => add_and_promote(&client, &replicas, id, addr).await,
+        };
+        shared.lock().expect("shared").admin_result = Some(r);
+    }
+}
+
+/// One membership request, retried for up to 10 s.
+async fn membership(client: &Client, op: WireOp) -> Result<(), String> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.request(op.clone()).await {
+            Ok(Reply::MembershipChanged { .. }) => return Ok(()),
+            Ok(other) => return Err(format!("{op:?}: unexpected reply {other:?}")),
+            Err(e) if tokio::time::Instant::now() >= until => return Err(format!("{op:?}: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Adds replica `id` as a learner, waits (up to 10 s) until it applied what the others
+/// had, and promotes it.
+async fn add_and_promote(
+    client: &Client,
+    replicas: &[(u64, SocketAddr)],
+    id: u64,
+    addr: SocketAddr,
+) -> Result<(), String> {
+    membership(
+        client,
+        WireOp::AddLearner {
+            id,
+            addr: addr.to_string(),
+        },
+    )
+    .await?;
+    let mut target = 0;
+    for (_, a) in replicas.iter().filter(|(_, a)| *a != addr) {
+        if let Ok(Ok(st)) =
+            tokio::time::timeout(Duration::from_millis(500), client.status_of(*a)).await
+        {
+            target = target.max(st.last_applied);
+        }
+    }
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Ok(st)) =
+            tokio::time::timeout(Duration::from_millis(500), client.status_of(addr)).await
+        {
+            if st.last_applied >= target {
+                break;
+            }
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(format!(
+                "replica {id} did not catch up to {target} within 10 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    membership(client, WireOp::Promote { id }).await
 }
 
 /// Keeps [`Shared::leader`] current: the replica that says it leads with the highest term.

@@ -2,7 +2,7 @@
 //! cell (five replicas and the workload clients) in one process on turmoil's simulated
 //! network and clock, one run per seed, each under a seeded nemesis (crashes and
 //! restarts, leader isolation, splits, one-way cuts, loss, a slow leader, held traffic,
-//! proxied clients cut off from their proxy), and
+//! proxied clients cut off from their proxy, a member replaced), and
 //! checks the fenced-lock, register, session and watch workloads.
 //!
 //! The last seed is run a second time in a fresh process and must inject the same faults
@@ -95,10 +95,10 @@ fn simulated_cell_survives_seeded_faults() {
     };
     println!("FIGURE faultsuite sim replay: seed {last} again: same faults, history {identical}");
 
-    // Seed s opens with fault kinds 3s..3s+2 (mod 9), so three consecutive seeds cover
-    // all nine (the schedule is a function of the seed: this holds or fails every time).
+    // Seed s opens with fault kinds 3s..3s+2 (mod 10), so four consecutive seeds cover
+    // all ten (the schedule is a function of the seed: this holds or fails every time).
     assert!(
-        kinds.len() as u64 >= (3 * seeds).min(9),
+        kinds.len() as u64 >= (3 * seeds).min(10),
         "kinds injected: {kinds:?}"
     );
     println!(
