@@ -793,6 +793,7 @@ async fn event_loop(inner: Arc<Inner>) {
                     }
                 }
                 Ok(Ok(Reply::Invalidate { id, paths })) => {
+                    tracing::debug!(session = inner.id, id, ?paths, "invalidation");
                     // Drop first, then acknowledge: the write waits for the acknowledgement.
                     inner.cache.lock().expect("cache lock").invalidate(&paths);
                     ack_invalidation(&inner, addr, id);

@@ -596,6 +596,22 @@ impl Hub {
             return None;
         }
         let mut per_client: HashMap<SessionId, Vec<String>> = HashMap::default();
+        // A client that has not acknowledged an earlier invalidation of one of these nodes
+        // may still serve it from its cache (the message may be stuck, or the client cut
+        // off): its holding was taken by the earlier relay, so without this the leader's
+        // next write to the node would be acknowledged at once and complete while that
+        // client still serves the value of two writes ago. It is told again and waited
+        // for, as the leader waits for a cacher until it acknowledges.
+        {
+            let wanted: HashSet<&String> = paths.iter().collect();
+            for q in t.pending.values() {
+                for (c, held) in &q.waiting {
+                    for p in held.iter().filter(|p| wanted.contains(p)) {
+                        per_client.entry(*c).or_default().push(p.clone());
+                    }
+                }
+            }
+        }
         for p in paths {
             t.inval_seq += 1;
             let seq = t.inval_seq;
@@ -611,8 +627,17 @@ impl Hub {
                 per_client.entry(c).or_default().push(p.clone());
             }
         }
+        tracing::debug!(
+            upstream = id,
+            holders = ?per_client.keys().collect::<Vec<_>>(),
+            "invalidation from the leader"
+        );
         if per_client.is_empty() {
             return Some((session, id));
+        }
+        for held in per_client.values_mut() {
+            held.sort();
+            held.dedup();
         }
         t.next_id += 1;
         let local = t.next_id;
@@ -635,6 +660,7 @@ impl Hub {
 
     /// A client acknowledged invalidations; returns the upstream acks now owed.
     pub fn ack(&self, session: SessionId, ids: &[u64]) -> Vec<UpstreamAck> {
+        tracing::debug!(session, ?ids, "a client acknowledged invalidations");
         let mut t = lock(&self.t);
         let mut done = Vec::new();
         for id in ids {
@@ -710,6 +736,11 @@ impl Hub {
             }
         }
         for (c, id) in gone {
+            tracing::debug!(
+                session = c,
+                id,
+                "invalidation no longer waits: lease ran out here"
+            );
             t.unindex(c, id);
         }
         let forget: Vec<SessionId> = t
@@ -1123,6 +1154,44 @@ mod tests {
         assert!(hub
             .unacknowledged_many(&[1, 2], Duration::from_secs(60), 64)
             .is_empty());
+    }
+
+    #[test]
+    fn a_second_invalidation_waits_for_clients_owing_the_first() {
+        // Client 1 caches /c and is cut off: it never acknowledges invalidation 5.
+        let hub = ready_hub(&[1, 2]);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+        let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
+        hub.attach_stream(1, tx1);
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        let Ok(Ok(Reply::Invalidate { id: first, .. })) = rx1.try_recv() else {
+            panic!("client 1 not invalidated")
+        };
+        // The next write to /c (and to /d, which nobody holds): client 1 still owes the
+        // first acknowledgement, so it may still serve /c: this one waits for it too.
+        assert!(
+            hub.invalidate(99, 6, vec!["/c".into(), "/d".into()])
+                .is_none(),
+            "acknowledged upstream while client 1 may still serve /c"
+        );
+        let Ok(Ok(Reply::Invalidate { id: second, paths })) = rx1.try_recv() else {
+            panic!("client 1 not told again")
+        };
+        assert_eq!(paths, vec!["/c".to_string()]);
+        // A write to another node does not wait for it.
+        assert_eq!(hub.invalidate(99, 7, vec!["/e".into()]), Some((99, 7)));
+        assert_eq!(hub.ack(1, &[first]), vec![(99, 5)]);
+        assert_eq!(hub.ack(1, &[second]), vec![(99, 6)]);
+        assert_eq!(hub.pending_invalidations().0, 0);
+        // Cut off for good instead: both wait until its lease as seen here runs out.
+        let snap = hub.cache_lookup(2, "/c").unwrap_err();
+        hub.cache_fill(2, "/c", snap, Some((b"v".to_vec(), stat())), 8, true);
+        assert!(hub.invalidate(99, 8, vec!["/c".into()]).is_none());
+        assert!(hub.invalidate(99, 9, vec!["/c".into()]).is_none());
+        let mut acks = hub.tick(Instant::now() + Duration::from_secs(13));
+        acks.sort();
+        assert_eq!(acks, vec![(99, 8), (99, 9)]);
     }
 
     #[test]

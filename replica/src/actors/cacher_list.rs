@@ -186,6 +186,12 @@ impl Handler<Hold> for CacherListActor {
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
         let unconfirmed = self.unconfirmed();
         let (id, sends) = self.cachers.hold(&msg.0, Instant::now(), unconfirmed);
+        tracing::debug!(
+            id,
+            paths = ?msg.0,
+            waits_for = ?sends.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            "write held for cachers"
+        );
         for (session, paths) in sends {
             self.invalidations_sent += 1;
             self.streams.do_send(Push {
@@ -219,6 +225,7 @@ impl Handler<Ack> for CacherListActor {
     type Result = ();
 
     fn handle(&mut self, msg: Ack, _: &mut Context<Self>) {
+        tracing::debug!(session = msg.session, ids = ?msg.ids, "invalidations acknowledged");
         for id in msg.ids {
             if self.cachers.ack(msg.session, id) {
                 self.complete(id);
