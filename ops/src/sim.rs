@@ -14,9 +14,9 @@
 //! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
 //! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
 //! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and then
-//! arrive together, as after a pause), proxied clients cut off from their proxy, and a
-//! follower replaced (removed, restarted empty under a new id, added as a learner, caught
-//! up, promoted). When
+//! arrive together, as after a pause), proxied clients cut off from their proxy, the
+//! proxy crashed and restarted, and a follower replaced (removed, restarted empty under a
+//! new id, added as a learner, caught up, promoted). When
 //! the workloads' time is up every fault is healed and the cell must converge, exactly as
 //! in the namespace suite.
 //!
@@ -35,8 +35,16 @@
 //! replay measured was identical). `SIM_TRACE=1` prints every datagram sent and received
 //! (simulated time, host, peer, length), which is how the other sources were found.
 //!
-//! Not simulated here (the namespace tier covers them): clock rate skew (turmoil gives
-//! every host the same clock) and process pauses (a "hold" of the network is the nearest).
+//! Clocks run at different rates: turmoil gives every host the same clock, so each
+//! replica and the proxy run a task that moves their own (paused) tokio clock on a little
+//! further every 10 ms ([`skewed_clock`]); by default each runs fast against the client
+//! host's by a seeded share up to 2 %, inside the 2.5 % the SDK allows for
+//! ([`wire::CLOCK_DRIFT_PERMILLE_MAX`]).
+//!
+//! Not simulated here: a process pause (SIGSTOP; the namespace tier has it). turmoil
+//! steps every running host's runtime each tick and offers no way to stop one while
+//! keeping its state; a "hold" of all the host's traffic is the nearest (the host keeps
+//! running, its timers fire, and what it sent waits with what it was sent).
 
 use std::future::Future;
 use std::io::{self, IoSliceMut};
@@ -287,6 +295,55 @@ pub struct SimPlan {
     pub time: Duration,
     /// The cell's session lease.
     pub lease_ms: u64,
+    /// Clock rate skew: each replica's and the proxy's clock runs fast against the client
+    /// host's by a share drawn from the seed between 0 and this (0.02: up to 2 % fast).
+    /// The clients' SDK trusts its lease only while the cell's clock is at most
+    /// [`wire::CLOCK_DRIFT_PERMILLE_MAX`] fast, so values above 0.025 leave that bound.
+    pub skew: f64,
+}
+
+impl SimPlan {
+    /// How fast each skewed host's clock runs against the client host's (0.013: 1.3 %
+    /// fast), replicas `r1`..`r5` then the proxy: drawn from the seed.
+    pub fn clock_rates(&self) -> Vec<(String, f64)> {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x636c_6f63_6b73);
+        let mut hosts: Vec<String> = (1..=REPLICAS).map(host).collect();
+        hosts.push(PROXY.into());
+        hosts
+            .into_iter()
+            .map(|h| {
+                let extra = if self.skew > 0.0 {
+                    rng.gen_range(0.0..=self.skew)
+                } else {
+                    0.0
+                };
+                (h, extra)
+            })
+            .collect()
+    }
+}
+
+/// Runs the current host's clock fast by `extra` (0.02: 2 % fast): it moves the host's
+/// tokio clock (paused: turmoil moves it one tick per step) on by a further millisecond
+/// every `1 ms / extra` of the host's own time, so every timer, lease and deadline on the
+/// host comes that much sooner than the simulation's (and the client host's) time says.
+/// Whole milliseconds: tokio's timers have millisecond resolution, and a clock off the
+/// millisecond grid rounds every deadline up (a 0.2 ms step every 10 ms made a host run
+/// 1.67 times fast instead of 1.02).
+async fn skewed_clock(extra: f64) {
+    if extra <= 0.0 {
+        return;
+    }
+    // The jump happens at the start of one of turmoil's 1 ms steps, whose end the host
+    // would have reached anyway: 2 ms gains 1 ms.
+    let step = TICK + Duration::from_millis(1);
+    // A cycle is `period` on both clocks, then the jump: `period + 2` ms on the host's
+    // against `period + 1` on the simulation's, a rate of 1 + 1 / (period + 1).
+    let period = Duration::from_millis(((1.0 / extra).round() as u64).saturating_sub(1).max(1));
+    loop {
+        tokio::time::sleep(period).await;
+        tokio::time::advance(step).await;
+    }
 }
 
 fn host(i: usize) -> String {
@@ -297,6 +354,8 @@ fn host(i: usize) -> String {
 /// the start) and which replica leads (from the replicas' status).
 #[derive(Debug, Default)]
 struct Shared {
+    /// The history's time zero, in simulated time: faults are reported on its clock.
+    history_zero: Duration,
     ends_at: Option<Duration>,
     leader: Option<usize>,
     verdict: Option<anyhow::Result<Verdict>>,
@@ -342,7 +401,9 @@ struct Active {
     member: Option<MemberStep>,
 }
 
-const SIM_FAULTS: [Fault; 10] = [
+/// The faults the simulation injects: the namespace tier's and the proxy's crash.
+pub const SIM_FAULTS: [Fault; 11] = [
+    Fault::KillProxy,
     Fault::KillLeader,
     Fault::KillFollower,
     Fault::PauseLeader,
@@ -379,6 +440,9 @@ fn heal_network(sim: &mut turmoil::Sim<'_>) {
 }
 
 const MAX_LATENCY: Duration = Duration::from_millis(5);
+
+/// turmoil's step: every host's clock moves on by this much per step.
+const TICK: Duration = Duration::from_millis(1);
 
 /// Injects `fault`; returns what it hit and the host it crashed, if any.
 fn inject(
@@ -463,6 +527,10 @@ fn inject(
             sim.partition(CLIENTS, PROXY);
             (format!("{CLIENTS} | {PROXY}"), None)
         }
+        Fault::KillProxy => {
+            sim.crash(PROXY);
+            (PROXY.into(), Some(PROXY.into()))
+        }
         Fault::Member => unreachable!("a membership change is driven by `nemesis`"),
     }
 }
@@ -480,7 +548,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     let mut sim = turmoil::Builder::new()
         .rng_seed(plan.seed)
         .simulation_duration(plan.time + margin)
-        .tick_duration(Duration::from_millis(1))
+        .tick_duration(TICK)
         .min_message_latency(Duration::from_micros(100))
         .max_message_latency(MAX_LATENCY)
         .udp_capacity(1 << 16)
@@ -501,6 +569,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     // openraft draws each election timeout from the operating system's randomness; a
     // range one millisecond wide makes it a constant, drawn here per replica from the seed
     // (distinct, so elections do not tie).
+    let rates = plan.clock_rates();
     let mut slots = Vec::new();
     let mut timeouts: Vec<u64> = (0..10u64).map(|k| 500 + 50 * k).collect();
     timeouts.shuffle(&mut StdRng::seed_from_u64(plan.seed ^ 0x656c_6563));
@@ -534,6 +603,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         slots.push(slot.clone());
         let seed = plan.seed;
         let starts = std::sync::atomic::AtomicU64::new(0);
+        let extra = rates[i - 1].1;
         sim.host(host(i), move || {
             let Slot { cfg, log } = slot.lock().expect("slot").clone();
             // Each start of the host seeds its endpoint anew: a restarted replica must
@@ -545,6 +615,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
                 memory_log: Some(log),
             };
             async move {
+                tokio::spawn(skewed_clock(extra));
                 replica::server::run_on(cfg, plumbing, std::future::pending())
                     .await
                     .map_err(|e| format!("replica: {e:#}").into())
@@ -562,10 +633,12 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         );
         cfg.stats_interval_ms = 0;
         let seed = plan.seed;
+        let extra = rates[REPLICAS].1;
         sim.host(PROXY, move || {
             let cfg = cfg.clone();
             let sockets = Sockets::Factory(Arc::new(SimSockets::new(PROXY, seed ^ 0x7072_6f78)));
             async move {
+                tokio::spawn(skewed_clock(extra));
                 proxy::server::run_on(cfg, sockets, std::future::pending())
                     .await
                     .map_err(|e| format!("proxy: {e:#}").into())
@@ -641,9 +714,9 @@ fn nemesis(
             break;
         }
         let now = sim.elapsed();
-        let (ends_at, leader) = {
+        let (ends_at, leader, zero) = {
             let s = shared.lock().expect("shared");
-            (s.ends_at, s.leader)
+            (s.ends_at, s.leader, s.history_zero)
         };
         let Some(ends_at) = ends_at else { continue };
         if healed {
@@ -652,7 +725,7 @@ fn nemesis(
         if now >= ends_at {
             if let Some(a) = active.take() {
                 let error = a.member.map(|m| format!("unfinished at the end: {m:?}"));
-                log.push(heal(sim, a, now, error));
+                log.push(heal(sim, a, now, zero, error));
             }
             heal_network(sim);
             healed = true;
@@ -695,7 +768,7 @@ fn nemesis(
             }
             if let Some(error) = done {
                 let a = active.take().expect("active");
-                log.push(heal(sim, a, now, error));
+                log.push(heal(sim, a, now, zero, error));
                 next_at = Some(now + Duration::from_millis(rng.gen_range(1_000..3_000)));
             }
             continue;
@@ -707,7 +780,7 @@ fn nemesis(
         }
         if bag.is_empty() {
             // Rounds of every kind in a seeded order. The first round of seed `s` opens
-            // with kinds 3s, 3s+1 and 3s+2 (mod 10, in a seeded order), so any four
+            // with kinds 3s, 3s+1 and 3s+2 (mod 11, in a seeded order), so any four
             // consecutive seeds open with every kind between them.
             bag = SIM_FAULTS.to_vec();
             bag.shuffle(&mut rng);
@@ -725,6 +798,9 @@ fn nemesis(
             Fault::Slow => hold.max(Duration::from_millis(plan.lease_ms * 3 / 2)),
             // The longest a membership change may take.
             Fault::Member => Duration::from_secs(15),
+            // Short enough that the proxied clients' sessions outlive it: they renew
+            // every third of a lease, through the proxy's once-a-second batch.
+            Fault::KillProxy => Duration::from_millis(rng.gen_range(300..=plan.lease_ms / 4)),
             _ => hold,
         };
         if now + hold + Duration::from_secs(1) >= ends_at {
@@ -768,13 +844,19 @@ fn nemesis(
 }
 
 /// Heals one fault: restarts the host it crashed, undoes what it did to the network.
-fn heal(sim: &mut turmoil::Sim<'_>, a: Active, now: Duration, error: Option<String>) -> Injected {
+fn heal(
+    sim: &mut turmoil::Sim<'_>,
+    a: Active,
+    now: Duration,
+    zero: Duration,
+    error: Option<String>,
+) -> Injected {
     if let Some(h) = &a.crashed {
         sim.bounce(h.as_str());
     }
     heal_network(sim);
     Injected {
-        at_ms: a.from.as_millis() as u64,
+        at_ms: a.from.saturating_sub(zero).as_millis() as u64,
         fault: a.fault,
         target: a.target,
         held_ms: (now - a.from).as_millis() as u64,
@@ -802,7 +884,12 @@ async fn clients(
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let workloads =
         suite::start_workloads(&client, &config, Some(&proxied), &plan, &mut rng).await?;
-    shared.lock().expect("shared").ends_at = Some(turmoil::elapsed() + plan.time);
+    {
+        // The client host's clock is the simulation's (never skewed).
+        let mut s = shared.lock().expect("shared");
+        s.history_zero = turmoil::elapsed().saturating_sub(workloads.started().elapsed());
+        s.ends_at = Some(turmoil::elapsed() + plan.time);
+    }
     tokio::time::sleep_until(workloads.deadline()).await;
     // The nemesis heals everything when the time is up; give it a moment.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -911,5 +998,42 @@ async fn watch_leader(
             shared.lock().expect("shared").leader = Some(l);
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skewed_clock_runs_fast_by_the_share_asked() {
+        let mut sim = turmoil::Builder::new()
+            .tick_duration(TICK)
+            .simulation_duration(Duration::from_secs(100))
+            .build();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        for (name, extra) in [("a", 0.0), ("b", 0.02), ("c", 0.004), ("d", 0.25)] {
+            let out = out.clone();
+            sim.client(name, async move {
+                tokio::spawn(skewed_clock(extra));
+                let sim_start = turmoil::sim_elapsed().expect("in a host");
+                // Ten seconds by this host's clock...
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                // ... took this long in the simulation.
+                let sim = turmoil::sim_elapsed().expect("in a host") - sim_start;
+                out.lock().expect("out").push((name, extra, sim));
+                Ok(())
+            });
+        }
+        sim.run().unwrap();
+        let out = out.lock().unwrap();
+        assert_eq!(out.len(), 4);
+        for (name, extra, sim) in out.iter() {
+            let rate = 10.0 / sim.as_secs_f64();
+            assert!(
+                (rate - (1.0 + extra)).abs() < 0.01 * (1.0 + extra),
+                "host {name}: asked {extra}, ran {rate:.4} times as fast"
+            );
+        }
     }
 }

@@ -87,10 +87,14 @@ pub enum Fault {
     /// Replace a follower: remove it, wipe it, add it back under a new id as a learner,
     /// promote it.
     Member,
+    /// Crash the proxy, restart it after a short hold (a quarter of a lease at most): its
+    /// clients' sessions, locks and cache coherence must survive it. Simulation tier only
+    /// (the namespace tier runs no proxy).
+    KillProxy,
 }
 
 impl Fault {
-    /// Every fault.
+    /// Every fault of the namespace tier.
     pub const ALL: [Fault; 10] = [
         Fault::KillLeader,
         Fault::KillFollower,
@@ -874,6 +878,9 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
                     .err()
                     .map(|e| e.to_string());
             }
+            (Fault::KillProxy, _) => {
+                target = "no proxy in this tier: skipped".into();
+            }
             (_, None) => {
                 target = "no leader: skipped".into();
             }
@@ -1084,6 +1091,11 @@ pub(crate) struct Workloads {
 }
 
 impl Workloads {
+    /// Time zero of the history: operations' and faults' times count from it.
+    pub(crate) fn started(&self) -> Instant {
+        self.run.rec.start()
+    }
+
     /// When the workloads stop starting operations.
     pub(crate) fn deadline(&self) -> Instant {
         self.run.deadline

@@ -2,7 +2,8 @@
 //! cell (five replicas and the workload clients) in one process on turmoil's simulated
 //! network and clock, one run per seed, each under a seeded nemesis (crashes and
 //! restarts, leader isolation, splits, one-way cuts, loss, a slow leader, held traffic,
-//! proxied clients cut off from their proxy, a member replaced), and
+//! proxied clients cut off from their proxy, the proxy crashed and restarted, a member
+//! replaced) with every replica's and the proxy's clock running up to 2 % fast, and
 //! checks the fenced-lock, register, session and watch workloads.
 //!
 //! The last seed is run a second time in a fresh process and must inject the same faults
@@ -95,10 +96,10 @@ fn simulated_cell_survives_seeded_faults() {
     };
     println!("FIGURE faultsuite sim replay: seed {last} again: same faults, history {identical}");
 
-    // Seed s opens with fault kinds 3s..3s+2 (mod 10), so four consecutive seeds cover
-    // all ten (the schedule is a function of the seed: this holds or fails every time).
+    // Seed s opens with fault kinds 3s..3s+2 (mod 11), so four consecutive seeds cover
+    // all eleven (the schedule is a function of the seed: this holds or fails every time).
     assert!(
-        kinds.len() as u64 >= (3 * seeds).min(10),
+        kinds.len() as u64 >= (3 * seeds).min(ops::sim::SIM_FAULTS.len() as u64),
         "kinds injected: {kinds:?}"
     );
     println!(
