@@ -151,6 +151,7 @@ impl Session {
             other => return Err(unexpected(&other)),
         };
         let lease = Duration::from_millis(lease_ms);
+        tracing::debug!(session = id, endpoints = ?client.config().endpoints, "session opened");
         let (state_tx, _) = watch::channel(SessionState::Healthy);
         let cache = Mutex::new(Cache::new(
             client.config().cache_entries_max,
@@ -582,6 +583,7 @@ impl Session {
         self.inner.keepalives_stopped.store(true, Ordering::SeqCst);
         self.inner.cache.lock().expect("cache lock").flush();
         let r = self.call(Op::CloseSession).await;
+        tracing::debug!(session = self.inner.id, result = ?r, "session closed");
         self.inner.set_state(SessionState::Expired);
         match r {
             Ok(_) | Err(Error::SessionExpired { .. }) => Ok(()),

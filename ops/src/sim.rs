@@ -799,8 +799,12 @@ fn nemesis(
             // The longest a membership change may take.
             Fault::Member => Duration::from_secs(15),
             // Short enough that the proxied clients' sessions outlive it: they renew
-            // every third of a lease, through the proxy's once-a-second batch.
-            Fault::KillProxy => Duration::from_millis(rng.gen_range(300..=plan.lease_ms / 4)),
+            // every third of a lease, through the proxy's once-a-second batch, so a cut
+            // longer than about half a lease costs a proxied keeper its session (the
+            // namespace tier's `client-cut` silences the cache readers only).
+            Fault::KillProxy | Fault::ClientCut => {
+                Duration::from_millis(rng.gen_range(300..=plan.lease_ms / 4))
+            }
             _ => hold,
         };
         if now + hold + Duration::from_secs(1) >= ends_at {

@@ -497,6 +497,7 @@ impl Gateway {
                     return Err(Error::SessionRequired);
                 }
                 self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(session = req.session, "KeepAlive");
                 let r = self
                     .sessions
                     .send(KeepAlive {

@@ -127,8 +127,11 @@ impl Handler<Propose> for RaftNode {
     fn handle(&mut self, msg: Propose, _: &mut Context<Self>) -> Self::Result {
         let raft = self.raft.clone();
         let timeout = self.timeout;
+        tracing::trace!("propose");
         Box::pin(async move {
-            match tokio::time::timeout(timeout, raft.client_write(msg.0)).await {
+            let r = tokio::time::timeout(timeout, raft.client_write(msg.0)).await;
+            tracing::trace!(ok = matches!(r, Ok(Ok(_))), "proposed");
+            match r {
                 Ok(Ok(resp)) => resp.data.result,
                 Ok(Err(e)) => Err(crate::errors::from_client_write(e)),
                 Err(_) => Err(timeout_error("write", timeout)),
