@@ -9,7 +9,10 @@
 //! The last seed is run a second time in a fresh process and must inject the same faults
 //! at the same simulated times; whether its history also came out identical is printed.
 //!
-//! `FAULTSUITE_SIM_SEEDS` (default 4), `FAULTSUITE_SIM_FIRST` (default 1) and
+//! Seed 5 is in the default set because it once stalled every write after a fail-over
+//! (an expiring old cacher waited for itself to confirm a flush; docs/testing.md).
+//!
+//! `FAULTSUITE_SIM_SEEDS` (default 5), `FAULTSUITE_SIM_FIRST` (default 1) and
 //! `FAULTSUITE_SIM_TIME` (simulated time per seed, default 30s) change the run. Needs no
 //! root: nothing leaves the process.
 
@@ -23,7 +26,7 @@ fn simulated_cell_survives_seeded_faults() {
     let seeds: u64 = std::env::var("FAULTSUITE_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
+        .unwrap_or(5);
     let first: u64 = std::env::var("FAULTSUITE_SIM_FIRST")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -101,6 +101,12 @@ pub struct CacherStats {
 struct Failover {
     /// Sessions with ids at or below this were created by earlier leaders.
     boundary: u64,
+    /// Sessions that confirmed a flush, or whose lease ran out at this leader (their
+    /// clients stopped serving from their caches before that, and this leader will never
+    /// renew them): neither is waited for. Without the second, the expiry of an old
+    /// cacher that never reconnected (a crashed proxy's session) waited, through the
+    /// hold on its ephemerals or on any write, for that very session to confirm: every
+    /// write stalled until something else ended it (simulation seed 5).
     confirmed: HashSet<SessionId>,
     /// When this replica took over (for the log line when the last one confirms).
     since: tokio::time::Instant,
@@ -185,11 +191,19 @@ impl Handler<Hold> for CacherListActor {
 
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
         let unconfirmed = self.unconfirmed();
+        let unconfirmed_ids: Vec<SessionId> = if tracing::enabled!(tracing::Level::DEBUG) {
+            let mut v: Vec<SessionId> = unconfirmed.iter().copied().collect();
+            v.sort_unstable();
+            v
+        } else {
+            Vec::new()
+        };
         let (id, sends) = self.cachers.hold(&msg.0, Instant::now(), unconfirmed);
         tracing::debug!(
             id,
             paths = ?msg.0,
             waits_for = ?sends.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            unconfirmed = ?unconfirmed_ids,
             "write held for cachers"
         );
         for (session, paths) in sends {
@@ -238,6 +252,9 @@ impl Handler<LeaseExpired> for CacherListActor {
     type Result = ();
 
     fn handle(&mut self, msg: LeaseExpired, _: &mut Context<Self>) {
+        if let Some(f) = &mut self.failover {
+            f.confirmed.extend(msg.0.iter().copied());
+        }
         for session in msg.0 {
             for id in self.cachers.session_ended(session) {
                 self.complete(id);
