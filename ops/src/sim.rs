@@ -36,8 +36,8 @@
 //! (simulated time, host, peer, length), which is how the other sources were found.
 //!
 //! Clocks run at different rates: turmoil gives every host the same clock, so each
-//! replica and the proxy run a task that moves their own (paused) tokio clock on a little
-//! further every 10 ms ([`skewed_clock`]); by default each runs fast against the client
+//! replica and the proxy run a task that now and then moves their own (paused) tokio clock
+//! on by an extra millisecond ([`skewed_clock`]); by default each runs fast against the client
 //! host's by a seeded share up to 2 %, inside the 2.5 % the SDK allows for
 //! ([`wire::CLOCK_DRIFT_PERMILLE_MAX`]).
 //!
@@ -311,20 +311,13 @@ impl SimPlan {
         hosts.push(PROXY.into());
         hosts
             .into_iter()
-            .map(|h| {
-                let extra = if self.skew > 0.0 {
-                    rng.gen_range(0.0..=self.skew)
-                } else {
-                    0.0
-                };
-                (h, extra)
-            })
+            .map(|h| (h, rng.gen_range(0.0..=self.skew)))
             .collect()
     }
 }
 
-/// Runs the current host's clock fast by `extra` (0.02: 2 % fast): it moves the host's
-/// tokio clock (paused: turmoil moves it one tick per step) on by a further millisecond
+/// Runs the current host's clock fast by `extra` (0.02: 2 % fast): it gains the host's
+/// tokio clock (paused: turmoil moves it one tick per step) an extra millisecond about
 /// every `1 ms / extra` of the host's own time, so every timer, lease and deadline on the
 /// host comes that much sooner than the simulation's (and the client host's) time says.
 /// Whole milliseconds: tokio's timers have millisecond resolution, and a clock off the
