@@ -354,6 +354,66 @@ impl Cluster {
             .map(|(_, p)| p)
     }
 
+    /// The directory holding the cluster's data, configurations and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs `peers.sh CMD DIR ARGS...` for this cluster; returns what it printed.
+    fn peers_sh(&self, cmd: &str, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(bench_script()?)
+            .arg(cmd)
+            .arg(&self.dir)
+            .args(args)
+            .output()
+            .with_context(|| format!("run ops/bench/peers.sh {cmd}"))?;
+        if !out.status.success() {
+            bail!(
+                "peers.sh {cmd} {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Starts etcd or ZooKeeper member `name` (`m1`.., `z1`..) again with the command line
+    /// it was first started with and its data dir as it is (`peers.sh restart`), after it
+    /// was killed; [`Cluster::processes`] and [`Cluster::pid_of`] then find the new process.
+    pub fn restart_member(&self, name: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.system != System::Ours, "etcd and ZooKeeper only");
+        self.peers_sh("restart", &[name]).map(|_| ())
+    }
+
+    /// Two loopback ports, free now, for a new etcd member: (client, peer).
+    pub fn new_member_ports(&self) -> (u16, u16) {
+        let base = free_base(2, 41_000 + (std::process::id() % 5_000) as u16);
+        (base, base + 1)
+    }
+
+    /// Starts a new etcd member `name` on `client_port` and `peer_port` that joins this
+    /// cluster (`--initial-cluster-state existing`, `peers.sh etcd-learner`); it must have
+    /// been added first (MemberAdd), and `initial_cluster` lists every member with it
+    /// (`m1=http://127.0.0.1:PORT,...`). Returns its client endpoint.
+    pub fn start_etcd_member(
+        &self,
+        name: &str,
+        client_port: u16,
+        peer_port: u16,
+        initial_cluster: &str,
+    ) -> anyhow::Result<String> {
+        anyhow::ensure!(self.system == System::Etcd, "etcd only");
+        self.peers_sh(
+            "etcd-learner",
+            &[
+                name,
+                &client_port.to_string(),
+                &peer_port.to_string(),
+                initial_cluster,
+            ],
+        )
+    }
+
     /// Waits until the cluster serves (a leader is known).
     pub async fn ready(&self) -> anyhow::Result<()> {
         self.leader().await.map(|_| ())

@@ -4,9 +4,11 @@
 
 mod cluster;
 mod profile;
+mod profile_peers;
 mod report;
 mod scenarios;
 mod state;
+mod state_peers;
 mod systems;
 
 use std::path::PathBuf;
@@ -69,10 +71,11 @@ enum Cmd {
     MaxWrites,
     /// A mass restart: 2 000 new sessions a second each taking a lock, for 30 s.
     Burst,
-    /// The seed's steady state through proxies (ours only): 50 000 sessions, 20 000 locks
-    /// (5 000 taken once a minute), 50 000 cached config reads and 10 config writes a
-    /// second, session churn. With --fault, the leader is killed or frozen 40 % into the
-    /// run. Proxies: --proxies, else one per 12 500 sessions.
+    /// The seed's steady state: 50 000 sessions, 20 000 locks (5 000 taken once a minute),
+    /// 50 000 config reads and 10 config writes a second, session churn. Ours runs through
+    /// proxies (--proxies, else one per 12 500 sessions) with cached reads; etcd and
+    /// ZooKeeper with their own sessions and uncached reads. With --fault, the leader is
+    /// killed or frozen 40 % into the run.
     Profile {
         /// Run time in seconds (default 120 at full scale).
         #[arg(long)]
@@ -80,15 +83,18 @@ enum Cmd {
         /// Kill (`kill -9`) or freeze (SIGSTOP) the leader 40 % into the run.
         #[arg(long, value_enum)]
         fault: Option<profile::Fault>,
+        /// Config reads per session per second (0: sessions, locks and writes only).
+        #[arg(long, default_value_t = 1.0)]
+        reads_per_session: f64,
     },
-    /// A large state (ours only): 100 000 nodes of 1 KB and 50 000 sessions. Reports
-    /// replica RSS, snapshot size and time (and the write stall meanwhile), a follower's
-    /// restart time and a new learner's catch-up time.
+    /// A large state: 100 000 nodes of 1 KB and 50 000 sessions. Reports replica RSS,
+    /// snapshot size and time (and the write stall meanwhile), a follower's restart time
+    /// and a new learner's catch-up time (ZooKeeper: a follower's with its data emptied).
     State,
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
         /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
-        /// burst, profile and state (ours only).
+        /// burst, profile and state.
         scenario: String,
     },
     /// Holds a lock until killed (the takeover scenario's holder process).
@@ -116,6 +122,7 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "profile" => Cmd::Profile {
             secs: None,
             fault: None,
+            reads_per_session: 1.0,
         },
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
@@ -124,6 +131,8 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
     })
 }
 
+/// Open files: ZooKeeper's sessions are connections, so `profile` and `state` at full scale
+/// hold 50 000 sockets. Raises the soft limit to the hard one, and (as root) both to 200 000.
 fn raise_open_files() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -131,8 +140,15 @@ fn raise_open_files() {
     };
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            let want = lim.rlim_max.max(200_000);
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                lim.rlim_cur = lim.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
         }
     }
 }
@@ -167,7 +183,11 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
         Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,
-        Cmd::Profile { secs, fault } => profile::profile(&ctx, *secs, *fault).await,
+        Cmd::Profile {
+            secs,
+            fault,
+            reads_per_session,
+        } => profile::profile(&ctx, *secs, *fault, *reads_per_session).await,
         Cmd::State => state::state(&ctx).await,
         Cmd::Compare { .. } | Cmd::Hold { .. } => unreachable!("not a scenario"),
     };

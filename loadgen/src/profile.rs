@@ -38,7 +38,7 @@ pub enum Fault {
 /// connection carries at most `wire::quic::STREAMS_MAX`).
 pub(crate) const SESSIONS_PER_CONNECTION: usize = 2_000;
 /// Config values every session reads from.
-const CONFIG_KEYS: usize = 100;
+pub(crate) const CONFIG_KEYS: usize = 100;
 
 pub(crate) fn lat(start: Instant) -> Arc<Mutex<Lat>> {
     Arc::new(Mutex::new(Lat::new(start)))
@@ -154,15 +154,18 @@ pub(crate) fn create_ok(r: Result<client_sdk::Created, client_sdk::Error>) -> an
     }
 }
 
-/// The profile scenario (ours only: the proxy tier and the client cache are what it
-/// measures). `secs` overrides the run time (full scale: 120 s).
-pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyhow::Result<Report> {
+/// The profile scenario. `secs` overrides the run time (full scale: 120 s);
+/// `reads_per_s` is each session's config reads a second (1 in the seed). etcd and
+/// ZooKeeper run it with their own sessions, recipe and uncached reads
+/// ([`crate::profile_peers`]).
+pub async fn profile(
+    ctx: &Ctx,
+    secs: Option<f64>,
+    fault: Option<Fault>,
+    reads_per_s: f64,
+) -> anyhow::Result<Report> {
     if ctx.cluster.system != System::Ours {
-        bail!(
-            "profile runs against ours only: it measures the proxy tier and the consistent \
-             client cache, which etcd and ZooKeeper do not have (compare them with acquire, \
-             herd, failover, takeover, max-writes and burst)"
-        );
+        return crate::profile_peers::profile(ctx, secs, fault, reads_per_s).await;
     }
     let n = ctx.n(50_000.0, 50);
     let long_locks = ctx.n(15_000.0, 10).min(n);
@@ -289,7 +292,11 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
 
     // Readers: every session reads its config value once a second through its cache; one
     // task per 50 sessions.
+    let read_period = Duration::from_secs_f64(1.0 / reads_per_s.max(1e-9));
     for first in (0..n).step_by(50) {
+        if reads_per_s <= 0.0 {
+            break;
+        }
         let (slots, rd, stop, reads, errors) = (
             slots.clone(),
             rd.clone(),
@@ -297,7 +304,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
             reads.clone(),
             errors.clone(),
         );
-        let offset = Duration::from_secs_f64(rand::random::<f64>());
+        let offset = read_period.mul_f64(rand::random::<f64>());
         tasks.push(tokio::spawn(async move {
             let mut due = start + offset;
             let mut local = Lat::new(start);
@@ -320,7 +327,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
                         }
                     }
                 }
-                due += Duration::from_secs(1);
+                due += read_period;
             }
             rd.lock().expect("lat").merge(&local);
         }));
@@ -500,6 +507,7 @@ pub async fn profile(ctx: &Ctx, secs: Option<f64>, fault: Option<Fault>) -> anyh
         "config values (each session reads one a second)",
         CONFIG_KEYS,
     );
+    r.param("config reads per session per s", reads_per_s);
     r.param("config writes per s", config_writes_per_s);
     r.param("sessions churned per s", churn_per_s);
     r.param("run (s)", format!("{elapsed:.0}"));

@@ -286,20 +286,27 @@ impl Report {
 }
 
 /// Prints one table comparing the same scenario on several systems, with ratios to the
-/// first (ours): for latencies and times, above 1 means the peer is slower.
+/// first (ours): for latencies and times, above 1 means the peer is slower. Rows are the
+/// first report's keys, then any key only a later report has (a peer's own figure).
 pub fn compare(reports: &[Report]) {
     let Some(first) = reports.first() else { return };
     println!("\n== compare: {} ==", first.scenario);
-    let mut header = format!("  {:<34}", "metric");
-    for r in reports {
-        header += &format!(" {:>12}", r.system);
-    }
-    for r in &reports[1..] {
-        header += &format!(" {:>12}", format!("{}/{}", r.system, first.system));
-    }
-    println!("{header}");
     let mut rows: Vec<(String, Vec<Option<f64>>)> = Vec::new();
-    for k in first.latencies.keys() {
+    let mut lat_keys: Vec<&String> = first.latencies.keys().collect();
+    let mut fig_keys: Vec<&String> = first.figures.keys().collect();
+    for r in &reports[1..] {
+        for k in r.latencies.keys() {
+            if !lat_keys.contains(&k) {
+                lat_keys.push(k);
+            }
+        }
+        for k in r.figures.keys() {
+            if !fig_keys.contains(&k) {
+                fig_keys.push(k);
+            }
+        }
+    }
+    for k in lat_keys {
         for (label, pick) in [("p50", 0), ("p99", 1), ("max", 2)] {
             let vals = reports
                 .iter()
@@ -314,14 +321,23 @@ pub fn compare(reports: &[Report]) {
             rows.push((format!("{k} {label} (ms)"), vals));
         }
     }
-    for k in first.figures.keys() {
+    for k in fig_keys {
         rows.push((
             k.clone(),
             reports.iter().map(|r| r.figures.get(k).copied()).collect(),
         ));
     }
+    let w = rows.iter().map(|(name, _)| name.len()).fold(34, usize::max);
+    let mut header = format!("  {:<w$}", "metric");
+    for r in reports {
+        header += &format!(" {:>12}", r.system);
+    }
+    for r in &reports[1..] {
+        header += &format!(" {:>12}", format!("{}/{}", r.system, first.system));
+    }
+    println!("{header}");
     for (name, vals) in rows {
-        let mut line = format!("  {name:<34}");
+        let mut line = format!("  {name:<w$}");
         for v in &vals {
             line += &match v {
                 Some(v) => format!(" {v:>12.2}"),

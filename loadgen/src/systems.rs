@@ -9,7 +9,10 @@
 //! - **ZooKeeper**: the lock recipe: an ephemeral sequential child, list the children,
 //!   watch the one just below; the token is the node's creation zxid.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 
 use anyhow::{anyhow, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, LockGuard, Session};
@@ -36,10 +39,26 @@ pub enum Conn {
 pub enum Sess {
     /// Ours.
     Ours(Session),
-    /// etcd: client, lease id, the keep-alive task.
-    Etcd(Box<etcd_client::Client>, i64, tokio::task::JoinHandle<()>),
+    /// etcd: client, lease id, what keeps the lease alive.
+    Etcd(Box<etcd_client::Client>, i64, EtcdKeeper),
     /// ZooKeeper.
     Zk(zk::Client),
+}
+
+/// The task keeping an etcd lease alive, and its last renewal.
+pub struct EtcdKeeper {
+    task: tokio::task::JoinHandle<()>,
+    last: Arc<Mutex<Option<(Instant, Duration)>>>,
+}
+
+/// etcd lease renewals answered in this process (every one went to the leader).
+pub static ETCD_RENEWALS: AtomicU64 = AtomicU64::new(0);
+
+impl EtcdKeeper {
+    /// When the last renewal was answered, and its round trip.
+    pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
+        *self.last.lock().expect("last")
+    }
 }
 
 /// A held lock.
@@ -80,45 +99,8 @@ impl Conn {
         match self {
             Conn::Ours(c) => Ok(Sess::Ours(c.open_session().await?)),
             Conn::Etcd(eps) => {
-                let mut c = etcd_client::Client::connect(eps.clone(), None).await?;
-                let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
-                // Like clientv3's concurrency.Session: keep the lease alive through member
-                // failures (re-open the keep-alive stream, possibly at another member) until
-                // the lease is over.
-                let every = lease / 3;
-                let mut kc = c.clone();
-                let task = tokio::spawn(async move {
-                    let mut last_ok = tokio::time::Instant::now();
-                    let mut stream = None;
-                    loop {
-                        if stream.is_none() {
-                            if let Ok(s) = kc.lease_keep_alive(id).await {
-                                stream = Some(s);
-                            }
-                        }
-                        let mut renewed = false;
-                        if let Some((keeper, replies)) = stream.as_mut() {
-                            if keeper.keep_alive().await.is_ok() {
-                                match replies.message().await {
-                                    Ok(Some(r)) if r.ttl() > 0 => renewed = true,
-                                    Ok(Some(_)) => return, // the lease is gone
-                                    _ => {}
-                                }
-                            }
-                        }
-                        if renewed {
-                            last_ok = tokio::time::Instant::now();
-                            tokio::time::sleep(every).await;
-                        } else {
-                            stream = None;
-                            if last_ok.elapsed() > lease {
-                                return;
-                            }
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }
-                });
-                Ok(Sess::Etcd(Box::new(c), id, task))
+                let c = etcd_client::Client::connect(eps.clone(), None).await?;
+                etcd_session(c, lease).await
             }
             Conn::Zk(cluster) => {
                 let c = zk::Client::connector()
@@ -130,6 +112,140 @@ impl Conn {
             }
         }
     }
+}
+
+/// Sessions per etcd gRPC client when many are opened at once ([`open_many`]), as many
+/// as ours put on one QUIC connection.
+pub const ETCD_LEASES_PER_CLIENT: usize = 2_000;
+
+/// A lease on `c` kept alive like clientv3's `concurrency.Session`.
+async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Result<Sess> {
+    let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
+    // Like clientv3's concurrency.Session: keep the lease alive through member failures
+    // (re-open the keep-alive stream, possibly at another member) every third of its TTL
+    // until the lease is over.
+    let every = lease / 3;
+    let mut kc = c.clone();
+    let last: Arc<Mutex<Option<(Instant, Duration)>>> = Arc::default();
+    let last2 = last.clone();
+    let task = tokio::spawn(async move {
+        let mut last_ok = Instant::now();
+        let mut stream = None;
+        loop {
+            if stream.is_none() {
+                if let Ok(s) = kc.lease_keep_alive(id).await {
+                    stream = Some(s);
+                }
+            }
+            let mut renewed = false;
+            if let Some((keeper, replies)) = stream.as_mut() {
+                let t0 = Instant::now();
+                if keeper.keep_alive().await.is_ok() {
+                    match replies.message().await {
+                        Ok(Some(r)) if r.ttl() > 0 => {
+                            renewed = true;
+                            let t1 = Instant::now();
+                            *last2.lock().expect("last") = Some((t1, t1 - t0));
+                            ETCD_RENEWALS.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Some(_)) => return, // the lease is gone
+                        _ => {}
+                    }
+                }
+            }
+            if renewed {
+                last_ok = Instant::now();
+                // Spread the renewals of leases granted together.
+                tokio::time::sleep(every.mul_f64(0.9 + 0.1 * rand::random::<f64>())).await;
+            } else {
+                stream = None;
+                if last_ok.elapsed() > lease {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    let keeper = EtcdKeeper { task, last };
+    Ok(Sess::Etcd(Box::new(c), id, keeper))
+}
+
+/// How many ZooKeeper sessions this process can hold: each is a TCP connection, so the
+/// open-file limit (less 2 000 for everything else) caps them. A container without
+/// CAP_SYS_RESOURCE cannot raise its hard limit (20 000 on the benchmark machine).
+pub fn zk_session_cap() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1_000;
+    }
+    (lim.rlim_cur as usize).saturating_sub(2_000).max(100)
+}
+
+/// Session opens retried by [`open_many`] in this process.
+pub static OPEN_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Opens `n` sessions for a large scenario (profile, state), `par` at a time, showing a
+/// progress bar. Ours: over `ours` (clients of many sessions each). etcd: one lease per
+/// session, [`ETCD_LEASES_PER_CLIENT`] per gRPC client (as clientv3 users share a client),
+/// each kept alive on its own stream. ZooKeeper: one connection per session (a ZooKeeper
+/// session is a connection). A failed open is retried up to 4 times ([`OPEN_RETRIES`]).
+pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result<Vec<Sess>> {
+    if matches!(conn, Conn::Zk(_)) && n > zk_session_cap() {
+        anyhow::bail!(
+            "{n} ZooKeeper sessions need {n} connections, but this process may hold only \
+             {} (its open-file limit, less 2 000); run with a smaller --scale or raise the \
+             hard limit (needs CAP_SYS_RESOURCE)",
+            zk_session_cap()
+        );
+    }
+    let pb = crate::scenarios::bar(n as u64, "sessions");
+    let mut out: Vec<Sess> = Vec::with_capacity(n);
+    let mut etcd_clients = Vec::new();
+    if let Conn::Etcd(eps) = conn {
+        for i in 0..n.div_ceil(ETCD_LEASES_PER_CLIENT) {
+            // Each client starts at another member, so clients spread over members.
+            let mut eps = eps.clone();
+            let at = i % eps.len().max(1);
+            eps.rotate_left(at);
+            etcd_clients.push(etcd_client::Client::connect(eps, None).await?);
+        }
+    }
+    while out.len() < n {
+        let k = (n - out.len()).min(200);
+        let base = out.len();
+        let got = futures::future::join_all((0..k).map(|i| {
+            let i = base + i;
+            let etcd = etcd_clients.get(i / ETCD_LEASES_PER_CLIENT).cloned();
+            async move {
+                // A client retries a failed connect (a busy server's handshake can time
+                // out); the retries are counted and reported.
+                let mut tries = 0;
+                loop {
+                    let r = match &etcd {
+                        Some(c) => etcd_session(c.clone(), lease).await,
+                        None => conn.session(lease).await,
+                    };
+                    tries += 1;
+                    if r.is_ok() || tries == 5 {
+                        return r;
+                    }
+                    OPEN_RETRIES.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }))
+        .await;
+        for s in got {
+            out.push(s.context("open a session")?);
+        }
+        pb.set_position(out.len() as u64);
+    }
+    pb.finish_and_clear();
+    Ok(out)
 }
 
 fn zk_err(e: zk::Error) -> anyhow::Error {
@@ -311,11 +427,57 @@ impl Sess {
             Sess::Ours(s) => {
                 let _ = s.close().await;
             }
-            Sess::Etcd(mut c, lease, task) => {
-                task.abort();
+            Sess::Etcd(mut c, lease, keeper) => {
+                keeper.task.abort();
                 let _ = c.lease_revoke(lease).await;
             }
             Sess::Zk(c) => drop(c),
+        }
+    }
+
+    /// Reads `key` at the servers (ours: a linearizable read, no cache; etcd: a
+    /// linearizable range; ZooKeeper: `getData` at the connected member).
+    pub async fn read(&self, key: &str) -> anyhow::Result<usize> {
+        match self {
+            Sess::Ours(s) => Ok(s.get(key).await?.0.len()),
+            Sess::Etcd(c, ..) => {
+                let r = c.clone().get(key, None).await?;
+                Ok(r.kvs().first().map_or(0, |kv| kv.value().len()))
+            }
+            Sess::Zk(c) => Ok(c.get_data(key).await.map_err(zk_err)?.0.len()),
+        }
+    }
+
+    /// A new session opened the way this one was (etcd: a lease on the same gRPC client;
+    /// otherwise through `conn`).
+    pub async fn reopen(&self, conn: &Conn, lease: Duration) -> anyhow::Result<Sess> {
+        match self {
+            Sess::Etcd(c, ..) => etcd_session((**c).clone(), lease).await,
+            _ => conn.session(lease).await,
+        }
+    }
+
+    /// True if the lock `h` is still held: its node or key is still there.
+    pub async fn holds(&self, h: &Held) -> anyhow::Result<bool> {
+        match (self, h) {
+            (Sess::Ours(_), Held::Ours(g)) => Ok(g.may_act()),
+            (Sess::Etcd(c, ..), Held::Etcd(key)) => {
+                Ok(c.clone().get(key.as_str(), None).await?.count() > 0)
+            }
+            (Sess::Zk(c), Held::Zk(node)) => {
+                Ok(c.check_stat(node).await.map_err(zk_err)?.is_some())
+            }
+            _ => Err(anyhow!("lock held through another system")),
+        }
+    }
+
+    /// The last KeepAlive answered and its round trip (ours, etcd; ZooKeeper's client
+    /// pings on its own and does not say).
+    pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
+        match self {
+            Sess::Ours(s) => s.last_keepalive(),
+            Sess::Etcd(_, _, k) => k.last_keepalive(),
+            Sess::Zk(_) => None,
         }
     }
 
@@ -323,7 +485,7 @@ impl Sess {
     pub fn lost(&self) -> bool {
         match self {
             Sess::Ours(s) => s.state() == client_sdk::SessionState::Expired,
-            Sess::Etcd(_, _, task) => task.is_finished(),
+            Sess::Etcd(_, _, keeper) => keeper.task.is_finished(),
             Sess::Zk(c) => matches!(
                 c.state(),
                 zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed

@@ -2,15 +2,57 @@
 # Starts and stops the peer systems loadgen compares against, on loopback, with fsync on:
 #   ops/bench/peers.sh etcd DIR N BASE_PORT   # N etcd 3.4 members (client ports BASE, BASE+2, ...)
 #   ops/bench/peers.sh zk   DIR N BASE_PORT   # N ZooKeeper 3.8 servers (client ports BASE, BASE+1, ...)
+#   ops/bench/peers.sh restart DIR NAME       # start member NAME again exactly as before
+#                                             # (after it was killed); its data dir is kept
+#   ops/bench/peers.sh etcd-learner DIR NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER
+#                                             # start a new etcd member NAME joining the
+#                                             # cluster of DIR (--initial-cluster-state
+#                                             # existing); add it first (MemberAdd, e.g. as a
+#                                             # learner); INITIAL_CLUSTER lists every member
+#                                             # with it, "m1=http://127.0.0.1:PORT,...";
+#                                             # prints its client endpoint
 #   ops/bench/peers.sh stop DIR               # SIGTERM every member started in DIR
 # Needs Debian's packages: apt-get install -y etcd-server etcd-client zookeeper
-# Each member's pid goes to DIR/pids ("name pid client-address" per line), its log to
-# DIR/<name>.log. Prints the client endpoints, comma-separated, once all are started.
+# Each member's pid goes to DIR/pids ("name pid client-address" per line; `restart` updates
+# it), its log to DIR/<name>.log (appended to on restart), its full start command line
+# (shell-quoted) to DIR/<name>.cmd. Prints the client endpoints, comma-separated, once all
+# are started.
 set -euo pipefail
 
-cmd=${1:?usage: peers.sh etcd|zk|stop DIR [N BASE_PORT]}
+cmd=${1:?usage: peers.sh etcd|zk|restart|etcd-learner|stop DIR [...]}
 dir=${2:?DIR}
 mkdir -p "$dir"
+# ZooKeeper's sessions are connections: 50 000 of them need more open files than the
+# usual default (raising the hard limit needs root; otherwise the soft one goes up to it).
+ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# running PID: the process is alive and not a zombie (killed members are reparented to a
+# pid 1 that may never reap them).
+running() {
+  kill -0 "$1" 2>/dev/null && ! grep -q '^State:.*zombie' "/proc/$1/status" 2>/dev/null
+}
+
+# launch NAME ADDR CMD...: saves CMD to DIR/NAME.cmd, runs it in the background (log
+# DIR/NAME.log) and notes "NAME PID ADDR" in DIR/pids.
+launch() {
+  local name=$1 addr=$2
+  shift 2
+  printf '%q ' "$@" >"$dir/$name.cmd"
+  nohup "$@" >>"$dir/$name.log" 2>&1 &
+  echo "$name $! $addr" >>"$dir/pids"
+}
+
+# etcd_member NAME CLIENT_PORT PEER_PORT INITIAL_CLUSTER STATE TOKEN: one etcd member.
+etcd_member() {
+  local name=$1 client=$2 peer=$3 initial=$4 state=$5 token=$6
+  # etcd fsyncs its WAL on every commit by default (no --unsafe-no-fsync).
+  launch "$name" "127.0.0.1:$client" env ETCD_UNSUPPORTED_ARCH= etcd --name "$name" \
+    --data-dir "$dir/$name" \
+    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "$initial" --initial-cluster-state "$state" --initial-cluster-token "$token" \
+    --log-level warn
+}
 
 case "$cmd" in
 etcd)
@@ -25,16 +67,20 @@ etcd)
   endpoints=""
   for i in $(seq 1 "$n"); do
     client=$((base + 2 * (i - 1))); peer=$((client + 1))
-    # etcd fsyncs its WAL on every commit by default (no --unsafe-no-fsync).
-    ETCD_UNSUPPORTED_ARCH= nohup etcd --name "m$i" --data-dir "$dir/m$i" \
-      --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
-      --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-      --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "bench-$base" \
-      --log-level warn >"$dir/m$i.log" 2>&1 &
-    echo "m$i $! 127.0.0.1:$client" >>"$dir/pids"
+    etcd_member "m$i" "$client" "$peer" "$cluster" new "bench-$base"
     endpoints+="127.0.0.1:$client,"
   done
   echo "${endpoints%,}"
+  ;;
+etcd-learner)
+  name=${3:?NAME}; client=${4:?CLIENT_PORT}; peer=${5:?PEER_PORT}; initial=${6:?INITIAL_CLUSTER}
+  command -v etcd >/dev/null || { echo "etcd not installed: apt-get install -y etcd-server" >&2; exit 2; }
+  if grep -q "^$name " "$dir/pids" 2>/dev/null; then
+    echo "member $name already started in $dir" >&2; exit 2
+  fi
+  # The token only matters for a new cluster; an existing one's members are asked instead.
+  etcd_member "$name" "$client" "$peer" "$initial" existing "bench-join"
+  echo "127.0.0.1:$client"
   ;;
 zk)
   n=${3:-3}; base=${4:-2181}
@@ -59,20 +105,32 @@ zk)
         echo "server.$j=127.0.0.1:$((base + 100 + 2 * (j - 1))):$((base + 101 + 2 * (j - 1)))"
       done
     } >"$dir/z$i/zoo.cfg"
-    nohup java -Xmx1g -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
+    launch "z$i" "127.0.0.1:$client" java -Xmx1g -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
       -Dzookeeper.log.dir="$dir/z$i" -Dzookeeper.root.logger=WARN,CONSOLE \
-      org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/z$i/zoo.cfg" >"$dir/z$i.log" 2>&1 &
-    echo "z$i $! 127.0.0.1:$client" >>"$dir/pids"
+      org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/z$i/zoo.cfg"
     endpoints+="127.0.0.1:$client,"
   done
   echo "${endpoints%,}"
+  ;;
+restart)
+  name=${3:?NAME}
+  [ -f "$dir/$name.cmd" ] || { echo "$dir/$name.cmd not found: $name was not started here" >&2; exit 2; }
+  line=$(grep "^$name " "$dir/pids" || true)
+  [ -n "$line" ] || { echo "$name is not in $dir/pids" >&2; exit 2; }
+  read -r _ old addr <<<"$line"
+  if running "$old"; then
+    echo "$name (pid $old) is still running" >&2; exit 2
+  fi
+  eval "set -- $(cat "$dir/$name.cmd")"
+  nohup "$@" >>"$dir/$name.log" 2>&1 &
+  sed -i "s|^$name [0-9]* .*\$|$name $! $addr|" "$dir/pids"
   ;;
 stop)
   [ -f "$dir/pids" ] || exit 0
   while read -r _ pid _; do kill "$pid" 2>/dev/null || true; done <"$dir/pids"
   for _ in $(seq 1 100); do
     alive=0
-    while read -r _ pid _; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$dir/pids"
+    while read -r _ pid _; do running "$pid" && alive=1; done <"$dir/pids"
     [ "$alive" = 0 ] && break
     sleep 0.1
   done

@@ -1,0 +1,126 @@
+//! The peer side of `loadgen compare` for the two large scenarios (`profile`, `state`):
+//! each runs briefly against etcd and ZooKeeper (`--scale 0.02`), so the peers' code paths
+//! do not rot. Needs Debian's `etcd-server` and `zookeeper` (`.ci/run` installs them);
+//! without them each test says so and checks nothing. Speed is not checked here.
+
+use std::path::Path;
+use std::process::Command;
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
+
+/// One run at a time (two cores).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn installed(system: &str) -> bool {
+    let ok = match system {
+        "etcd" => Command::new("etcd").arg("--version").output().is_ok(),
+        _ => Path::new("/usr/share/java/zookeeper.jar").exists(),
+    };
+    if !ok {
+        eprintln!("SKIPPED: {system} is not installed (apt-get install -y etcd-server zookeeper)");
+    }
+    ok
+}
+
+fn run(system: &str, args: &[&str], name: &str, out: &Path) -> serde_json::Value {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = Command::new(LOADGEN)
+        .args(["--scale", "0.02", "--system", system, "--out"])
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("run loadgen");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{text}");
+    assert!(
+        o.status.success(),
+        "loadgen {system} {args:?} failed:\n{text}"
+    );
+    let file = if system == "zk" { "zookeeper" } else { system };
+    let json = out.join(format!("{name}-{file}.json"));
+    assert!(out.join(format!("{name}-{file}.svg")).exists());
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+fn figure(v: &serde_json::Value, k: &str) -> f64 {
+    v["figures"][k]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
+}
+
+fn count(v: &serde_json::Value, k: &str) -> u64 {
+    v["latencies"][k]["count"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no latency {k:?} in {v}"))
+}
+
+/// The profile at 1/50 scale on a peer: its sessions stay alive, its locks are taken
+/// with its own recipe and kept, and every read reaches the cluster.
+fn profile_on(system: &str) {
+    if !installed(system) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(system, &["profile", "--secs", "10"], "profile", dir.path());
+    assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    assert_eq!(figure(&v, "operation errors"), 0.0, "{v}");
+    assert_eq!(figure(&v, "setup errors (long-held locks not taken)"), 0.0);
+    assert_eq!(
+        figure(&v, "long-held locks still held"),
+        v["params"]["locks held all run"]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap(),
+        "{v}"
+    );
+    assert!(count(&v, "acquire (short locks)") > 0, "{v}");
+    assert!(count(&v, "config write") > 0, "{v}");
+    let reads = count(&v, "config read (uncached)");
+    assert!(reads > 0, "{v}");
+    assert!(figure(&v, "reads reaching the cell per s") > 0.0, "{v}");
+    if system == "etcd" {
+        assert!(figure(&v, "leases renewed per s") > 0.0, "{v}");
+        assert!(count(&v, "KeepAlive round trip") > 0, "{v}");
+    }
+}
+
+#[test]
+fn profile_on_etcd() {
+    profile_on("etcd");
+}
+
+#[test]
+fn profile_on_zookeeper() {
+    profile_on("zk");
+}
+
+/// The large state at 1/50 scale on a peer: loaded, a follower killed and restarted, a
+/// member without data caught up (etcd: a learner; ZooKeeper: a follower whose data
+/// directory was emptied), every session kept.
+fn state_on(system: &str) {
+    if !installed(system) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(system, &["state"], "state", dir.path());
+    assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    assert!(figure(&v, "nodes in the cell") >= 2_000.0, "{v}");
+    assert!(figure(&v, "restart: caught up after (s)") < 60.0, "{v}");
+    assert!(figure(&v, "learner: caught up after (s)") < 60.0, "{v}");
+    assert!(figure(&v, "replica-1 RSS loaded (MB)") > 0.0, "{v}");
+}
+
+#[test]
+fn state_on_etcd() {
+    state_on("etcd");
+}
+
+#[test]
+fn state_on_zookeeper() {
+    state_on("zk");
+}
