@@ -63,8 +63,13 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// The first of `n` consecutive free loopback ports (TCP and UDP), searching from `from`
+/// up to 60 000, then from 10 000. Servers' ports are best kept below Linux's ephemeral
+/// range (32 768 and up): after a run with many short connections, tens of thousands of
+/// ephemeral ports sit in TIME_WAIT, where nothing may listen.
 fn free_base(n: u16, from: u16) -> u16 {
-    'outer: for base in (from..60_000).step_by(16) {
+    let candidates = (from..60_000).step_by(16).chain((10_000..from).step_by(16));
+    'outer: for base in candidates {
         for p in base..base + n {
             if std::net::UdpSocket::bind(("127.0.0.1", p)).is_err()
                 || std::net::TcpListener::bind(("127.0.0.1", p)).is_err()
@@ -74,7 +79,7 @@ fn free_base(n: u16, from: u16) -> u16 {
         }
         return base;
     }
-    panic!("no free ports");
+    panic!("no {n} consecutive free ports on 127.0.0.1");
 }
 
 fn bench_script() -> anyhow::Result<PathBuf> {
@@ -161,7 +166,7 @@ impl Cluster {
                     System::Etcd => ("etcd", members * 2),
                     _ => ("zk", 100 + members * 2),
                 };
-                let base = free_base(ports, 31_000 + (std::process::id() % 5_000) as u16);
+                let base = free_base(ports, 26_000 + (std::process::id() % 4_000) as u16);
                 let out = Command::new(bench_script()?)
                     .args([
                         kind,
@@ -331,7 +336,7 @@ impl Cluster {
         let cell = self.dir.join("cell");
         let text = std::fs::read_to_string(cell.join("replica-1.toml"))?;
         let mut cfg: toml::Table = text.parse().context("replica-1.toml")?;
-        let port = free_base(1, 40_000 + (std::process::id() % 5_000) as u16);
+        let port = free_base(1, 30_000 + (std::process::id() % 2_000) as u16);
         let addr = format!("127.0.0.1:{port}");
         cfg.insert("id".into(), toml::Value::Integer(id as i64));
         cfg.insert("listen".into(), toml::Value::String(addr.clone()));
@@ -387,7 +392,7 @@ impl Cluster {
 
     /// Two loopback ports, free now, for a new etcd member: (client, peer).
     pub fn new_member_ports(&self) -> (u16, u16) {
-        let base = free_base(2, 41_000 + (std::process::id() % 5_000) as u16);
+        let base = free_base(2, 30_500 + (std::process::id() % 2_000) as u16);
         (base, base + 1)
     }
 
