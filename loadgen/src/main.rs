@@ -3,6 +3,7 @@
 //! one's standard lock recipe, so one tool measures all three.
 
 mod cluster;
+mod etcd_leases;
 mod profile;
 mod profile_peers;
 mod report;
@@ -48,6 +49,11 @@ struct Cli {
     /// Session lease / etcd lease TTL / ZooKeeper session timeout, in seconds.
     #[arg(long, default_value_t = 12, global = true)]
     lease_secs: u64,
+    /// etcd in profile and state: renew all 2 000 leases of a gRPC client on one
+    /// keep-alive stream (as one clientv3 process would) instead of one stream per lease
+    /// (as independent clients would).
+    #[arg(long, global = true)]
+    etcd_shared_keepalive: bool,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -230,6 +236,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     raise_open_files();
+    systems::ETCD_SHARED_KEEPALIVE.store(
+        cli.etcd_shared_keepalive,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

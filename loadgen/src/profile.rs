@@ -334,32 +334,20 @@ pub async fn profile(
     }
 
     // The config writer: retries a failed write (its failures are the unavailability).
-    {
-        let (admin, wr, stop, ok) = (admin.clone(), wr.clone(), stop.clone(), writes_ok.clone());
-        tasks.push(tokio::spawn(async move {
-            let every = Duration::from_secs_f64(1.0 / config_writes_per_s);
-            let mut v = 0u64;
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                let key = format!("/profile/config/k{}", v as usize % CONFIG_KEYS);
-                let done = tokio::time::timeout(
-                    Duration::from_secs(20),
-                    admin.set_data(&key, format!("{v:0100}").into_bytes(), None),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
-                let t1 = Instant::now();
-                if done {
-                    record(&wr, t1 - t0, t1);
-                    ok.lock().expect("ok").push(t1);
-                    v += 1;
-                    tokio::time::sleep_until(t0 + every).await;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+    tasks.push(spawn_config_writer(
+        {
+            let admin = admin.clone();
+            move |key: String, value: Vec<u8>| {
+                let admin = admin.clone();
+                async move { admin.set_data(&key, value, None).await.is_ok() }
             }
-        }));
-    }
+        },
+        config_writes_per_s,
+        deadline,
+        stop.clone(),
+        wr.clone(),
+        writes_ok.clone(),
+    ));
 
     // Churn: sessions that hold no lock are closed and replaced by new ones.
     {
@@ -398,54 +386,21 @@ pub async fn profile(
         }));
     }
 
-    // KeepAlive round trips: every renewal, sampled from each session's last one every
-    // second (a session renews every 4 s).
-    {
-        let (slots, ka, stop) = (slots.clone(), ka.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut seen: Vec<Option<Instant>> = vec![None; slots.len()];
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let mut l = ka.lock().expect("lat");
-                for (i, slot) in slots.iter().enumerate() {
-                    let s = slot.lock().expect("slot").clone();
-                    if let Some((at, rtt)) = s.last_keepalive() {
-                        if at > start && seen[i] != Some(at) {
-                            seen[i] = Some(at);
-                            l.record(rtt, at);
-                        }
-                    }
-                }
-            }
-        }));
-    }
+    // KeepAlive round trips: every renewal, sampled from each session's last one.
+    tasks.push(spawn_keepalive_sampler(
+        slots.len(),
+        {
+            let slots = slots.clone();
+            move |i| slots[i].lock().expect("slot").last_keepalive()
+        },
+        start,
+        deadline,
+        stop.clone(),
+        ka.clone(),
+    ));
 
     // The fault, 40 % into the run.
-    let mut fault_info = None;
-    let pb = bar(dur.as_secs().max(1), "profile");
-    let fault_at = start + dur.mul_f64(0.4);
-    let mut frozen = None;
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_secs(1).min(deadline - Instant::now())).await;
-        pb.set_position(start.elapsed().as_secs());
-        if let Some(f) = fault {
-            if fault_info.is_none() && Instant::now() >= fault_at {
-                let leader = ctx.cluster.leader().await?;
-                let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
-                let at = Instant::now();
-                let sig = match f {
-                    Fault::Kill => libc::SIGKILL,
-                    Fault::Freeze => libc::SIGSTOP,
-                };
-                unsafe { libc::kill(pid as i32, sig) };
-                if f == Fault::Freeze {
-                    frozen = Some(pid);
-                }
-                fault_info = Some((leader, at));
-            }
-        }
-    }
-    pb.finish_and_clear();
+    let injected = run_with_fault(ctx, start, deadline, fault).await?;
     stop.store(true, Ordering::SeqCst);
     let elapsed = start.elapsed().as_secs_f64();
     let l1 = leader_status(&direct).await?;
@@ -459,8 +414,8 @@ pub async fn profile(
             errors.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if let Some(pid) = frozen {
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    if let Some(i) = &injected {
+        i.resume(ctx);
     }
 
     // Results.
@@ -485,12 +440,7 @@ pub async fn profile(
         .iter()
         .filter(|g| g.may_act())
         .count();
-    let name = match fault {
-        None => "profile",
-        Some(Fault::Kill) => "profile-kill",
-        Some(Fault::Freeze) => "profile-freeze",
-    };
-    let mut r = ctx.report(name);
+    let mut r = ctx.report(Injected::scenario(fault));
     r.param("sessions", n);
     r.param(
         "QUIC connections (sessions per connection)",
@@ -556,27 +506,174 @@ pub async fn profile(
         p1.keepalives_batched.saturating_sub(p0.keepalives_batched) as f64 / elapsed,
     );
     r.figure("sessions at the leader (end)", l1.session_count as f64);
-    if let Some((leader, at)) = fault_info {
-        let gap = crate::scenarios::unavailable(
-            &writes_ok.lock().expect("ok"),
-            at,
-            deadline.saturating_duration_since(at),
-        );
-        r.param(
-            "fault",
-            format!(
-                "leader {leader} {} at {:.0} s",
-                if fault == Some(Fault::Kill) {
-                    "kill -9"
-                } else {
-                    "SIGSTOP"
-                },
-                at.duration_since(start).as_secs_f64()
-            ),
-        );
-        r.figure("config writes unavailable (s)", gap.as_secs_f64());
+    if let Some(i) = &injected {
+        i.report(&mut r, &writes_ok.lock().expect("ok"), start, deadline);
     }
     ctx.costs(&mut r);
     // The sessions end with the cell (closing 50 000 of them would be 50 000 writes).
     Ok(r)
+}
+
+/// The config writer of both profiles: writes a value every `1/per_s` s until `deadline`
+/// (or `stop`), retrying a failed write every 20 ms (its failures are the
+/// unavailability); every success goes into `wr` and `ok`. `write(key, value)` says
+/// whether the write succeeded.
+pub(crate) fn spawn_config_writer<F, Fut>(
+    write: F,
+    per_s: f64,
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    wr: Arc<Mutex<Lat>>,
+    ok: Arc<Mutex<Vec<Instant>>>,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(String, Vec<u8>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    tokio::spawn(async move {
+        let every = Duration::from_secs_f64(1.0 / per_s);
+        let mut v = 0u64;
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
+            let key = format!("/profile/config/k{}", v as usize % CONFIG_KEYS);
+            let done = tokio::time::timeout(
+                Duration::from_secs(20),
+                write(key, format!("{v:0100}").into_bytes()),
+            )
+            .await
+            .unwrap_or(false);
+            let t1 = Instant::now();
+            if done {
+                record(&wr, t1 - t0, t1);
+                ok.lock().expect("ok").push(t1);
+                v += 1;
+                tokio::time::sleep_until(t0 + every).await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    })
+}
+
+/// Samples every session's last KeepAlive once a second into `ka` (a session renews every
+/// 4 s, so each renewal is seen once). `last(i)` is session `i`'s last renewal and round
+/// trip.
+pub(crate) fn spawn_keepalive_sampler<F>(
+    sessions: usize,
+    last: F,
+    start: Instant,
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    ka: Arc<Mutex<Lat>>,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(usize) -> Option<(Instant, Duration)> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut seen: Vec<Option<Instant>> = vec![None; sessions];
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut l = ka.lock().expect("lat");
+            for (i, seen) in seen.iter_mut().enumerate() {
+                if let Some((at, rtt)) = last(i) {
+                    if at > start && *seen != Some(at) {
+                        *seen = Some(at);
+                        l.record(rtt, at);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The fault a profile run injected into the leader.
+pub(crate) struct Injected {
+    fault: Fault,
+    leader: String,
+    at: Instant,
+}
+
+/// Waits out a profile run (with a progress bar) until `deadline`, killing or freezing the
+/// leader 40 % in if `fault` says so.
+pub(crate) async fn run_with_fault(
+    ctx: &Ctx,
+    start: Instant,
+    deadline: Instant,
+    fault: Option<Fault>,
+) -> anyhow::Result<Option<Injected>> {
+    let dur = deadline - start;
+    let pb = bar(dur.as_secs().max(1), "profile");
+    let fault_at = start + dur.mul_f64(0.4);
+    let mut injected = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(1).min(deadline - Instant::now())).await;
+        pb.set_position(start.elapsed().as_secs());
+        if let Some(f) = fault {
+            if injected.is_none() && Instant::now() >= fault_at {
+                let leader = ctx.cluster.leader().await?;
+                let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
+                let at = Instant::now();
+                let sig = match f {
+                    Fault::Kill => libc::SIGKILL,
+                    Fault::Freeze => libc::SIGSTOP,
+                };
+                unsafe { libc::kill(pid as i32, sig) };
+                injected = Some(Injected {
+                    fault: f,
+                    leader,
+                    at,
+                });
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(injected)
+}
+
+impl Injected {
+    /// Lets a frozen leader go on (SIGCONT) after the run.
+    pub(crate) fn resume(&self, ctx: &Ctx) {
+        if self.fault == Fault::Freeze {
+            if let Some(pid) = ctx.cluster.pid_of(&self.leader) {
+                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+            }
+        }
+    }
+
+    /// The report's name for a run with `fault`.
+    pub(crate) fn scenario(fault: Option<Fault>) -> &'static str {
+        match fault {
+            None => "profile",
+            Some(Fault::Kill) => "profile-kill",
+            Some(Fault::Freeze) => "profile-freeze",
+        }
+    }
+
+    /// Adds the fault and how long config writes were unavailable after it.
+    pub(crate) fn report(
+        &self,
+        r: &mut Report,
+        writes_ok: &[Instant],
+        start: Instant,
+        deadline: Instant,
+    ) {
+        let gap = crate::scenarios::unavailable(
+            writes_ok,
+            self.at,
+            deadline.saturating_duration_since(self.at),
+        );
+        r.param(
+            "fault",
+            format!(
+                "leader {} {} at {:.0} s",
+                self.leader,
+                match self.fault {
+                    Fault::Kill => "kill -9",
+                    Fault::Freeze => "SIGSTOP",
+                },
+                self.at.duration_since(start).as_secs_f64()
+            ),
+        );
+        r.figure("config writes unavailable (s)", gap.as_secs_f64());
+    }
 }

@@ -7,9 +7,11 @@
 //! closed and replaced; `--fault kill|freeze` kills or freezes the leader 40 % in.
 //!
 //! What differs is what the peers are:
-//! - **etcd**: a session is a lease kept alive every 4 s on its own keep-alive stream;
-//!   clients share a gRPC connection, 2 000 leases each (as clientv3 users share one
-//!   client). Every renewal goes to the leader (followers forward them). Reads are
+//! - **etcd**: a session is a lease renewed every 4 s; 2 000 leases share a gRPC client,
+//!   each renewed on its own keep-alive stream (as independent clients would), or with
+//!   `--etcd-shared-keepalive` all on one ([`crate::etcd_leases`], as one clientv3
+//!   process holding them would). Every renewal goes to the leader (followers forward
+//!   them). Reads are
 //!   linearizable ranges, served by the cluster: etcd has no client cache.
 //! - **ZooKeeper**: a session is a TCP connection (50 000 of them); its client pings the
 //!   member it is connected to. Reads are `getData` at that member (sequentially
@@ -23,11 +25,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use anyhow::Context;
-
-use crate::profile::{each, lat, record, Fault, CONFIG_KEYS};
+use crate::profile::{
+    each, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler, Fault,
+    Injected, CONFIG_KEYS,
+};
 use crate::report::{Lat, Report};
-use crate::scenarios::{bar, Ctx};
+use crate::scenarios::Ctx;
 use crate::systems::{open_many, Held, Sess, ETCD_RENEWALS};
 
 /// Locks under this directory; config values under `/profile/config`.
@@ -183,32 +186,20 @@ pub async fn profile(
     }
 
     // The config writer: retries a failed write (its failures are the unavailability).
-    {
-        let (admin, wr, stop, ok) = (admin.clone(), wr.clone(), stop.clone(), writes_ok.clone());
-        tasks.push(tokio::spawn(async move {
-            let every = Duration::from_secs_f64(1.0 / config_writes_per_s);
-            let mut v = 0u64;
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                let key = format!("/profile/config/k{}", v as usize % CONFIG_KEYS);
-                let done = tokio::time::timeout(
-                    Duration::from_secs(20),
-                    admin.write(&key, format!("{v:0100}").into_bytes()),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
-                let t1 = Instant::now();
-                if done {
-                    record(&wr, t1 - t0, t1);
-                    ok.lock().expect("ok").push(t1);
-                    v += 1;
-                    tokio::time::sleep_until(t0 + every).await;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+    tasks.push(spawn_config_writer(
+        {
+            let admin = admin.clone();
+            move |key: String, value: Vec<u8>| {
+                let admin = admin.clone();
+                async move { admin.write(&key, value).await.is_ok() }
             }
-        }));
-    }
+        },
+        config_writes_per_s,
+        deadline,
+        stop.clone(),
+        wr.clone(),
+        writes_ok.clone(),
+    ));
 
     // Churn: sessions that hold no lock are closed and replaced by new ones.
     {
@@ -264,52 +255,20 @@ pub async fn profile(
     }
 
     // KeepAlive round trips (etcd; ZooKeeper's client pings on its own and does not say).
-    {
-        let (slots, ka, stop) = (slots.clone(), ka.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut seen: Vec<Option<Instant>> = vec![None; slots.len()];
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let mut l = ka.lock().expect("lat");
-                for (i, slot) in slots.iter().enumerate() {
-                    let s = slot.lock().expect("slot").clone();
-                    if let Some((at, rtt)) = s.last_keepalive() {
-                        if at > start && seen[i] != Some(at) {
-                            seen[i] = Some(at);
-                            l.record(rtt, at);
-                        }
-                    }
-                }
-            }
-        }));
-    }
+    tasks.push(spawn_keepalive_sampler(
+        slots.len(),
+        {
+            let slots = slots.clone();
+            move |i| slots[i].lock().expect("slot").last_keepalive()
+        },
+        start,
+        deadline,
+        stop.clone(),
+        ka.clone(),
+    ));
 
     // The fault, 40 % into the run.
-    let mut fault_info = None;
-    let mut frozen = None;
-    let pb = bar(dur.as_secs().max(1), "profile");
-    let fault_at = start + dur.mul_f64(0.4);
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_secs(1).min(deadline - Instant::now())).await;
-        pb.set_position(start.elapsed().as_secs());
-        if let Some(f) = fault {
-            if fault_info.is_none() && Instant::now() >= fault_at {
-                let leader = ctx.cluster.leader().await?;
-                let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
-                let at = Instant::now();
-                let sig = match f {
-                    Fault::Kill => libc::SIGKILL,
-                    Fault::Freeze => libc::SIGSTOP,
-                };
-                unsafe { libc::kill(pid as i32, sig) };
-                if f == Fault::Freeze {
-                    frozen = Some(pid);
-                }
-                fault_info = Some((leader, at));
-            }
-        }
-    }
-    pb.finish_and_clear();
+    let injected = run_with_fault(ctx, start, deadline, fault).await?;
     stop.store(true, Ordering::SeqCst);
     let elapsed = start.elapsed().as_secs_f64();
     let renewed = ETCD_RENEWALS
@@ -323,8 +282,8 @@ pub async fn profile(
             errors.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if let Some(pid) = frozen {
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    if let Some(i) = &injected {
+        i.resume(ctx);
     }
 
     // Results.
@@ -341,12 +300,7 @@ pub async fn profile(
             held_long += 1;
         }
     }
-    let name = match fault {
-        None => "profile",
-        Some(Fault::Kill) => "profile-kill",
-        Some(Fault::Freeze) => "profile-freeze",
-    };
-    let mut r = ctx.report(name);
+    let mut r = ctx.report(Injected::scenario(fault));
     r.param("sessions", n);
     match &*admin {
         Sess::Etcd(..) => r.param(
@@ -358,6 +312,16 @@ pub async fn profile(
             ),
         ),
         _ => r.param("TCP connections (one per session)", n),
+    }
+    if matches!(&*admin, Sess::Etcd(..)) {
+        r.param(
+            "etcd keep-alive streams",
+            if crate::systems::ETCD_SHARED_KEEPALIVE.load(Ordering::Relaxed) {
+                "one per gRPC connection (--etcd-shared-keepalive)"
+            } else {
+                "one per lease"
+            },
+        );
     }
     r.param("proxies", 0);
     r.param("loadgen processes", 1);
@@ -423,25 +387,8 @@ pub async fn profile(
          {read_rate:.0} of the {:.0} reads a second asked for",
         n as f64 * reads_per_s
     ));
-    if let Some((leader, at)) = fault_info {
-        let gap = crate::scenarios::unavailable(
-            &writes_ok.lock().expect("ok"),
-            at,
-            deadline.saturating_duration_since(at),
-        );
-        r.param(
-            "fault",
-            format!(
-                "leader {leader} {} at {:.0} s",
-                if fault == Some(Fault::Kill) {
-                    "kill -9"
-                } else {
-                    "SIGSTOP"
-                },
-                at.duration_since(start).as_secs_f64()
-            ),
-        );
-        r.figure("config writes unavailable (s)", gap.as_secs_f64());
+    if let Some(i) = &injected {
+        i.report(&mut r, &writes_ok.lock().expect("ok"), start, deadline);
     }
     ctx.costs(&mut r);
     // Sessions end with the cluster (revoking 50 000 leases would be 50 000 writes).

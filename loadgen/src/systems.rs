@@ -45,11 +45,25 @@ pub enum Sess {
     Zk(zk::Client),
 }
 
-/// The task keeping an etcd lease alive, and its last renewal.
-pub struct EtcdKeeper {
-    task: tokio::task::JoinHandle<()>,
-    last: Arc<Mutex<Option<(Instant, Duration)>>>,
+/// What keeps an etcd lease alive.
+pub enum EtcdKeeper {
+    /// A task of its own on its own keep-alive stream (a session with its own client, as
+    /// clientv3's `concurrency.Session` on its own client), and its last renewal.
+    Own(
+        tokio::task::JoinHandle<()>,
+        Arc<Mutex<Option<(Instant, Duration)>>>,
+    ),
+    /// A client's shared stream ([`crate::etcd_leases::LeaseMux`]), as clientv3 renews
+    /// every lease of one client.
+    Shared(Arc<crate::etcd_leases::LeaseMux>, i64),
 }
+
+/// How [`open_many`] keeps etcd leases alive: false (the default), each lease on its own
+/// keep-alive stream, as 50 000 independent clients would (one stream each); true, all
+/// of a gRPC client's leases on one stream, as one clientv3 process holding 2 000 leases
+/// would (`--etcd-shared-keepalive`).
+pub static ETCD_SHARED_KEEPALIVE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// etcd lease renewals answered in this process (every one went to the leader).
 pub static ETCD_RENEWALS: AtomicU64 = AtomicU64::new(0);
@@ -57,7 +71,24 @@ pub static ETCD_RENEWALS: AtomicU64 = AtomicU64::new(0);
 impl EtcdKeeper {
     /// When the last renewal was answered, and its round trip.
     pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
-        *self.last.lock().expect("last")
+        match self {
+            EtcdKeeper::Own(_, last) => *last.lock().expect("last"),
+            EtcdKeeper::Shared(mux, id) => mux.last_keepalive(*id),
+        }
+    }
+
+    fn lost(&self) -> bool {
+        match self {
+            EtcdKeeper::Own(task, _) => task.is_finished(),
+            EtcdKeeper::Shared(mux, id) => mux.lost(*id),
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            EtcdKeeper::Own(task, _) => task.abort(),
+            EtcdKeeper::Shared(mux, id) => mux.remove(*id),
+        }
     }
 }
 
@@ -166,7 +197,7 @@ async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Re
             }
         }
     });
-    let keeper = EtcdKeeper { task, last };
+    let keeper = EtcdKeeper::Own(task, last);
     Ok(Sess::Etcd(Box::new(c), id, keeper))
 }
 
@@ -185,13 +216,24 @@ pub fn zk_session_cap() -> usize {
     (lim.rlim_cur as usize).saturating_sub(2_000).max(100)
 }
 
+/// A lease on `c` renewed on the client's shared keep-alive stream `mux`.
+async fn shared_etcd_session(
+    mut c: etcd_client::Client,
+    mux: Arc<crate::etcd_leases::LeaseMux>,
+    lease: Duration,
+) -> anyhow::Result<Sess> {
+    let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
+    mux.add(id);
+    Ok(Sess::Etcd(Box::new(c), id, EtcdKeeper::Shared(mux, id)))
+}
+
 /// Session opens retried by [`open_many`] in this process.
 pub static OPEN_RETRIES: AtomicU64 = AtomicU64::new(0);
 
 /// Opens `n` sessions for a large scenario (profile, state), `par` at a time, showing a
 /// progress bar. Ours: over `ours` (clients of many sessions each). etcd: one lease per
-/// session, [`ETCD_LEASES_PER_CLIENT`] per gRPC client (as clientv3 users share a client),
-/// each kept alive on its own stream. ZooKeeper: one connection per session (a ZooKeeper
+/// session, [`ETCD_LEASES_PER_CLIENT`] per gRPC client, each lease renewed on its own
+/// keep-alive stream, or all of a client's on one ([`ETCD_SHARED_KEEPALIVE`]). ZooKeeper: one connection per session (a ZooKeeper
 /// session is a connection). A failed open is retried up to 4 times ([`OPEN_RETRIES`]).
 pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result<Vec<Sess>> {
     if matches!(conn, Conn::Zk(_)) && n > zk_session_cap() {
@@ -211,7 +253,11 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
             let mut eps = eps.clone();
             let at = i % eps.len().max(1);
             eps.rotate_left(at);
-            etcd_clients.push(etcd_client::Client::connect(eps, None).await?);
+            let client = etcd_client::Client::connect(eps.clone(), None).await?;
+            let mux = ETCD_SHARED_KEEPALIVE
+                .load(Ordering::Relaxed)
+                .then(|| crate::etcd_leases::LeaseMux::start(eps, lease));
+            etcd_clients.push((client, mux));
         }
     }
     while out.len() < n {
@@ -226,7 +272,10 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
                 let mut tries = 0;
                 loop {
                     let r = match &etcd {
-                        Some(c) => etcd_session(c.clone(), lease).await,
+                        Some((c, Some(mux))) => {
+                            shared_etcd_session(c.clone(), mux.clone(), lease).await
+                        }
+                        Some((c, None)) => etcd_session(c.clone(), lease).await,
                         None => conn.session(lease).await,
                     };
                     tries += 1;
@@ -428,7 +477,7 @@ impl Sess {
                 let _ = s.close().await;
             }
             Sess::Etcd(mut c, lease, keeper) => {
-                keeper.task.abort();
+                keeper.stop();
                 let _ = c.lease_revoke(lease).await;
             }
             Sess::Zk(c) => drop(c),
@@ -452,6 +501,9 @@ impl Sess {
     /// otherwise through `conn`).
     pub async fn reopen(&self, conn: &Conn, lease: Duration) -> anyhow::Result<Sess> {
         match self {
+            Sess::Etcd(c, _, EtcdKeeper::Shared(mux, _)) => {
+                shared_etcd_session((**c).clone(), mux.clone(), lease).await
+            }
             Sess::Etcd(c, ..) => etcd_session((**c).clone(), lease).await,
             _ => conn.session(lease).await,
         }
@@ -485,7 +537,7 @@ impl Sess {
     pub fn lost(&self) -> bool {
         match self {
             Sess::Ours(s) => s.state() == client_sdk::SessionState::Expired,
-            Sess::Etcd(_, _, keeper) => keeper.task.is_finished(),
+            Sess::Etcd(_, _, keeper) => keeper.lost(),
             Sess::Zk(c) => matches!(
                 c.state(),
                 zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed

@@ -60,12 +60,14 @@ fn count(v: &serde_json::Value, k: &str) -> u64 {
 
 /// The profile at 1/50 scale on a peer: its sessions stay alive, its locks are taken
 /// with its own recipe and kept, and every read reaches the cluster.
-fn profile_on(system: &str) {
+fn profile_on(system: &str, extra: &[&str]) {
     if !installed(system) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let v = run(system, &["profile", "--secs", "10"], "profile", dir.path());
+    let mut args = extra.to_vec();
+    args.extend(["profile", "--secs", "10"]);
+    let v = run(system, &args, "profile", dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
     assert_eq!(figure(&v, "operation errors"), 0.0, "{v}");
     assert_eq!(figure(&v, "setup errors (long-held locks not taken)"), 0.0);
@@ -91,12 +93,19 @@ fn profile_on(system: &str) {
 
 #[test]
 fn profile_on_etcd() {
-    profile_on("etcd");
+    profile_on("etcd", &[]);
+}
+
+/// The same with every lease of a gRPC client renewed on one stream (loadgen's own
+/// keep-alive multiplexer): the leases must stay alive and their renewals be seen.
+#[test]
+fn profile_on_etcd_with_shared_keepalive_streams() {
+    profile_on("etcd", &["--etcd-shared-keepalive"]);
 }
 
 #[test]
 fn profile_on_zookeeper() {
-    profile_on("zk");
+    profile_on("zk", &[]);
 }
 
 /// The large state at 1/50 scale on a peer: loaded, a follower killed and restarted, a
