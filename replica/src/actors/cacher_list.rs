@@ -360,3 +360,92 @@ impl Handler<Stats> for CacherListActor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The actor's fail-over bookkeeping, with the real watch-table actor and state.
+
+    use std::sync::{Arc, RwLock};
+    use std::time::Duration;
+
+    use actix::Actor;
+    use wire::command::Command;
+
+    use super::*;
+    use crate::raft::sm_store::SmState;
+
+    /// A state holding one session from an earlier leader that has cached reads; returns
+    /// it, the session and the last applied index.
+    fn state_with_old_cacher() -> (SharedState, SessionId, u64) {
+        let mut s = SmState::default();
+        let session = match s.sm.apply(1, &Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+        assert!(s.sm.apply(2, &Command::MarkCacher { session }).0.is_ok());
+        (Arc::new(RwLock::new(s)), session, 2)
+    }
+
+    async fn new_leader(state: &SharedState, last: u64) -> Addr<CacherListActor> {
+        let streams = WatchTableActor::new(state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone()).start();
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 2,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        list
+    }
+
+    const SHORT: Duration = Duration::from_millis(300);
+    const LONG: Duration = Duration::from_secs(5);
+
+    /// Simulation seed 5: an old cacher that never reconnects (its proxy crashed) has its
+    /// lease run out at the new leader. The write held for it goes on, and so must every
+    /// later one — the ExpireSessions that removes it from the state first — instead of
+    /// waiting again for that session to confirm a flush it never will.
+    #[actix_rt::test]
+    async fn an_old_cacher_whose_lease_ran_out_is_not_waited_for_again() {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last).await;
+        let mut first = Box::pin(list.send(Hold(vec!["/a".into()])));
+        assert!(
+            tokio::time::timeout(SHORT, &mut first).await.is_err(),
+            "a write after a fail-over must wait for an old cacher"
+        );
+        list.send(LeaseExpired(vec![session])).await.expect("actor");
+        let id = tokio::time::timeout(LONG, first)
+            .await
+            .expect("the write goes on once the cacher's lease ran out")
+            .expect("actor")
+            .expect("held");
+        list.send(Release(id)).await.expect("actor");
+        // The session is still in the state (its ExpireSessions is not applied yet).
+        let second = tokio::time::timeout(LONG, list.send(Hold(vec!["/b".into()]))).await;
+        assert!(
+            matches!(second, Ok(Ok(Ok(_)))),
+            "a later write waited for the expired cacher again: {second:?}"
+        );
+    }
+
+    /// An old cacher that reattached its event stream (it flushed its cache first) is not
+    /// waited for; before it does, writes wait for it.
+    #[actix_rt::test]
+    async fn an_old_cacher_is_waited_for_until_its_stream_reattaches() {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last).await;
+        let mut first = Box::pin(list.send(Hold(vec!["/a".into()])));
+        assert!(tokio::time::timeout(SHORT, &mut first).await.is_err());
+        list.send(StreamConnected(session)).await.expect("actor");
+        let id = tokio::time::timeout(LONG, first)
+            .await
+            .expect("the write goes on once the cacher confirmed")
+            .expect("actor")
+            .expect("held");
+        list.send(Release(id)).await.expect("actor");
+        let second = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
+        assert!(matches!(second, Ok(Ok(Ok(_)))), "{second:?}");
+    }
+}
