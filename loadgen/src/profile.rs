@@ -93,22 +93,10 @@ async fn proxies_total(c: &Client, proxies: &[String]) -> ProxyStatus {
 }
 
 pub(crate) async fn open_all(clients: &[Client], n: usize) -> anyhow::Result<Vec<Session>> {
-    let pb = bar(n as u64, "sessions");
-    let mut out: Vec<Session> = Vec::with_capacity(n);
-    while out.len() < n {
-        let k = (n - out.len()).min(500);
-        let base = out.len();
-        let got = futures::future::join_all(
-            (0..k).map(|i| clients[(base + i) / SESSIONS_PER_CONNECTION].open_session()),
-        )
-        .await;
-        for s in got {
-            out.push(s.context("open a session")?);
-        }
-        pb.set_position(out.len() as u64);
-    }
-    pb.finish_and_clear();
-    Ok(out)
+    crate::scenarios::open_batched(n, 500, |i| async move {
+        Ok(clients[i / SESSIONS_PER_CONNECTION].open_session().await?)
+    })
+    .await
 }
 
 /// Enough QUIC connections to `endpoints` for `sessions` sessions; each lists the
@@ -405,15 +393,7 @@ pub async fn profile(
     let elapsed = start.elapsed().as_secs_f64();
     let l1 = leader_status(&direct).await?;
     let p1 = proxies_total(&direct, &proxies).await;
-    // Tasks still blocked (an acquire that never returned) count as errors.
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
-    for t in tasks {
-        let abort = t.abort_handle();
-        if tokio::time::timeout_at(give_up, t).await.is_err() {
-            abort.abort();
-            errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    join_tasks(tasks, &errors).await;
     if let Some(i) = &injected {
         i.resume(ctx);
     }
@@ -675,5 +655,18 @@ impl Injected {
             ),
         );
         r.figure("config writes unavailable (s)", gap.as_secs_f64());
+    }
+}
+
+/// Waits up to 30 s for a run's tasks after it stopped them; one still blocked (an
+/// acquire that never returned) is aborted and counted in `errors`.
+pub(crate) async fn join_tasks(tasks: Vec<tokio::task::JoinHandle<()>>, errors: &AtomicU64) {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    for t in tasks {
+        let abort = t.abort_handle();
+        if tokio::time::timeout_at(give_up, t).await.is_err() {
+            abort.abort();
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

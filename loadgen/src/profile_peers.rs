@@ -26,8 +26,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::profile::{
-    each, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler, Fault,
-    Injected, CONFIG_KEYS,
+    each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler,
+    Fault, Injected, CONFIG_KEYS,
 };
 use crate::report::{Lat, Report};
 use crate::scenarios::Ctx;
@@ -274,14 +274,7 @@ pub async fn profile(
     let renewed = ETCD_RENEWALS
         .load(Ordering::Relaxed)
         .saturating_sub(renewals0);
-    let give_up = Instant::now() + Duration::from_secs(30);
-    for t in tasks {
-        let abort = t.abort_handle();
-        if tokio::time::timeout_at(give_up, t).await.is_err() {
-            abort.abort();
-            errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    join_tasks(tasks, &errors).await;
     if let Some(i) = &injected {
         i.resume(ctx);
     }

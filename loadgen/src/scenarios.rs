@@ -74,6 +74,30 @@ pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// Opens `n` sessions, `batch` at a time, with a progress bar; `open(i)` opens the i-th.
+pub(crate) async fn open_batched<T, F, Fut>(
+    n: usize,
+    batch: usize,
+    open: F,
+) -> anyhow::Result<Vec<T>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let pb = bar(n as u64, "sessions");
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    while out.len() < n {
+        let base = out.len();
+        let k = (n - base).min(batch);
+        for s in futures::future::join_all((base..base + k).map(&open)).await {
+            out.push(s.context("open a session")?);
+        }
+        pb.set_position(out.len() as u64);
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
 fn ticker(d: Duration, what: &str) -> (ProgressBar, tokio::task::JoinHandle<()>) {
     let pb = bar(d.as_secs().max(1), what);
     let p = pb.clone();

@@ -164,23 +164,14 @@ pub async fn state(ctx: &Ctx) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let writer = {
-        let (s, stop) = (writers[0].clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut lat = Lat::new(start);
-            let mut v = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let t0 = Instant::now();
-                if s.set_data("/state", v.to_string().into_bytes(), None)
+        let s = writers[0].clone();
+        spawn_stall_writer(start, stop.clone(), move |v| {
+            let s = s.clone();
+            async move {
+                s.set_data("/state", v.to_string().into_bytes(), None)
                     .await
                     .is_ok()
-                {
-                    let t1 = Instant::now();
-                    lat.record(t1 - t0, t1);
-                }
-                v += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            lat
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -296,4 +287,31 @@ pub async fn state(ctx: &Ctx) -> anyhow::Result<Report> {
     }
     ctx.costs(&mut r);
     Ok(r)
+}
+
+/// The writer that measures a snapshot's stall: writes value `v` (0, 1, ...) every 5 ms
+/// until `stop`, timing each write that succeeded.
+pub(crate) fn spawn_stall_writer<F, Fut>(
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    write: F,
+) -> tokio::task::JoinHandle<Lat>
+where
+    F: Fn(u64) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    tokio::spawn(async move {
+        let mut lat = Lat::new(start);
+        let mut v = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            let t0 = Instant::now();
+            if write(v).await {
+                let t1 = Instant::now();
+                lat.record(t1 - t0, t1);
+            }
+            v += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        lat
+    })
 }

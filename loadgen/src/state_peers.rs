@@ -27,7 +27,7 @@ use zookeeper_client as zk;
 
 use crate::cluster::{four_letter, System};
 use crate::profile::each;
-use crate::report::{rss_mb, Lat, Report};
+use crate::report::{rss_mb, Report};
 use crate::scenarios::Ctx;
 use crate::state::{NODE_BYTES, PER_DIR};
 use crate::systems::{open_many, Sess};
@@ -140,6 +140,42 @@ where
             bail!("{what} did not reach index {index} within {within:?} (it was at {a})")
         }
     }
+}
+
+/// A follower killed (`kill -9`) and restarted: times until it answers and until it has
+/// applied what the leader had when it was restarted; returns its number.
+async fn restart_a_follower(ctx: &Ctx, r: &mut Report) -> anyhow::Result<usize> {
+    let leader_index = || async {
+        match ctx.cluster.system {
+            System::Etcd => etcd_leader_index(ctx).await,
+            _ => zk_leader_zxid(ctx).await,
+        }
+    };
+    let (leader, _) = leader_index().await?;
+    let (victim, victim_addr) = followers(ctx, &leader)
+        .into_iter()
+        .next()
+        .context("a follower")?;
+    kill9(ctx, &victim_addr).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, target) = leader_index().await?;
+    let t = Instant::now();
+    ctx.cluster.restart_member(&member_name(ctx, victim))?;
+    let what = format!("replica-{victim}");
+    let (answered, caught) = match ctx.cluster.system {
+        System::Etcd => etcd_catch_up(&what, &victim_addr, target, t).await?,
+        _ => zk_catch_up(&what, &victim_addr, target, t).await?,
+    };
+    r.param(
+        "restarted",
+        format!("replica-{victim} (a follower), kill -9"),
+    );
+    r.figure("restart: answering after (s)", answered.as_secs_f64());
+    r.figure("restart: caught up after (s)", caught.as_secs_f64());
+    if let Some(mb) = ctx.cluster.pid_of(&victim_addr).and_then(rss_mb) {
+        r.figure(&format!("replica-{victim} RSS after restart (MB)"), mb);
+    }
+    Ok(victim)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -283,21 +319,10 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let writer = {
-        let mut c = etcd_client::Client::connect([leader.as_str()], None).await?;
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut lat = Lat::new(start);
-            let mut v = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let t0 = Instant::now();
-                if c.put("/state", v.to_string(), None).await.is_ok() {
-                    let t1 = Instant::now();
-                    lat.record(t1 - t0, t1);
-                }
-                v += 1;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            lat
+        let c = etcd_client::Client::connect([leader.as_str()], None).await?;
+        crate::state::spawn_stall_writer(start, stop.clone(), move |v| {
+            let mut c = c.clone();
+            async move { c.put("/state", v.to_string(), None).await.is_ok() }
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -355,27 +380,7 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
 
     // A follower killed and restarted: it replays its WAL (from its last raft snapshot)
     // and the leader sends what it missed.
-    let (leader, _) = etcd_leader_index(ctx).await?;
-    let (victim, victim_addr) = followers(ctx, &leader)
-        .into_iter()
-        .next()
-        .context("a follower")?;
-    kill9(ctx, &victim_addr).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, target) = etcd_leader_index(ctx).await?;
-    let t = Instant::now();
-    ctx.cluster.restart_member(&member_name(ctx, victim))?;
-    let (answered, caught) =
-        etcd_catch_up(&format!("replica-{victim}"), &victim_addr, target, t).await?;
-    r.param(
-        "restarted",
-        format!("replica-{victim} (a follower), kill -9"),
-    );
-    r.figure("restart: answering after (s)", answered.as_secs_f64());
-    r.figure("restart: caught up after (s)", caught.as_secs_f64());
-    if let Some(mb) = ctx.cluster.pid_of(&victim_addr).and_then(rss_mb) {
-        r.figure(&format!("replica-{victim} RSS after restart (MB)"), mb);
-    }
+    restart_a_follower(ctx, &mut r).await?;
 
     // A new member joins as a learner.
     let (leader, _) = etcd_leader_index(ctx).await?;
@@ -651,27 +656,7 @@ async fn zookeeper(ctx: &Ctx) -> anyhow::Result<Report> {
 
     // A follower killed and restarted: it loads its snapshot, replays its log and gets
     // the rest from the leader (a DIFF).
-    let (leader, _) = zk_leader_zxid(ctx).await?;
-    let (victim, victim_addr) = followers(ctx, &leader)
-        .into_iter()
-        .next()
-        .context("a follower")?;
-    kill9(ctx, &victim_addr).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, target) = zk_leader_zxid(ctx).await?;
-    let t = Instant::now();
-    ctx.cluster.restart_member(&member_name(ctx, victim))?;
-    let (answered, caught) =
-        zk_catch_up(&format!("replica-{victim}"), &victim_addr, target, t).await?;
-    r.param(
-        "restarted",
-        format!("replica-{victim} (a follower), kill -9"),
-    );
-    r.figure("restart: answering after (s)", answered.as_secs_f64());
-    r.figure("restart: caught up after (s)", caught.as_secs_f64());
-    if let Some(mb) = ctx.cluster.pid_of(&victim_addr).and_then(rss_mb) {
-        r.figure(&format!("replica-{victim} RSS after restart (MB)"), mb);
-    }
+    let victim = restart_a_follower(ctx, &mut r).await?;
     r.notes.push(
         "restart: answering = it answers srvr (serving or not); caught up = it serves and \
          its last applied zxid reached the leader's at the restart"

@@ -244,8 +244,6 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
             zk_session_cap()
         );
     }
-    let pb = crate::scenarios::bar(n as u64, "sessions");
-    let mut out: Vec<Sess> = Vec::with_capacity(n);
     let mut etcd_clients = Vec::new();
     if let Conn::Etcd(eps) = conn {
         for i in 0..n.div_ceil(ETCD_LEASES_PER_CLIENT) {
@@ -260,41 +258,30 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
             etcd_clients.push((client, mux));
         }
     }
-    while out.len() < n {
-        let k = (n - out.len()).min(200);
-        let base = out.len();
-        let got = futures::future::join_all((0..k).map(|i| {
-            let i = base + i;
-            let etcd = etcd_clients.get(i / ETCD_LEASES_PER_CLIENT).cloned();
-            async move {
-                // A client retries a failed connect (a busy server's handshake can time
-                // out); the retries are counted and reported.
-                let mut tries = 0;
-                loop {
-                    let r = match &etcd {
-                        Some((c, Some(mux))) => {
-                            shared_etcd_session(c.clone(), mux.clone(), lease).await
-                        }
-                        Some((c, None)) => etcd_session(c.clone(), lease).await,
-                        None => conn.session(lease).await,
-                    };
-                    tries += 1;
-                    if r.is_ok() || tries == 5 {
-                        return r;
+    crate::scenarios::open_batched(n, 200, |i| {
+        let etcd = etcd_clients.get(i / ETCD_LEASES_PER_CLIENT).cloned();
+        async move {
+            // A client retries a failed connect (a busy server's handshake can time
+            // out); the retries are counted and reported.
+            let mut tries = 0;
+            loop {
+                let r = match &etcd {
+                    Some((c, Some(mux))) => {
+                        shared_etcd_session(c.clone(), mux.clone(), lease).await
                     }
-                    OPEN_RETRIES.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Some((c, None)) => etcd_session(c.clone(), lease).await,
+                    None => conn.session(lease).await,
+                };
+                tries += 1;
+                if r.is_ok() || tries == 5 {
+                    return r;
                 }
+                OPEN_RETRIES.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
-        }))
-        .await;
-        for s in got {
-            out.push(s.context("open a session")?);
         }
-        pb.set_position(out.len() as u64);
-    }
-    pb.finish_and_clear();
-    Ok(out)
+    })
+    .await
 }
 
 fn zk_err(e: zk::Error) -> anyhow::Error {
