@@ -94,6 +94,8 @@ struct Inner {
     keepalives: tokio::sync::mpsc::UnboundedSender<KeepAliveWaiter>,
     /// Invalidation acknowledgements waiting to be sent (see [`Client::ack_invalidation`]).
     acks: tokio::sync::mpsc::UnboundedSender<PendingAck>,
+    /// Where silent connections are announced (see [`Client::silences`]).
+    silences: tokio::sync::broadcast::Sender<SocketAddr>,
 }
 
 /// Acknowledgements of this client's sessions that arrive within this window of the first
@@ -233,6 +235,7 @@ impl Client {
             proxies: Default::default(),
             keepalives,
             acks,
+            silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
         });
         tokio::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
         tokio::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
@@ -523,7 +526,10 @@ impl Client {
             };
             // Every request probes, KeepAlives too: one that waits at a proxy for its
             // next batch makes the probe ask the proxy, which answers at once.
-            let probe = presumed_dead(&conn);
+            let probe = presumed_dead(&conn, || {
+                // Nobody listening is fine: the announcement is advisory.
+                let _ = self.inner.silences.send(addr);
+            });
             tokio::select! {
                 r = work => r,
                 _ = probe => {
@@ -727,6 +733,17 @@ impl Client {
         Err(last_err)
     }
 
+    /// Announcements of silent servers: the address of a connection is sent each time a
+    /// request to it has waited a second without anything at all arriving from it. A probe
+    /// follows, and if that goes unanswered for another second too the connection is
+    /// dropped and its requests move on. A silence is a suspicion, not a verdict (a server
+    /// starved of CPU can be silent for a second); a proxy uses it to start flushing its
+    /// clients' caches while the cell may be electing a new leader. A receiver that falls
+    /// more than a few announcements behind skips the oldest.
+    pub fn silences(&self) -> tokio::sync::broadcast::Receiver<SocketAddr> {
+        self.inner.silences.subscribe()
+    }
+
     /// The leader this client last reached, if any.
     pub fn leader_hint(&self) -> Option<SocketAddr> {
         *self.inner.leader.lock().expect("leader lock")
@@ -820,6 +837,8 @@ impl Client {
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// A probe unanswered for this long marks the connection dead.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Silence announcements kept for a slow receiver of [`Client::silences`].
+const SILENCES_QUEUED: usize = 64;
 
 /// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
 /// legitimately take seconds), the connection is checked every second. A peer that sent
@@ -827,8 +846,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// is under load. One that was silent is probed with a cheap request (`ProxyStatus`: a
 /// proxy answers it itself, a replica refuses it at once; either answer proves the peer
 /// alive); no answer and still nothing received within a second means the peer is gone
-/// (killed or frozen), which QUIC alone would notice only at its idle timeout.
-async fn presumed_dead(conn: &quinn::Connection) {
+/// (killed or frozen), which QUIC alone would notice only at its idle timeout. `silent` is
+/// called each time a probe is about to be sent.
+async fn presumed_dead(conn: &quinn::Connection, silent: impl Fn()) {
     let received = || conn.stats().udp_rx.datagrams;
     let mut seen = received();
     loop {
@@ -837,6 +857,7 @@ async fn presumed_dead(conn: &quinn::Connection) {
             seen = received();
             continue;
         }
+        silent();
         let probe = async {
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
             let req = Request {

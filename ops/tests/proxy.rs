@@ -970,76 +970,131 @@ async fn pausable_relay(
 /// proxy only through a relay that goes silent for 2.5 s; the proxy batches every 100 ms,
 /// so it waits 1.2 s for each KeepAlive. The session sends exactly one KeepAlive, during
 /// the silence, and must outlive its first lease.
+/// One replica (a `lockctl dev` cell of one) and a `lockctl proxy` process that reaches it
+/// only through a [`pausable_relay`]; the proxy logs to `proxy.log` in `dir`.
+struct Relayed {
+    dir: tempfile::TempDir,
+    _dev: DevGuard,
+    replica: std::net::SocketAddr,
+    proxy_addr: std::net::SocketAddr,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    relay: tokio::task::JoinHandle<()>,
+    proxy: std::process::Child,
+}
+
+impl Relayed {
+    fn start(rt: &tokio::runtime::Runtime, keepalive_interval_ms: u64, rust_log: &str) -> Relayed {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("cell");
+        let base = free_base(1);
+        let (dev, _) = start_dev_of(&data, base, 1, &["--no-demo"]);
+        let dev = DevGuard(Some(dev));
+        let replica: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
+        let pport = free_base_from(base + 16, 1);
+        let proxy_addr: std::net::SocketAddr = format!("127.0.0.1:{pport}").parse().unwrap();
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relay_sock = rt
+            .block_on(tokio::net::UdpSocket::bind("127.0.0.1:0"))
+            .unwrap();
+        let relay_addr = relay_sock.local_addr().unwrap();
+        let relay = rt.spawn(pausable_relay(relay_sock, replica, paused.clone()));
+        let tls = data.join("tls");
+        let cfg = dir.path().join("proxy.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "listen = \"{proxy_addr}\"\nreplicas = [\"{relay_addr}\"]\n\
+                 keepalive_interval_ms = {keepalive_interval_ms}\nforward_timeout_ms = 5000\n\n\
+                 [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+                tls.join("ca.pem").display(),
+                tls.join("server.pem").display(),
+                tls.join("server.key").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+        let proxy = std::process::Command::new(LOCKCTL)
+            .args(["proxy", "--config"])
+            .arg(&cfg)
+            .env("RUST_LOG", rust_log)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Relayed {
+            dir,
+            _dev: dev,
+            replica,
+            proxy_addr,
+            paused,
+            relay,
+            proxy,
+        }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("cell/tls/ca.pem")
+    }
+
+    fn pause(&self, paused: bool) {
+        self.paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("proxy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        self.relay.abort();
+        let _ = self.proxy.kill();
+        let _ = self.proxy.wait();
+    }
+}
+
+fn raw(session: u64, op: Op) -> Request {
+    Request {
+        session,
+        request_id: 0,
+        ack_below: 0,
+        op,
+    }
+}
+
+/// Waits (up to 30 s) until the proxy at `paddr` opens sessions; returns the first.
+async fn first_proxied_session(via: &Client, paddr: std::net::SocketAddr) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match via.call_at(paddr, &raw(0, Op::CreateSession)).await {
+            Ok(Reply::SessionCreated { session, .. }) => return session,
+            other => {
+                assert!(Instant::now() < deadline, "proxy not serving: {other:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 #[test]
 fn a_keepalive_is_forwarded_after_its_wait_ran_out() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("cell");
-    let base = free_base(1);
-    let (dev, _) = start_dev_of(&data, base, 1, &["--no-demo"]);
-    let _dev = DevGuard(Some(dev));
-    let replica: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
-    let pport = free_base_from(base + 16, 1);
-    let paddr: std::net::SocketAddr = format!("127.0.0.1:{pport}").parse().unwrap();
     let rt = rt();
-    let paused = Arc::new(AtomicBool::new(false));
-    let relay_sock = rt
-        .block_on(tokio::net::UdpSocket::bind("127.0.0.1:0"))
-        .unwrap();
-    let relay_addr = relay_sock.local_addr().unwrap();
-    let relay = rt.spawn(pausable_relay(relay_sock, replica, paused.clone()));
-    let tls = data.join("tls");
-    let cfg = dir.path().join("proxy.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"{paddr}\"\nreplicas = [\"{relay_addr}\"]\nkeepalive_interval_ms = 100\n\
-             forward_timeout_ms = 5000\n\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
-            tls.join("ca.pem").display(),
-            tls.join("server.pem").display(),
-            tls.join("server.key").display()
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
-    let mut proxy = std::process::Command::new(LOCKCTL)
-        .args(["proxy", "--config"])
-        .arg(&cfg)
-        .env("RUST_LOG", "info,proxy::upstream=debug")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let cell = Relayed::start(&rt, 100, "info,proxy::upstream=debug");
+    let (replica, paddr) = (cell.replica, cell.proxy_addr);
     let outcome = rt.block_on(async {
-        let ca = tls.join("ca.pem");
+        let ca = cell.ca();
         let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
             .await
             .unwrap();
         let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
             .await
             .unwrap();
-        let raw = |session, op| Request {
-            session,
-            request_id: 0,
-            ack_below: 0,
-            op,
-        };
-        // The proxy is up once it opens sessions for us.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let session = loop {
-            match via.call_at(paddr, &raw(0, Op::CreateSession)).await {
-                Ok(Reply::SessionCreated { session, .. }) => break session,
-                other => {
-                    assert!(Instant::now() < deadline, "proxy not serving: {other:?}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        };
+        let session = first_proxied_session(&via, paddr).await;
         let opened = Instant::now();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        paused.store(true, Ordering::SeqCst);
+        cell.pause(true);
         // A batch is in flight by now (one starts every 100 ms) and stuck; ours waits
         // behind it, and the proxy stops waiting for it after 1.2 s.
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -1049,7 +1104,7 @@ fn a_keepalive_is_forwarded_after_its_wait_ran_out() {
             tokio::spawn(async move { via.call_at(paddr, &req).await })
         };
         tokio::time::sleep(Duration::from_millis(2_100)).await;
-        paused.store(false, Ordering::SeqCst);
+        cell.pause(false);
         println!("KeepAlive answer while the link was silent: {:?}", ka.await);
         // Past the session's first lease (12 s from its opening) with margin, and before
         // the one the forwarded KeepAlive gave it (12 s from the batch after the silence).
@@ -1058,15 +1113,99 @@ fn a_keepalive_is_forwarded_after_its_wait_ran_out() {
             .call_at(replica, &raw(session, Op::CloseSession))
             .await
     });
-    relay.abort();
-    let _ = proxy.kill();
-    let _ = proxy.wait();
-    match outcome {
-        Ok(_) => {}
-        Err(e) => panic!(
+    if let Err(e) = outcome {
+        panic!(
             "the session did not outlive its first lease ({e}): its one KeepAlive was not \
              forwarded; proxy log:\n{}",
-            std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default()
-        ),
+            cell.log()
+        );
+    }
+}
+
+/// A leader that goes silent for 1.6 s and then answers (a stalled link, not a
+/// fail-over). A request forwarded during the silence makes the proxy's SDK client
+/// announce it after a second, and the proxy flushes its clients' caches ahead of a
+/// possible fail-over, keeping its event stream. The link is back before the probe gives
+/// the connection up, so a renewed batch resumes caching on the same stream: no second
+/// flush, no reopened stream. The client's cached value is gone, a write made afterwards
+/// is what it reads next (not the value it had cached), and the proxy caches again.
+#[test]
+fn a_silent_leader_is_flushed_ahead_and_caching_resumes() {
+    let _g = serial();
+    let rt = rt();
+    let cell = Relayed::start(&rt, 200, "info");
+    let (replica, paddr) = (cell.replica, cell.proxy_addr);
+    let outcome: Result<(), String> = rt.block_on(async {
+        let ca = cell.ca();
+        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
+            .await
+            .unwrap();
+        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
+            .await
+            .unwrap();
+        first_proxied_session(&via, paddr).await;
+        let writer = direct.open_session().await.unwrap();
+        writer
+            .create("/cfg", b"v1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let reader = via.open_session().await.unwrap();
+        let value = |v: Option<(Vec<u8>, client_sdk::NodeStat)>| v.map(|(d, _)| d);
+        assert_eq!(
+            value(reader.get_cached("/cfg").await.unwrap()),
+            Some(b"v1".to_vec())
+        );
+        assert_eq!(reader.cache_stats().entries, 1);
+        cell.pause(true);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Forwarded upstream, stuck behind the silent link: its wait is what is announced.
+        let stuck = {
+            let reader = reader.clone();
+            tokio::spawn(async move { reader.get("/cfg").await })
+        };
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        cell.pause(false);
+        // Fresh traffic at once, so the link's return is seen before the probe's second
+        // runs out (retransmissions after a silence may wait longer).
+        let _ = via.call_at(paddr, &raw(0, Op::Status)).await;
+        let _ = reader.get("/cfg").await;
+        let _ = stuck.await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cell.log().contains("caching resumes") {
+            if Instant::now() > deadline {
+                return Err("caching did not resume within 10 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = cell.log();
+        if !log.contains("clients' caches flushed ahead") {
+            return Err("no flush ahead".into());
+        }
+        let opens = log.matches("upstream event stream open").count();
+        if opens != 1 {
+            return Err(format!(
+                "the event stream was opened {opens} times, not once"
+            ));
+        }
+        if reader.cache_stats().entries != 0 {
+            return Err("the client kept its cached value through the flush".into());
+        }
+        writer.set_data("/cfg", b"v2".to_vec(), None).await.unwrap();
+        let got = value(reader.get_cached("/cfg").await.unwrap());
+        if got != Some(b"v2".to_vec()) {
+            return Err(format!("stale read after the write: {got:?}"));
+        }
+        // Cached again, at the proxy too: a second client's read is a proxy cache hit.
+        let hits = proxy_status(&via, &paddr.to_string()).await.cache_hits;
+        let other = via.open_session().await.unwrap();
+        other.get_cached("/cfg").await.unwrap();
+        let after = proxy_status(&via, &paddr.to_string()).await.cache_hits;
+        if after != hits + 1 {
+            return Err(format!("proxy cache hits {hits} -> {after}: not caching"));
+        }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}; proxy log:\n{}", cell.log());
     }
 }

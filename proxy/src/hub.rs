@@ -108,6 +108,10 @@ struct Tables {
     next_stream: u64,
     /// Bumped on every reset of the upstream session or stream.
     generation: u64,
+    /// The local invalidations of the latest reset, kept until the proxy is ready again:
+    /// while it has not been, nothing was cached here or told to be cached since, so a
+    /// reconnection waits for these instead of flushing every client a second time.
+    flushed: Option<Vec<u64>>,
     /// Sequence of invalidations received, and the recent ones' nodes.
     inval_seq: u64,
     recent_inval: VecDeque<(u64, String)>,
@@ -331,7 +335,14 @@ impl Hub {
 
     /// Marks the upstream stream usable (after a reset and re-arm) or not.
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
+        if ready {
+            // Under the table lock, so `reset_unless_flushed` sees both or neither.
+            let mut t = lock(&self.t);
+            t.flushed = None;
+            self.ready.store(true, Ordering::SeqCst);
+        } else {
+            self.ready.store(false, Ordering::SeqCst);
+        }
     }
 
     /// The highest log index seen in any answer from the cell.
@@ -706,7 +717,24 @@ impl Hub {
             t.deliver(s, Ok(Reply::Invalidate { id, paths }), lease);
             ids.push(id);
         }
+        t.flushed = Some(ids.clone());
         ids
+    }
+
+    /// A reset before reconnecting upstream, unless the latest reset already flushed
+    /// everything and the proxy has not been ready since (it flushed ahead, when the
+    /// leader went silent): then that reset's invalidations, still to be waited for.
+    /// Returns the local invalidations to wait for and whether they are the earlier ones.
+    pub fn reset_unless_flushed(&self) -> (Vec<u64>, bool) {
+        {
+            let t = lock(&self.t);
+            if !self.ready.load(Ordering::SeqCst) {
+                if let Some(ids) = &t.flushed {
+                    return (ids.clone(), true);
+                }
+            }
+        }
+        (self.reset(), false)
     }
 
     /// True once none of `ids` is pending.
@@ -1092,6 +1120,72 @@ mod tests {
             hub.renewed(*c, Instant::now());
         }
         hub
+    }
+
+    #[test]
+    fn a_reconnection_after_a_flush_ahead_waits_for_it_instead_of_flushing_again() {
+        let hub = ready_hub(&[1, 2]);
+        for s in [1, 2] {
+            let snap = hub.cache_lookup(s, &format!("/n{s}")).unwrap_err();
+            hub.cache_fill(
+                s,
+                &format!("/n{s}"),
+                snap,
+                Some((b"v".to_vec(), stat())),
+                7,
+                true,
+            );
+        }
+        // The leader went silent: flushed ahead, the stream still open.
+        let ahead = hub.reset();
+        assert_eq!(ahead.len(), 2);
+        // A read that comes back meanwhile is not cached (nothing is until ready).
+        let snap = hub.cache_lookup(1, "/n1").unwrap_err();
+        let r = hub.cache_fill(1, "/n1", snap, Some((b"v".to_vec(), stat())), 8, true);
+        assert!(matches!(
+            r,
+            Reply::CachedData {
+                cachable: false,
+                ..
+            }
+        ));
+        // The stream broke: the reconnection waits for the same invalidations.
+        hub.set_ready(false);
+        assert_eq!(hub.reset_unless_flushed(), (ahead.clone(), true));
+        assert!(!hub.all_done(&ahead));
+        hub.ack(1, &ahead);
+        assert!(!hub.all_done(&ahead), "client 2 has not flushed yet");
+        hub.ack(2, &ahead);
+        assert!(hub.all_done(&ahead));
+        // Once ready again, the next reconnection flushes what was cached since.
+        hub.set_ready(true);
+        let snap = hub.cache_lookup(2, "/n2").unwrap_err();
+        hub.cache_fill(2, "/n2", snap, Some((b"v".to_vec(), stat())), 9, true);
+        hub.set_ready(false);
+        let (again, reused) = hub.reset_unless_flushed();
+        assert!(!reused);
+        assert_eq!(again.len(), 1, "client 2 holds /n2 again");
+        assert!(!again.iter().any(|id| ahead.contains(id)));
+    }
+
+    #[test]
+    fn caching_resumed_after_a_flush_ahead_still_waits_for_clients_that_did_not_flush() {
+        let hub = ready_hub(&[1]);
+        let snap = hub.cache_lookup(1, "/c").unwrap_err();
+        hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+        let ahead = hub.reset();
+        // The leader answered again before client 1 dropped /c: caching resumes.
+        hub.set_ready(true);
+        // A write to /c must not be acknowledged while client 1 may still serve it.
+        assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+        assert!(
+            hub.ack(1, &ahead).is_empty(),
+            "the write's invalidation is separate"
+        );
+        let owed = hub.unacknowledged(1, Duration::ZERO, 64);
+        assert_eq!(owed.len(), 1);
+        assert_eq!(owed[0].1, vec!["/c".to_string()]);
+        assert_eq!(hub.ack(1, &[owed[0].0]), vec![(99, 5)]);
     }
 
     #[test]

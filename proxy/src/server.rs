@@ -66,6 +66,7 @@ pub async fn run_on(
         tokio::spawn(up.clone().batch_loop()),
         tokio::spawn(up.clone().tick_loop()),
         tokio::spawn(up.clone().stream_loop()),
+        tokio::spawn(up.clone().silence_loop()),
         tokio::spawn(serve(endpoint.clone(), proxy.clone())),
         tokio::spawn(stats_loop(proxy.clone())),
     ];

@@ -38,6 +38,13 @@ pub struct Upstream {
     to_rearm: Mutex<HashSet<WatchKey>>,
     interval: Duration,
     forward_timeout: Duration,
+    /// The leader the event stream is open at (none while it is down).
+    attached: Mutex<Option<std::net::SocketAddr>>,
+    /// When the clients' caches were flushed ahead because that leader went silent (the
+    /// stream still open); cleared when it answers again or the stream is reopened.
+    flushed_ahead: Mutex<Option<Instant>>,
+    /// When the last batch the leader renewed in full was sent.
+    batch_ok_sent: Mutex<Option<Instant>>,
 }
 
 fn unavailable(reason: &str) -> Error {
@@ -63,6 +70,9 @@ impl Upstream {
             to_rearm: Mutex::new(HashSet::default()),
             interval,
             forward_timeout,
+            attached: Mutex::new(None),
+            flushed_ahead: Mutex::new(None),
+            batch_ok_sent: Mutex::new(None),
         }
     }
 
@@ -345,6 +355,9 @@ impl Upstream {
         if let Some(ms) = lease_ms {
             self.hub.set_lease_ms(ms);
         }
+        if ok {
+            *self.batch_ok_sent.lock().expect("batch time") = Some(sent);
+        }
         // Invalidations our upstream stream missed (the leader repeats what is overdue):
         // relayed like any other, or acknowledged again if we were done with them.
         let acks: Vec<UpstreamAck> = own_unacked
@@ -475,7 +488,9 @@ impl Upstream {
                 }
             };
             let reset_at = Instant::now();
-            let ids = self.hub.reset();
+            // Flushed already if the leader went silent before the stream broke.
+            *self.flushed_ahead.lock().expect("flushed ahead") = None;
+            let (ids, ahead) = self.hub.reset_unless_flushed();
             // Bounded by the clients' leases (the tick stops waiting for expired ones).
             let flushed_by = Instant::now() + self.hub.lease() * 2;
             while !self.hub.all_done(&ids) && Instant::now() < flushed_by {
@@ -514,6 +529,7 @@ impl Upstream {
                 let mut set = self.to_rearm.lock().expect("re-arm set");
                 set.extend(all.into_iter().map(|s| (s.path, s.kind)));
             }
+            *self.attached.lock().expect("attached") = Some(addr);
             self.hub.set_ready(true);
             let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_millis() as u64;
             let now = Instant::now();
@@ -523,6 +539,7 @@ impl Upstream {
                 session,
                 leader = %addr,
                 clients_flushed = ids.len(),
+                flushed_ahead = ahead,
                 session_ms = ms(down_at, reset_at),
                 flush_ms = ms(reset_at, flushed_at),
                 open_ms = ms(flushed_at, now),
@@ -556,6 +573,7 @@ impl Upstream {
                         {
                             break;
                         }
+                        self.resume_if_answered(addr);
                         self.retry_rearms();
                         continue;
                     }
@@ -583,7 +601,56 @@ impl Upstream {
                 }
             }
             reader.abort();
+            *self.attached.lock().expect("attached") = None;
             self.hub.set_ready(false);
+        }
+    }
+
+    /// Flushes the clients' caches as soon as the leader the event stream is open at goes
+    /// silent (a request to it waited a second with nothing received), without waiting
+    /// for the SDK's probe to give it up a second later: after a kill or a freeze the
+    /// flush (0.6–1.2 s for 12 500 clients on two cores) then runs while the cell elects,
+    /// instead of after, and the stream reopens at the new leader without a second one.
+    /// Nothing is cached here until the stream is ready again. If the leader answers
+    /// after all, caching resumes on the same stream: invalidations that arrive meanwhile
+    /// wait for every client that has not yet dropped the node (see `Hub::invalidate`).
+    pub async fn silence_loop(self: Arc<Self>) {
+        let mut silences = self.client.silences();
+        loop {
+            let addr = match silences.recv().await {
+                Ok(a) => a,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            if *self.attached.lock().expect("attached") != Some(addr) || !self.hub.ready() {
+                continue;
+            }
+            let ids = self.hub.reset();
+            *self.flushed_ahead.lock().expect("flushed ahead") = Some(Instant::now());
+            tracing::info!(
+                leader = %addr,
+                clients_flushed = ids.len(),
+                "the leader went silent: clients' caches flushed ahead of a fail-over"
+            );
+        }
+    }
+
+    /// After a flush ahead, a batch sent later and renewed in full by the leader at
+    /// `addr` (the stream's) shows it alive: caching resumes on the open stream.
+    fn resume_if_answered(&self, addr: std::net::SocketAddr) {
+        let mut ahead = self.flushed_ahead.lock().expect("flushed ahead");
+        let Some(at) = *ahead else {
+            return;
+        };
+        let answered = self
+            .batch_ok_sent
+            .lock()
+            .expect("batch time")
+            .is_some_and(|sent| sent > at);
+        if answered && self.client.leader_hint() == Some(addr) {
+            *ahead = None;
+            self.hub.set_ready(true);
+            tracing::info!(leader = %addr, "the leader answered again: caching resumes");
         }
     }
 }
