@@ -499,6 +499,33 @@ impl Client {
         }
     }
 
+    /// Records the connection `conn` to `addr`, just given up after an unanswered probe,
+    /// as a recent failure: for a connect timeout callers move on to the next endpoint at
+    /// once instead of each spending that timeout on a handshake with a peer that was
+    /// silent a moment ago (after a leader's death that was a second lost by every
+    /// caller that tried the endpoints in their configured order).
+    fn presumed_dead(&self, addr: SocketAddr, conn: &quinn::Connection, e: &Error) {
+        let slot = self
+            .inner
+            .conns
+            .lock()
+            .expect("connections lock")
+            .get(&addr)
+            .cloned();
+        // A caller holding the slot is handshaking anew: its outcome decides.
+        if let Some(Ok(mut slot)) = slot.as_ref().map(|s| s.try_lock()) {
+            if slot
+                .conn
+                .as_ref()
+                .is_some_and(|c| c.stable_id() == conn.stable_id())
+            {
+                slot.conn = None;
+                slot.failed = Some((Instant::now(), e.clone()));
+            }
+        }
+        self.connection_failed(addr);
+    }
+
     /// Forgets `addr` as the leader after it failed at the connection level, so the next
     /// attempts start with the other endpoints rather than a dead one.
     fn connection_failed(&self, addr: SocketAddr) {
@@ -536,7 +563,9 @@ impl Client {
                     // Every request waiting on it fails now and is retried elsewhere (with
                     // its request id), instead of waiting for QUIC's idle timeout.
                     conn.close(0u32.into(), b"peer silent");
-                    Err(conn_err(format!("{addr}: no answer to a probe; presumed dead")))
+                    let e = conn_err(format!("{addr}: no answer to a probe; presumed dead"));
+                    self.presumed_dead(addr, &conn, &e);
+                    Err(e)
                 }
             }
         };

@@ -977,6 +977,7 @@ struct Relayed {
     _dev: DevGuard,
     replica: std::net::SocketAddr,
     proxy_addr: std::net::SocketAddr,
+    relay_addr: std::net::SocketAddr,
     paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
     relay: tokio::task::JoinHandle<()>,
     proxy: std::process::Child,
@@ -1026,6 +1027,7 @@ impl Relayed {
             _dev: dev,
             replica,
             proxy_addr,
+            relay_addr,
             paused,
             relay,
             proxy,
@@ -1208,4 +1210,47 @@ fn a_silent_leader_is_flushed_ahead_and_caching_resumes() {
     if let Err(e) = outcome {
         panic!("{e}; proxy log:\n{}", cell.log());
     }
+}
+
+/// A connection the SDK gives up after an unanswered probe counts as a recent failure of
+/// its endpoint: a request made just after moves to the next endpoint at once, instead
+/// of first spending the connect timeout (1 s) on a handshake with the peer that was
+/// silent a moment ago (after a leader's kill, three of four proxies lost that second
+/// reopening their event streams). The client knows the one replica by two endpoints,
+/// the stalled relay first. A read of a missing node, given up at the relay and refused
+/// at the replica, leaves the client without a leader; the next read starts again with
+/// the relay and must be answered within half a second (it took 1 s).
+#[test]
+fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
+    let _g = serial();
+    let rt = rt();
+    let cell = Relayed::start(&rt, 1_000, "info");
+    let took = rt.block_on(async {
+        let eps = vec![cell.relay_addr.to_string(), cell.replica.to_string()];
+        let c = Client::connect(ClientConfig::new(eps, cell.ca()))
+            .await
+            .unwrap();
+        // Connected through the relay, which the client now takes for the leader.
+        let s = c.open_session().await.unwrap();
+        s.create("/x", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        assert_eq!(c.leader_hint(), Some(cell.relay_addr));
+        cell.pause(true);
+        match s.get("/missing").await {
+            Err(Error::NoNode { .. }) => {}
+            other => panic!("expected NoNode from the replica, got {other:?}"),
+        }
+        assert_eq!(c.leader_hint(), None, "a refusal names no leader");
+        let started = Instant::now();
+        s.get("/x")
+            .await
+            .expect("answered through the second endpoint");
+        started.elapsed()
+    });
+    println!("FIGURE sdk: a read just after its endpoint was given up answered in {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "the read took {took:?}: the endpoint given up a moment ago was dialed again first"
+    );
 }
