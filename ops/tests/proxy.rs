@@ -1254,3 +1254,60 @@ fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
         "the read took {took:?}: the endpoint given up a moment ago was dialed again first"
     );
 }
+
+/// Cached reads of one node that reach the proxy while an upstream read of it is in flight
+/// share the next upstream read, sent when that one returns (after they all arrived, so
+/// none is answered with a value older than its own start). 60 sessions ask for a node
+/// the proxy does not hold while its link to the leader is stalled: the proxy sends two
+/// upstream reads, not 60, and every session gets the node's value.
+#[test]
+fn cached_reads_of_one_node_share_upstream_reads() {
+    let _g = serial();
+    let rt = rt();
+    let cell = Relayed::start(&rt, 1_000, "info");
+    let (replica, paddr) = (cell.replica, cell.proxy_addr);
+    let outcome: Result<(), String> = rt.block_on(async {
+        let ca = cell.ca();
+        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
+            .await
+            .unwrap();
+        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
+            .await
+            .unwrap();
+        first_proxied_session(&via, paddr).await;
+        let writer = direct.open_session().await.unwrap();
+        writer
+            .create("/hot", b"h1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let readers = open_sessions(std::slice::from_ref(&via), 60, 20).await;
+        let before = proxy_status(&via, &paddr.to_string()).await.upstream_reads;
+        cell.pause(true);
+        let mut reads = Vec::new();
+        for s in &readers {
+            let s = s.clone();
+            reads.push(tokio::spawn(async move { s.get_cached("/hot").await }));
+        }
+        // Well under the second after which a silent leader is suspected.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        cell.pause(false);
+        for r in reads {
+            match r.await.unwrap() {
+                Ok(Some((v, _))) if v == b"h1" => {}
+                other => return Err(format!("a reader got {other:?}")),
+            }
+        }
+        let after = proxy_status(&via, &paddr.to_string()).await.upstream_reads;
+        println!(
+            "FIGURE proxy: 60 concurrent cached reads of one node sent {} upstream",
+            after - before
+        );
+        if after - before > 2 {
+            return Err(format!("{} upstream reads for 60 readers", after - before));
+        }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        panic!("{e}; proxy log:\n{}", cell.log());
+    }
+}

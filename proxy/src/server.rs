@@ -389,11 +389,7 @@ impl Proxy {
             Ok(hit) => return Ok(hit),
             Err(snap) => snap,
         };
-        self.hub
-            .counters
-            .upstream_reads
-            .fetch_add(1, Ordering::Relaxed);
-        match self.up.own(Op::CachedGet { path: p.clone() }).await? {
+        match self.up.cached_read(&p).await? {
             Reply::CachedData {
                 value,
                 index,

@@ -45,6 +45,9 @@ pub struct Upstream {
     flushed_ahead: Mutex<Option<Instant>>,
     /// When the last batch the leader renewed in full was sent.
     batch_ok_sent: Mutex<Option<Instant>>,
+    /// Cached reads waiting for the next upstream read of their node, by node (an entry
+    /// exists while a task is reading that node for its waiters).
+    read_rounds: Mutex<HashMap<String, Vec<oneshot::Sender<Response>>>>,
 }
 
 fn unavailable(reason: &str) -> Error {
@@ -73,6 +76,7 @@ impl Upstream {
             attached: Mutex::new(None),
             flushed_ahead: Mutex::new(None),
             batch_ok_sent: Mutex::new(None),
+            read_rounds: Mutex::new(HashMap::default()),
         }
     }
 
@@ -104,6 +108,63 @@ impl Upstream {
                 "the proxy has lost its connection to the cell ({e})"
             ))),
             r => r,
+        }
+    }
+
+    /// Reads `path` at the leader as a cached read under the proxy's session, sharing the
+    /// read with every client that asks for the same node meanwhile. A read in flight
+    /// may reflect the node as it was before a later client asked, so newcomers are not
+    /// given its answer: they join the next round, one read sent as soon as the current
+    /// one returns, after all of them arrived (so each answer is as fresh as a read of its
+    /// own would have been). After an invalidation or a fail-over flush, thousands of
+    /// clients re-read the same few nodes at once; this sends one or two reads per node
+    /// instead of one per client (each of which the leader had to confirm as leader).
+    pub async fn cached_read(self: &Arc<Self>, path: &str) -> Response {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut rounds = self.read_rounds.lock().expect("read rounds");
+            match rounds.get_mut(path) {
+                Some(next) => {
+                    next.push(tx);
+                    false
+                }
+                None => {
+                    rounds.insert(path.to_string(), vec![tx]);
+                    true
+                }
+            }
+        };
+        if start {
+            // In its own task: a client that stops waiting must not strand the others.
+            tokio::spawn(self.clone().read_rounds_of(path.to_string()));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(unavailable("the proxy stopped reading upstream")))
+    }
+
+    /// Serves rounds of reads of `path` until nobody waits for the next one.
+    async fn read_rounds_of(self: Arc<Self>, path: String) {
+        loop {
+            let round = {
+                let mut rounds = self.read_rounds.lock().expect("read rounds");
+                let round = rounds
+                    .get_mut(&path)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                if round.is_empty() {
+                    rounds.remove(&path);
+                    return;
+                }
+                round
+            };
+            self.hub
+                .counters
+                .upstream_reads
+                .fetch_add(1, Ordering::Relaxed);
+            let r = self.own(Op::CachedGet { path: path.clone() }).await;
+            for tx in round {
+                let _ = tx.send(r.clone());
+            }
         }
     }
 
