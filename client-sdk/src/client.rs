@@ -176,8 +176,35 @@ async fn keepalive_batcher(
 /// An endpoint's connection, or its last failed attempt.
 #[derive(Default)]
 struct Slot {
-    conn: Option<quinn::Connection>,
+    conn: Option<(quinn::Connection, Heard)>,
     failed: Option<(Instant, Error)>,
+}
+
+/// When a connection last received anything, as its watcher ([`watch_heard`]) noticed
+/// (at most [`HEARD_POLL`] late).
+type Heard = Arc<std::sync::Mutex<Instant>>;
+
+/// How often a connection's watcher looks at its received-datagram count.
+const HEARD_POLL: Duration = Duration::from_millis(100);
+
+/// Records in `heard` when `conn` last received a datagram, until the connection closes or
+/// its slot lets go of `heard` (the connection was replaced, or the client dropped).
+async fn watch_heard(conn: quinn::Connection, heard: std::sync::Weak<std::sync::Mutex<Instant>>) {
+    let mut seen = conn.stats().udp_rx.datagrams;
+    loop {
+        tokio::time::sleep(HEARD_POLL).await;
+        let Some(heard) = heard.upgrade() else {
+            return;
+        };
+        if conn.close_reason().is_some() {
+            return;
+        }
+        let n = conn.stats().udp_rx.datagrams;
+        if n != seen {
+            seen = n;
+            *heard.lock().expect("heard lock") = Instant::now();
+        }
+    }
 }
 
 /// A handle to a cell; cheap to clone.
@@ -435,6 +462,14 @@ impl Client {
     }
 
     async fn connection(&self, addr: SocketAddr) -> Result<quinn::Connection, Error> {
+        self.connection_heard(addr).await.map(|(c, _)| c)
+    }
+
+    /// The connection to `addr` (dialed if there is none) and when it last heard anything.
+    async fn connection_heard(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<(quinn::Connection, Heard), Error> {
         let slot = self
             .inner
             .conns
@@ -444,9 +479,9 @@ impl Client {
             .or_default()
             .clone();
         let mut slot = slot.lock().await;
-        if let Some(c) = &slot.conn {
+        if let Some((c, heard)) = &slot.conn {
             if c.close_reason().is_none() {
-                return Ok(c.clone());
+                return Ok((c.clone(), heard.clone()));
             }
         }
         // A dead endpoint is tried once per connect timeout, not once per caller: the
@@ -487,9 +522,11 @@ impl Client {
             });
         match r {
             Ok(conn) => {
-                slot.conn = Some(conn.clone());
+                let heard: Heard = Arc::new(std::sync::Mutex::new(Instant::now()));
+                tokio::spawn(watch_heard(conn.clone(), Arc::downgrade(&heard)));
+                slot.conn = Some((conn.clone(), heard.clone()));
                 slot.failed = None;
-                Ok(conn)
+                Ok((conn, heard))
             }
             Err(e) => {
                 slot.conn = None;
@@ -517,7 +554,7 @@ impl Client {
             if slot
                 .conn
                 .as_ref()
-                .is_some_and(|c| c.stable_id() == conn.stable_id())
+                .is_some_and(|(c, _)| c.stable_id() == conn.stable_id())
             {
                 slot.conn = None;
                 slot.failed = Some((Instant::now(), e.clone()));
@@ -544,7 +581,7 @@ impl Client {
     /// server's answer otherwise (which may be the server's error).
     async fn attempt(&self, addr: SocketAddr, req: &Request) -> Result<Response, Error> {
         let attempt = async {
-            let conn = self.connection(addr).await?;
+            let (conn, heard) = self.connection_heard(addr).await?;
             let work = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
@@ -553,7 +590,7 @@ impl Client {
             };
             // Every request probes, KeepAlives too: one that waits at a proxy for its
             // next batch makes the probe ask the proxy, which answers at once.
-            let probe = presumed_dead(&conn, || {
+            let probe = presumed_dead(&conn, &heard, || {
                 // Nobody listening is fine: the announcement is advisory.
                 let _ = self.inner.silences.send(addr);
             });
@@ -870,22 +907,28 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 const SILENCES_QUEUED: usize = 64;
 
 /// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
-/// legitimately take seconds), the connection is checked every second. A peer that sent
-/// anything at all in that second (answers, acknowledgements) is alive, however slow it
-/// is under load. One that was silent is probed with a cheap request (`ProxyStatus`: a
-/// proxy answers it itself, a replica refuses it at once; either answer proves the peer
-/// alive); no answer and still nothing received within a second means the peer is gone
-/// (killed or frozen), which QUIC alone would notice only at its idle timeout. `silent` is
-/// called each time a probe is about to be sent.
-async fn presumed_dead(conn: &quinn::Connection, silent: impl Fn()) {
+/// legitimately take seconds), the connection is watched. A peer that sent anything at
+/// all in the last second (answers, acknowledgements) is alive, however slow it is under
+/// load. Once the request has waited a second and the peer has been silent for one
+/// (`heard`: when the connection last received anything), it is probed with a cheap
+/// request (`ProxyStatus`: a proxy answers it itself, a replica refuses it at once; either
+/// answer proves the peer alive); no answer and still nothing received within a second
+/// means the peer is gone (killed or frozen), which QUIC alone would notice only at its
+/// idle timeout. The silence is measured from the last datagram, not in whole seconds
+/// from the request's start: a request sent just before its peer died used to see the
+/// last answers in its first second and probe only after its second (a fail-over's
+/// first second lost). `silent` is called each time a probe is about to be sent.
+async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn()) {
     let received = || conn.stats().udp_rx.datagrams;
-    let mut seen = received();
+    let mut since = Instant::now();
     loop {
-        tokio::time::sleep(PROBE_AFTER).await;
-        if received() != seen {
-            seen = received();
+        let last = *heard.lock().expect("heard lock");
+        let due = since.max(last) + PROBE_AFTER;
+        if Instant::now() < due {
+            tokio::time::sleep_until(due).await;
             continue;
         }
+        let seen = received();
         silent();
         let probe = async {
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
@@ -903,7 +946,8 @@ async fn presumed_dead(conn: &quinn::Connection, silent: impl Fn()) {
         if !answered && received() == seen {
             return;
         }
-        seen = received();
+        // Alive: a fresh second before the next look.
+        since = Instant::now();
     }
 }
 

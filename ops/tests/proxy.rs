@@ -932,12 +932,15 @@ fn a_deaf_client_hears_of_the_invalidation_in_its_keepalive_reply() {
 }
 
 /// A UDP relay on loopback between one client (the proxy) and `target` that drops every
-/// datagram both ways while `paused` is set: a slow link between a proxy and its leader,
-/// without touching the cell. Runs until the task is aborted.
+/// datagram both ways while `paused` is set, and while `drop_big` is set the target's
+/// datagrams over 1 000 bytes (its larger answers; acknowledgements and small answers
+/// still arrive): a slow link between a proxy and its leader, without touching the cell.
+/// Runs until the task is aborted.
 async fn pausable_relay(
     listen: tokio::net::UdpSocket,
     target: std::net::SocketAddr,
     paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    drop_big: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
     use std::sync::atomic::Ordering;
     let up = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
@@ -955,7 +958,9 @@ async fn pausable_relay(
             }
             r = up.recv(&mut b) => {
                 let Ok(n) = r else { return };
-                if let (Some(c), false) = (client, paused.load(Ordering::SeqCst)) {
+                let dropped = paused.load(Ordering::SeqCst)
+                    || n > 1_000 && drop_big.load(Ordering::SeqCst);
+                if let (Some(c), false) = (client, dropped) {
                     let _ = listen.send_to(&b[..n], c).await;
                 }
             }
@@ -979,6 +984,7 @@ struct Relayed {
     proxy_addr: std::net::SocketAddr,
     relay_addr: std::net::SocketAddr,
     paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    drop_big: std::sync::Arc<std::sync::atomic::AtomicBool>,
     relay: tokio::task::JoinHandle<()>,
     proxy: std::process::Child,
 }
@@ -994,11 +1000,17 @@ impl Relayed {
         let pport = free_base_from(base + 16, 1);
         let proxy_addr: std::net::SocketAddr = format!("127.0.0.1:{pport}").parse().unwrap();
         let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drop_big = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let relay_sock = rt
             .block_on(tokio::net::UdpSocket::bind("127.0.0.1:0"))
             .unwrap();
         let relay_addr = relay_sock.local_addr().unwrap();
-        let relay = rt.spawn(pausable_relay(relay_sock, replica, paused.clone()));
+        let relay = rt.spawn(pausable_relay(
+            relay_sock,
+            replica,
+            paused.clone(),
+            drop_big.clone(),
+        ));
         let tls = data.join("tls");
         let cfg = dir.path().join("proxy.toml");
         std::fs::write(
@@ -1029,6 +1041,7 @@ impl Relayed {
             proxy_addr,
             relay_addr,
             paused,
+            drop_big,
             relay,
             proxy,
         }
@@ -1041,6 +1054,11 @@ impl Relayed {
     fn pause(&self, paused: bool) {
         self.paused
             .store(paused, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn drop_big(&self, drop: bool) {
+        self.drop_big
+            .store(drop, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn log(&self) -> String {
@@ -1212,6 +1230,23 @@ fn a_silent_leader_is_flushed_ahead_and_caching_resumes() {
     }
 }
 
+/// A client knowing the replica by two endpoints, the relay first, that has read `path`
+/// through the relay (so takes it for the leader). Bounded retries: a first read may go to
+/// the second endpoint if the relay's handshake is slow while the cell warms up.
+async fn client_via_relay_first(cell: &Relayed, path: &str) -> Client {
+    let eps = vec![cell.relay_addr.to_string(), cell.replica.to_string()];
+    for _ in 0..10 {
+        let c = Client::connect(ClientConfig::new(eps.clone(), cell.ca()))
+            .await
+            .unwrap();
+        if c.get(path).await.is_ok() && c.leader_hint() == Some(cell.relay_addr) {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("no read through the relay in 10 tries");
+}
+
 /// A connection the SDK gives up after an unanswered probe counts as a recent failure of
 /// its endpoint: a request made just after moves to the next endpoint at once, instead
 /// of first spending the connect timeout (1 s) on a handshake with the peer that was
@@ -1226,24 +1261,24 @@ fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
     let took = rt.block_on(async {
-        let eps = vec![cell.relay_addr.to_string(), cell.replica.to_string()];
-        let c = Client::connect(ClientConfig::new(eps, cell.ca()))
+        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
             .await
             .unwrap();
-        // Connected through the relay, which the client now takes for the leader.
-        let s = c.open_session().await.unwrap();
-        s.create("/x", Vec::new(), CreateMode::default())
+        let owner = direct.open_session().await.unwrap();
+        owner
+            .create("/x", Vec::new(), CreateMode::default())
             .await
             .unwrap();
-        assert_eq!(c.leader_hint(), Some(cell.relay_addr));
+        // No session on this client: nothing but the test's reads goes through it.
+        let c = client_via_relay_first(&cell, "/x").await;
         cell.pause(true);
-        match s.get("/missing").await {
+        match c.get("/missing").await {
             Err(Error::NoNode { .. }) => {}
             other => panic!("expected NoNode from the replica, got {other:?}"),
         }
         assert_eq!(c.leader_hint(), None, "a refusal names no leader");
         let started = Instant::now();
-        s.get("/x")
+        c.get("/x")
             .await
             .expect("answered through the second endpoint");
         started.elapsed()
@@ -1310,4 +1345,57 @@ fn cached_reads_of_one_node_share_upstream_reads() {
     if let Err(e) = outcome {
         panic!("{e}; proxy log:\n{}", cell.log());
     }
+}
+
+/// A request sent just before its peer went silent is given up a second after the last
+/// datagram, not after whole seconds counted from its start. The client knows the one
+/// replica by two endpoints, the relay first. A read of a 4 KiB value goes out while the
+/// relay drops the replica's large datagrams (its answer), a small answer to another read
+/// arrives 100 ms later, and 200 ms after that the relay drops everything. The read must
+/// be answered through the second endpoint within 2.75 s of its start (a second of
+/// silence, a second of probe: about 2.4 s); looking once a second from the request's
+/// start saw the small answer in the first second and probed only after the second: 3 s.
+#[test]
+fn a_request_gives_up_a_second_after_the_last_datagram() {
+    let _g = serial();
+    let rt = rt();
+    let cell = Relayed::start(&rt, 1_000, "info");
+    let took = rt.block_on(async {
+        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
+            .await
+            .unwrap();
+        let owner = direct.open_session().await.unwrap();
+        owner
+            .create("/big", vec![7u8; 4096], CreateMode::default())
+            .await
+            .unwrap();
+        // No session on this client: nothing but the test's reads goes through it.
+        let c = client_via_relay_first(&cell, "/big").await;
+        cell.drop_big(true);
+        let started = Instant::now();
+        let big = {
+            let c = c.clone();
+            tokio::spawn(async move { c.get("/big").await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match c.get("/missing").await {
+            Err(Error::NoNode { .. }) => {}
+            other => panic!("expected a small NoNode answer through the relay, got {other:?}"),
+        }
+        tokio::time::sleep_until((started + Duration::from_millis(300)).into()).await;
+        cell.pause(true);
+        let (data, _) = big
+            .await
+            .unwrap()
+            .expect("answered through the second endpoint");
+        assert_eq!(data.len(), 4096);
+        started.elapsed()
+    });
+    println!(
+        "FIGURE sdk: a read whose peer went silent 0.3 s in was answered elsewhere after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2_750),
+        "the read took {took:?}: its silent peer was not given up a second after it went quiet"
+    );
 }
