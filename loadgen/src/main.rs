@@ -54,6 +54,10 @@ struct Cli {
     /// (as independent clients would).
     #[arg(long, global = true)]
     etcd_shared_keepalive: bool,
+    /// etcd in profile and state: connect the lease clients to the leader only, so no
+    /// renewal is forwarded by a follower (spread over all members otherwise).
+    #[arg(long, global = true)]
+    etcd_leader_only: bool,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -240,6 +244,7 @@ fn main() {
         cli.etcd_shared_keepalive,
         std::sync::atomic::Ordering::Relaxed,
     );
+    systems::ETCD_LEADER_ONLY.store(cli.etcd_leader_only, std::sync::atomic::Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -315,6 +315,14 @@ pub async fn profile(
                 "one per lease"
             },
         );
+        r.param(
+            "etcd lease clients connected to",
+            if crate::systems::ETCD_LEADER_ONLY.load(Ordering::Relaxed) {
+                "the leader only (--etcd-leader-only)"
+            } else {
+                "all members, spread"
+            },
+        );
     }
     r.param("proxies", 0);
     r.param("loadgen processes", 1);

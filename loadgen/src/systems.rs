@@ -65,6 +65,26 @@ pub enum EtcdKeeper {
 pub static ETCD_SHARED_KEEPALIVE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// Whether [`open_many`] connects etcd lease clients to the leader only (found when the
+/// sessions are opened; `--etcd-leader-only`) rather than spreading them over members.
+pub static ETCD_LEADER_ONLY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The endpoint of etcd's leader among `eps`, asked of each member in turn.
+pub async fn etcd_leader(eps: &[String]) -> anyhow::Result<String> {
+    for ep in eps {
+        let Ok(mut c) = etcd_client::Client::connect([ep.clone()], None).await else {
+            continue;
+        };
+        if let Ok(st) = c.status().await {
+            if st.header().is_some_and(|h| h.member_id() == st.leader()) {
+                return Ok(ep.clone());
+            }
+        }
+    }
+    Err(anyhow!("no etcd member among {eps:?} says it leads"))
+}
+
 /// etcd lease renewals answered in this process (every one went to the leader).
 pub static ETCD_RENEWALS: AtomicU64 = AtomicU64::new(0);
 
@@ -246,6 +266,11 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
     }
     let mut etcd_clients = Vec::new();
     if let Conn::Etcd(eps) = conn {
+        let eps = if ETCD_LEADER_ONLY.load(Ordering::Relaxed) {
+            vec![etcd_leader(eps).await?]
+        } else {
+            eps.clone()
+        };
         for i in 0..n.div_ceil(ETCD_LEASES_PER_CLIENT) {
             // Each client starts at another member, so clients spread over members.
             let mut eps = eps.clone();

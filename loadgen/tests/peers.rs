@@ -60,9 +60,9 @@ fn count(v: &serde_json::Value, k: &str) -> u64 {
 
 /// The profile at 1/50 scale on a peer: its sessions stay alive, its locks are taken
 /// with its own recipe and kept, and every read reaches the cluster.
-fn profile_on(system: &str, extra: &[&str]) {
+fn profile_on(system: &str, extra: &[&str]) -> Option<serde_json::Value> {
     if !installed(system) {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let mut args = extra.to_vec();
@@ -89,6 +89,7 @@ fn profile_on(system: &str, extra: &[&str]) {
         assert!(figure(&v, "leases renewed per s") > 0.0, "{v}");
         assert!(count(&v, "KeepAlive round trip") > 0, "{v}");
     }
+    Some(v)
 }
 
 #[test]
@@ -97,10 +98,17 @@ fn profile_on_etcd() {
 }
 
 /// The same with every lease of a gRPC client renewed on one stream (loadgen's own
-/// keep-alive multiplexer): the leases must stay alive and their renewals be seen.
+/// keep-alive multiplexer), the lease clients connected to the leader only: the leases
+/// must stay alive and their renewals be seen.
 #[test]
-fn profile_on_etcd_with_shared_keepalive_streams() {
-    profile_on("etcd", &["--etcd-shared-keepalive"]);
+fn profile_on_etcd_with_shared_keepalive_streams_at_the_leader() {
+    let v = profile_on("etcd", &["--etcd-shared-keepalive", "--etcd-leader-only"]);
+    if let Some(v) = v {
+        assert_eq!(
+            v["params"]["etcd lease clients connected to"], "the leader only (--etcd-leader-only)",
+            "{v}"
+        );
+    }
 }
 
 #[test]
