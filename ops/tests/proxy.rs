@@ -1051,6 +1051,16 @@ impl Relayed {
         self.dir.path().join("cell/tls/ca.pem")
     }
 
+    /// A client through the proxy and one straight to the replica, once the proxy serves;
+    /// also the session the proxy opened first for the test (raw, not renewed).
+    async fn clients(&self) -> (Client, Client, u64) {
+        let endpoint = |a: std::net::SocketAddr| ClientConfig::new(vec![a.to_string()], self.ca());
+        let via = Client::connect(endpoint(self.proxy_addr)).await.unwrap();
+        let direct = Client::connect(endpoint(self.replica)).await.unwrap();
+        let session = first_proxied_session(&via, self.proxy_addr).await;
+        (via, direct, session)
+    }
+
     fn pause(&self, paused: bool) {
         self.paused
             .store(paused, std::sync::atomic::Ordering::SeqCst);
@@ -1104,14 +1114,7 @@ fn a_keepalive_is_forwarded_after_its_wait_ran_out() {
     let cell = Relayed::start(&rt, 100, "info,proxy::upstream=debug");
     let (replica, paddr) = (cell.replica, cell.proxy_addr);
     let outcome = rt.block_on(async {
-        let ca = cell.ca();
-        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
-            .await
-            .unwrap();
-        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
-            .await
-            .unwrap();
-        let session = first_proxied_session(&via, paddr).await;
+        let (via, direct, session) = cell.clients().await;
         let opened = Instant::now();
         tokio::time::sleep(Duration::from_millis(500)).await;
         cell.pause(true);
@@ -1154,16 +1157,9 @@ fn a_silent_leader_is_flushed_ahead_and_caching_resumes() {
     let _g = serial();
     let rt = rt();
     let cell = Relayed::start(&rt, 200, "info");
-    let (replica, paddr) = (cell.replica, cell.proxy_addr);
+    let paddr = cell.proxy_addr;
     let outcome: Result<(), String> = rt.block_on(async {
-        let ca = cell.ca();
-        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
-            .await
-            .unwrap();
-        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
-            .await
-            .unwrap();
-        first_proxied_session(&via, paddr).await;
+        let (via, direct, _) = cell.clients().await;
         let writer = direct.open_session().await.unwrap();
         writer
             .create("/cfg", b"v1".to_vec(), CreateMode::default())
@@ -1300,16 +1296,9 @@ fn cached_reads_of_one_node_share_upstream_reads() {
     let _g = serial();
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
-    let (replica, paddr) = (cell.replica, cell.proxy_addr);
+    let paddr = cell.proxy_addr;
     let outcome: Result<(), String> = rt.block_on(async {
-        let ca = cell.ca();
-        let via = Client::connect(ClientConfig::new(vec![paddr.to_string()], ca.clone()))
-            .await
-            .unwrap();
-        let direct = Client::connect(ClientConfig::new(vec![replica.to_string()], ca))
-            .await
-            .unwrap();
-        first_proxied_session(&via, paddr).await;
+        let (via, direct, _) = cell.clients().await;
         let writer = direct.open_session().await.unwrap();
         writer
             .create("/hot", b"h1".to_vec(), CreateMode::default())
