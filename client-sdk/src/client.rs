@@ -181,15 +181,19 @@ struct Slot {
 }
 
 /// When a connection last received anything, as its watcher ([`watch_heard`]) noticed
-/// (at most [`HEARD_POLL`] late).
-type Heard = Arc<std::sync::Mutex<Instant>>;
+/// (at most [`HEARD_POLL`] late, or later if the runtime stalled), and its count of
+/// received datagrams then.
+type Heard = Arc<std::sync::Mutex<(Instant, u64)>>;
 
 /// How often a connection's watcher looks at its received-datagram count.
 const HEARD_POLL: Duration = Duration::from_millis(100);
 
 /// Records in `heard` when `conn` last received a datagram, until the connection closes or
 /// its slot lets go of `heard` (the connection was replaced, or the client dropped).
-async fn watch_heard(conn: quinn::Connection, heard: std::sync::Weak<std::sync::Mutex<Instant>>) {
+async fn watch_heard(
+    conn: quinn::Connection,
+    heard: std::sync::Weak<std::sync::Mutex<(Instant, u64)>>,
+) {
     let mut seen = conn.stats().udp_rx.datagrams;
     loop {
         tokio::time::sleep(HEARD_POLL).await;
@@ -202,7 +206,7 @@ async fn watch_heard(conn: quinn::Connection, heard: std::sync::Weak<std::sync::
         let n = conn.stats().udp_rx.datagrams;
         if n != seen {
             seen = n;
-            *heard.lock().expect("heard lock") = Instant::now();
+            *heard.lock().expect("heard lock") = (Instant::now(), n);
         }
     }
 }
@@ -522,7 +526,10 @@ impl Client {
             });
         match r {
             Ok(conn) => {
-                let heard: Heard = Arc::new(std::sync::Mutex::new(Instant::now()));
+                let heard: Heard = Arc::new(std::sync::Mutex::new((
+                    Instant::now(),
+                    conn.stats().udp_rx.datagrams,
+                )));
                 tokio::spawn(watch_heard(conn.clone(), Arc::downgrade(&heard)));
                 slot.conn = Some((conn.clone(), heard.clone()));
                 slot.failed = None;
@@ -922,13 +929,19 @@ async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn(
     let received = || conn.stats().udp_rx.datagrams;
     let mut since = Instant::now();
     loop {
-        let last = *heard.lock().expect("heard lock");
+        let (last, count) = *heard.lock().expect("heard lock");
         let due = since.max(last) + PROBE_AFTER;
         if Instant::now() < due {
             tokio::time::sleep_until(due).await;
             continue;
         }
         let seen = received();
+        if seen != count {
+            // Something arrived that the watcher has not noted yet (it runs every 100 ms,
+            // later if the runtime stalled): not silent; count the second from now.
+            *heard.lock().expect("heard lock") = (Instant::now(), seen);
+            continue;
+        }
         silent();
         let probe = async {
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;

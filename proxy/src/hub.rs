@@ -687,9 +687,12 @@ impl Hub {
     /// and returns the local invalidations to wait for before reconnecting upstream (the
     /// leader takes the reconnection as this proxy's confirmation that it flushed).
     pub fn reset(&self) -> Vec<u64> {
-        self.set_ready(false);
         let lease = self.lease();
         let mut t = lock(&self.t);
+        // Under the table lock, as `set_ready(true)` clears `flushed` under it: a resume
+        // landing between the two could otherwise leave the proxy ready with `flushed` set,
+        // and a later reconnection would reuse this reset although values were cached since.
+        self.ready.store(false, Ordering::SeqCst);
         t.generation += 1;
         t.cache.clear();
         t.holders.clear();
@@ -735,6 +738,17 @@ impl Hub {
             }
         }
         (self.reset(), false)
+    }
+
+    /// True once no client owes the acknowledgement of anything relayed or flushed here
+    /// (or its lease ran out): what the proxy must know before reopening its stream tells a
+    /// new leader that nothing cached through it is left. Not only the latest reset's
+    /// invalidations: a client that still owes an earlier one (a flush ahead the leader
+    /// answered after all, or a write's invalidation the old leader was waiting for) holds
+    /// no paths any more, so a new reset does not include it, yet it may still serve the
+    /// value from its cache.
+    pub fn nothing_owed(&self) -> bool {
+        lock(&self.t).pending.is_empty()
     }
 
     /// True once none of `ids` is pending.
@@ -1166,6 +1180,28 @@ mod tests {
         assert!(!reused);
         assert_eq!(again.len(), 1, "client 2 holds /n2 again");
         assert!(!again.iter().any(|id| ahead.contains(id)));
+    }
+
+    #[test]
+    fn a_reconnection_waits_for_a_client_still_owing_an_earlier_flush() {
+        let hub = ready_hub(&[1, 2]);
+        let snap = hub.cache_lookup(1, "/x").unwrap_err();
+        hub.cache_fill(1, "/x", snap, Some((b"v".to_vec(), stat())), 7, true);
+        // Flushed ahead; the leader answered again before client 1 acknowledged.
+        let ahead = hub.reset();
+        hub.set_ready(true);
+        // Client 2 caches something meanwhile; then the leader really dies.
+        let snap = hub.cache_lookup(2, "/y").unwrap_err();
+        hub.cache_fill(2, "/y", snap, Some((b"v".to_vec(), stat())), 8, true);
+        hub.set_ready(false);
+        let (ids, reused) = hub.reset_unless_flushed();
+        assert!(!reused);
+        hub.ack(2, &ids);
+        // The new reset is done, but client 1 may still serve /x: not yet.
+        assert!(hub.all_done(&ids));
+        assert!(!hub.nothing_owed());
+        hub.ack(1, &ahead);
+        assert!(hub.nothing_owed());
     }
 
     #[test]

@@ -144,6 +144,28 @@ impl Upstream {
 
     /// Serves rounds of reads of `path` until nobody waits for the next one.
     async fn read_rounds_of(self: Arc<Self>, path: String) {
+        // Should this task end any other way (a panic), its node's waiters are answered
+        // with an error and the next reader starts a new task, instead of joining a round
+        // nobody serves.
+        struct Rounds<'a> {
+            up: &'a Upstream,
+            path: &'a str,
+            ended: bool,
+        }
+        impl Drop for Rounds<'_> {
+            fn drop(&mut self) {
+                if !self.ended {
+                    let rounds = &self.up.read_rounds;
+                    let mut rounds = rounds.lock().unwrap_or_else(|e| e.into_inner());
+                    rounds.remove(self.path);
+                }
+            }
+        }
+        let mut guard = Rounds {
+            up: &self,
+            path: &path,
+            ended: false,
+        };
         loop {
             let round = {
                 let mut rounds = self.read_rounds.lock().expect("read rounds");
@@ -152,7 +174,10 @@ impl Upstream {
                     .map(std::mem::take)
                     .unwrap_or_default();
                 if round.is_empty() {
+                    // Removed under the lock: a reader arriving after it starts a new task
+                    // (whose entry this task must not touch on its way out).
                     rounds.remove(&path);
+                    guard.ended = true;
                     return;
                 }
                 round
@@ -554,7 +579,9 @@ impl Upstream {
             let (ids, ahead) = self.hub.reset_unless_flushed();
             // Bounded by the clients' leases (the tick stops waiting for expired ones).
             let flushed_by = Instant::now() + self.hub.lease() * 2;
-            while !self.hub.all_done(&ids) && Instant::now() < flushed_by {
+            // Every client, not only this reset's: one still owing an earlier flush or
+            // invalidation holds no paths, so this reset did not include it.
+            while !self.hub.nothing_owed() && Instant::now() < flushed_by {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let flushed_at = Instant::now();
@@ -686,8 +713,8 @@ impl Upstream {
             if *self.attached.lock().expect("attached") != Some(addr) || !self.hub.ready() {
                 continue;
             }
-            let ids = self.hub.reset();
             *self.flushed_ahead.lock().expect("flushed ahead") = Some(Instant::now());
+            let ids = self.hub.reset();
             tracing::info!(
                 leader = %addr,
                 clients_flushed = ids.len(),
