@@ -96,6 +96,8 @@ struct Inner {
     acks: tokio::sync::mpsc::UnboundedSender<PendingAck>,
     /// Where silent connections are announced (see [`Client::silences`]).
     silences: tokio::sync::broadcast::Sender<SocketAddr>,
+    /// Endpoints whose connection a probe just gave up, until when they are skipped.
+    silenced: std::sync::Mutex<HashMap<SocketAddr, (Instant, Error)>>,
 }
 
 /// Acknowledgements of this client's sessions that arrive within this window of the first
@@ -267,6 +269,7 @@ impl Client {
             keepalives,
             acks,
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
+            silenced: std::sync::Mutex::new(HashMap::default()),
         });
         tokio::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
         tokio::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
@@ -482,12 +485,15 @@ impl Client {
             .entry(addr)
             .or_default()
             .clone();
+        self.not_silenced(addr)?;
         let mut slot = slot.lock().await;
         if let Some((c, heard)) = &slot.conn {
             if c.close_reason().is_none() {
                 return Ok((c.clone(), heard.clone()));
             }
         }
+        // Given up while this caller waited for the slot.
+        self.not_silenced(addr)?;
         // A dead endpoint is tried once per connect timeout, not once per caller: the
         // others move on to the next endpoint at once.
         if let Some((at, e)) = &slot.failed {
@@ -543,31 +549,33 @@ impl Client {
         }
     }
 
-    /// Records the connection `conn` to `addr`, just given up after an unanswered probe,
-    /// as a recent failure: for a connect timeout callers move on to the next endpoint at
-    /// once instead of each spending that timeout on a handshake with a peer that was
-    /// silent a moment ago (after a leader's death that was a second lost by every
-    /// caller that tried the endpoints in their configured order).
-    fn presumed_dead(&self, addr: SocketAddr, conn: &quinn::Connection, e: &Error) {
-        let slot = self
-            .inner
-            .conns
+    /// Records `addr`, whose connection is about to be closed after an unanswered probe,
+    /// as silenced for a connect timeout: callers move on to the next endpoint at once
+    /// instead of each spending that timeout on a handshake with a peer that was silent a
+    /// moment ago (after a leader's death that was a second lost by every caller that
+    /// tried the endpoints in their configured order). Recorded before the close, outside
+    /// the endpoint's slot, so no caller can start dialing it in between.
+    fn silenced(&self, addr: SocketAddr, e: &Error) {
+        let until = Instant::now() + self.inner.cfg.connect_timeout;
+        self.inner
+            .silenced
             .lock()
-            .expect("connections lock")
-            .get(&addr)
-            .cloned();
-        // A caller holding the slot is handshaking anew: its outcome decides.
-        if let Some(Ok(mut slot)) = slot.as_ref().map(|s| s.try_lock()) {
-            if slot
-                .conn
-                .as_ref()
-                .is_some_and(|(c, _)| c.stable_id() == conn.stable_id())
-            {
-                slot.conn = None;
-                slot.failed = Some((Instant::now(), e.clone()));
-            }
-        }
+            .expect("silenced lock")
+            .insert(addr, (until, e.clone()));
         self.connection_failed(addr);
+    }
+
+    /// `Err` while `addr` is silenced (see [`Client::silenced`]).
+    fn not_silenced(&self, addr: SocketAddr) -> Result<(), Error> {
+        let mut silenced = self.inner.silenced.lock().expect("silenced lock");
+        match silenced.get(&addr) {
+            Some((until, e)) if Instant::now() < *until => Err(e.clone()),
+            Some(_) => {
+                silenced.remove(&addr);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Forgets `addr` as the leader after it failed at the connection level, so the next
@@ -604,11 +612,11 @@ impl Client {
             tokio::select! {
                 r = work => r,
                 _ = probe => {
+                    let e = conn_err(format!("{addr}: no answer to a probe; presumed dead"));
+                    self.silenced(addr, &e);
                     // Every request waiting on it fails now and is retried elsewhere (with
                     // its request id), instead of waiting for QUIC's idle timeout.
                     conn.close(0u32.into(), b"peer silent");
-                    let e = conn_err(format!("{addr}: no answer to a probe; presumed dead"));
-                    self.presumed_dead(addr, &conn, &e);
                     Err(e)
                 }
             }
@@ -910,14 +918,18 @@ impl Client {
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// A probe unanswered for this long marks the connection dead.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A request waits at least this long before its connection may be probed (its peer
+/// silent for [`PROBE_AFTER`] by then, counted from the last datagram).
+const PROBE_MIN_WAIT: Duration = Duration::from_millis(300);
 /// Silence announcements kept for a slow receiver of [`Client::silences`].
 const SILENCES_QUEUED: usize = 64;
 
 /// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
 /// legitimately take seconds), the connection is watched. A peer that sent anything at
 /// all in the last second (answers, acknowledgements) is alive, however slow it is under
-/// load. Once the request has waited a second and the peer has been silent for one
-/// (`heard`: when the connection last received anything), it is probed with a cheap
+/// load. Once the peer has been silent for a second (`heard`: when the connection last
+/// received anything) and the request has waited at least [`PROBE_MIN_WAIT`], it is
+/// probed with a cheap
 /// request (`ProxyStatus`: a proxy answers it itself, a replica refuses it at once; either
 /// answer proves the peer alive); no answer and still nothing received within a second
 /// means the peer is gone (killed or frozen), which QUIC alone would notice only at its
@@ -930,7 +942,11 @@ async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn(
     let mut since = Instant::now();
     loop {
         let (last, count) = *heard.lock().expect("heard lock");
-        let due = since.max(last) + PROBE_AFTER;
+        // A request sent after its peer fell silent probes once the silence is a second
+        // old (after a short wait of its own), not a second after it was sent: a proxy
+        // whose next batch left after the leader's kill gave it up a second later than
+        // the others, and the new leader's writes waited for it.
+        let due = (since + PROBE_MIN_WAIT).max(last + PROBE_AFTER);
         if Instant::now() < due {
             tokio::time::sleep_until(due).await;
             continue;

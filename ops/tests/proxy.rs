@@ -1388,3 +1388,39 @@ fn a_request_gives_up_a_second_after_the_last_datagram() {
         "the read took {took:?}: its silent peer was not given up a second after it went quiet"
     );
 }
+
+/// A request sent after its peer had already gone silent probes once the silence is a
+/// second old, not a second after the request was sent. The client has read through the
+/// relay, which then drops everything; 700 ms later a read goes out. It must be answered
+/// through the second endpoint within 1.75 s of being sent (silence a second old at
+/// 1.0 s, probe given up at 2.0 s: 1.3 s); counting from its own start made it 2.0 s.
+#[test]
+fn a_request_to_an_already_silent_peer_probes_when_the_silence_is_a_second_old() {
+    let _g = serial();
+    let rt = rt();
+    let cell = Relayed::start(&rt, 1_000, "info");
+    let took = rt.block_on(async {
+        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
+            .await
+            .unwrap();
+        let owner = direct.open_session().await.unwrap();
+        owner
+            .create("/late", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        // No session on this client: nothing but the test's reads goes through it.
+        let c = client_via_relay_first(&cell, "/late").await;
+        cell.pause(true);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let started = Instant::now();
+        c.get("/late")
+            .await
+            .expect("answered through the second endpoint");
+        started.elapsed()
+    });
+    println!("FIGURE sdk: a read sent 0.7 s into its peer's silence was answered elsewhere after {took:?}");
+    assert!(
+        took < Duration::from_millis(1_750),
+        "the read took {took:?}: the silence was counted from the request's start"
+    );
+}
