@@ -1226,10 +1226,19 @@ fn a_silent_leader_is_flushed_ahead_and_caching_resumes() {
     }
 }
 
-/// A client knowing the replica by two endpoints, the relay first, that has read `path`
-/// through the relay (so takes it for the leader). Bounded retries: a first read may go to
-/// the second endpoint if the relay's handshake is slow while the cell warms up.
-async fn client_via_relay_first(cell: &Relayed, path: &str) -> Client {
+/// Creates `path` with `data` (straight at the replica), then returns a client knowing the
+/// replica by two endpoints, the relay first, that has read `path` through the relay (so
+/// takes it for the leader). Bounded retries: a first read may go to the second endpoint
+/// if the relay's handshake is slow while the cell warms up.
+async fn client_via_relay_first(cell: &Relayed, path: &str, data: Vec<u8>) -> Client {
+    let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
+        .await
+        .unwrap();
+    let owner = direct.open_session().await.unwrap();
+    owner
+        .create(path, data, CreateMode::default())
+        .await
+        .unwrap();
     let eps = vec![cell.relay_addr.to_string(), cell.replica.to_string()];
     for _ in 0..10 {
         let c = Client::connect(ClientConfig::new(eps.clone(), cell.ca()))
@@ -1257,16 +1266,8 @@ fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
     let took = rt.block_on(async {
-        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
-            .await
-            .unwrap();
-        let owner = direct.open_session().await.unwrap();
-        owner
-            .create("/x", Vec::new(), CreateMode::default())
-            .await
-            .unwrap();
         // No session on this client: nothing but the test's reads goes through it.
-        let c = client_via_relay_first(&cell, "/x").await;
+        let c = client_via_relay_first(&cell, "/x", Vec::new()).await;
         cell.pause(true);
         match c.get("/missing").await {
             Err(Error::NoNode { .. }) => {}
@@ -1350,16 +1351,8 @@ fn a_request_gives_up_a_second_after_the_last_datagram() {
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
     let took = rt.block_on(async {
-        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
-            .await
-            .unwrap();
-        let owner = direct.open_session().await.unwrap();
-        owner
-            .create("/big", vec![7u8; 4096], CreateMode::default())
-            .await
-            .unwrap();
         // No session on this client: nothing but the test's reads goes through it.
-        let c = client_via_relay_first(&cell, "/big").await;
+        let c = client_via_relay_first(&cell, "/big", vec![7u8; 4096]).await;
         cell.drop_big(true);
         let started = Instant::now();
         let big = {
@@ -1400,16 +1393,8 @@ fn a_request_to_an_already_silent_peer_probes_when_the_silence_is_a_second_old()
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
     let took = rt.block_on(async {
-        let direct = Client::connect(ClientConfig::new(vec![cell.replica.to_string()], cell.ca()))
-            .await
-            .unwrap();
-        let owner = direct.open_session().await.unwrap();
-        owner
-            .create("/late", Vec::new(), CreateMode::default())
-            .await
-            .unwrap();
         // No session on this client: nothing but the test's reads goes through it.
-        let c = client_via_relay_first(&cell, "/late").await;
+        let c = client_via_relay_first(&cell, "/late", Vec::new()).await;
         cell.pause(true);
         tokio::time::sleep(Duration::from_millis(700)).await;
         let started = Instant::now();
