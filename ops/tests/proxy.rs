@@ -931,6 +931,105 @@ fn a_deaf_client_hears_of_the_invalidation_in_its_keepalive_reply() {
     cell.stop();
 }
 
+/// A proxy reopens its event stream at a new leader only once no client owes it an
+/// acknowledgement, not only the clients of its latest flush. A client that cached `/cfg`
+/// through the proxy goes deaf: it never acknowledges the write's invalidation and stops
+/// renewing. The write waits for the proxy, the proxy for the deaf client; then the
+/// leader is killed. The new leader knows nothing of the old one's cachers and takes the
+/// proxy's reopened stream as its word that nothing cached through it is left, so the
+/// retried write completes as soon as the stream opens. The deaf client holds no paths
+/// any more (they went with the invalidation), so the proxy's reset names no one: only
+/// the rule that no client owes anything keeps the stream closed until that client's
+/// lease has run out (12 s after its last renewal). Opened sooner, the write completes
+/// while the deaf client may still serve the old value from its cache.
+#[test]
+fn a_stream_reopened_at_a_new_leader_waits_for_a_client_still_owing_an_invalidation() {
+    let _g = serial();
+    let cell = Cell::start(1);
+    let outcome: Result<(), String> = rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let via = cell.client(&cell.proxies).await;
+        let paddr: std::net::SocketAddr = cell.proxies[0].parse().unwrap();
+        let deaf = first_proxied_session(&via, paddr).await;
+        let writer = direct.open_session().await.unwrap();
+        writer
+            .create("/cfg", b"v1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let r = via
+                .call_at(
+                    paddr,
+                    &raw(
+                        deaf,
+                        Op::CachedGet {
+                            path: "/cfg".into(),
+                        },
+                    ),
+                )
+                .await
+                .unwrap();
+            if !matches!(r, Reply::CachedData { cachable: true, .. }) {
+                return Err(format!("not cached through the proxy: {r:?}"));
+            }
+        }
+        // The deaf client's last renewal: its lease (as the client counts it) ends 12 s
+        // from when it sent this KeepAlive.
+        let renewed = Instant::now();
+        match via.call_at(paddr, &raw(deaf, Op::KeepAlive)).await.unwrap() {
+            Reply::KeepAlive { .. } => {}
+            other => return Err(format!("KeepAlive: {other:?}")),
+        }
+        let write = tokio::spawn(async move {
+            writer.set_data("/cfg", b"v2".to_vec(), None).await?;
+            Ok::<Instant, Error>(Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if write.is_finished() {
+            return Err("the write did not wait for the deaf client".into());
+        }
+        let replicas = cell.replicas.join(",");
+        let data = cell.data.clone();
+        tokio::task::spawn_blocking(move || kill_leader(&data, &replicas))
+            .await
+            .unwrap()
+            .ok_or("no leader to kill")?;
+        let done = tokio::time::timeout(Duration::from_secs(40), write)
+            .await
+            .map_err(|_| "the write did not complete within 40 s".to_string())?
+            .unwrap()
+            .map_err(|e| format!("the write failed: {e}"))?;
+        let after = done.duration_since(renewed);
+        println!(
+            "the write completed {} ms after the deaf client's last renewal (its lease: 12 s)",
+            after.as_millis()
+        );
+        // 10 s leaves room for the proxy's tick and the test's own steps, and is far from
+        // the ~3 s (an election) the write takes when the stream reopens without waiting.
+        if after < Duration::from_secs(10) {
+            return Err(format!(
+                "the write completed {} ms after the deaf client's last renewal, inside \
+                 its 12 s lease: the proxy reopened its stream while the client still owed \
+                 the invalidation",
+                after.as_millis()
+            ));
+        }
+        Ok(())
+    });
+    let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
+    let logs = format!(
+        "proxy log:\n{}\nreplica logs:\n{}\n{}\n{}",
+        log("proxy-1.log"),
+        log("replica-1.log"),
+        log("replica-2.log"),
+        log("replica-3.log")
+    );
+    cell.stop();
+    if let Err(e) = outcome {
+        panic!("{e}; {logs}");
+    }
+}
+
 /// A UDP relay on loopback between one client (the proxy) and `target` that drops every
 /// datagram both ways while `paused` is set, and while `drop_big` is set the target's
 /// datagrams over 1 000 bytes (its larger answers; acknowledgements and small answers

@@ -298,14 +298,20 @@ impl Gateway {
         if paths.is_empty() {
             return self.propose(cmd).await;
         }
-        let hold = self
-            .cachers
-            .send(Hold(paths))
-            .await
-            .map_err(|e| Error::Internal {
-                reason: format!("cacher list: {e}"),
-            })??;
-        let r = self.propose(cmd).await;
+        let (hold, term) =
+            self.cachers
+                .send(Hold(paths))
+                .await
+                .map_err(|e| Error::Internal {
+                    reason: format!("cacher list: {e}"),
+                })??;
+        // Applied only if appended in the term whose cacher list held it.
+        let r = self
+            .propose(Command::Held {
+                term,
+                command: Box::new(cmd),
+            })
+            .await;
         self.cachers.do_send(Release(hold));
         r
     }
@@ -348,11 +354,12 @@ impl Gateway {
             (value, s.sm.last_index())
         };
         let cachable = match epoch {
-            Some(epoch) => self
+            Some((term, epoch)) => self
                 .cachers
                 .send(Record {
                     session: req.session,
                     path: p.to_string(),
+                    term,
                     epoch,
                 })
                 .await
@@ -440,10 +447,14 @@ impl Gateway {
     /// watch table, then forwards events until the session ends, leadership changes, or
     /// the client goes away.
     pub async fn serve_events(&self, session: wire::types::SessionId, mut send: quinn::SendStream) {
+        let mut term = 0;
         let opened: Response = async {
             if session == 0 {
                 return Err(Error::SessionRequired);
             }
+            // Before the confirmation: a stream confirms a flush only in the term it was
+            // confirmed for (see `StreamConnected`).
+            term = self.raft.metrics().borrow().current_term;
             self.gate.confirm().await?;
             let s = self.state.read().expect("state lock");
             s.sm.check_session(session)?;
@@ -464,7 +475,7 @@ impl Gateway {
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         self.watches.do_send(Connect { session, tx });
-        self.cachers.do_send(StreamConnected(session));
+        self.cachers.do_send(StreamConnected { session, term });
         while let Some(ev) = rx.recv().await {
             let item: Response = Ok(ev);
             if frame::write(&mut send, &item, CLIENT_FRAME_BYTES_MAX)

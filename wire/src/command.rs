@@ -52,6 +52,18 @@ pub enum Command {
         /// The session.
         session: SessionId,
     },
+    /// `command`, proposed after the leader of term `term` held it until every cacher of
+    /// the nodes it changes dropped them (Chubby's rule). Applied only if this entry was
+    /// appended in that same term: the cacher list the hold consulted is the leader's own
+    /// and volatile, so in any other term (the replica lost leadership and won it again
+    /// while the proposal was on its way) the hold proves nothing, and the entry applies
+    /// as a `NotLeader` error that changes nothing (the client retries).
+    Held {
+        /// The term of the leader whose cacher list held the write.
+        term: u64,
+        /// What is applied.
+        command: Box<Command>,
+    },
 }
 
 /// Lease facts a leader commits so that the next leader may grant less than a full lease.

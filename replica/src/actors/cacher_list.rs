@@ -17,12 +17,14 @@ use crate::actors::watch_table::{Push, WatchTableActor};
 use crate::leader::cachers::Cachers;
 use crate::raft::sm_store::{Applied, SharedState};
 
-/// Phase one of a cached read: the node's hold epoch, `None` while it is uncachable.
+/// Phase one of a cached read: this leader's term and the node's hold epoch; `None` while
+/// the node is uncachable, or while this actor has not yet learnt that its replica leads.
 #[derive(Message)]
-#[rtype(result = "Option<u64>")]
+#[rtype(result = "Option<(u64, u64)>")]
 pub struct BeginRead(pub String);
 
-/// Phase two: record the cacher if no hold started since `epoch`.
+/// Phase two: record the cacher if the replica still leads in `term` and no hold started
+/// since `epoch`.
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub struct Record {
@@ -31,12 +33,18 @@ pub struct Record {
     /// The node.
     pub path: String,
     /// From [`BeginRead`].
+    pub term: u64,
+    /// From [`BeginRead`].
     pub epoch: u64,
 }
 
-/// Hold a write to `paths`: resolves with the hold's id once every cacher dropped them.
+/// Hold a write to `paths`: resolves with the hold's id and this leader's term once every
+/// cacher dropped them; `NotLeader` while this actor has not learnt that its replica
+/// leads (a hold then would wait for no one: the replica's cachers of an earlier term
+/// are gone and the sessions of earlier leaders are not yet known to be unconfirmed).
+/// The write must be proposed as [`wire::command::Command::Held`] in that term.
 #[derive(Message)]
-#[rtype(result = "Result<u64, Error>")]
+#[rtype(result = "Result<(u64, u64), Error>")]
 pub struct Hold(pub Vec<String>);
 
 /// The held write was applied or failed: the nodes become cachable again.
@@ -66,7 +74,14 @@ pub struct LeaseExpired(pub Vec<SessionId>);
 /// values cached from the old leader.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct StreamConnected(pub SessionId);
+pub struct StreamConnected {
+    /// The session.
+    pub session: SessionId,
+    /// The replica's Raft term when the stream asked to attach (read before leadership was
+    /// confirmed for it): a confirmation counts only in that term, and is kept until this
+    /// actor learns of that term if it arrives first.
+    pub term: u64,
+}
 
 /// The invalidations a session has left unacknowledged for a while, to repeat in its
 /// KeepAlive reply (see [`wire::types::Reply::KeepAlive`]).
@@ -119,6 +134,10 @@ pub struct CacherListActor {
     waiters: HashMap<u64, oneshot::Sender<()>>,
     state: SharedState,
     failover: Option<Failover>,
+    /// The term this replica leads in, as last announced by [`LeadershipChanged`].
+    term: Option<u64>,
+    /// Streams attached in a term this actor has not been told of yet: (term, session).
+    early: Vec<(u64, SessionId)>,
     invalidations_sent: u64,
 }
 
@@ -131,6 +150,8 @@ impl CacherListActor {
             waiters: HashMap::default(),
             state,
             failover: None,
+            term: None,
+            early: Vec::new(),
             invalidations_sent: 0,
         }
     }
@@ -171,10 +192,11 @@ impl Actor for CacherListActor {
 }
 
 impl Handler<BeginRead> for CacherListActor {
-    type Result = Option<u64>;
+    type Result = Option<(u64, u64)>;
 
-    fn handle(&mut self, msg: BeginRead, _: &mut Context<Self>) -> Option<u64> {
-        self.cachers.begin_read(&msg.0)
+    fn handle(&mut self, msg: BeginRead, _: &mut Context<Self>) -> Option<(u64, u64)> {
+        let term = self.term?;
+        self.cachers.begin_read(&msg.0).map(|epoch| (term, epoch))
     }
 }
 
@@ -182,14 +204,23 @@ impl Handler<Record> for CacherListActor {
     type Result = bool;
 
     fn handle(&mut self, msg: Record, _: &mut Context<Self>) -> bool {
-        self.cachers.record(msg.session, &msg.path, msg.epoch)
+        // In another term the table was cleared since `BeginRead`: its epoch means nothing.
+        self.term == Some(msg.term) && self.cachers.record(msg.session, &msg.path, msg.epoch)
     }
 }
 
 impl Handler<Hold> for CacherListActor {
-    type Result = ResponseFuture<Result<u64, Error>>;
+    type Result = ResponseFuture<Result<(u64, u64), Error>>;
 
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
+        let Some(term) = self.term else {
+            return Box::pin(async {
+                Err(Error::NotLeader {
+                    leader_id: None,
+                    leader_addr: None,
+                })
+            });
+        };
         let unconfirmed = self.unconfirmed();
         let unconfirmed_ids: Vec<SessionId> = if tracing::enabled!(tracing::Level::DEBUG) {
             let mut v: Vec<SessionId> = unconfirmed.iter().copied().collect();
@@ -214,12 +245,12 @@ impl Handler<Hold> for CacherListActor {
             });
         }
         if self.cachers.hold_complete(id) {
-            return Box::pin(async move { Ok(id) });
+            return Box::pin(async move { Ok((id, term)) });
         }
         let (tx, rx) = oneshot::channel();
         self.waiters.insert(id, tx);
         Box::pin(async move {
-            rx.await.map(|_| id).map_err(|_| Error::NotLeader {
+            rx.await.map(|_| (id, term)).map_err(|_| Error::NotLeader {
                 leader_id: None,
                 leader_addr: None,
             })
@@ -289,9 +320,20 @@ impl Handler<LeadershipChanged> for CacherListActor {
         // it flushed (or ends), writes to cachable nodes wait for it.
         self.cachers.clear();
         self.waiters.clear();
+        self.term = msg.leading.then_some(msg.term);
+        // Streams that attached in this term before this message arrived confirmed their
+        // flush to this leader; those of earlier terms confirm nothing now.
+        let term = msg.term;
+        let confirmed: HashSet<SessionId> = self
+            .early
+            .iter()
+            .filter(|(t, _)| msg.leading && *t == term)
+            .map(|(_, s)| *s)
+            .collect();
+        self.early.retain(|(t, _)| *t > term);
         self.failover = msg.leading.then(|| Failover {
             boundary: msg.last_log_index,
-            confirmed: HashSet::default(),
+            confirmed,
             since: tokio::time::Instant::now(),
         });
     }
@@ -301,18 +343,29 @@ impl Handler<StreamConnected> for CacherListActor {
     type Result = ();
 
     fn handle(&mut self, msg: StreamConnected, _: &mut Context<Self>) {
+        let session = msg.session;
+        match self.term {
+            Some(t) if t == msg.term => {}
+            // Attached while leading in an earlier term: that stream is gone or going.
+            Some(t) if t > msg.term => return,
+            // The replica leads in `msg.term` and this actor is not told yet.
+            _ => {
+                self.early.push((msg.term, session));
+                return;
+            }
+        }
         if let Some(f) = &mut self.failover {
-            f.confirmed.insert(msg.0);
+            f.confirmed.insert(session);
         }
         // Invalidations written to the broken stream may be lost: send them again on the
         // new one (the watch table attached it before this message was sent).
-        for (id, paths) in self.cachers.unacknowledged(msg.0) {
+        for (id, paths) in self.cachers.unacknowledged(session) {
             self.streams.do_send(Push {
-                session: msg.0,
+                session,
                 item: Reply::Invalidate { id, paths },
             });
         }
-        for id in self.cachers.confirm(msg.0) {
+        for id in self.cachers.confirm(session) {
             self.complete(id);
         }
     }
@@ -420,7 +473,8 @@ mod tests {
             .await
             .expect("the write goes on once the cacher's lease ran out")
             .expect("actor")
-            .expect("held");
+            .expect("held")
+            .0;
         list.send(Release(id)).await.expect("actor");
         // The session is still in the state (its ExpireSessions is not applied yet).
         let second = tokio::time::timeout(LONG, list.send(Hold(vec!["/b".into()]))).await;
@@ -438,14 +492,127 @@ mod tests {
         let list = new_leader(&state, last).await;
         let mut first = Box::pin(list.send(Hold(vec!["/a".into()])));
         assert!(tokio::time::timeout(SHORT, &mut first).await.is_err());
-        list.send(StreamConnected(session)).await.expect("actor");
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
         let id = tokio::time::timeout(LONG, first)
             .await
             .expect("the write goes on once the cacher confirmed")
             .expect("actor")
-            .expect("held");
+            .expect("held")
+            .0;
         list.send(Release(id)).await.expect("actor");
         let second = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
         assert!(matches!(second, Ok(Ok(Ok(_)))), "{second:?}");
+    }
+
+    /// Simulation-free race found by a proxy test: openraft makes the replica leader before
+    /// this actor hears of it. A write held then waited for no one (the earlier leaders'
+    /// cachers were not yet unconfirmed) and committed while a proxy's client still served
+    /// the old value. Now the hold is refused until the actor knows the term.
+    #[actix_rt::test]
+    async fn a_hold_before_the_actor_knows_it_leads_is_refused() {
+        let (state, session, last) = state_with_old_cacher();
+        let streams = WatchTableActor::new(state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone()).start();
+        let r = list.send(Hold(vec!["/a".into()])).await.expect("actor");
+        assert!(matches!(r, Err(Error::NotLeader { .. })), "{r:?}");
+        assert_eq!(
+            list.send(BeginRead("/a".into())).await.expect("actor"),
+            None
+        );
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 2,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        // Now the hold waits for the earlier leader's cacher.
+        let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
+        assert!(tokio::time::timeout(SHORT, &mut held).await.is_err());
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
+        let (_, term) = tokio::time::timeout(LONG, held)
+            .await
+            .expect("held")
+            .expect("actor")
+            .expect("held");
+        assert_eq!(term, 2, "the hold names the term it was made in");
+    }
+
+    /// A stream that attached in the new term before the actor heard of the term confirms
+    /// the flush once it does; one from an earlier term confirms nothing.
+    #[actix_rt::test]
+    async fn a_stream_attached_before_the_term_was_announced_confirms_in_that_term_only() {
+        let (state, session, last) = state_with_old_cacher();
+        let streams = WatchTableActor::new(state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone()).start();
+        list.send(StreamConnected { session, term: 1 })
+            .await
+            .expect("actor");
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 2,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
+        assert!(
+            tokio::time::timeout(SHORT, &mut held).await.is_err(),
+            "a stream of term 1 confirmed a flush to the leader of term 2"
+        );
+        drop(held);
+
+        let (state, session, last) = state_with_old_cacher();
+        let streams = WatchTableActor::new(state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone()).start();
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 2,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        let r = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
+        assert!(
+            matches!(r, Ok(Ok(Ok((_, 2))))),
+            "the early confirmation was lost: {r:?}"
+        );
+    }
+
+    /// A cached read that began in one term is not recorded in another (the table was
+    /// cleared between, so its epoch means nothing).
+    #[actix_rt::test]
+    async fn a_read_begun_in_another_term_is_not_recorded() {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last).await;
+        let (term, epoch) = list
+            .send(BeginRead("/a".into()))
+            .await
+            .expect("actor")
+            .expect("cachable");
+        list.send(LeadershipChanged {
+            leading: true,
+            term: term + 1,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        let recorded = list
+            .send(Record {
+                session,
+                path: "/a".into(),
+                term,
+                epoch,
+            })
+            .await
+            .expect("actor");
+        assert!(!recorded, "recorded with an epoch from an earlier term");
     }
 }

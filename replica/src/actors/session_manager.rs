@@ -242,13 +242,25 @@ impl SessionManager {
             let cachers = self.cachers.clone();
             let raft_node = self.raft_node.clone();
             let fut = async move {
-                let hold = match (&cachers, ephemerals.is_empty()) {
-                    (Some(c), false) => c.send(Hold(ephemerals)).await.ok().and_then(Result::ok),
-                    _ => None,
+                let expire = Command::ExpireSessions { sessions: expired };
+                let (hold, cmd) = match (&cachers, ephemerals.is_empty()) {
+                    (Some(c), false) => match c.send(Hold(ephemerals)).await {
+                        Ok(Ok((id, term))) => (
+                            Some(id),
+                            Command::Held {
+                                term,
+                                command: Box::new(expire),
+                            },
+                        ),
+                        // Not held (no longer leading, or not yet told): cachers of the
+                        // ephemerals may still serve them, so nothing is proposed; the
+                        // expiry is retried.
+                        Ok(Err(e)) => return Ok(Err(e)),
+                        Err(e) => return Err(e),
+                    },
+                    _ => (None, expire),
                 };
-                let r = raft_node
-                    .send(Propose(Command::ExpireSessions { sessions: expired }))
-                    .await;
+                let r = raft_node.send(Propose(cmd)).await;
                 if let (Some(c), Some(id)) = (&cachers, hold) {
                     c.do_send(Release(id));
                 }

@@ -228,7 +228,11 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                 let result = match entry.payload {
                     EntryPayload::Blank => Ok(Reply::Closed),
                     EntryPayload::Normal(cmd) => {
-                        let (result, effects) = s.sm.apply(entry.log_id.index, &cmd);
+                        let (result, effects) = s.sm.apply_in_term(
+                            entry.log_id.index,
+                            entry.log_id.leader_id.term,
+                            &cmd,
+                        );
                         if !effects.is_empty() {
                             published.push(Applied::Effects {
                                 index: entry.log_id.index,

@@ -277,8 +277,21 @@ impl StateMachine {
             .is_some_and(|n| n.create_index == token && n.ephemeral_owner == Some(session))
     }
 
-    /// Applies the entry at `index`. Returns the client's answer and what changed.
+    /// Applies the entry at `index` as if appended in term 0 (no leader's term: a
+    /// [`Command::Held`] in it applies as `NotLeader`). Returns the client's answer and
+    /// what changed.
     pub fn apply(&mut self, index: LogIndex, cmd: &Command) -> (Result<Reply, Error>, Vec<Effect>) {
+        self.apply_in_term(index, 0, cmd)
+    }
+
+    /// Applies the entry at `index`, appended by the leader of `term`. Returns the
+    /// client's answer and what changed.
+    pub fn apply_in_term(
+        &mut self,
+        index: LogIndex,
+        term: u64,
+        cmd: &Command,
+    ) -> (Result<Reply, Error>, Vec<Effect>) {
         assert!(
             index > self.last_index,
             "apply out of order: {index} after {}",
@@ -286,7 +299,31 @@ impl StateMachine {
         );
         self.last_index = index;
         let mut effects = Vec::new();
-        let result = match cmd {
+        let result = self.apply_command(index, term, cmd, &mut effects);
+        (result, effects)
+    }
+
+    fn apply_command(
+        &mut self,
+        index: LogIndex,
+        term: u64,
+        cmd: &Command,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Error> {
+        match cmd {
+            Command::Held {
+                term: held,
+                command,
+            } => {
+                if *held != term {
+                    // Held by a cacher list of another term: nothing it knew holds now.
+                    return Err(Error::NotLeader {
+                        leader_id: None,
+                        leader_addr: None,
+                    });
+                }
+                self.apply_command(index, term, command, effects)
+            }
             Command::Noop => Ok(Reply::Closed),
             Command::CreateSession => {
                 self.sessions.insert(index, Session::default());
@@ -298,7 +335,7 @@ impl StateMachine {
             }
             Command::CloseSession { session } => match self.check_session(*session) {
                 Ok(_) => {
-                    self.end_session(*session, index, &mut effects);
+                    self.end_session(*session, index, effects);
                     Ok(Reply::Closed)
                 }
                 Err(e) => Err(e),
@@ -306,7 +343,7 @@ impl StateMachine {
             Command::ExpireSessions { sessions } => {
                 for s in sessions {
                     if self.sessions.contains_key(s) {
-                        self.end_session(*s, index, &mut effects);
+                        self.end_session(*s, index, effects);
                     }
                 }
                 Ok(Reply::Closed)
@@ -335,10 +372,9 @@ impl StateMachine {
                 *ack_below,
                 ops,
                 *single,
-                &mut effects,
+                effects,
             ),
-        };
-        (result, effects)
+        }
     }
 
     fn apply_checkpoint(&mut self, cp: &LeaseCheckpoint) {

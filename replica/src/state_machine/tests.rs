@@ -764,3 +764,46 @@ proptest! {
         }
     }
 }
+
+/// A held write applies only in the term whose cacher list held it: in another it is a
+/// `NotLeader` answer that changes nothing and does not use up the request id, so the
+/// client's retry (same id) applies.
+#[test]
+fn a_held_write_applies_only_in_the_term_it_was_held_in() {
+    let mut h = Harness::new();
+    let s = h.session();
+    h.write(s, create("/cfg", b"v1", false, false)).unwrap();
+    let held = |term| Command::Held {
+        term,
+        command: Box::new(Command::Write {
+            session: s,
+            request_id: 40,
+            ack_below: 0,
+            ops: vec![set("/cfg", b"v2", None)],
+            single: true,
+        }),
+    };
+    h.index += 1;
+    let (r, effects) = h.sm.apply_in_term(h.index, 4, &held(3));
+    assert!(matches!(r, Err(Error::NotLeader { .. })), "{r:?}");
+    assert!(effects.is_empty());
+    assert_eq!(h.sm.node("/cfg").unwrap().data, b"v1".to_vec());
+    h.index += 1;
+    let (r, effects) = h.sm.apply_in_term(h.index, 4, &held(4));
+    assert!(r.is_ok(), "{r:?}");
+    assert!(!effects.is_empty());
+    assert_eq!(h.sm.node("/cfg").unwrap().data, b"v2".to_vec());
+    // A held expiry in a stale term leaves the session and its ephemerals.
+    let owner = h.session();
+    h.write(owner, create("/e", b"", true, false)).unwrap();
+    let expire = Command::Held {
+        term: 1,
+        command: Box::new(Command::ExpireSessions {
+            sessions: vec![owner],
+        }),
+    };
+    h.index += 1;
+    let (r, _) = h.sm.apply_in_term(h.index, 2, &expire);
+    assert!(matches!(r, Err(Error::NotLeader { .. })), "{r:?}");
+    assert!(h.sm.session(owner).is_some() && h.sm.node("/e").is_some());
+}
