@@ -58,6 +58,11 @@ struct Cli {
     /// renewal is forwarded by a follower (spread over all members otherwise).
     #[arg(long, global = true)]
     etcd_leader_only: bool,
+    /// loadgen processes for etcd's and ZooKeeper's profile, each holding its share of
+    /// the sessions (a ZooKeeper session is a connection, and one process may hold fewer
+    /// than 20 000 here). 0: one per 15 000 ZooKeeper sessions, else one.
+    #[arg(long, default_value_t = 0, global = true)]
+    processes: usize,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -106,6 +111,24 @@ enum Cmd {
         /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
         /// burst, profile and state.
         scenario: String,
+    },
+    /// One share of a profile split over several processes (started by `profile`).
+    #[command(hide = true)]
+    ProfilePart {
+        #[arg(long)]
+        endpoints: String,
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        #[arg(long)]
+        part: usize,
+        #[arg(long)]
+        parts: usize,
+        #[arg(long)]
+        secs: f64,
+        #[arg(long)]
+        reads_per_session: f64,
+        #[arg(long)]
+        result: PathBuf,
     },
     /// Holds a lock until killed (the takeover scenario's holder process).
     #[command(hide = true)]
@@ -197,9 +220,23 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
             secs,
             fault,
             reads_per_session,
-        } => profile::profile(&ctx, *secs, *fault, *reads_per_session).await,
+        } if system == System::Ours => {
+            profile::profile(&ctx, *secs, *fault, *reads_per_session).await
+        }
+        Cmd::Profile {
+            secs,
+            fault,
+            reads_per_session,
+        } => match profile_peers::parts_for(system, cli.scale, cli.processes) {
+            1 => profile_peers::profile(&ctx, *secs, *fault, *reads_per_session).await,
+            parts => {
+                profile_peers::profile_parts(&ctx, *secs, *fault, *reads_per_session, parts).await
+            }
+        },
         Cmd::State => state::state(&ctx).await,
-        Cmd::Compare { .. } | Cmd::Hold { .. } => unreachable!("not a scenario"),
+        Cmd::Compare { .. } | Cmd::Hold { .. } | Cmd::ProfilePart { .. } => {
+            unreachable!("not a scenario")
+        }
     };
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
@@ -263,6 +300,29 @@ fn main() {
                     ca.as_deref().unwrap_or(std::path::Path::new("")),
                     lock,
                     Duration::from_secs(cli.lease_secs),
+                )
+                .await
+            }
+            Cmd::ProfilePart {
+                endpoints,
+                ca,
+                part,
+                parts,
+                secs,
+                reads_per_session,
+                result,
+            } => {
+                let eps: Vec<String> = endpoints.split(',').map(String::from).collect();
+                let ca = ca.as_deref().unwrap_or(std::path::Path::new(""));
+                let conn = Conn::for_endpoints(cli.system, &eps, ca).await?;
+                profile_peers::part(
+                    &conn,
+                    Duration::from_secs(cli.lease_secs),
+                    cli.scale,
+                    (*part, *parts),
+                    *secs,
+                    *reads_per_session,
+                    result,
                 )
                 .await
             }

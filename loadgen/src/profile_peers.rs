@@ -19,66 +19,169 @@
 //!
 //! Neither has a proxy tier, so every read and every renewal reaches the cluster; the
 //! report says how many were achieved, since a reader waits for its previous read.
+//!
+//! ZooKeeper's sessions are connections, and one process here may hold fewer than 20 000
+//! of them (its open-file hard limit), so above 15 000 sessions the load is split over
+//! several loadgen processes ([`profile_parts`]): each runs a share (its own sessions,
+//! locks, readers, churn and a share of the config writes, under its own root), they
+//! start the run together, and this process injects the fault and merges their
+//! histograms and counts into one report.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::System;
 use crate::profile::{
     each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler,
     Fault, Injected, CONFIG_KEYS,
 };
-use crate::report::{Lat, Report};
+use crate::report::{proc_cost, Lat, LatPart, ProcCost, Report};
 use crate::scenarios::Ctx;
-use crate::systems::{open_many, Held, Sess, ETCD_RENEWALS};
+use crate::systems::{open_many, Conn, Held, Sess, ETCD_RENEWALS};
 
-/// Locks under this directory; config values under `/profile/config`.
-const LOCKS: &str = "/profile/locks";
+/// ZooKeeper sessions one loadgen process takes when the profile is split
+/// ([`parts_for`]).
+pub const ZK_SESSIONS_PER_PROCESS: usize = 15_000;
 
-/// The profile scenario for etcd and ZooKeeper. `reads_per_s` is each session's config
-/// reads a second.
-pub async fn profile(
-    ctx: &Ctx,
-    secs: Option<f64>,
-    fault: Option<Fault>,
+/// Sessions of the profile at `scale` (as [`Ctx::n`] counts them).
+fn sessions_at(scale: f64) -> usize {
+    ((50_000.0 * scale).round() as usize).max(50)
+}
+
+/// How many loadgen processes the profile on `system` at `scale` uses: `asked` if not 0,
+/// else for ZooKeeper one per [`ZK_SESSIONS_PER_PROCESS`] sessions, else one.
+pub fn parts_for(system: System, scale: f64, asked: usize) -> usize {
+    if asked > 0 {
+        asked
+    } else if system == System::Zk {
+        sessions_at(scale).div_ceil(ZK_SESSIONS_PER_PROCESS).max(1)
+    } else {
+        1
+    }
+}
+
+/// One process's share of the load: all of it, or one part of several.
+struct Share {
+    scale: f64,
     reads_per_s: f64,
-) -> anyhow::Result<Report> {
-    let n = ctx.n(50_000.0, 50);
-    let long_locks = ctx.n(15_000.0, 10).min(n);
-    let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);
-    let dur = secs.map_or_else(|| ctx.secs(120.0, 20.0), Duration::from_secs_f64);
+    /// Where its locks and config values live.
+    root: String,
+    /// Config writes a second this process makes.
+    writes_per_s: f64,
+}
+
+/// What one process measured; the parts' are merged by [`profile_parts`].
+#[derive(Serialize, Deserialize)]
+pub struct Measured {
+    n: usize,
+    long_locks: usize,
+    short_locks: usize,
+    short_period_s: f64,
+    churn_per_s: f64,
+    writes_per_s: f64,
+    open_secs: f64,
+    setup_errors: u64,
+    errors: u64,
+    reads: u64,
+    churned: u64,
+    elapsed: f64,
+    renewed: u64,
+    lost: usize,
+    held_long: usize,
+    acq: LatPart,
+    ka: LatPart,
+    rd: LatPart,
+    wr: LatPart,
+    /// When config writes succeeded, seconds from the run's start.
+    writes_ok: Vec<f64>,
+    /// A part's own CPU and memory.
+    cost: Option<ProcCost>,
+}
+
+/// A share of the load, set up and running.
+struct Running {
+    start: Instant,
+    deadline: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    acq: Arc<Mutex<Lat>>,
+    ka: Arc<Mutex<Lat>>,
+    rd: Arc<Mutex<Lat>>,
+    wr: Arc<Mutex<Lat>>,
+    writes_ok: Arc<Mutex<Vec<Instant>>>,
+    errors: Arc<AtomicU64>,
+    reads: Arc<AtomicU64>,
+    churned: Arc<AtomicU64>,
+    setup_errors: Arc<AtomicU64>,
+    renewals0: u64,
+    renewed: u64,
+    elapsed: f64,
+    slots: Arc<Vec<Mutex<Arc<Sess>>>>,
+    admin: Arc<Sess>,
+    held: Arc<Mutex<Vec<(usize, Held)>>>,
+    n: usize,
+    long_locks: usize,
+    short_locks: usize,
+    short_period: Duration,
+    churn_per_s: f64,
+    writes_per_s: f64,
+    open_secs: f64,
+}
+
+/// Sets up `share` (its namespace, config values, sessions and long-held locks), waits
+/// for `gate`, then starts the run of `dur`: short locks, readers, the config writer,
+/// churn and the KeepAlive sampler.
+async fn start(
+    conn: &Conn,
+    lease: Duration,
+    share: &Share,
+    dur: Duration,
+    gate: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<Running> {
+    let n = sessions_at(share.scale);
+    let long_locks = ((15_000.0 * share.scale).round() as usize).max(10).min(n);
+    let short_locks = ((5_000.0 * share.scale).round() as usize)
+        .max(5)
+        .min(n - long_locks);
     let short_period = Duration::from_secs(60).min(dur / 3);
-    let config_writes_per_s = 10.0;
     let churn_per_s = (n as f64 / 5_000.0).max(1.0);
     let locks = long_locks + short_locks;
+    let lock_dir = format!("{}/locks", share.root);
+    let config_dir = format!("{}/config", share.root);
 
     // Setup: the namespace (ZooKeeper needs parents), the config values, the sessions,
     // then the long-held locks.
-    let admin = ctx.conn.session(ctx.lease).await?;
-    admin.ensure_dir(LOCKS).await?;
-    admin.ensure_dir("/profile/config").await?;
+    let admin = conn.session(lease).await?;
+    admin.ensure_dir(&lock_dir).await?;
+    admin.ensure_dir(&config_dir).await?;
     for k in 0..CONFIG_KEYS {
-        let key = format!("/profile/config/k{k}");
+        let key = format!("{config_dir}/k{k}");
         admin.prepare_key(&key).await?;
         admin.write(&key, vec![b'v'; 100]).await?;
     }
     let admin = Arc::new(admin);
     each(locks, 128, "lock dirs", |i| {
-        let admin = admin.clone();
-        async move { admin.ensure_dir(&format!("{LOCKS}/l{i}")).await }
+        let (admin, dir) = (admin.clone(), format!("{lock_dir}/l{i}"));
+        async move { admin.ensure_dir(&dir).await }
     })
     .await?;
     let opened = Instant::now();
-    let sessions = open_many(&ctx.conn, n, ctx.lease).await?;
+    let sessions = open_many(conn, n, lease).await?;
     let open_secs = opened.elapsed().as_secs_f64();
     let sessions: Vec<Arc<Sess>> = sessions.into_iter().map(Arc::new).collect();
     let held: Arc<Mutex<Vec<(usize, Held)>>> = Arc::default();
     let setup_errors = Arc::new(AtomicU64::new(0));
     each(long_locks, 128, "long locks", |i| {
         let (s, held, setup_errors) = (sessions[i].clone(), held.clone(), setup_errors.clone());
+        let dir = format!("{lock_dir}/l{i}");
         async move {
-            match s.acquire(&format!("{LOCKS}/l{i}")).await {
+            match s.acquire(&dir).await {
                 Ok((h, _)) => held.lock().expect("held").push((i, h)),
                 Err(e) => {
                     if setup_errors.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -92,6 +195,7 @@ pub async fn profile(
     .await?;
     let slots: Arc<Vec<Mutex<Arc<Sess>>>> =
         Arc::new(sessions.into_iter().map(Mutex::new).collect());
+    gate.await?;
 
     // The run.
     let start = Instant::now();
@@ -110,9 +214,9 @@ pub async fn profile(
         let i = long_locks + j;
         let (slots, acq, stop, errors) = (slots.clone(), acq.clone(), stop.clone(), errors.clone());
         let offset = short_period.mul_f64(rand::random::<f64>());
+        let dir = format!("{lock_dir}/l{i}");
         tasks.push(tokio::spawn(async move {
             let mut due = start + offset;
-            let dir = format!("{LOCKS}/l{i}");
             while due < deadline && !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep_until(due).await;
                 let s = slots[i].lock().expect("slot").clone();
@@ -137,8 +241,8 @@ pub async fn profile(
 
     // Readers: one task per 50 sessions, each reading its value once a period; a reader
     // waits for its previous read, so a saturated cluster lowers the rate achieved.
-    if reads_per_s > 0.0 {
-        let period = Duration::from_secs_f64(1.0 / reads_per_s);
+    if share.reads_per_s > 0.0 {
+        let period = Duration::from_secs_f64(1.0 / share.reads_per_s);
         for first in (0..n).step_by(50) {
             let (slots, rd, stop, reads, errors) = (
                 slots.clone(),
@@ -148,6 +252,7 @@ pub async fn profile(
                 errors.clone(),
             );
             let offset = period.mul_f64(rand::random::<f64>());
+            let config_dir = config_dir.clone();
             tasks.push(tokio::spawn(async move {
                 let mut due = start + offset;
                 let mut local = Lat::new(start);
@@ -159,10 +264,7 @@ pub async fn profile(
                         }
                         let s = slots[i].lock().expect("slot").clone();
                         let t0 = Instant::now();
-                        match s
-                            .read(&format!("/profile/config/k{}", i % CONFIG_KEYS))
-                            .await
-                        {
+                        match s.read(&format!("{config_dir}/k{}", i % CONFIG_KEYS)).await {
                             Ok(_) => {
                                 let t1 = Instant::now();
                                 local.record(t1 - t0, t1);
@@ -188,13 +290,15 @@ pub async fn profile(
     // The config writer: retries a failed write (its failures are the unavailability).
     tasks.push(spawn_config_writer(
         {
-            let admin = admin.clone();
+            let (admin, config_dir) = (admin.clone(), config_dir.clone());
             move |key: String, value: Vec<u8>| {
                 let admin = admin.clone();
+                // The writer names keys under /profile/config; this share's are its own.
+                let key = key.replacen("/profile/config", &config_dir, 1);
                 async move { admin.write(&key, value).await.is_ok() }
             }
         },
-        config_writes_per_s,
+        share.writes_per_s,
         deadline,
         stop.clone(),
         wr.clone(),
@@ -203,10 +307,9 @@ pub async fn profile(
 
     // Churn: sessions that hold no lock are closed and replaced by new ones.
     {
-        let (slots, conn, lease, stop, churned, errors) = (
+        let (slots, conn, stop, churned, errors) = (
             slots.clone(),
-            ctx.conn.clone(),
-            ctx.lease,
+            conn.clone(),
             stop.clone(),
             churned.clone(),
             errors.clone(),
@@ -267,46 +370,321 @@ pub async fn profile(
         ka.clone(),
     ));
 
-    // The fault, 40 % into the run.
-    let injected = run_with_fault(ctx, start, deadline, fault).await?;
-    stop.store(true, Ordering::SeqCst);
-    let elapsed = start.elapsed().as_secs_f64();
-    let renewed = ETCD_RENEWALS
-        .load(Ordering::Relaxed)
-        .saturating_sub(renewals0);
-    join_tasks(tasks, &errors).await;
+    Ok(Running {
+        start,
+        deadline,
+        tasks,
+        stop,
+        acq,
+        ka,
+        rd,
+        wr,
+        writes_ok,
+        errors,
+        reads,
+        churned,
+        setup_errors,
+        renewals0,
+        renewed: 0,
+        elapsed: 0.0,
+        slots,
+        admin,
+        held,
+        n,
+        long_locks,
+        short_locks,
+        short_period,
+        churn_per_s,
+        writes_per_s: share.writes_per_s,
+        open_secs,
+    })
+}
+
+impl Running {
+    /// Ends the run: stops and joins every task.
+    async fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.elapsed = self.start.elapsed().as_secs_f64();
+        self.renewed = ETCD_RENEWALS
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.renewals0);
+        join_tasks(std::mem::take(&mut self.tasks), &self.errors).await;
+    }
+
+    /// What was measured, once stopped (and the leader resumed): also counts sessions
+    /// lost and long-held locks still held.
+    async fn measure(self) -> Measured {
+        let lost = self
+            .slots
+            .iter()
+            .filter(|s| s.lock().expect("slot").lost())
+            .count()
+            + usize::from(self.admin.lost());
+        let held = std::mem::take(&mut *self.held.lock().expect("held"));
+        let mut held_long = 0;
+        for (i, h) in &held {
+            let s = self.slots[*i].lock().expect("slot").clone();
+            if !s.lost() && s.holds(h).await.unwrap_or(false) {
+                held_long += 1;
+            }
+        }
+        let part = |l: &Arc<Mutex<Lat>>| l.lock().expect("lat").to_part();
+        let start = self.start;
+        Measured {
+            n: self.n,
+            long_locks: self.long_locks,
+            short_locks: self.short_locks,
+            short_period_s: self.short_period.as_secs_f64(),
+            churn_per_s: self.churn_per_s,
+            writes_per_s: self.writes_per_s,
+            open_secs: self.open_secs,
+            setup_errors: self.setup_errors.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            reads: self.reads.load(Ordering::Relaxed),
+            churned: self.churned.load(Ordering::Relaxed),
+            elapsed: self.elapsed,
+            renewed: self.renewed,
+            lost,
+            held_long,
+            acq: part(&self.acq),
+            ka: part(&self.ka),
+            rd: part(&self.rd),
+            wr: part(&self.wr),
+            writes_ok: self
+                .writes_ok
+                .lock()
+                .expect("ok")
+                .iter()
+                .map(|t| t.duration_since(start).as_secs_f64())
+                .collect(),
+            cost: None,
+        }
+    }
+}
+
+/// The profile scenario for etcd and ZooKeeper, in this process. `reads_per_s` is each
+/// session's config reads a second.
+pub async fn profile(
+    ctx: &Ctx,
+    secs: Option<f64>,
+    fault: Option<Fault>,
+    reads_per_s: f64,
+) -> anyhow::Result<Report> {
+    let dur = secs.map_or_else(|| ctx.secs(120.0, 20.0), Duration::from_secs_f64);
+    let share = Share {
+        scale: ctx.scale,
+        reads_per_s,
+        root: "/profile".into(),
+        writes_per_s: 10.0,
+    };
+    let mut run = start(&ctx.conn, ctx.lease, &share, dur, async { Ok(()) }).await?;
+    let (begun, deadline) = (run.start, run.deadline);
+    let injected = run_with_fault(ctx, begun, deadline, fault).await?;
+    run.stop().await;
     if let Some(i) = &injected {
         i.resume(ctx);
     }
+    let m = run.measure().await;
+    report(ctx, fault, reads_per_s, &[m], injected, begun, deadline)
+}
 
-    // Results.
-    let lost = slots
-        .iter()
-        .filter(|s| s.lock().expect("slot").lost())
-        .count()
-        + usize::from(admin.lost());
-    let held = std::mem::take(&mut *held.lock().expect("held"));
-    let mut held_long = 0;
-    for (i, h) in &held {
-        let s = slots[*i].lock().expect("slot").clone();
-        if !s.lost() && s.holds(h).await.unwrap_or(false) {
-            held_long += 1;
+/// The profile split over `parts` loadgen processes (`loadgen profile-part`, started
+/// from this executable): each sets up its share, they start the run together, this
+/// process injects the fault and merges what they measured.
+pub async fn profile_parts(
+    ctx: &Ctx,
+    secs: Option<f64>,
+    fault: Option<Fault>,
+    reads_per_s: f64,
+    parts: usize,
+) -> anyhow::Result<Report> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let dur = secs.map_or_else(|| ctx.secs(120.0, 20.0), Duration::from_secs_f64);
+    let dir = tempfile::tempdir()?;
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for k in 0..parts {
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.args([
+            "--system",
+            match ctx.cluster.system {
+                System::Ours => "ours",
+                System::Etcd => "etcd",
+                System::Zk => "zk",
+            },
+        ]);
+        cmd.args(["--scale", &(ctx.scale / parts as f64).to_string()]);
+        cmd.args(["--lease-secs", &ctx.lease.as_secs().to_string()]);
+        if crate::systems::ETCD_SHARED_KEEPALIVE.load(Ordering::Relaxed) {
+            cmd.arg("--etcd-shared-keepalive");
+        }
+        if crate::systems::ETCD_LEADER_ONLY.load(Ordering::Relaxed) {
+            cmd.arg("--etcd-leader-only");
+        }
+        cmd.arg("profile-part");
+        cmd.args(["--endpoints", &ctx.cluster.endpoints.join(",")]);
+        if !ctx.cluster.ca.as_os_str().is_empty() {
+            cmd.arg("--ca").arg(&ctx.cluster.ca);
+        }
+        cmd.args(["--part", &k.to_string(), "--parts", &parts.to_string()]);
+        cmd.args(["--secs", &dur.as_secs_f64().to_string()]);
+        cmd.args(["--reads-per-session", &reads_per_s.to_string()]);
+        cmd.arg("--result")
+            .arg(dir.path().join(format!("part-{k}.json")));
+        cmd.env("LOADGEN_NO_PROGRESS", "1");
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        children.push(cmd.spawn().context("start a loadgen part")?);
+    }
+    // Every part set up (sessions open, long locks held), then all start at once.
+    let pb = crate::scenarios::bar(parts as u64, "parts ready");
+    let mut lines = Vec::new();
+    for (k, c) in children.iter_mut().enumerate() {
+        let out = c.stdout.take().expect("piped");
+        let mut out = tokio::io::BufReader::new(out).lines();
+        let ready = tokio::time::timeout(Duration::from_secs(1_800), async {
+            while let Some(l) = out.next_line().await? {
+                if l == "READY" {
+                    return Ok(true);
+                }
+            }
+            Ok::<bool, std::io::Error>(false)
+        })
+        .await;
+        match ready {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) | Ok(Err(_)) => anyhow::bail!("loadgen part {k} ended during setup"),
+            Err(_) => anyhow::bail!("loadgen part {k} not set up within 30 minutes"),
+        }
+        lines.push(out);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    for c in children.iter_mut() {
+        let mut stdin = c.stdin.take().expect("piped");
+        stdin.write_all(b"GO\n").await?;
+        stdin.flush().await?;
+    }
+    let begun = Instant::now();
+    let deadline = begun + dur;
+    let injected = run_with_fault(ctx, begun, deadline, fault).await?;
+    let mut measured = Vec::new();
+    for (k, c) in children.iter_mut().enumerate() {
+        let status = tokio::time::timeout(Duration::from_secs(300), c.wait())
+            .await
+            .with_context(|| format!("loadgen part {k} did not end within 5 minutes"))??;
+        if !status.success() {
+            anyhow::bail!("loadgen part {k} failed: {status}");
         }
     }
+    if let Some(i) = &injected {
+        i.resume(ctx);
+    }
+    for k in 0..parts {
+        let path = dir.path().join(format!("part-{k}.json"));
+        let m: Measured = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("read {}", path.display()))?,
+        )?;
+        measured.push(m);
+    }
+    drop(lines);
+    report(
+        ctx,
+        fault,
+        reads_per_s,
+        &measured,
+        injected,
+        begun,
+        deadline,
+    )
+}
+
+/// One part of [`profile_parts`] (the hidden `profile-part` command): sets up its share
+/// under `/profile/p<part>`, prints `READY`, starts when a line arrives on stdin, runs for
+/// `secs` and writes what it measured to `result` as JSON.
+pub async fn part(
+    conn: &Conn,
+    lease: Duration,
+    scale: f64,
+    (part, parts): (usize, usize),
+    secs: f64,
+    reads_per_s: f64,
+    result: &Path,
+) -> anyhow::Result<()> {
+    let share = Share {
+        scale,
+        reads_per_s,
+        root: format!("/profile/p{part}"),
+        writes_per_s: 10.0 / parts as f64,
+    };
+    let gate = async {
+        use std::io::Write;
+        println!("READY");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await??;
+        Ok(())
+    };
+    let mut run = start(conn, lease, &share, Duration::from_secs_f64(secs), gate).await?;
+    tokio::time::sleep_until(run.deadline).await;
+    run.stop().await;
+    let mut m = run.measure().await;
+    m.cost = proc_cost(&format!("loadgen part {part}"), std::process::id());
+    std::fs::write(result, serde_json::to_vec(&m)?)
+        .with_context(|| format!("write {}", result.display()))?;
+    Ok(())
+}
+
+/// The report of a profile run from what each process measured.
+fn report(
+    ctx: &Ctx,
+    fault: Option<Fault>,
+    reads_per_s: f64,
+    parts: &[Measured],
+    injected: Option<Injected>,
+    begun: Instant,
+    deadline: Instant,
+) -> anyhow::Result<Report> {
+    let sum = |f: fn(&Measured) -> f64| parts.iter().map(f).sum::<f64>();
+    let n = sum(|m| m.n as f64) as usize;
+    let long_locks = sum(|m| m.long_locks as f64) as usize;
+    let short_locks = sum(|m| m.short_locks as f64) as usize;
+    let elapsed = parts.iter().map(|m| m.elapsed).fold(0.0, f64::max);
+    let open_secs = parts.iter().map(|m| m.open_secs).fold(0.0, f64::max);
+    let short_period = parts.first().map_or(0.0, |m| m.short_period_s);
+    let (mut acq, mut ka, mut rd, mut wr) = (
+        Lat::new(begun),
+        Lat::new(begun),
+        Lat::new(begun),
+        Lat::new(begun),
+    );
+    let mut writes_ok = Vec::new();
+    for m in parts {
+        acq.merge(&Lat::from_part(&m.acq, begun)?);
+        ka.merge(&Lat::from_part(&m.ka, begun)?);
+        rd.merge(&Lat::from_part(&m.rd, begun)?);
+        wr.merge(&Lat::from_part(&m.wr, begun)?);
+        writes_ok.extend(
+            m.writes_ok
+                .iter()
+                .map(|s| begun + Duration::from_secs_f64(*s)),
+        );
+    }
+    writes_ok.sort();
+    let etcd = ctx.cluster.system == System::Etcd;
     let mut r = ctx.report(Injected::scenario(fault));
     r.param("sessions", n);
-    match &*admin {
-        Sess::Etcd(..) => r.param(
+    if etcd {
+        r.param(
             "gRPC connections (leases per connection)",
             format!(
                 "{} ({})",
                 n.div_ceil(crate::systems::ETCD_LEASES_PER_CLIENT),
                 crate::systems::ETCD_LEASES_PER_CLIENT
             ),
-        ),
-        _ => r.param("TCP connections (one per session)", n),
-    }
-    if matches!(&*admin, Sess::Etcd(..)) {
+        );
         r.param(
             "etcd keep-alive streams",
             if crate::systems::ETCD_SHARED_KEEPALIVE.load(Ordering::Relaxed) {
@@ -323,54 +701,66 @@ pub async fn profile(
                 "all members, spread"
             },
         );
+    } else {
+        r.param("TCP connections (one per session)", n);
     }
     r.param("proxies", 0);
-    r.param("loadgen processes", 1);
+    r.param(
+        "loadgen processes",
+        if parts.len() > 1 {
+            format!(
+                "{} ({} running sessions, each with its own root; 1 injecting the fault \
+                 and merging)",
+                parts.len() + 1,
+                parts.len()
+            )
+        } else {
+            "1".into()
+        },
+    );
     r.param("locks held all run", long_locks);
     r.param(
         "short locks (each taken once a period, held 1 s)",
-        format!("{short_locks} (period {:.0} s)", short_period.as_secs_f64()),
+        format!("{short_locks} (period {short_period:.0} s)"),
     );
     r.param(
         "config values (each session reads one a second)",
-        CONFIG_KEYS,
+        CONFIG_KEYS * parts.len(),
     );
     r.param("config reads per session per s", reads_per_s);
-    r.param("config writes per s", config_writes_per_s);
-    r.param("sessions churned per s", churn_per_s);
+    r.param("config writes per s", sum(|m| m.writes_per_s));
+    r.param("sessions churned per s", sum(|m| m.churn_per_s));
     r.param("run (s)", format!("{elapsed:.0}"));
-    r.latency("acquire (short locks)", &acq.lock().expect("lat"));
-    if ka.lock().expect("lat").count() > 0 {
-        r.latency("KeepAlive round trip", &ka.lock().expect("lat"));
+    r.latency("acquire (short locks)", &acq);
+    if ka.count() > 0 {
+        r.latency("KeepAlive round trip", &ka);
     }
     if reads_per_s > 0.0 {
-        r.latency("config read (uncached)", &rd.lock().expect("lat"));
+        r.latency("config read (uncached)", &rd);
     }
-    r.latency("config write", &wr.lock().expect("lat"));
+    r.latency("config write", &wr);
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure(
         "session opens retried (setup)",
         crate::systems::OPEN_RETRIES.load(Ordering::Relaxed) as f64,
     );
-    r.figure("sessions lost", lost as f64);
-    r.figure("long-held locks still held", held_long as f64);
-    let read_rate = reads.load(Ordering::Relaxed) as f64 / elapsed;
+    r.figure("sessions lost", sum(|m| m.lost as f64));
+    r.figure("long-held locks still held", sum(|m| m.held_long as f64));
+    let read_rate = sum(|m| m.reads as f64) / elapsed;
     r.figure("config reads per s (at clients)", read_rate);
     r.figure("client cache hit rate (%)", 0.0);
     r.figure("reads reaching the cell per s", read_rate);
-    r.figure("sessions churned", churned.load(Ordering::Relaxed) as f64);
-    r.figure("operation errors", errors.load(Ordering::Relaxed) as f64);
+    r.figure("sessions churned", sum(|m| m.churned as f64));
+    r.figure("operation errors", sum(|m| m.errors as f64));
     r.figure(
         "setup errors (long-held locks not taken)",
-        setup_errors.load(Ordering::Relaxed) as f64,
+        sum(|m| m.setup_errors as f64),
     );
-    if matches!(&*admin, Sess::Etcd(..)) {
+    if etcd {
         // Followers forward every LeaseKeepAlive to the leader.
-        r.figure(
-            "KeepAlive RPCs at the leader per s",
-            renewed as f64 / elapsed,
-        );
-        r.figure("leases renewed per s", renewed as f64 / elapsed);
+        let renewed = sum(|m| m.renewed as f64);
+        r.figure("KeepAlive RPCs at the leader per s", renewed / elapsed);
+        r.figure("leases renewed per s", renewed / elapsed);
     } else {
         r.notes.push(format!(
             "ZooKeeper sessions are kept alive by the member each is connected to (the \
@@ -383,15 +773,24 @@ pub async fn profile(
             }
         ));
     }
+    if parts.len() > 1 {
+        r.notes.push(format!(
+            "sessions split over {} loadgen processes (one process may hold fewer than \
+             20 000 connections here); setup figures are for all of them together",
+            parts.len()
+        ));
+    }
     r.notes.push(format!(
         "no client cache: every config read reaches the cluster; the readers achieved \
          {read_rate:.0} of the {:.0} reads a second asked for",
         n as f64 * reads_per_s
     ));
     if let Some(i) = &injected {
-        i.report(&mut r, &writes_ok.lock().expect("ok"), start, deadline);
+        i.report(&mut r, &writes_ok, begun, deadline);
     }
     ctx.costs(&mut r);
+    r.processes
+        .extend(parts.iter().filter_map(|m| m.cost.clone()));
     // Sessions end with the cluster (revoking 50 000 leases would be 50 000 writes).
     Ok(r)
 }

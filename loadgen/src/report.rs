@@ -7,13 +7,20 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Latencies of one kind of operation, and when each happened.
 pub struct Lat {
     hist: Histogram<u64>,
     series: Vec<(f64, f64)>,
     start: Instant,
+}
+
+/// A [`Lat`] sent between loadgen processes (see [`Lat::to_part`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatPart {
+    hist: Vec<u8>,
+    series: Vec<(f64, f64)>,
 }
 
 /// Percentiles of a [`Lat`], in milliseconds.
@@ -55,6 +62,32 @@ impl Lat {
         self.series.extend_from_slice(&other.series);
     }
 
+    /// What another process needs to merge this one: the histogram in HdrHistogram's V2
+    /// encoding and the series (seconds since this one's start).
+    pub fn to_part(&self) -> LatPart {
+        let mut hist = Vec::new();
+        use hdrhistogram::serialization::Serializer as _;
+        hdrhistogram::serialization::V2Serializer::new()
+            .serialize(&self.hist, &mut hist)
+            .expect("a histogram serializes to memory");
+        LatPart {
+            hist,
+            series: self.series.clone(),
+        }
+    }
+
+    /// A [`Lat`] from another process's [`Lat::to_part`], its series counted from `start`.
+    pub fn from_part(p: &LatPart, start: Instant) -> anyhow::Result<Lat> {
+        let hist = hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut p.hist.as_slice())
+            .map_err(|e| anyhow::anyhow!("a latency histogram from a loadgen part: {e:?}"))?;
+        Ok(Lat {
+            hist,
+            series: p.series.clone(),
+            start,
+        })
+    }
+
     /// Number recorded.
     pub fn count(&self) -> u64 {
         self.hist.len()
@@ -75,7 +108,7 @@ impl Lat {
 }
 
 /// CPU and memory of one process of the run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProcCost {
     pub name: String,
     pub cpu_secs: f64,

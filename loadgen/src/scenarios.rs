@@ -64,6 +64,10 @@ impl Ctx {
 }
 
 pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
+    // A profile's parts (other loadgen processes) would draw over their parent's bars.
+    if std::env::var_os("LOADGEN_NO_PROGRESS").is_some() {
+        return ProgressBar::hidden();
+    }
     let pb = ProgressBar::new(len);
     pb.set_style(
         ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
