@@ -312,7 +312,12 @@ impl Gateway {
                 command: Box::new(cmd),
             })
             .await;
-        self.cachers.do_send(Release(hold));
+        // A proposal that timed out may still commit: its nodes stay uncachable (the
+        // hold kept) until this leadership ends, or a cached read could be recorded with
+        // the old value just before the write applies.
+        if !matches!(&r, Err(e) if crate::actors::raft_node::is_commit_timeout(e)) {
+            self.cachers.do_send(Release(hold));
+        }
         r
     }
 
@@ -453,9 +458,17 @@ impl Gateway {
                 return Err(Error::SessionRequired);
             }
             // Before the confirmation: a stream confirms a flush only in the term it was
-            // confirmed for (see `StreamConnected`).
+            // confirmed for (see `StreamConnected`). If the term moved on meanwhile, the
+            // cacher list would drop the confirmation while the stream stayed attached,
+            // and writes would wait for this session: refuse, and the client reopens.
             term = self.raft.metrics().borrow().current_term;
             self.gate.confirm().await?;
+            if self.raft.metrics().borrow().current_term != term {
+                return Err(Error::NotLeader {
+                    leader_id: None,
+                    leader_addr: None,
+                });
+            }
             let s = self.state.read().expect("state lock");
             s.sm.check_session(session)?;
             Ok(Reply::EventsOpened {

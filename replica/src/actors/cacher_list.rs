@@ -157,13 +157,18 @@ impl CacherListActor {
     }
 
     /// Sessions from earlier leaders that have not confirmed a flush yet; leaves fail-over
-    /// mode once there are none.
-    fn unconfirmed(&mut self) -> HashSet<SessionId> {
+    /// mode once there are none. `None` while this replica has not applied its log up to
+    /// the takeover: a session created or marked as a cacher before it may not be in the
+    /// state yet, and would not be waited for.
+    fn unconfirmed(&mut self) -> Option<HashSet<SessionId>> {
         let Some(f) = &self.failover else {
-            return HashSet::default();
+            return Some(HashSet::default());
         };
         let set: HashSet<SessionId> = {
             let s = self.state.read().expect("state lock");
+            if s.last_applied.map_or(0, |l| l.index) < f.boundary {
+                return None;
+            }
             s.sm.sessions()
                 .filter(|(id, sess)| sess.caches && *id <= f.boundary && !f.confirmed.contains(id))
                 .map(|(id, _)| id)
@@ -177,7 +182,7 @@ impl CacherListActor {
             );
             self.failover = None;
         }
-        set
+        Some(set)
     }
 
     fn complete(&mut self, id: u64) {
@@ -221,7 +226,13 @@ impl Handler<Hold> for CacherListActor {
                 })
             });
         };
-        let unconfirmed = self.unconfirmed();
+        let Some(unconfirmed) = self.unconfirmed() else {
+            return Box::pin(async {
+                Err(Error::Unavailable {
+                    reason: "a new leader is still applying its log; retry".into(),
+                })
+            });
+        };
         let unconfirmed_ids: Vec<SessionId> = if tracing::enabled!(tracing::Level::DEBUG) {
             let mut v: Vec<SessionId> = unconfirmed.iter().copied().collect();
             v.sort_unstable();
@@ -321,6 +332,9 @@ impl Handler<LeadershipChanged> for CacherListActor {
         self.cachers.clear();
         self.waiters.clear();
         self.term = msg.leading.then_some(msg.term);
+        if msg.leading {
+            self.cachers.ids_above(msg.term << 32);
+        }
         // Streams that attached in this term before this message arrived confirmed their
         // flush to this leader; those of earlier terms confirm nothing now.
         let term = msg.term;
@@ -436,6 +450,10 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(s.sm.apply(2, &Command::MarkCacher { session }).0.is_ok());
+        s.last_applied = Some(openraft::LogId::new(
+            openraft::CommittedLeaderId::new(1, 1),
+            2,
+        ));
         (Arc::new(RwLock::new(s)), session, 2)
     }
 
@@ -614,5 +632,70 @@ mod tests {
             .await
             .expect("actor");
         assert!(!recorded, "recorded with an epoch from an earlier term");
+    }
+
+    /// Hold ids are not reused across terms: a `Release` arriving late from an earlier
+    /// term (a held write that applied as `NotLeader` after a re-election) must not
+    /// release a hold of this one and make its nodes cachable while its write is on the
+    /// way.
+    #[actix_rt::test]
+    async fn a_late_release_from_an_earlier_term_does_not_release_a_new_hold() {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last).await;
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
+        let (old, _) = list
+            .send(Hold(vec!["/a".into()]))
+            .await
+            .expect("actor")
+            .expect("held");
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 3,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        list.send(StreamConnected { session, term: 3 })
+            .await
+            .expect("actor");
+        let (new, term) = list
+            .send(Hold(vec!["/b".into()]))
+            .await
+            .expect("actor")
+            .expect("held");
+        assert_eq!(term, 3);
+        assert_ne!(old, new, "a hold id was reused in a new term");
+        list.send(Release(old)).await.expect("actor");
+        assert_eq!(
+            list.send(BeginRead("/b".into())).await.expect("actor"),
+            None,
+            "the late release of hold {old} made /b cachable under hold {new}"
+        );
+    }
+
+    /// A new leader that has not applied its log up to the takeover does not know every
+    /// earlier cacher yet (a `MarkCacher` may be committed but not applied): holds are
+    /// refused as retryable until it has, instead of waiting for too few sessions.
+    #[actix_rt::test]
+    async fn a_hold_waits_until_the_log_is_applied_up_to_the_takeover() {
+        let (state, _session, last) = state_with_old_cacher();
+        // Elected with one more entry in its log than it has applied.
+        let list = new_leader(&state, last + 1).await;
+        let r = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
+        assert!(
+            matches!(r, Ok(Ok(Err(Error::Unavailable { .. })))),
+            "a hold before the log was applied up to the takeover: {r:?}"
+        );
+        state.write().expect("state").last_applied = Some(openraft::LogId::new(
+            openraft::CommittedLeaderId::new(1, 1),
+            last + 1,
+        ));
+        let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
+        assert!(
+            tokio::time::timeout(SHORT, &mut held).await.is_err(),
+            "once applied, the hold waits for the earlier cacher"
+        );
     }
 }

@@ -117,8 +117,16 @@ impl Actor for RaftNode {
 
 fn timeout_error(what: &str, d: Duration) -> Error {
     Error::Unavailable {
-        reason: format!("{what} not committed within {} ms", d.as_millis()),
+        reason: format!("{what} {TIMED_OUT} {} ms", d.as_millis()),
     }
+}
+
+const TIMED_OUT: &str = "not committed within";
+
+/// True for the answer of a [`Propose`] that timed out: its entry may still be appended
+/// and commit later (unlike a proposal refused because this replica does not lead).
+pub fn is_commit_timeout(e: &Error) -> bool {
+    matches!(e, Error::Unavailable { reason } if reason.contains(TIMED_OUT))
 }
 
 impl Handler<Propose> for RaftNode {

@@ -261,7 +261,12 @@ impl SessionManager {
                     _ => (None, expire),
                 };
                 let r = raft_node.send(Propose(cmd)).await;
-                if let (Some(c), Some(id)) = (&cachers, hold) {
+                // As for writes: a timed-out expiry may still commit, so its hold stays.
+                let timed_out = matches!(
+                    &r,
+                    Ok(Err(e)) if crate::actors::raft_node::is_commit_timeout(e)
+                );
+                if let (Some(c), Some(id), false) = (&cachers, hold, timed_out) {
                     c.do_send(Release(id));
                 }
                 r

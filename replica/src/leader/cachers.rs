@@ -267,7 +267,17 @@ impl Cachers {
 
     /// Forgets everything (leadership lost).
     pub fn clear(&mut self) {
+        // Hold ids are never reused: a `Release` or an acknowledgement arriving late from
+        // an earlier term must not match a hold of this one.
+        let next_hold = self.next_hold;
         *self = Cachers::default();
+        self.next_hold = next_hold;
+    }
+
+    /// Hold ids from here on are above `floor` (a new leader passes its term shifted
+    /// left by 32 bits, so ids stay unique across terms and across restarts).
+    pub fn ids_above(&mut self, floor: u64) {
+        self.next_hold = self.next_hold.max(floor);
     }
 
     fn forget(&mut self, session: SessionId, path: &str) {
