@@ -487,7 +487,7 @@ impl Gateway {
             return;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        self.watches.do_send(Connect { session, tx });
+        self.watches.do_send(Connect { session, tx, term });
         self.cachers.do_send(StreamConnected { session, term });
         while let Some(ev) = rx.recv().await {
             let item: Response = Ok(ev);

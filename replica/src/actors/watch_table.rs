@@ -46,6 +46,10 @@ pub struct Connect {
     pub session: SessionId,
     /// Where its stream items go.
     pub tx: mpsc::UnboundedSender<Reply>,
+    /// The Raft term the stream's leadership was confirmed in: a stream of an earlier
+    /// term than a leadership change already seen here is refused (it ends, and the
+    /// client reopens it), since the cacher list drops its flush confirmation.
+    pub term: u64,
 }
 
 /// Send an item (an invalidation) on a session's event stream.
@@ -83,6 +87,8 @@ pub struct WatchTableActor {
     table: WatchTable,
     state: SharedState,
     sinks: HashMap<SessionId, Sink>,
+    /// The highest term of a leadership change seen.
+    term_seen: u64,
 }
 
 impl WatchTableActor {
@@ -92,6 +98,7 @@ impl WatchTableActor {
             table: WatchTable::new(),
             state,
             sinks: HashMap::default(),
+            term_seen: 0,
         }
     }
 
@@ -195,6 +202,10 @@ impl Handler<Connect> for WatchTableActor {
     type Result = ();
 
     fn handle(&mut self, msg: Connect, _: &mut Context<Self>) {
+        if msg.term < self.term_seen {
+            // Confirmed in a term this replica has left since: dropping `tx` ends it.
+            return;
+        }
         if self
             .state
             .read()
@@ -221,8 +232,9 @@ impl Handler<Connect> for WatchTableActor {
 impl Handler<LeadershipChanged> for WatchTableActor {
     type Result = ();
 
-    fn handle(&mut self, _: LeadershipChanged, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: LeadershipChanged, _: &mut Context<Self>) {
         // Volatile: a new leader (or a deposed one) starts empty; streams end.
+        self.term_seen = self.term_seen.max(msg.term);
         self.table.clear();
         self.sinks.clear();
     }
@@ -236,5 +248,66 @@ impl Handler<WatchCount> for WatchTableActor {
             total: self.table.len(),
             on_path: self.table.watches_on(&msg.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, RwLock};
+
+    use actix::Actor;
+    use wire::command::Command;
+
+    use super::*;
+    use crate::raft::sm_store::SmState;
+
+    /// A stream whose leadership was confirmed in a term this replica has left since is
+    /// ended at once (the cacher list drops its flush confirmation, so kept, it would
+    /// leave writes waiting for that session); one of the current term is kept.
+    #[actix_rt::test]
+    async fn a_stream_confirmed_in_an_earlier_term_is_ended() {
+        let mut s = SmState::default();
+        let session = match s.sm.apply(1, &Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+        let table = WatchTableActor::new(Arc::new(RwLock::new(s))).start();
+        table
+            .send(LeadershipChanged {
+                leading: true,
+                term: 3,
+                last_log_index: 1,
+            })
+            .await
+            .expect("actor");
+        let (tx, mut stale) = mpsc::unbounded_channel();
+        table
+            .send(Connect {
+                session,
+                tx,
+                term: 2,
+            })
+            .await
+            .expect("actor");
+        assert!(
+            matches!(
+                stale.try_recv(),
+                Err(mpsc::error::TryRecvError::Disconnected)
+            ),
+            "a stream of term 2 stayed attached in term 3"
+        );
+        let (tx, mut current) = mpsc::unbounded_channel();
+        table
+            .send(Connect {
+                session,
+                tx,
+                term: 3,
+            })
+            .await
+            .expect("actor");
+        assert!(matches!(
+            current.try_recv(),
+            Err(mpsc::error::TryRecvError::Empty)
+        ));
     }
 }
