@@ -196,6 +196,15 @@ impl Session {
         *self.inner.state_tx.borrow()
     }
 
+    /// True while the session is [`SessionState::Healthy`] and its local lease (from
+    /// when the last answered KeepAlive was sent, shortened for clock drift) has not run
+    /// out, checked against the clock now: the state is set by the KeepAlive loop, which
+    /// may run late (a starved runtime) or not at all ([`Session::stop_keepalives`]).
+    pub fn lease_valid(&self) -> bool {
+        self.state() == SessionState::Healthy
+            && Instant::now() < *self.inner.local_deadline.lock().expect("deadline lock")
+    }
+
     /// A receiver of state changes.
     pub fn subscribe(&self) -> watch::Receiver<SessionState> {
         self.inner.state_tx.subscribe()

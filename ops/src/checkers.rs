@@ -76,6 +76,15 @@ pub enum Op {
         /// The value.
         value: String,
     },
+    /// The holder of `token` acted on the strength of its lock alone (its lease said it may,
+    /// `Lock::may_act`), without a fenced resource: recorded `ok` when it did. No grant of
+    /// a higher token to another client may have completed before.
+    Act {
+        /// The lock.
+        lock: String,
+        /// The token held.
+        token: u64,
+    },
     /// Set `key` to `to` if it holds `from` (`None`: absent). `fail`: it did not hold it.
     Cas {
         /// The key.
@@ -161,6 +170,23 @@ impl Recorder {
         });
     }
 
+    /// The recorder's clock now (microseconds since it started), for [`Recorder::log_at`].
+    pub fn stamp(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    /// Records an event that happened at `at_us` (from [`Recorder::stamp`]): an action
+    /// is stamped before the check that allowed it, so a delay between the two cannot
+    /// make a timely action look late.
+    pub fn log_at(&self, at_us: u64, process: &str, kind: Kind, op: Op) {
+        self.events.lock().expect("history lock").push(Event {
+            at_us,
+            process: process.into(),
+            kind,
+            op,
+        });
+    }
+
     /// Everything recorded so far.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().expect("history lock").clone()
@@ -219,6 +245,8 @@ pub struct FencedStats {
     pub accepted: usize,
     /// Writes refused as stale.
     pub refused: usize,
+    /// Actions taken on the strength of a lease alone (rule 3).
+    pub acts: usize,
 }
 
 /// Checks a fenced-lock history; the error names the first violation found.
@@ -340,10 +368,35 @@ pub fn check_fenced_lock(events: &[Event]) -> Result<FencedStats, String> {
             }
         }
     }
+    // 3. A holder that acted because its lease said it still held the lock did so before
+    //    any grant of a higher token to another client completed (the lease, not the
+    //    fencing token, is what kept two holders from acting at once).
+    let mut acts = 0;
+    for e in events {
+        let Op::Act { lock, token } = &e.op else {
+            continue;
+        };
+        if e.kind != Kind::Ok {
+            continue;
+        }
+        acts += 1;
+        let later = grants.get(lock.as_str()).and_then(|gs| {
+            gs.iter()
+                .filter(|g| g.token > *token && g.process != e.process && g.done < e.at_us)
+                .min_by_key(|g| g.done)
+        });
+        if let Some(g) = later {
+            return Err(format!(
+                "{lock}: {} acted under token {token} at {} µs, after {} was granted token {}                  at {} µs (two holders acting at once)",
+                e.process, e.at_us, g.process, g.token, g.done
+            ));
+        }
+    }
     Ok(FencedStats {
         grants: n_grants,
         accepted: n_accepted,
         refused,
+        acts,
     })
 }
 
@@ -595,9 +648,27 @@ mod tests {
             FencedStats {
                 grants: 2,
                 accepted: 3,
-                refused: 1
+                refused: 1,
+                acts: 0,
             }
         );
+    }
+
+    #[test]
+    fn acting_after_a_higher_grant_completed_is_caught() {
+        let act = |token| Op::Act {
+            lock: "/l".into(),
+            token,
+        };
+        // a acts under 10 before b's grant of 12 completed (at 20): fine.
+        let mut h = good_lock_history();
+        h.push(ev(19, "a", Kind::Ok, act(10)));
+        h.push(ev(25, "b", Kind::Ok, act(12)));
+        assert_eq!(check_fenced_lock(&h).unwrap().acts, 2);
+        // a still acts under 10 after b was granted 12: two holders at once.
+        h.push(ev(21, "a", Kind::Ok, act(10)));
+        let e = check_fenced_lock(&h).unwrap_err();
+        assert!(e.contains("acted under token 10 at 21"), "{e}");
     }
 
     #[test]

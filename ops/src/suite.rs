@@ -493,8 +493,42 @@ async fn fenced_worker(client: Client, run: Arc<Run>, w: usize, seed: u64) {
             };
             continue;
         }
+        let act = Op::Act {
+            lock: lock_path.into(),
+            token,
+        };
+        if w == 1 && grants.is_multiple_of(3) && Instant::now() + run.lease * 3 < run.deadline {
+            // Deaf while holding: no KeepAlives, and it keeps acting (without the fenced
+            // resource) for as long as its lease says it may. The cell expires the session
+            // and grants the lock to another worker; the checker's rule 3 sees whether
+            // this one still acted after that grant completed (it must not: its local
+            // lease ends first, by the clock-drift allowance, unless the cell's clock
+            // runs faster than that allows).
+            session.stop_keepalives();
+            *run.abandoned.lock().expect("lock") += 1;
+            let bound = Instant::now() + run.lease * 2;
+            while Instant::now() < bound {
+                let at = run.rec.stamp();
+                if !guard.may_act() {
+                    break;
+                }
+                run.rec.log_at(at, &who, Kind::Ok, act.clone());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            drop(guard);
+            session = match open_session(&client, &run).await {
+                Some(s) => s,
+                None => return,
+            };
+            continue;
+        }
         for _ in 0..rng.gen_range(1..=3) {
-            if !guard.may_act() || !run.resource.write(&run.rec, &who, token) {
+            let at = run.rec.stamp();
+            if !guard.may_act() {
+                break;
+            }
+            run.rec.log_at(at, &who, Kind::Ok, act.clone());
+            if !run.resource.write(&run.rec, &who, token) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(rng.gen_range(1..20))).await;

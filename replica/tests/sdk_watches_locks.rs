@@ -425,3 +425,39 @@ fn jeopardy_then_safe_then_expired() {
         assert!(seen.contains(&SessionEvent::Jeopardy), "{seen:?}");
     });
 }
+
+/// `may_act` ends with the local lease even when nothing updates the session's state:
+/// a holder whose KeepAlives stopped (a stalled runtime, or `stop_keepalives`) must not
+/// go on acting past the end of the lease it last had confirmed, while the cell (whose
+/// lease is longer by the drift allowance) may already be granting the lock to another.
+#[test]
+fn may_act_ends_with_the_local_lease_without_keepalives() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            lease_ms: 3_000,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let s = client.open_session().await.unwrap();
+        s.create("/locks", vec![], CreateMode::default())
+            .await
+            .unwrap();
+        let g = Lock::exclusive(&s, "/locks/deaf").acquire().await.unwrap();
+        assert!(g.may_act());
+        s.stop_keepalives();
+        // A KeepAlive already in flight may still renew the lease: let it land.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let end = s.local_deadline();
+        tokio::time::sleep_until(end - Duration::from_millis(200)).await;
+        assert!(g.may_act(), "the lease still runs for 200 ms");
+        tokio::time::sleep_until(end + Duration::from_millis(20)).await;
+        assert!(
+            !g.may_act(),
+            "may_act past the local lease's end (state {:?})",
+            s.state()
+        );
+    });
+}

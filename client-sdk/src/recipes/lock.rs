@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use wire::types::{CreateMode, LogIndex, NodeStat, SessionId};
 use wire::{path, Error};
 
-use crate::session::{Session, SessionState};
+use crate::session::Session;
 
 /// Digits of the sequence suffix the cell appends.
 const SEQUENCE_DIGITS: usize = 10;
@@ -113,10 +113,11 @@ impl LockGuard {
         self.sequencer.token
     }
 
-    /// True while the session is healthy: act on the lock only then. In jeopardy (or once
+    /// True while the session is healthy and its local lease has not run out
+    /// ([`Session::lease_valid`]): act on the lock only then. In jeopardy (or once
     /// expired) the lock may already belong to someone else.
     pub fn may_act(&self) -> bool {
-        self.session.state() == SessionState::Healthy
+        self.session.lease_valid()
     }
 
     /// Releases the lock (deletes the node).

@@ -159,8 +159,8 @@ fn check(history: &Path) -> anyhow::Result<ExitCode> {
     let mut ok = true;
     match ops::checkers::check_fenced_lock(&events) {
         Ok(s) => println!(
-            "fenced lock: ok ({} grants, {} writes accepted, {} refused)",
-            s.grants, s.accepted, s.refused
+            "fenced lock: ok ({} grants, {} writes accepted, {} refused, {} lease-only acts)",
+            s.grants, s.accepted, s.refused, s.acts
         ),
         Err(e) => {
             ok = false;
