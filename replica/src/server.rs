@@ -130,7 +130,9 @@ pub async fn run_on(
     let timeout = Duration::from_millis(cfg.request_timeout_ms);
     let gate = ReadGate::start(raft.clone(), timeout);
     let watch_table = WatchTableActor::new(state.clone()).start();
-    let cacher_list = CacherListActor::new(watch_table.clone(), state.clone()).start();
+    let cacher_list = CacherListActor::new(watch_table.clone(), state.clone())
+        .with_metrics(raft.metrics())
+        .start();
     let mut raft_node_addr = None;
     let session_manager = SessionManager::create(|ctx| {
         let subscribers = vec![

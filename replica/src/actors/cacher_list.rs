@@ -127,6 +127,10 @@ struct Failover {
     since: tokio::time::Instant,
 }
 
+/// openraft's metrics, as `Raft::metrics` hands them out.
+pub type Metrics =
+    tokio::sync::watch::Receiver<openraft::RaftMetrics<wire::raft::NodeId, openraft::BasicNode>>;
+
 /// The actor.
 pub struct CacherListActor {
     cachers: Cachers,
@@ -138,6 +142,9 @@ pub struct CacherListActor {
     term: Option<u64>,
     /// Streams attached in a term this actor has not been told of yet: (term, session).
     early: Vec<(u64, SessionId)>,
+    /// openraft's own view, checked at each hold and cached read: the announcement may
+    /// lag (a watch on the metrics), and the term above is only the last one announced.
+    metrics: Option<Metrics>,
     invalidations_sent: u64,
 }
 
@@ -145,6 +152,7 @@ impl CacherListActor {
     /// Sends invalidations through the event streams `streams` manages.
     pub fn new(streams: Addr<WatchTableActor>, state: SharedState) -> CacherListActor {
         CacherListActor {
+            metrics: None,
             cachers: Cachers::new(),
             streams,
             waiters: HashMap::default(),
@@ -153,6 +161,25 @@ impl CacherListActor {
             term: None,
             early: Vec::new(),
             invalidations_sent: 0,
+        }
+    }
+
+    /// Also checks openraft's metrics before each hold and cached read: this replica must
+    /// lead now, in the term last announced.
+    pub fn with_metrics(mut self, metrics: Metrics) -> CacherListActor {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The term this replica leads in, if it leads now in the one last announced.
+    fn leading_term(&self) -> Option<u64> {
+        let term = self.term?;
+        match &self.metrics {
+            Some(m) => {
+                let m = m.borrow();
+                (m.state == openraft::ServerState::Leader && m.current_term == term).then_some(term)
+            }
+            None => Some(term),
         }
     }
 
@@ -200,7 +227,7 @@ impl Handler<BeginRead> for CacherListActor {
     type Result = Option<(u64, u64)>;
 
     fn handle(&mut self, msg: BeginRead, _: &mut Context<Self>) -> Option<(u64, u64)> {
-        let term = self.term?;
+        let term = self.leading_term()?;
         self.cachers.begin_read(&msg.0).map(|epoch| (term, epoch))
     }
 }
@@ -210,7 +237,8 @@ impl Handler<Record> for CacherListActor {
 
     fn handle(&mut self, msg: Record, _: &mut Context<Self>) -> bool {
         // In another term the table was cleared since `BeginRead`: its epoch means nothing.
-        self.term == Some(msg.term) && self.cachers.record(msg.session, &msg.path, msg.epoch)
+        self.leading_term() == Some(msg.term)
+            && self.cachers.record(msg.session, &msg.path, msg.epoch)
     }
 }
 
@@ -218,7 +246,7 @@ impl Handler<Hold> for CacherListActor {
     type Result = ResponseFuture<Result<(u64, u64), Error>>;
 
     fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
-        let Some(term) = self.term else {
+        let Some(term) = self.leading_term() else {
             return Box::pin(async {
                 Err(Error::NotLeader {
                     leader_id: None,
@@ -697,5 +725,46 @@ mod tests {
             tokio::time::timeout(SHORT, &mut held).await.is_err(),
             "once applied, the hold waits for the earlier cacher"
         );
+    }
+
+    /// The actor knows only the last term announced to it; openraft may have moved on
+    /// (to another term, or to following) before the announcement arrives. A hold or a
+    /// cached read then is refused: recorded in the old term's table, the read would be
+    /// wiped by the coming announcement while its session confirms a flush in the new
+    /// term, and writes would not wait for it.
+    #[actix_rt::test]
+    async fn holds_and_reads_follow_openrafts_term_not_only_the_announced_one() {
+        let (state, session, last) = state_with_old_cacher();
+        let mut m = openraft::RaftMetrics::new_initial(1);
+        m.state = openraft::ServerState::Leader;
+        m.current_term = 2;
+        let (tx, rx) = tokio::sync::watch::channel(m);
+        let streams = WatchTableActor::new(state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone())
+            .with_metrics(rx)
+            .start();
+        list.send(LeadershipChanged {
+            leading: true,
+            term: 2,
+            last_log_index: last,
+        })
+        .await
+        .expect("actor");
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
+        assert!(list
+            .send(BeginRead("/a".into()))
+            .await
+            .expect("actor")
+            .is_some());
+        // Re-elected in term 3; the announcement has not arrived.
+        tx.send_modify(|m| m.current_term = 3);
+        assert_eq!(
+            list.send(BeginRead("/a".into())).await.expect("actor"),
+            None
+        );
+        let r = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
+        assert!(matches!(r, Ok(Ok(Err(Error::NotLeader { .. })))), "{r:?}");
     }
 }
