@@ -248,8 +248,10 @@ impl Session {
     }
 
     /// Stops sending KeepAlives without closing the session, as if the process had died:
-    /// the cell expires the session one lease after its last renewal. For tests and
-    /// fault drills.
+    /// the cell expires the session one lease after its last renewal. Its event stream is
+    /// not reopened once it breaks either, so the session does not learn of its expiry
+    /// from the cell ([`Session::lease_valid`] still ends with the local lease). For
+    /// tests and fault drills.
     pub fn stop_keepalives(&self) {
         self.inner.keepalives_stopped.store(true, Ordering::SeqCst);
     }
@@ -725,6 +727,11 @@ async fn event_loop(inner: Arc<Inner>) {
     loop {
         if *inner.state_tx.borrow() == SessionState::Expired {
             inner.watches.clear();
+            return;
+        }
+        if inner.keepalives_stopped.load(Ordering::SeqCst) {
+            // As if the process had died (`stop_keepalives`): it does not reconnect, so it
+            // does not hear from the cell that its session ended either.
             return;
         }
         if connected_before {
