@@ -12,6 +12,9 @@
 //! Seed 5 is in the default set because it once stalled every write after a fail-over
 //! (an expiring old cacher waited for itself to confirm a flush; docs/testing.md).
 //!
+//! A second test runs seed 2 with the replicas' clocks up to 5 % fast and must fail:
+//! the checkers bite on a clock outside the SDK's 2.5 % allowance.
+//!
 //! `FAULTSUITE_SIM_SEEDS` (default 5), `FAULTSUITE_SIM_FIRST` (default 1) and
 //! `FAULTSUITE_SIM_TIME` (simulated time per seed, default 30s) change the run. Needs no
 //! root: nothing leaves the process.
@@ -111,5 +114,30 @@ fn simulated_cell_survives_seeded_faults() {
         first + seeds,
         started.elapsed().as_secs_f64(),
         kinds.len()
+    );
+}
+
+/// The checkers bite on a clock outside the SDK's allowance: with the replicas' clocks
+/// up to 5 % fast (twice the 2.5 % the SDK's local lease allows for), seed 2's deaf
+/// holder still acts on its lease after the cell, whose leader r1 runs 4.9 % fast,
+/// expired its session and granted the lock to another worker (checker rule 3). The
+/// overlap comes 5.9 s into the run, before the seed's `pause-leader` fault (the one
+/// whose release may part a replay from its first run).
+#[test]
+fn a_cell_clock_beyond_the_allowance_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_faultsuite"))
+        .args([
+            "sim", "--seed", "2", "--skew", "0.05", "--time", "30s", "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("faultsuite runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    println!("{stdout}");
+    assert!(
+        !o.status.success() && stdout.contains("two holders acting at once"),
+        "a 5 % fast leader went unnoticed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
     );
 }
