@@ -485,16 +485,31 @@ mod tests {
         (Arc::new(RwLock::new(s)), session, 2)
     }
 
-    async fn new_leader(state: &SharedState, last: u64) -> Addr<CacherListActor> {
+    /// The actor over `state` (and openraft's `metrics`, if given), told nothing yet.
+    fn unannounced(state: &SharedState, metrics: Option<Metrics>) -> Addr<CacherListActor> {
         let streams = WatchTableActor::new(state.clone()).start();
-        let list = CacherListActor::new(streams, state.clone()).start();
+        let list = CacherListActor::new(streams, state.clone());
+        match metrics {
+            Some(m) => list.with_metrics(m),
+            None => list,
+        }
+        .start()
+    }
+
+    /// Tells `list` that its replica leads in `term`, elected with `last` in its log.
+    async fn announce(list: &Addr<CacherListActor>, term: u64, last: u64) {
         list.send(LeadershipChanged {
             leading: true,
-            term: 2,
+            term,
             last_log_index: last,
         })
         .await
         .expect("actor");
+    }
+
+    async fn new_leader(state: &SharedState, last: u64) -> Addr<CacherListActor> {
+        let list = unannounced(state, None);
+        announce(&list, 2, last).await;
         list
     }
 
@@ -559,21 +574,14 @@ mod tests {
     #[actix_rt::test]
     async fn a_hold_before_the_actor_knows_it_leads_is_refused() {
         let (state, session, last) = state_with_old_cacher();
-        let streams = WatchTableActor::new(state.clone()).start();
-        let list = CacherListActor::new(streams, state.clone()).start();
+        let list = unannounced(&state, None);
         let r = list.send(Hold(vec!["/a".into()])).await.expect("actor");
         assert!(matches!(r, Err(Error::NotLeader { .. })), "{r:?}");
         assert_eq!(
             list.send(BeginRead("/a".into())).await.expect("actor"),
             None
         );
-        list.send(LeadershipChanged {
-            leading: true,
-            term: 2,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        announce(&list, 2, last).await;
         // Now the hold waits for the earlier leader's cacher.
         let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
         assert!(tokio::time::timeout(SHORT, &mut held).await.is_err());
@@ -593,18 +601,11 @@ mod tests {
     #[actix_rt::test]
     async fn a_stream_attached_before_the_term_was_announced_confirms_in_that_term_only() {
         let (state, session, last) = state_with_old_cacher();
-        let streams = WatchTableActor::new(state.clone()).start();
-        let list = CacherListActor::new(streams, state.clone()).start();
+        let list = unannounced(&state, None);
         list.send(StreamConnected { session, term: 1 })
             .await
             .expect("actor");
-        list.send(LeadershipChanged {
-            leading: true,
-            term: 2,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        announce(&list, 2, last).await;
         let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
         assert!(
             tokio::time::timeout(SHORT, &mut held).await.is_err(),
@@ -613,18 +614,11 @@ mod tests {
         drop(held);
 
         let (state, session, last) = state_with_old_cacher();
-        let streams = WatchTableActor::new(state.clone()).start();
-        let list = CacherListActor::new(streams, state.clone()).start();
+        let list = unannounced(&state, None);
         list.send(StreamConnected { session, term: 2 })
             .await
             .expect("actor");
-        list.send(LeadershipChanged {
-            leading: true,
-            term: 2,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        announce(&list, 2, last).await;
         let r = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
         assert!(
             matches!(r, Ok(Ok(Ok((_, 2))))),
@@ -643,13 +637,7 @@ mod tests {
             .await
             .expect("actor")
             .expect("cachable");
-        list.send(LeadershipChanged {
-            leading: true,
-            term: term + 1,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        announce(&list, term + 1, last).await;
         let recorded = list
             .send(Record {
                 session,
@@ -678,13 +666,7 @@ mod tests {
             .await
             .expect("actor")
             .expect("held");
-        list.send(LeadershipChanged {
-            leading: true,
-            term: 3,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        announce(&list, 3, last).await;
         list.send(StreamConnected { session, term: 3 })
             .await
             .expect("actor");
@@ -739,17 +721,8 @@ mod tests {
         m.state = openraft::ServerState::Leader;
         m.current_term = 2;
         let (tx, rx) = tokio::sync::watch::channel(m);
-        let streams = WatchTableActor::new(state.clone()).start();
-        let list = CacherListActor::new(streams, state.clone())
-            .with_metrics(rx)
-            .start();
-        list.send(LeadershipChanged {
-            leading: true,
-            term: 2,
-            last_log_index: last,
-        })
-        .await
-        .expect("actor");
+        let list = unannounced(&state, Some(rx));
+        announce(&list, 2, last).await;
         list.send(StreamConnected { session, term: 2 })
             .await
             .expect("actor");
