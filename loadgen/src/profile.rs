@@ -21,7 +21,6 @@ use anyhow::{bail, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Session, SessionState};
 use wire::types::{Op, ProxyStatus, Reply, Request, Status};
 
-use crate::cluster::System;
 use crate::report::{Lat, Report};
 use crate::scenarios::{bar, Ctx};
 
@@ -142,19 +141,16 @@ pub(crate) fn create_ok(r: Result<client_sdk::Created, client_sdk::Error>) -> an
     }
 }
 
-/// The profile scenario. `secs` overrides the run time (full scale: 120 s);
+/// The profile scenario on our cell. `secs` overrides the run time (full scale: 120 s);
 /// `reads_per_s` is each session's config reads a second (1 in the seed). etcd and
 /// ZooKeeper run it with their own sessions, recipe and uncached reads
-/// ([`crate::profile_peers`]).
+/// ([`crate::profile_peers`], which `main` calls for them).
 pub async fn profile(
     ctx: &Ctx,
     secs: Option<f64>,
     fault: Option<Fault>,
     reads_per_s: f64,
 ) -> anyhow::Result<Report> {
-    if ctx.cluster.system != System::Ours {
-        return crate::profile_peers::profile(ctx, secs, fault, reads_per_s).await;
-    }
     let n = ctx.n(50_000.0, 50);
     let long_locks = ctx.n(15_000.0, 10).min(n);
     let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);

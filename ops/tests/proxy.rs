@@ -865,21 +865,9 @@ fn a_deaf_client_hears_of_the_invalidation_in_its_keepalive_reply() {
             op,
         };
         // Cached through the proxy (a second read is served from the proxy's cache).
-        for _ in 0..2 {
-            let r = via
-                .call_at(
-                    proxy,
-                    &raw(Op::CachedGet {
-                        path: "/cfg".into(),
-                    }),
-                )
-                .await
-                .unwrap();
-            assert!(
-                matches!(r, Reply::CachedData { cachable: true, .. }),
-                "{r:?}"
-            );
-        }
+        cache_through_proxy(&via, proxy, deaf, "/cfg")
+            .await
+            .unwrap();
         match via.call_at(proxy, &raw(Op::KeepAlive)).await.unwrap() {
             Reply::KeepAlive { unacknowledged, .. } => assert!(unacknowledged.is_empty()),
             other => panic!("{other:?}"),
@@ -956,23 +944,7 @@ fn a_stream_reopened_at_a_new_leader_waits_for_a_client_still_owing_an_invalidat
             .create("/cfg", b"v1".to_vec(), CreateMode::default())
             .await
             .unwrap();
-        for _ in 0..2 {
-            let r = via
-                .call_at(
-                    paddr,
-                    &raw(
-                        deaf,
-                        Op::CachedGet {
-                            path: "/cfg".into(),
-                        },
-                    ),
-                )
-                .await
-                .unwrap();
-            if !matches!(r, Reply::CachedData { cachable: true, .. }) {
-                return Err(format!("not cached through the proxy: {r:?}"));
-            }
-        }
+        cache_through_proxy(&via, paddr, deaf, "/cfg").await?;
         // The deaf client's last renewal: its lease (as the client counts it) ends 12 s
         // from when it sent this KeepAlive.
         let renewed = Instant::now();
@@ -1190,6 +1162,27 @@ fn raw(session: u64, op: Op) -> Request {
         ack_below: 0,
         op,
     }
+}
+
+/// Reads `path` twice through the proxy at `paddr` as the raw `session` (a `CachedGet`,
+/// no SDK): both answers must be cachable, so the proxy caches the node and holds the
+/// session as its cacher.
+async fn cache_through_proxy(
+    via: &Client,
+    paddr: std::net::SocketAddr,
+    session: u64,
+    path: &str,
+) -> Result<(), String> {
+    for _ in 0..2 {
+        let r = via
+            .call_at(paddr, &raw(session, Op::CachedGet { path: path.into() }))
+            .await
+            .unwrap();
+        if !matches!(r, Reply::CachedData { cachable: true, .. }) {
+            return Err(format!("not cached through the proxy: {r:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// Waits (up to 30 s) until the proxy at `paddr` opens sessions; returns the first.
