@@ -289,6 +289,7 @@ impl SessionManager {
             return;
         };
         let generation = self.generation;
+        let started = Instant::now();
         let fut = self
             .raft_node
             .send(Propose(Command::LeaseCheckpoint(cp.clone())));
@@ -297,6 +298,13 @@ impl SessionManager {
                 return;
             }
             let ok = matches!(r, Ok(Ok(_)));
+            tracing::debug!(
+                renewed = cp.renewed.len(),
+                mark_all = cp.mark_all,
+                ok,
+                ms = started.elapsed().as_millis() as u64,
+                "lease checkpoint"
+            );
             act.checkpoint_done(&cp, ok, ctx);
             if ok {
                 act.try_checkpoint(ctx);

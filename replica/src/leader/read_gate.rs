@@ -74,6 +74,7 @@ impl ReadGate {
                 while let Ok(more) = rx.try_recv() {
                     batch.push(more);
                 }
+                let started = tokio::time::Instant::now();
                 let mut result = Ok(());
                 if !barrier_done {
                     result = match tokio::time::timeout(timeout, raft.client_write(Command::Noop))
@@ -95,6 +96,12 @@ impl ReadGate {
                 if result.is_ok() {
                     result = confirm_within(&raft, timeout).await;
                 }
+                tracing::debug!(
+                    waiters = batch.len(),
+                    ok = result.is_ok(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "leadership round"
+                );
                 for w in batch {
                     let _ = w.send(result.clone());
                 }
