@@ -383,6 +383,19 @@ pub async fn profile(
         ka.clone(),
     ));
 
+    // Sessions whose local lease ran out (jeopardy: their holders must stop acting).
+    let jeopardy = Arc::new(Mutex::new(JeopardyStats::default()));
+    tasks.push(spawn_jeopardy_sampler(
+        slots.len(),
+        {
+            let slots = slots.clone();
+            move |i| slots[i].lock().expect("slot").lease_valid()
+        },
+        deadline,
+        stop.clone(),
+        jeopardy.clone(),
+    ));
+
     // The fault, 40 % into the run.
     let injected = run_with_fault(ctx, start, deadline, fault).await?;
     stop.store(true, Ordering::SeqCst);
@@ -460,6 +473,11 @@ pub async fn profile(
         "reads answered by proxies' caches per s",
         p1.cache_hits.saturating_sub(p0.cache_hits) as f64 / elapsed,
     );
+    {
+        let j = jeopardy.lock().expect("jeopardy");
+        r.figure("sessions in jeopardy at some point", j.ever as f64);
+        r.figure("sessions in jeopardy at once (most)", j.most as f64);
+    }
     r.figure("sessions churned", churned.load(Ordering::Relaxed) as f64);
     r.figure("operation errors", errors.load(Ordering::Relaxed) as f64);
     r.figure(
@@ -558,6 +576,46 @@ where
                     }
                 }
             }
+        }
+    })
+}
+
+/// What [`spawn_jeopardy_sampler`] saw.
+#[derive(Default)]
+pub(crate) struct JeopardyStats {
+    /// Sessions seen at least once with their local lease run out.
+    pub ever: usize,
+    /// The most seen so at one sample.
+    pub most: usize,
+}
+
+/// Every 200 ms, asks each session whether its local lease is valid (`valid(i)`); a
+/// session without one is in jeopardy (or over): a lock holder must not act then. A fail-over
+/// that delays KeepAlives past the local lease shows here before it loses a session.
+pub(crate) fn spawn_jeopardy_sampler<F>(
+    sessions: usize,
+    valid: F,
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<JeopardyStats>>,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(usize) -> bool + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut seen = vec![false; sessions];
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut now = 0;
+            for (i, seen) in seen.iter_mut().enumerate() {
+                if !valid(i) {
+                    now += 1;
+                    *seen = true;
+                }
+            }
+            let mut s = stats.lock().expect("jeopardy");
+            s.most = s.most.max(now);
+            s.ever = seen.iter().filter(|x| **x).count();
         }
     })
 }
