@@ -259,16 +259,30 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
+        let started = std::time::Instant::now();
         let mut b = self
             .inner
             .db
             .batch()
             .durability(Some(PersistMode::SyncData));
         b.insert(&self.inner.meta, PURGED_KEY, encode(&Some(log_id))?);
+        // Reading the keys costs little next to the removals and their commit (about
+        // 190-210 ms for the 99 000 entries of the first purge after a snapshot in a
+        // full-scale profile run, with openraft's core waiting; computing the keys
+        // instead of scanning measured the same).
+        let mut n = 0u64;
         for kv in self.inner.log.range(..=log_id.index.to_be_bytes()) {
             b.remove(&self.inner.log, kv.key().map_err(read_err)?);
+            n += 1;
         }
-        b.commit().map_err(io_err)
+        let r = b.commit().map_err(io_err);
+        tracing::info!(
+            upto = log_id.index,
+            entries = n,
+            ms = started.elapsed().as_millis() as u64,
+            "log purged"
+        );
+        r
     }
 }
 
@@ -347,6 +361,62 @@ mod tests {
         drop(tx);
         flusher(|| Err("disk on fire".into()), rx, Arc::default());
         assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
+    fn entry(index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        }
+    }
+
+    #[tokio::test]
+    async fn purge_removes_up_to_the_index_and_no_further_even_past_the_last_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path()).unwrap();
+        for i in 3..=10 {
+            let e = entry(i);
+            store
+                .inner
+                .log
+                .insert(i.to_be_bytes(), encode(&e).unwrap())
+                .unwrap();
+        }
+        let indexes = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+        // From the first entry (nothing purged yet), then from just above the last purge.
+        store.purge(entry(5).log_id).await.unwrap();
+        assert_eq!(
+            indexes(store.try_get_log_entries(0..100).await.unwrap()),
+            (6..=10).collect::<Vec<_>>()
+        );
+        store.purge(entry(7).log_id).await.unwrap();
+        assert_eq!(
+            indexes(store.try_get_log_entries(0..100).await.unwrap()),
+            vec![8, 9, 10]
+        );
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(7));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(10));
+        // A snapshot installed far ahead purges past the last entry.
+        store.purge(entry(1_000_000).log_id).await.unwrap();
+        assert!(store
+            .try_get_log_entries(0..u64::MAX)
+            .await
+            .unwrap()
+            .is_empty());
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(1_000_000));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(1_000_000));
+        // Durable: a reopened store says the same.
+        drop(store);
+        let mut store = LogStore::open(dir.path()).unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(1_000_000));
+        assert!(store
+            .try_get_log_entries(0..u64::MAX)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
