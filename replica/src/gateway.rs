@@ -315,7 +315,7 @@ impl Gateway {
         // A proposal that timed out may still commit: its nodes stay uncachable (the
         // hold kept) until this leadership ends, or a cached read could be recorded with
         // the old value just before the write applies.
-        if !matches!(&r, Err(e) if crate::actors::raft_node::is_commit_timeout(e)) {
+        if crate::actors::raft_node::releases_hold(&r) {
             self.cachers.do_send(Release(hold));
         }
         r

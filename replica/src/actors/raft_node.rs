@@ -129,6 +129,14 @@ pub fn is_commit_timeout(e: &Error) -> bool {
     matches!(e, Error::Unavailable { reason } if reason.contains(TIMED_OUT))
 }
 
+/// Whether a hold taken for a proposal is released once the proposal answered `r`: not
+/// after a commit timeout, whose entry may still be appended and applied later (until
+/// then its nodes must stay uncachable, or a cached read could be recorded with the old
+/// value just before the write applies).
+pub fn releases_hold<T>(r: &Result<T, Error>) -> bool {
+    !matches!(r, Err(e) if is_commit_timeout(e))
+}
+
 impl Handler<Propose> for RaftNode {
     type Result = ResponseFuture<Result<Reply, Error>>;
 
@@ -207,5 +215,29 @@ impl Handler<ChangeMembership> for RaftNode {
                 Err(_) => Err(timeout_error("membership change", timeout)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proposal_that_timed_out_keeps_its_hold_and_every_other_answer_releases_it() {
+        let timed_out: Result<(), Error> = Err(timeout_error("write", Duration::from_secs(5)));
+        assert!(!releases_hold(&timed_out), "{timed_out:?}");
+        for r in [
+            Ok(()),
+            Err(Error::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            }),
+            Err(Error::Unavailable {
+                reason: "leadership not confirmed by a quorum within 5000 ms".into(),
+            }),
+            Err(Error::SessionExpired { session: 7 }),
+        ] {
+            assert!(releases_hold(&r), "{r:?}");
+        }
     }
 }

@@ -262,11 +262,11 @@ impl SessionManager {
                 };
                 let r = raft_node.send(Propose(cmd)).await;
                 // As for writes: a timed-out expiry may still commit, so its hold stays.
-                let timed_out = matches!(
-                    &r,
-                    Ok(Err(e)) if crate::actors::raft_node::is_commit_timeout(e)
-                );
-                if let (Some(c), Some(id), false) = (&cachers, hold, timed_out) {
+                let release = match &r {
+                    Ok(answer) => crate::actors::raft_node::releases_hold(answer),
+                    Err(_) => true,
+                };
+                if let (Some(c), Some(id), true) = (&cachers, hold, release) {
                     c.do_send(Release(id));
                 }
                 r
