@@ -606,16 +606,17 @@ where
         let mut seen = vec![false; sessions];
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let mut now = 0;
+            let (mut now, mut new) = (0, 0);
             for (i, seen) in seen.iter_mut().enumerate() {
                 if !valid(i) {
                     now += 1;
+                    new += usize::from(!*seen);
                     *seen = true;
                 }
             }
             let mut s = stats.lock().expect("jeopardy");
             s.most = s.most.max(now);
-            s.ever = seen.iter().filter(|x| **x).count();
+            s.ever += new;
         }
     })
 }

@@ -24,6 +24,20 @@ use std::process::Command;
 
 use ops::suite::Verdict;
 
+/// Runs `faultsuite sim` with `args`, its output under `out`; prints and returns stdout.
+fn sim(args: &[&str], out: &std::path::Path) -> (std::process::Output, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_faultsuite"))
+        .arg("sim")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("faultsuite runs");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    println!("{stdout}");
+    (o, stdout)
+}
+
 #[test]
 fn simulated_cell_survives_seeded_faults() {
     let seeds: u64 = std::env::var("FAULTSUITE_SIM_SEEDS")
@@ -37,15 +51,17 @@ fn simulated_cell_survives_seeded_faults() {
     let time = std::env::var("FAULTSUITE_SIM_TIME").unwrap_or_else(|_| "30s".into());
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_faultsuite"))
-        .args(["sim", "--seeds", &seeds.to_string(), "--seed"])
-        .arg(first.to_string())
-        .args(["--time", &time, "--out"])
-        .arg(dir.path())
-        .output()
-        .expect("faultsuite runs");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    println!("{stdout}");
+    let (o, stdout) = sim(
+        &[
+            "--seeds",
+            &seeds.to_string(),
+            "--seed",
+            &first.to_string(),
+            "--time",
+            &time,
+        ],
+        dir.path(),
+    );
     assert!(
         o.status.success(),
         "the simulation found a violation or broke:\n{stdout}\n{}",
@@ -77,12 +93,8 @@ fn simulated_cell_survives_seeded_faults() {
     // it does unless a held leader's traffic was released in the run (docs/testing.md).
     let last = first + seeds - 1;
     let again = dir.path().join("again");
-    let o = Command::new(env!("CARGO_BIN_EXE_faultsuite"))
-        .args(["sim", "--seed", &last.to_string(), "--time", &time, "--out"])
-        .arg(&again)
-        .output()
-        .expect("faultsuite runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let (o, stdout) = sim(&["--seed", &last.to_string(), "--time", &time], &again);
+    assert!(o.status.success(), "{stdout}");
     let run = |d: &std::path::Path| {
         let d = d.join(format!("seed-{last}"));
         let v: Verdict =
@@ -126,15 +138,10 @@ fn simulated_cell_survives_seeded_faults() {
 #[test]
 fn a_cell_clock_beyond_the_allowance_is_caught() {
     let dir = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_faultsuite"))
-        .args([
-            "sim", "--seed", "2", "--skew", "0.05", "--time", "30s", "--out",
-        ])
-        .arg(dir.path())
-        .output()
-        .expect("faultsuite runs");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    println!("{stdout}");
+    let (o, stdout) = sim(
+        &["--seed", "2", "--skew", "0.05", "--time", "30s"],
+        dir.path(),
+    );
     assert!(
         !o.status.success() && stdout.contains("two holders acting at once"),
         "a 5 % fast leader went unnoticed:\n{stdout}\n{}",
