@@ -74,19 +74,27 @@ async fn proxy_status(c: &Client, addr: &str) -> Option<ProxyStatus> {
     }
 }
 
-async fn proxies_total(c: &Client, proxies: &[String]) -> ProxyStatus {
-    let mut t = ProxyStatus::default();
+/// Every proxy's status (`None` for one that did not answer).
+async fn proxies_each(c: &Client, proxies: &[String]) -> Vec<Option<ProxyStatus>> {
+    let mut each = Vec::with_capacity(proxies.len());
     for p in proxies {
-        if let Some(s) = proxy_status(c, p).await {
-            t.clients += s.clients;
-            t.sessions += s.sessions;
-            t.keepalive_batches += s.keepalive_batches;
-            t.keepalives_batched += s.keepalives_batched;
-            t.cache_hits += s.cache_hits;
-            t.upstream_reads += s.upstream_reads;
-            t.upstream_writes += s.upstream_writes;
-            t.invalidations_relayed += s.invalidations_relayed;
-        }
+        each.push(proxy_status(c, p).await);
+    }
+    each
+}
+
+/// The proxies' counters added up.
+fn proxies_total(each: &[Option<ProxyStatus>]) -> ProxyStatus {
+    let mut t = ProxyStatus::default();
+    for s in each.iter().flatten() {
+        t.clients += s.clients;
+        t.sessions += s.sessions;
+        t.keepalive_batches += s.keepalive_batches;
+        t.keepalives_batched += s.keepalives_batched;
+        t.cache_hits += s.cache_hits;
+        t.upstream_reads += s.upstream_reads;
+        t.upstream_writes += s.upstream_writes;
+        t.invalidations_relayed += s.invalidations_relayed;
     }
     t
 }
@@ -138,6 +146,49 @@ pub(crate) fn create_ok(r: Result<client_sdk::Created, client_sdk::Error>) -> an
     match r {
         Ok(_) | Err(client_sdk::Error::NodeExists { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The requests that make up an acquire, a config write and a KeepAlive, as the servers
+/// timed them during the run: at the leader (when it did not change) and at the proxies
+/// (all of them together), so the client's latency can be told apart from the cell's.
+fn server_latencies(
+    r: &mut Report,
+    leader: (&Status, &Status),
+    proxies: (&[Option<ProxyStatus>], &[Option<ProxyStatus>]),
+) {
+    use wire::latency::{find, OpLatency};
+    fn between(before: &[OpLatency], after: &[OpLatency], op: &str) -> Option<Histogram> {
+        find(after, op)?.since(find(before, op)).ok()
+    }
+    type Histogram = hdrhistogram::Histogram<u64>;
+    for (op, what) in [
+        ("Create", "acquire's create"),
+        ("SetData", "config write"),
+        ("KeepAliveBatch", "KeepAlive batch"),
+    ] {
+        if leader.0.id == leader.1.id {
+            if let Some(h) = between(&leader.0.request_latency, &leader.1.request_latency, op) {
+                r.server_latency(&format!("{what} at the leader"), &h);
+            }
+        }
+        let mut all: Option<Histogram> = None;
+        for (p0, p1) in proxies.0.iter().zip(proxies.1) {
+            let (Some(p0), Some(p1)) = (p0, p1) else {
+                continue;
+            };
+            if let Some(h) = between(&p0.request_latency, &p1.request_latency, op) {
+                match &mut all {
+                    Some(a) => {
+                        let _ = a.add(&h);
+                    }
+                    None => all = Some(h),
+                }
+            }
+        }
+        if let Some(h) = all {
+            r.server_latency(&format!("{what} at the proxies"), &h);
+        }
     }
 }
 
@@ -240,7 +291,8 @@ pub async fn profile(
     let reads = Arc::new(AtomicU64::new(0));
     let churned = Arc::new(AtomicU64::new(0));
     let l0 = leader_status(&direct).await?;
-    let p0 = proxies_total(&direct, &proxies).await;
+    let p0s = proxies_each(&direct, &proxies).await;
+    let p0 = proxies_total(&p0s);
     let mut tasks = Vec::new();
 
     // Short locks: session long_locks + j takes lock long_locks + j once a period, holding
@@ -401,7 +453,8 @@ pub async fn profile(
     stop.store(true, Ordering::SeqCst);
     let elapsed = start.elapsed().as_secs_f64();
     let l1 = leader_status(&direct).await?;
-    let p1 = proxies_total(&direct, &proxies).await;
+    let p1s = proxies_each(&direct, &proxies).await;
+    let p1 = proxies_total(&p1s);
     join_tasks(tasks, &errors).await;
     if let Some(i) = &injected {
         i.resume(ctx);
@@ -454,6 +507,7 @@ pub async fn profile(
     r.latency("KeepAlive round trip", &ka.lock().expect("lat"));
     r.latency("config read (cached)", &rd.lock().expect("lat"));
     r.latency("config write", &wr.lock().expect("lat"));
+    server_latencies(&mut r, (&l0, &l1), (&p0s, &p1s));
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure("sessions lost", lost as f64);
     r.figure("long-held locks still held", held_long as f64);

@@ -95,15 +95,20 @@ impl Lat {
 
     /// The percentiles.
     pub fn summary(&self) -> Summary {
-        let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1e3;
-        Summary {
-            count: self.hist.len(),
-            p50: q(0.5),
-            p90: q(0.9),
-            p99: q(0.99),
-            p999: q(0.999),
-            max: self.hist.max() as f64 / 1e3,
-        }
+        summary_of(&self.hist)
+    }
+}
+
+/// Percentiles of a histogram of microseconds, in milliseconds.
+pub fn summary_of(hist: &Histogram<u64>) -> Summary {
+    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1e3;
+    Summary {
+        count: hist.len(),
+        p50: q(0.5),
+        p90: q(0.9),
+        p99: q(0.99),
+        p999: q(0.999),
+        max: hist.max() as f64 / 1e3,
     }
 }
 
@@ -215,6 +220,12 @@ impl Report {
     pub fn latency(&mut self, k: &str, lat: &Lat) {
         self.latencies.insert(k.into(), lat.summary());
         self.series.insert(k.into(), bucketed(&lat.series));
+    }
+
+    /// Adds a latency distribution measured by a server (a histogram of microseconds from
+    /// its status): in the table and the JSON, not in the chart.
+    pub fn server_latency(&mut self, k: &str, hist: &Histogram<u64>) {
+        self.latencies.insert(k.into(), summary_of(hist));
     }
 
     /// Prints the summary table.

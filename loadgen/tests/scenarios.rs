@@ -112,10 +112,15 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
     );
     assert!(figure(&v, "leases renewed per s") > 100.0, "{v}");
     assert!(figure(&v, "client cache hit rate (%)") > 50.0, "{v}");
+    // Client-side latencies, and the same requests as the leader and the proxy timed them.
     for k in [
         "acquire (short locks)",
         "config write",
         "KeepAlive round trip",
+        "acquire's create at the leader",
+        "acquire's create at the proxies",
+        "config write at the leader",
+        "KeepAlive batch at the leader",
     ] {
         assert!(v["latencies"][k]["count"].as_u64().unwrap() > 0, "{k}: {v}");
     }

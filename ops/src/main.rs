@@ -150,6 +150,9 @@ enum Command {
     Member(MemberCommand),
     /// Show each endpoint's proxy counters (the endpoints must be proxies).
     ProxyStatus,
+    /// Show how long each endpoint (replica or proxy) took to answer each kind of request
+    /// since it started: count, p50, p99 and max, timed at the server.
+    Latency,
     /// Make each replica build a snapshot now and purge its log behind it (before
     /// maintenance, or to measure); prints each one's index, size and time.
     Snapshot,
@@ -429,6 +432,50 @@ async fn command(
             let code = lock::run(&client, args).await?;
             if code != 0 {
                 std::process::exit(code);
+            }
+            Ok(())
+        }
+        Command::Latency => {
+            for addr in client.endpoints() {
+                let (what, lat) = match client.status_of(*addr).await {
+                    Ok(s) => ("replica", s.request_latency),
+                    Err(_) => {
+                        let req = wire::types::Request {
+                            session: 0,
+                            request_id: 0,
+                            ack_below: 0,
+                            op: Op::ProxyStatus,
+                        };
+                        match client.call_at(*addr, &req).await {
+                            Ok(Reply::ProxyStatus(s)) => ("proxy", s.request_latency),
+                            Ok(other) => {
+                                println!("{addr}: unexpected reply {other:?}");
+                                continue;
+                            }
+                            Err(e) => {
+                                println!("{addr}: {e}");
+                                continue;
+                            }
+                        }
+                    }
+                };
+                println!("{addr} ({what})");
+                println!(
+                    "  {:<22} {:>10} {:>10} {:>10} {:>10}",
+                    "request", "count", "p50 ms", "p99 ms", "max ms"
+                );
+                for l in &lat {
+                    match l.histogram() {
+                        Ok(h) => {
+                            let s = wire::latency::summarize(&h);
+                            println!(
+                                "  {:<22} {:>10} {:>10.2} {:>10.2} {:>10.2}",
+                                l.op, s.count, s.p50_ms, s.p99_ms, s.max_ms
+                            );
+                        }
+                        Err(e) => println!("  {:<22} {e}", l.op),
+                    }
+                }
             }
             Ok(())
         }

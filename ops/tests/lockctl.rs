@@ -51,6 +51,17 @@ fn dev_cell_demo_commands_and_clean_stop() {
         "{}",
         text(&o)
     );
+    // Every replica times what it answers: the creates above reached the leader.
+    let o = lockctl(&endpoints, &ca, &["latency"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(text(&o).matches("(replica)").count(), 3, "{}", text(&o));
+    let creates: u64 = text(&o)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Create "))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(creates >= 2, "{}", text(&o));
     let o = lockctl(&endpoints, &ca, &["ls", "/app"]);
     assert!(text(&o).contains("job-0000000000"), "{}", text(&o));
     let o = lockctl(&endpoints, &ca, &["rm", "/app"]);

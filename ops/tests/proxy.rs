@@ -165,6 +165,30 @@ fn keepalives_are_batched_and_no_session_expires() {
             p.keepalive_batches, p.keepalives_batched
         );
         assert!(rate <= 2.0, "{rate:.2} KeepAlive RPCs/s at the leader");
+        // Both servers time what they answer: the leader each batch, the proxy each
+        // client's (which waits for the next batch upstream).
+        let at_leader = wire::latency::find(&s1.request_latency, "KeepAliveBatch")
+            .expect("the leader timed its KeepAlive batches")
+            .since(wire::latency::find(&s0.request_latency, "KeepAliveBatch"))
+            .unwrap();
+        let at_leader = wire::latency::summarize(&at_leader);
+        assert!(
+            at_leader.count.abs_diff(rpcs) <= 2,
+            "{at_leader:?} timed, {rpcs} answered"
+        );
+        let at_proxy: u64 = ["KeepAlive", "KeepAliveBatch"]
+            .iter()
+            .filter_map(|op| wire::latency::find(&p.request_latency, op))
+            .map(|l| l.histogram().unwrap().len())
+            .sum();
+        assert!(
+            at_proxy >= rpcs,
+            "the proxy timed {at_proxy} client KeepAlives"
+        );
+        println!(
+            "FIGURE proxy: KeepAlive batch at the leader p50 {:.2} ms, p99 {:.2} ms",
+            at_leader.p50_ms, at_leader.p99_ms
+        );
         // Every session renews every lease/3 = 4 s.
         let expected = (n as f64 * secs / 4.0) as u64;
         assert!(

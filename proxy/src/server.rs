@@ -24,6 +24,8 @@ pub struct Proxy {
     cfg: ProxyConfig,
     up: Arc<Upstream>,
     hub: Arc<Hub>,
+    /// How long client requests took here, by kind, for [`ProxyStatus`].
+    latency: wire::latency::Recorder,
 }
 
 /// Runs a proxy until `shutdown` completes.
@@ -61,6 +63,7 @@ pub async fn run_on(
         cfg: cfg.clone(),
         up: up.clone(),
         hub,
+        latency: Default::default(),
     });
     let tasks = vec![
         tokio::spawn(up.clone().batch_loop()),
@@ -236,6 +239,7 @@ impl Proxy {
         ProxyStatus {
             pending_invalidations: pending as u64,
             oldest_pending_ms: oldest.as_millis() as u64,
+            request_latency: self.latency.snapshot(),
             clients: c.clients.load(Ordering::Relaxed),
             sessions: self.hub.session_count() as u64,
             keepalive_batches: c.keepalive_batches.load(Ordering::Relaxed),
@@ -251,6 +255,13 @@ impl Proxy {
     }
 
     async fn handle(&self, req: Request, received: Instant) -> Response {
+        let op = req.op.name();
+        let r = self.dispatch(req, received).await;
+        self.latency.record(op, received.elapsed());
+        r
+    }
+
+    async fn dispatch(&self, req: Request, received: Instant) -> Response {
         let needs_session = matches!(
             req.op,
             Op::KeepAlive | Op::CachedGet { .. } | Op::AckInvalidations { .. } | Op::Rewatch { .. }

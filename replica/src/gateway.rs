@@ -61,6 +61,8 @@ pub struct Gateway {
     /// Writes being held or proposed here, by (session, request id): a retry of one still
     /// in flight waits for its answer instead of proposing a second entry.
     pub in_flight: InFlight,
+    /// How long requests took here, by kind, for [`Status`].
+    pub latency: wire::latency::Recorder,
 }
 
 /// Writes in flight at this replica (see [`Gateway::in_flight`]).
@@ -203,7 +205,9 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
 impl Gateway {
     /// Answers one request.
     pub async fn handle(&self, req: Request, received: Instant) -> Response {
+        let op = req.op.name();
         let r = self.dispatch(req, received).await;
+        self.latency.record(op, received.elapsed());
         self.with_leader_hint(r)
     }
 
@@ -846,6 +850,7 @@ impl Gateway {
             invalidations_sent: stats.map_or(0, |s| s.invalidations_sent),
             snapshot_bytes: self.snapshot_stats.last_bytes.load(Ordering::Relaxed),
             snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
+            request_latency: self.latency.snapshot(),
         }
     }
 }

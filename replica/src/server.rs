@@ -183,6 +183,7 @@ pub async fn run_on(
         keepalive_stats: Default::default(),
         snapshot_stats,
         in_flight: Default::default(),
+        latency: Default::default(),
     });
     let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

@@ -14,6 +14,7 @@
 //! - [`raft`]: the openraft type configuration and the replica↔replica RPC messages.
 //! - [`frame`]: length-prefixed postcard frames with a named maximum size.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
+//! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (a development CA built with rcgen) and QUIC
 //!   endpoint construction shared by every process.
 //!
@@ -29,6 +30,7 @@ pub mod error;
 pub mod frame;
 pub mod hash;
 pub mod hello;
+pub mod latency;
 pub mod limits;
 pub mod path;
 pub mod quic;

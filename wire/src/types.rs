@@ -166,6 +166,9 @@ pub struct Status {
     pub snapshot_bytes: u64,
     /// Milliseconds it took to serialize and write it.
     pub snapshot_build_ms: u64,
+    /// How long this replica took to answer each kind of request since it started, from
+    /// accepting the request's stream to the answer (see [`crate::latency`]).
+    pub request_latency: Vec<crate::latency::OpLatency>,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.
@@ -198,6 +201,10 @@ pub struct ProxyStatus {
     pub pending_invalidations: u64,
     /// Age of the oldest of them, in ms (0 if none).
     pub oldest_pending_ms: u64,
+    /// How long this proxy took to answer each kind of client request since it started,
+    /// from accepting the request's stream to the answer, the wait for the cell included
+    /// (see [`crate::latency`]).
+    pub request_latency: Vec<crate::latency::OpLatency>,
 }
 
 /// A request from a client (or proxy) to a replica.
