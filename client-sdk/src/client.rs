@@ -134,7 +134,7 @@ async fn ack_batcher(
             let client = Client {
                 inner: inner.clone(),
             };
-            tokio::spawn(async move { client.send_acks(addr, acks).await });
+            wire::rt::spawn(async move { client.send_acks(addr, acks).await });
         }
     }
 }
@@ -171,7 +171,7 @@ async fn keepalive_batcher(
             return;
         };
         let client = Client { inner };
-        tokio::spawn(async move { client.send_keepalives(batch).await });
+        wire::rt::spawn(async move { client.send_keepalives(batch).await });
     }
 }
 
@@ -271,8 +271,8 @@ impl Client {
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
             silenced: std::sync::Mutex::new(HashMap::default()),
         });
-        tokio::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
-        tokio::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
+        wire::rt::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
+        wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
         Ok(Client { inner })
     }
 
@@ -536,7 +536,7 @@ impl Client {
                     Instant::now(),
                     conn.stats().udp_rx.datagrams,
                 )));
-                tokio::spawn(watch_heard(conn.clone(), Arc::downgrade(&heard)));
+                wire::rt::spawn(watch_heard(conn.clone(), Arc::downgrade(&heard)));
                 slot.conn = Some((conn.clone(), heard.clone()));
                 slot.failed = None;
                 Ok((conn, heard))

@@ -176,8 +176,8 @@ impl Session {
             stream_generation: std::sync::atomic::AtomicU64::new(0),
             last_keepalive: Mutex::new(None),
         });
-        tokio::spawn(keepalive_loop(inner.clone()));
-        tokio::spawn(event_loop(inner.clone()));
+        wire::rt::spawn(keepalive_loop(inner.clone()));
+        wire::rt::spawn(event_loop(inner.clone()));
         Ok(Session { inner })
     }
 
@@ -374,7 +374,7 @@ impl Session {
                 kind: to,
                 since_index: index,
             };
-            tokio::spawn(async move {
+            wire::rt::spawn(async move {
                 rearm(&inner, vec![spec]).await;
             });
         }
@@ -775,7 +775,7 @@ async fn event_loop(inner: Arc<Inner>) {
         // Frames are read by their own task (a frame read is not cancel-safe), so the
         // leader check below can interrupt the wait without losing bytes.
         let (frames_tx, mut frames) = tokio::sync::mpsc::channel(256);
-        let reader = tokio::spawn(async move {
+        let reader = wire::rt::spawn(async move {
             loop {
                 let frame: Result<wire::types::Response, Error> =
                     wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;

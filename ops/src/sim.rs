@@ -13,15 +13,15 @@
 //!
 //! Between steps a seeded nemesis injects one fault at a time: crash and restart of the
 //! leader or a follower, leader isolation, a majority/minority split, a one-way cut, lost
-//! datagrams, a slow leader, a "hold" of the leader's traffic (its messages wait and then
-//! arrive together, as after a pause), proxied clients cut off from their proxy, the
+//! datagrams, a slow leader, the leader's process paused (as by SIGSTOP, see below),
+//! proxied clients cut off from their proxy, the
 //! proxy crashed and restarted, and a follower replaced (removed, restarted empty under a
 //! new id, added as a learner, caught up, promoted). When
 //! the workloads' time is up every fault is healed and the cell must converge, exactly as
 //! in the namespace suite.
 //!
-//! A seed replays: the same faults at the same simulated times and, in most runs, the same
-//! datagrams in the same order and so the same history. What that takes, besides
+//! A seed replays: the same faults at the same simulated times, the same datagrams in the
+//! same order and so the same history. What that takes, besides
 //! turmoil's seeded network and host order: openraft's election timeouts fixed per replica
 //! (drawn from the seed: a range one millisecond wide), the QUIC endpoints' randomness
 //! and connection ids seeded ([`SimSockets`]), maps keyed from the seed
@@ -29,11 +29,11 @@
 //! `--cfg tokio_unstable`, which `.cargo/config.toml` sets), certificates derived from the
 //! seed (Ed25519: an ECDSA signature's length varies; fixed serials: a random one's
 //! encoding does too), no wall clock in anything a reply carries, and no blocking-pool
-//! thread on the path of a simulated replica. One gap is known: a run where a held
-//! leader's traffic is released (the `pause-leader` fault) sometimes parts ways from its
-//! replay in the tick of the release (about one run in three; without that fault, every
-//! replay measured was identical). `SIM_TRACE=1` prints every datagram sent and received
-//! (simulated time, host, peer, length), which is how the other sources were found.
+//! thread on the path of a simulated replica. (An earlier `pause-leader`, which held the
+//! leader's traffic and released it at once, sometimes parted ways from its replay in the
+//! tick of the release; the real pause below holds no traffic.) `SIM_TRACE=1` prints every
+//! datagram sent and received (simulated time, host, peer, length), which is how the
+//! sources were found.
 //!
 //! Clocks run at different rates: turmoil gives every host the same clock, so each
 //! replica and the proxy run a task that now and then moves their own (paused) tokio clock
@@ -41,16 +41,21 @@
 //! host's by a seeded share up to 2 %, inside the 2.5 % the SDK allows for
 //! ([`wire::CLOCK_DRIFT_PERMILLE_MAX`]).
 //!
-//! Not simulated here: a process pause (SIGSTOP; the namespace tier has it). turmoil
-//! steps every running host's runtime each tick and offers no way to stop one while
-//! keeping its state; a "hold" of all the host's traffic is the nearest (the host keeps
-//! running, its timers fire, and what it sent waits with what it was sent).
+//! Process pauses: turmoil steps every running host's runtime each tick and has no way to
+//! stop one, so each replica's and the proxy's software runs on a `LocalSet` of its own
+//! ([`pausable`]) and every task they start goes there (`wire::rt`: our spawns, openraft's
+//! runtime and quinn's). The nemesis pauses a host by no longer driving its set: nothing
+//! of it runs, datagrams wait in its sockets, its timers are due but unserved, while its
+//! clock goes on; on resume every missed deadline fires at once, in the order the set
+//! polls them, as after SIGCONT.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -151,7 +156,7 @@ impl SocketFactory for SimSockets {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let reader = sock.clone();
         let host = self.host.clone();
-        let task = tokio::spawn(async move {
+        let task = wire::rt::spawn(async move {
             let mut buf = vec![0u8; 65_536];
             while let Ok((n, from)) = reader.recv_from(&mut buf).await {
                 if trace_datagrams() {
@@ -339,6 +344,41 @@ async fn skewed_clock(extra: f64) {
     }
 }
 
+/// Runs a host's software on a `LocalSet` of its own (every task it spawns goes there, see
+/// `wire::rt`), driven while `paused` is false. While it is true the software stands still
+/// as under SIGSTOP: no task of it runs, its timers fire only when it runs again, datagrams
+/// wait in its sockets' buffers, and its clock goes on (turmoil's, and the
+/// [`skewed_clock`] task, which runs outside the set), so when it resumes every deadline
+/// it missed is due at once. Crashing the host drops the set and its tasks.
+pub async fn pausable(
+    paused: Arc<AtomicBool>,
+    software: impl Future<Output = turmoil::Result> + 'static,
+) -> turmoil::Result {
+    let set = tokio::task::LocalSet::new();
+    let main = set.spawn_local(software);
+    loop {
+        if paused.load(Ordering::SeqCst) {
+            tokio::time::sleep(TICK).await;
+            continue;
+        }
+        // One step's worth, then look at the switch again.
+        set.run_until(tokio::time::sleep(TICK)).await;
+        if main.is_finished() {
+            return main.await.map_err(|e| format!("host software: {e}"))?;
+        }
+    }
+}
+
+/// The pause switch of every replica's host and the proxy's (see [`pausable`]).
+#[derive(Debug, Default)]
+struct Pauses(BTreeMap<String, Arc<AtomicBool>>);
+
+impl Pauses {
+    fn switch(&mut self, host: &str) -> Arc<AtomicBool> {
+        self.0.entry(host.to_string()).or_default().clone()
+    }
+}
+
 fn host(i: usize) -> String {
     format!("r{i}")
 }
@@ -391,6 +431,8 @@ struct Active {
     from: Duration,
     until: Duration,
     crashed: Option<String>,
+    /// The switch of the host it paused, if any.
+    paused: Option<Arc<AtomicBool>>,
     member: Option<MemberStep>,
 }
 
@@ -440,17 +482,18 @@ const TICK: Duration = Duration::from_millis(1);
 /// Injects `fault`; returns what it hit and the host it crashed, if any.
 fn inject(
     sim: &mut turmoil::Sim<'_>,
+    pauses: &mut Pauses,
     fault: Fault,
     leader: Option<usize>,
     rng: &mut StdRng,
-) -> (String, Option<String>) {
+) -> (String, Option<String>, Option<Arc<AtomicBool>>) {
     let leader = leader.unwrap_or_else(|| rng.gen_range(1..=REPLICAS));
     let follower = {
         let others: Vec<usize> = (1..=REPLICAS).filter(|i| *i != leader).collect();
         *others.choose(rng).expect("four followers")
     };
     let replicas: Vec<String> = (1..=REPLICAS).map(host).collect();
-    match fault {
+    let (target, crashed) = match fault {
         Fault::KillLeader | Fault::KillFollower => {
             let h = host(if fault == Fault::KillLeader {
                 leader
@@ -461,11 +504,12 @@ fn inject(
             (h.clone(), Some(h))
         }
         Fault::PauseLeader => {
+            // The leader's whole process stops (its traffic is not touched: the others'
+            // datagrams wait in its sockets, as in a stopped process's socket buffers).
             let h = host(leader);
-            for other in all_hosts().iter().filter(|o| **o != h) {
-                sim.hold(h.as_str(), other.as_str());
-            }
-            (h, None)
+            let switch = pauses.switch(&h);
+            switch.store(true, Ordering::SeqCst);
+            return (h, None, Some(switch));
         }
         Fault::IsolateLeader => {
             let h = host(leader);
@@ -525,7 +569,8 @@ fn inject(
             (PROXY.into(), Some(PROXY.into()))
         }
         Fault::Member => unreachable!("a membership change is driven by `nemesis`"),
-    }
+    };
+    (target, crashed, None)
 }
 
 /// Runs one seed: builds the simulated cell, runs the workloads under the nemesis, heals,
@@ -537,6 +582,10 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     wire::tls::DevCa::generate_ed25519_from_seed(plan.seed)
         .map_err(anyhow::Error::msg)?
         .write_to(&tls)?;
+    // Every task of replicas, proxy and clients goes to its host's LocalSet, so a host can
+    // be paused (`pausable`).
+    wire::rt::spawn_on_local_sets();
+    let mut pauses = Pauses::default();
     let margin = Duration::from_secs(600);
     let mut sim = turmoil::Builder::new()
         .rng_seed(plan.seed)
@@ -597,6 +646,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         let seed = plan.seed;
         let starts = std::sync::atomic::AtomicU64::new(0);
         let extra = rates[i - 1].1;
+        let paused = pauses.switch(&host(i));
         sim.host(host(i), move || {
             let Slot { cfg, log } = slot.lock().expect("slot").clone();
             // Each start of the host seeds its endpoint anew: a restarted replica must
@@ -607,11 +657,15 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
                 sockets: Sockets::Factory(Arc::new(sockets)),
                 memory_log: Some(log),
             };
+            let paused = paused.clone();
             async move {
                 tokio::spawn(skewed_clock(extra));
-                replica::server::run_on(cfg, plumbing, std::future::pending())
-                    .await
-                    .map_err(|e| format!("replica: {e:#}").into())
+                pausable(paused, async move {
+                    replica::server::run_on(cfg, plumbing, std::future::pending())
+                        .await
+                        .map_err(|e| format!("replica: {e:#}").into())
+                })
+                .await
             }
         });
     }
@@ -627,14 +681,19 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         cfg.stats_interval_ms = 0;
         let seed = plan.seed;
         let extra = rates[REPLICAS].1;
+        let paused = pauses.switch(PROXY);
         sim.host(PROXY, move || {
             let cfg = cfg.clone();
             let sockets = Sockets::Factory(Arc::new(SimSockets::new(PROXY, seed ^ 0x7072_6f78)));
+            let paused = paused.clone();
             async move {
                 tokio::spawn(skewed_clock(extra));
-                proxy::server::run_on(cfg, sockets, std::future::pending())
-                    .await
-                    .map_err(|e| format!("proxy: {e:#}").into())
+                pausable(paused, async move {
+                    proxy::server::run_on(cfg, sockets, std::future::pending())
+                        .await
+                        .map_err(|e| format!("proxy: {e:#}").into())
+                })
+                .await
             }
         });
     }
@@ -669,7 +728,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         });
     }
 
-    let faults = nemesis(&mut sim, plan, &shared, &slots, &addrs, out)?;
+    let faults = nemesis(&mut sim, &mut pauses, plan, &shared, &slots, &addrs, out)?;
     let verdict = shared
         .lock()
         .expect("shared")
@@ -688,6 +747,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
 /// The step loop with the nemesis between steps; returns the faults injected.
 fn nemesis(
     sim: &mut turmoil::Sim<'_>,
+    pauses: &mut Pauses,
     plan: &SimPlan,
     shared: &Mutex<Shared>,
     slots: &[Arc<Mutex<Slot>>],
@@ -822,18 +882,20 @@ fn nemesis(
                 from: now,
                 until: now + hold,
                 crashed: None,
+                paused: None,
                 member: Some(MemberStep::Removing { host: h, old }),
             });
             continue;
         }
 
-        let (target, crashed) = inject(sim, fault, leader, &mut rng);
+        let (target, crashed, paused) = inject(sim, pauses, fault, leader, &mut rng);
         active = Some(Active {
             fault,
             target,
             from: now,
             until: now + hold,
             crashed,
+            paused,
             member: None,
         });
     }
@@ -850,6 +912,9 @@ fn heal(
 ) -> Injected {
     if let Some(h) = &a.crashed {
         sim.bounce(h.as_str());
+    }
+    if let Some(p) = &a.paused {
+        p.store(false, Ordering::SeqCst);
     }
     heal_network(sim);
     Injected {
@@ -872,8 +937,8 @@ async fn clients(
     shared: Arc<Mutex<Shared>>,
 ) -> anyhow::Result<Verdict> {
     let client = Client::connect(config.clone()).await?;
-    let admin = tokio::spawn(admin_loop(client.clone(), replicas.clone(), shared.clone()));
-    let watch = tokio::spawn(watch_leader(
+    let admin = wire::rt::spawn(admin_loop(client.clone(), replicas.clone(), shared.clone()));
+    let watch = wire::rt::spawn(watch_leader(
         client.clone(),
         replicas.clone(),
         shared.clone(),

@@ -1207,34 +1207,39 @@ pub(crate) async fn start_workloads(
     let mut tasks = Vec::new();
     for w in 0..3 {
         let c = new_client(w == 2).await?;
-        tasks.push(tokio::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
+        tasks.push(wire::rt::spawn(fenced_worker(c, run.clone(), w, rng.gen())));
     }
     for w in 0..4 {
         let c = new_client(w >= 2).await?;
-        tasks.push(tokio::spawn(register_worker(c, run.clone(), w, rng.gen())));
+        tasks.push(wire::rt::spawn(register_worker(
+            c,
+            run.clone(),
+            w,
+            rng.gen(),
+        )));
     }
     for (i, c) in cache_clients.into_iter().enumerate() {
-        tasks.push(tokio::spawn(cache_reader(c, run.clone(), i, rng.gen())));
+        tasks.push(wire::rt::spawn(cache_reader(c, run.clone(), i, rng.gen())));
     }
     for i in 0..2 {
         let c = new_client(false).await?;
-        tasks.push(tokio::spawn(reader(c, run.clone(), i, rng.gen())));
+        tasks.push(wire::rt::spawn(reader(c, run.clone(), i, rng.gen())));
     }
     {
         let c = new_client(false).await?;
-        tasks.push(tokio::spawn(abandoner(c, run.clone())));
+        tasks.push(wire::rt::spawn(abandoner(c, run.clone())));
     }
     let mut keepers = Vec::new();
     for i in 0..3 {
         let c = new_client(i == 2).await?;
-        keepers.push(tokio::spawn(keeper(c, run.clone(), i)));
+        keepers.push(wire::rt::spawn(keeper(c, run.clone(), i)));
     }
     // Watchers: one session, a task per key of each epoch, started as the epoch begins.
     let watch_client = new_client(false).await?;
     let watchers = {
         let run = run.clone();
         let epochs_run = plan.time.as_millis().div_ceil(EPOCH.as_millis()) as u64;
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let Some(session) = open_session(&watch_client, &run).await else {
                 return 0;
             };
@@ -1244,7 +1249,7 @@ pub(crate) async fn start_workloads(
                 tokio::time::sleep_until(starts).await;
                 let until = starts + EPOCH + Duration::from_secs(12);
                 for k in 0..KEYS_PER_EPOCH {
-                    hs.push(tokio::spawn(watcher(
+                    hs.push(wire::rt::spawn(watcher(
                         watch_client.clone(),
                         session.clone(),
                         run.clone(),

@@ -66,12 +66,12 @@ pub async fn run_on(
         latency: Default::default(),
     });
     let tasks = vec![
-        tokio::spawn(up.clone().batch_loop()),
-        tokio::spawn(up.clone().tick_loop()),
-        tokio::spawn(up.clone().stream_loop()),
-        tokio::spawn(up.clone().silence_loop()),
-        tokio::spawn(serve(endpoint.clone(), proxy.clone())),
-        tokio::spawn(stats_loop(proxy.clone())),
+        wire::rt::spawn(up.clone().batch_loop()),
+        wire::rt::spawn(up.clone().tick_loop()),
+        wire::rt::spawn(up.clone().stream_loop()),
+        wire::rt::spawn(up.clone().silence_loop()),
+        wire::rt::spawn(serve(endpoint.clone(), proxy.clone())),
+        wire::rt::spawn(stats_loop(proxy.clone())),
     ];
     tracing::info!(listen = %cfg.listen, replicas = ?cfg.replicas, "proxy serving");
     shutdown.await;
@@ -130,7 +130,7 @@ async fn stats_loop(p: Arc<Proxy>) {
 async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
     while let Some(incoming) = endpoint.accept().await {
         let p = p.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
@@ -189,7 +189,7 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
         let p = p.clone();
         let conn = conn.clone();
         let inflight = inflight.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let received = Instant::now();
             let req = frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await;
             let resp: Response = match req {

@@ -136,7 +136,7 @@ impl Upstream {
         };
         if start {
             // In its own task: a client that stops waiting must not strand the others.
-            tokio::spawn(self.clone().read_rounds_of(path.to_string()));
+            wire::rt::spawn(self.clone().read_rounds_of(path.to_string()));
         }
         rx.await
             .unwrap_or_else(|_| Err(unavailable("the proxy stopped reading upstream")))
@@ -268,7 +268,7 @@ impl Upstream {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             if let Err(e) = me.own(Op::AckInvalidations { ids: ids.clone() }).await {
                 tracing::debug!("upstream invalidation ack failed, will retry: {e}");
                 // The leader's write waits for it: try again on the next tick (moot once
@@ -324,7 +324,7 @@ impl Upstream {
     /// failure the stream loop retries it every half second.
     pub fn rearm_later(self: &Arc<Self>, spec: WatchSpec) {
         let me = self.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             if !me.rearm(vec![spec.clone()]).await {
                 me.to_rearm
                     .lock()
@@ -342,7 +342,7 @@ impl Upstream {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             if !me.rearm(specs.clone()).await {
                 let mut set = me.to_rearm.lock().expect("re-arm set");
                 set.extend(specs.into_iter().map(|s| (s.path, s.kind)));
@@ -641,7 +641,7 @@ impl Upstream {
                 "upstream event stream open"
             );
             let (frames_tx, mut frames) = tokio::sync::mpsc::channel(1024);
-            let reader = tokio::spawn(async move {
+            let reader = wire::rt::spawn(async move {
                 loop {
                     let frame: Result<Response, Error> =
                         wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;

@@ -130,7 +130,7 @@ pub fn cached_paths(ops: &[TxnOp]) -> Vec<String> {
 pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>) {
     while let Some(incoming) = endpoint.accept().await {
         let gw = gw.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
@@ -181,7 +181,7 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
             Err(_) => return,
         };
         let gw = gw.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let received = Instant::now();
             let resp: Response =
                 match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {

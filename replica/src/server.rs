@@ -161,7 +161,7 @@ pub async fn run_on(
     let sm_for_applied = session_manager.clone();
     let wt_for_applied = watch_table.clone();
     let cl_for_applied = cacher_list.clone();
-    tokio::spawn(async move {
+    wire::rt::spawn(async move {
         while let Some(a) = applied_rx.recv().await {
             wt_for_applied.do_send(AppliedMsg(a.clone()));
             cl_for_applied.do_send(AppliedMsg(a.clone()));
@@ -185,7 +185,7 @@ pub async fn run_on(
         in_flight: Default::default(),
         latency: Default::default(),
     });
-    let serve = tokio::spawn(crate::gateway::serve(endpoint.clone(), gw));
+    let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
 
     shutdown.await;

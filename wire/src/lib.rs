@@ -14,6 +14,7 @@
 //! - [`raft`]: the openraft type configuration and the replica↔replica RPC messages.
 //! - [`frame`]: length-prefixed postcard frames with a named maximum size.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
+//! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (a development CA built with rcgen) and QUIC
 //!   endpoint construction shared by every process.
@@ -35,6 +36,7 @@ pub mod limits;
 pub mod path;
 pub mod quic;
 pub mod raft;
+pub mod rt;
 pub mod tls;
 pub mod types;
 

@@ -88,7 +88,7 @@ fn endpoint(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
 ) -> Result<quinn::Endpoint, String> {
-    let runtime = quinn::default_runtime().ok_or("no async runtime")?;
+    let runtime = crate::rt::quic_runtime().ok_or("no async runtime")?;
     match sockets {
         Sockets::Os => {
             let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;

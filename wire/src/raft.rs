@@ -22,6 +22,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = crate::rt::RaftRuntime,
 );
 
 /// A Raft node id.

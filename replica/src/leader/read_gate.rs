@@ -67,7 +67,7 @@ impl ReadGate {
     /// Starts the gate's task on the current tokio runtime.
     pub fn start(raft: Raft, timeout: Duration) -> ReadGate {
         let (tx, mut rx) = mpsc::unbounded_channel::<Waiter>();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let mut barrier_done = false;
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];

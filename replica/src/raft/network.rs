@@ -246,7 +246,7 @@ pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
             Err(_) => return,
         };
         let raft = raft.clone();
-        tokio::spawn(async move {
+        wire::rt::spawn(async move {
             let resp = match frame::read::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX).await {
                 Ok(PeerRequest::AppendEntries(r)) => {
                     PeerResponse::AppendEntries(raft.append_entries(r).await)

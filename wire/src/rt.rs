@@ -1,0 +1,147 @@
+//! Where the service's background tasks run.
+//!
+//! Every task a replica, a proxy or the client SDK starts goes through [`spawn`], and the
+//! tasks openraft and quinn start go through [`RaftRuntime`] and [`quic_runtime`], which
+//! delegate to it. In a normal process that is `tokio::spawn`. The fault suite's
+//! simulation calls [`spawn_on_local_sets`] first: from then on every task is a local task
+//! of the innermost `tokio::task::LocalSet` being driven. The simulation runs each host's
+//! software on a `LocalSet` of its own and can stop driving it: the whole host then stands
+//! still, timers and arriving datagrams included, while the clocks go on, as a process
+//! under SIGSTOP does (`ops::sim`, the `pause-leader` fault).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::TokioOneShotSender;
+use openraft::{AsyncRuntime, OptionalSend, TokioInstant};
+
+static LOCAL: AtomicBool = AtomicBool::new(false);
+
+/// From now on, [`spawn`] (and so every task of replicas, proxies and clients in this
+/// process) spawns local tasks on the `LocalSet` being driven. For a process whose every
+/// runtime is single-threaded and runs its software inside a `LocalSet` (the simulation);
+/// a task spawned outside one panics.
+pub fn spawn_on_local_sets() {
+    LOCAL.store(true, Ordering::SeqCst);
+}
+
+/// True after [`spawn_on_local_sets`].
+pub fn spawns_locally() -> bool {
+    LOCAL.load(Ordering::Relaxed)
+}
+
+/// Spawns a task: `tokio::spawn`, or a local task after [`spawn_on_local_sets`].
+#[track_caller]
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if spawns_locally() {
+        tokio::task::spawn_local(future)
+    } else {
+        tokio::spawn(future)
+    }
+}
+
+/// openraft's runtime: tokio's, with its tasks spawned by [`spawn`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RaftRuntime;
+
+impl AsyncRuntime for RaftRuntime {
+    type JoinError = tokio::task::JoinError;
+    type JoinHandle<T: OptionalSend + 'static> = tokio::task::JoinHandle<T>;
+    type Sleep = tokio::time::Sleep;
+    type Instant = TokioInstant;
+    type TimeoutError = tokio::time::error::Elapsed;
+    type Timeout<R, T: Future<Output = R> + OptionalSend> = tokio::time::Timeout<T>;
+    type ThreadLocalRng = rand::rngs::ThreadRng;
+    type OneshotSender<T: OptionalSend> = TokioOneShotSender<T>;
+    type OneshotReceiver<T: OptionalSend> = tokio::sync::oneshot::Receiver<T>;
+    type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
+
+    fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
+    where
+        T: Future + OptionalSend + 'static,
+        T::Output: OptionalSend + 'static,
+    {
+        spawn(future)
+    }
+
+    fn sleep(duration: Duration) -> Self::Sleep {
+        tokio::time::sleep(duration)
+    }
+
+    fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
+        tokio::time::sleep_until(deadline)
+    }
+
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(
+        duration: Duration,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout(duration, future)
+    }
+
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
+        deadline: Self::Instant,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout_at(deadline, future)
+    }
+
+    fn is_panic(join_error: &Self::JoinError) -> bool {
+        join_error.is_panic()
+    }
+
+    fn thread_rng() -> Self::ThreadLocalRng {
+        rand::thread_rng()
+    }
+
+    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    where
+        T: OptionalSend,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (TokioOneShotSender(tx), rx)
+    }
+}
+
+/// quinn's tokio runtime, with its tasks (endpoint and connection drivers) spawned by
+/// [`spawn`].
+pub fn quic_runtime() -> Option<Arc<dyn quinn::Runtime>> {
+    let inner = quinn::default_runtime()?;
+    if spawns_locally() {
+        Some(Arc::new(QuicRuntime(inner)))
+    } else {
+        Some(inner)
+    }
+}
+
+#[derive(Debug)]
+struct QuicRuntime(Arc<dyn quinn::Runtime>);
+
+impl quinn::Runtime for QuicRuntime {
+    fn new_timer(&self, i: std::time::Instant) -> Pin<Box<dyn quinn::AsyncTimer>> {
+        self.0.new_timer(i)
+    }
+
+    fn spawn(&self, future: Pin<Box<dyn Future<Output = ()> + Send>>) {
+        spawn(future);
+    }
+
+    fn wrap_udp_socket(
+        &self,
+        t: std::net::UdpSocket,
+    ) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        self.0.wrap_udp_socket(t)
+    }
+
+    fn now(&self) -> std::time::Instant {
+        self.0.now()
+    }
+}
