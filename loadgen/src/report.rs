@@ -118,6 +118,10 @@ pub struct ProcCost {
     pub name: String,
     pub cpu_secs: f64,
     pub peak_rss_mb: f64,
+    /// Seconds its threads were ready to run but waited for a CPU (Linux schedstat; live
+    /// threads only): how much the machine's other load delayed it.
+    #[serde(default)]
+    pub cpu_wait_secs: f64,
 }
 
 /// Reads a live process's CPU seconds (user + system) and peak RSS from `/proc`.
@@ -132,7 +136,26 @@ pub fn proc_cost(name: &str, pid: u32) -> Option<ProcCost> {
         name: name.to_string(),
         cpu_secs: ticks / hz,
         peak_rss_mb: status_mb(pid, "VmHWM:")?,
+        cpu_wait_secs: cpu_wait_secs(pid).unwrap_or(0.0),
     })
+}
+
+/// The time a live process's threads spent runnable on a run queue, waiting for a CPU: the
+/// second field of each `/proc/<pid>/task/<tid>/schedstat`, in nanoseconds.
+fn cpu_wait_secs(pid: u32) -> Option<f64> {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(t) = t else { continue };
+        let Ok(stat) = std::fs::read_to_string(t.path().join("schedstat")) else {
+            continue;
+        };
+        ns += stat
+            .split_whitespace()
+            .nth(1)
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(ns as f64 / 1e9)
 }
 
 /// A live process's resident memory now (VmRSS), in MB.
@@ -254,8 +277,8 @@ impl Report {
         }
         for p in &self.processes {
             println!(
-                "  process {:<20} cpu {:>8.2} s   peak rss {:>8.1} MB",
-                p.name, p.cpu_secs, p.peak_rss_mb
+                "  process {:<20} cpu {:>8.2} s   waited for a cpu {:>8.2} s   peak rss {:>8.1} MB",
+                p.name, p.cpu_secs, p.cpu_wait_secs, p.peak_rss_mb
             );
         }
         for n in &self.notes {

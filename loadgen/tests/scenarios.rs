@@ -124,6 +124,12 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
     ] {
         assert!(v["latencies"][k]["count"].as_u64().unwrap() > 0, "{k}: {v}");
     }
+    // Every process's cost includes the time its threads waited for a CPU.
+    let procs = v["processes"].as_array().unwrap();
+    assert!(procs.len() >= 3, "{v}");
+    for p in procs {
+        assert!(p["cpu_wait_secs"].as_f64().unwrap() >= 0.0, "{p}");
+    }
     let v = run_named(
         &["profile", "--secs", "20", "--fault", "kill"],
         "profile-kill",
