@@ -87,7 +87,7 @@ struct Inner {
     /// One slot per endpoint: handshakes to different endpoints proceed in parallel, and
     /// callers of one endpoint share its connection (or its recent failure).
     conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
-    leader: std::sync::Mutex<Option<SocketAddr>>,
+    leader: LeaderHint,
     /// Endpoints that said in their handshake that they are proxies.
     proxies: std::sync::Mutex<wire::hash::HashSet<SocketAddr>>,
     /// KeepAlives waiting to be sent (see [`Client::keepalive`]).
@@ -225,6 +225,36 @@ fn conn_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// The leader a client last reached. Its watchers (the sessions' event streams) wake only
+/// when it changes, not on every request that confirms it.
+struct LeaderHint(tokio::sync::watch::Sender<Option<SocketAddr>>);
+
+impl LeaderHint {
+    fn get(&self) -> Option<SocketAddr> {
+        *self.0.borrow()
+    }
+
+    /// Makes `addr` the leader; true if it was not already.
+    fn set(&self, addr: SocketAddr) -> bool {
+        self.0.send_if_modified(|l| {
+            let changed = *l != Some(addr);
+            *l = Some(addr);
+            changed
+        })
+    }
+
+    /// Forgets `addr` if it is the leader.
+    fn forget(&self, addr: SocketAddr) {
+        self.0.send_if_modified(|l| {
+            let was = *l == Some(addr);
+            if was {
+                *l = None;
+            }
+            was
+        });
+    }
+}
+
 impl Client {
     /// Prepares connections to the cell. Fails if no endpoint parses or the CA cannot be
     /// read; replicas are dialed lazily.
@@ -264,7 +294,7 @@ impl Client {
             endpoint,
             addrs,
             conns: std::sync::Mutex::new(HashMap::default()),
-            leader: std::sync::Mutex::new(None),
+            leader: LeaderHint(tokio::sync::watch::channel(None).0),
             proxies: Default::default(),
             keepalives,
             acks,
@@ -581,10 +611,7 @@ impl Client {
     /// Forgets `addr` as the leader after it failed at the connection level, so the next
     /// attempts start with the other endpoints rather than a dead one.
     fn connection_failed(&self, addr: SocketAddr) {
-        let mut l = self.inner.leader.lock().expect("leader lock");
-        if *l == Some(addr) {
-            *l = None;
-        }
+        self.inner.leader.forget(addr);
     }
 
     /// One attempt at one replica: no retry, no redirect.
@@ -633,7 +660,7 @@ impl Client {
 
     fn candidates(&self) -> Vec<SocketAddr> {
         let mut v = Vec::with_capacity(self.inner.addrs.len() + 1);
-        if let Some(l) = *self.inner.leader.lock().expect("leader lock") {
+        if let Some(l) = self.inner.leader.get() {
             v.push(l);
         }
         for a in &self.inner.addrs {
@@ -684,7 +711,7 @@ impl Client {
                     // session of this client (and their event streams) to another proxy,
                     // leaving the cached values they hold here to be waited out.
                     Ok(Err(e @ Error::Timeout { .. })) if proxy => {
-                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        self.inner.leader.set(addr);
                         last_err = Some(e);
                         break;
                     }
@@ -693,7 +720,7 @@ impl Client {
                 };
                 match r {
                     Ok(r) => {
-                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        self.inner.leader.set(addr);
                         return Ok((r, addr));
                     }
                     Err(Error::NotLeader {
@@ -701,9 +728,7 @@ impl Client {
                         leader_id,
                     }) => {
                         if let Ok(h) = hint.parse::<SocketAddr>() {
-                            let mut l = self.inner.leader.lock().expect("leader lock");
-                            if *l != Some(h) {
-                                *l = Some(h);
+                            if self.inner.leader.set(h) {
                                 redirected = true;
                             }
                         }
@@ -776,7 +801,7 @@ impl Client {
                 };
                 match r {
                     Ok((reply, recv)) => {
-                        *self.inner.leader.lock().expect("leader lock") = Some(addr);
+                        self.inner.leader.set(addr);
                         return Ok((reply, recv, addr));
                     }
                     Err(Error::NotLeader {
@@ -784,9 +809,7 @@ impl Client {
                         leader_id,
                     }) => {
                         if let Ok(h) = hint.parse::<SocketAddr>() {
-                            let mut l = self.inner.leader.lock().expect("leader lock");
-                            if *l != Some(h) {
-                                *l = Some(h);
+                            if self.inner.leader.set(h) {
                                 redirected = true;
                             }
                         }
@@ -827,7 +850,12 @@ impl Client {
 
     /// The leader this client last reached, if any.
     pub fn leader_hint(&self) -> Option<SocketAddr> {
-        *self.inner.leader.lock().expect("leader lock")
+        self.inner.leader.get()
+    }
+
+    /// Wakes when [`Client::leader_hint`] changes (a session's event stream moves then).
+    pub(crate) fn leader_changes(&self) -> tokio::sync::watch::Receiver<Option<SocketAddr>> {
+        self.inner.leader.0.subscribe()
     }
 
     /// A session-less request to the leader.

@@ -715,9 +715,6 @@ pub(crate) async fn check_sequencer(
     }
 }
 
-/// How often the event loop checks that its stream is still at the replica requests reach.
-const STREAM_LEADER_CHECK: Duration = Duration::from_millis(500);
-
 /// Keeps the session's event stream open at the leader, dispatches watch events, and after
 /// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
 /// when the serving replica changed, announces a fail-over.
@@ -785,18 +782,23 @@ async fn event_loop(inner: Arc<Inner>) {
                 }
             }
         });
-        let mut check = tokio::time::interval(STREAM_LEADER_CHECK);
-        check.tick().await;
+        // Requests that find another leader (this one may be deposed without knowing it
+        // yet) move the stream there: woken when the client's leader changes, not by a
+        // timer (a process with 50 000 sessions would wake 50 000 loops twice a second).
+        let mut leader = inner.client.leader_changes();
+        let moved = |l: &Option<std::net::SocketAddr>| l.is_some_and(|l| l != addr);
+        if moved(&leader.borrow_and_update()) {
+            reader.abort();
+            continue;
+        }
         loop {
             let frame = tokio::select! {
                 f = frames.recv() => match f {
                     Some(f) => f,
                     None => break,
                 },
-                _ = check.tick() => {
-                    // Requests found another leader (this one may be deposed without
-                    // knowing it yet): move the stream there.
-                    if inner.client.leader_hint().is_some_and(|l| l != addr) {
+                changed = leader.changed() => {
+                    if changed.is_err() || moved(&leader.borrow_and_update()) {
                         break;
                     }
                     continue;
