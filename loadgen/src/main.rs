@@ -63,6 +63,15 @@ struct Cli {
     /// than 20 000 here). 0: one per 15 000 ZooKeeper sessions, else one.
     #[arg(long, default_value_t = 0, global = true)]
     processes: usize,
+    /// Once the system under test is up, lower loadgen's own scheduling priority to this
+    /// niceness (1-19; every thread of this process): the servers, started before, keep
+    /// theirs, so on a machine shared with the client simulation they get the CPU first,
+    /// as on machines of their own. The servers' own latency figures (ours: "... at the
+    /// leader", "... at the proxies") then show what the system does when not starved;
+    /// loadgen's figures include its own wait for the CPU. Not with `compare` (the
+    /// systems started after the first would inherit it).
+    #[arg(long, default_value_t = 0, global = true, value_parser = clap::value_parser!(u8).range(0..=19))]
+    client_nice: u8,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -202,6 +211,9 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
         Cluster::start(system, cli.members, proxies, lease.as_millis() as u64)
     })?;
     cluster.ready().await?;
+    if cli.client_nice > 0 {
+        lower_own_priority(cli.client_nice)?;
+    }
     let conn = Conn::new(&cluster).await?;
     let ctx = Ctx {
         cluster,
@@ -240,7 +252,10 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
     };
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
-    let r = r?;
+    let mut r = r?;
+    if cli.client_nice > 0 {
+        r.param("loadgen niceness (servers 0)", cli.client_nice);
+    }
     r.print();
     let (json, svg) = r.write(&cli.out)?;
     println!("  wrote {} and {}", json.display(), svg.display());
@@ -265,6 +280,22 @@ async fn hold(
     loop {
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
+}
+
+/// Sets niceness `nice` on every thread of this process (threads started later inherit it
+/// from the thread that starts them).
+fn lower_own_priority(nice: u8) -> anyhow::Result<()> {
+    for t in std::fs::read_dir("/proc/self/task")? {
+        let tid: libc::id_t = t?.file_name().to_string_lossy().parse()?;
+        // SAFETY: setpriority reads its arguments only.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice.into()) } != 0 {
+            anyhow::bail!(
+                "setpriority({tid}, {nice}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn main() {
@@ -325,6 +356,9 @@ fn main() {
                     result,
                 )
                 .await
+            }
+            Cmd::Compare { .. } if cli.client_nice > 0 => {
+                anyhow::bail!("--client-nice is for one system at a time (not with compare)")
             }
             Cmd::Compare { scenario } => {
                 let cmd = scenario_cmd(scenario)?;

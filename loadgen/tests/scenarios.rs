@@ -49,8 +49,10 @@ fn figure(v: &serde_json::Value, k: &str) -> f64 {
 #[test]
 fn acquire_herd_and_max_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let v = run(&["acquire"], dir.path());
+    // With loadgen below the servers' priority (the servers started before keep theirs).
+    let v = run(&["--client-nice", "5", "acquire"], dir.path());
     assert!(v["latencies"]["acquire"]["count"].as_u64().unwrap() > 0);
+    assert_eq!(v["params"]["loadgen niceness (servers 0)"], "5", "{v}");
     assert!(
         v["processes"].as_array().unwrap().len() >= 4,
         "replicas and loadgen"
