@@ -24,14 +24,17 @@
 //! same order and so the same history. What that takes, besides
 //! turmoil's seeded network and host order: openraft's election timeouts fixed per replica
 //! (drawn from the seed: a range one millisecond wide), the QUIC endpoints' randomness
-//! and connection ids seeded ([`SimSockets`]), maps keyed from the seed
+//! and connection ids seeded ([`SimSockets`]), rustls' own randomness and QUIC's initial
+//! destination ids seeded ([`wire::tls::fix_random`]), maps keyed from the seed
 //! ([`wire::hash::fix_seed`]), tokio's runtime seed (turmoil sets it when built with
 //! `--cfg tokio_unstable`, which `.cargo/config.toml` sets), certificates derived from the
 //! seed (Ed25519: an ECDSA signature's length varies; fixed serials: a random one's
 //! encoding does too), no wall clock in anything a reply carries, and no blocking-pool
 //! thread on the path of a simulated replica. (An earlier `pause-leader`, which held the
 //! leader's traffic and released it at once, sometimes parted ways from its replay in the
-//! tick of the release; the real pause below holds no traffic.) `SIM_TRACE=1` prints every
+//! tick of the release: late Initial packets for connections a server had dropped were
+//! unprotected with the wrong keys, and whether their garbage reserved bits passed was
+//! decided by unseeded TLS randomness; `fix_random` seeds it.) `SIM_TRACE=1` prints every
 //! datagram sent and received (simulated time, host, peer, length), which is how the
 //! sources were found.
 //!
@@ -578,6 +581,7 @@ fn inject(
 pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     std::fs::create_dir_all(out)?;
     wire::hash::fix_seed(plan.seed);
+    wire::tls::fix_random(plan.seed);
     let tls = out.join("tls");
     wire::tls::DevCa::generate_ed25519_from_seed(plan.seed)
         .map_err(anyhow::Error::msg)?

@@ -157,5 +157,13 @@ pub fn client_config(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, S
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
     cfg.transport_config(transport());
+    if crate::tls::random_fixed() {
+        // quinn draws each connection's initial destination id (20 bytes, as it does)
+        // from the operating system; a simulation seeds it (see `tls::fix_random`).
+        cfg.initial_dst_cid_provider(Arc::new(|| {
+            let b = crate::tls::seeded_bytes(20).unwrap_or_else(|| vec![0; 20]);
+            quinn::ConnectionId::new(&b)
+        }));
+    }
     Ok(cfg)
 }

@@ -138,7 +138,62 @@ impl DevCa {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    if random_fixed() {
+        p.secure_random = &SEEDED;
+    }
+    Arc::new(p)
+}
+
+/// The randomness rustls draws for its own use (hello randoms, the extension order,
+/// session and ticket ids): the operating system's unless [`fix_random`] seeded it.
+#[derive(Debug)]
+struct SeededRandom(std::sync::Mutex<Option<rand::rngs::StdRng>>);
+
+static SEEDED: SeededRandom = SeededRandom(std::sync::Mutex::new(None));
+
+impl rustls::crypto::SecureRandom for SeededRandom {
+    fn fill(&self, buf: &mut [u8]) -> Result<(), rustls::crypto::GetRandomFailed> {
+        use rand::RngCore;
+        match self.0.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(rng) => {
+                rng.fill_bytes(buf);
+                Ok(())
+            }
+            None => rustls::crypto::ring::default_provider()
+                .secure_random
+                .fill(buf),
+        }
+    }
+}
+
+/// Draws rustls' own randomness (every configuration made from now on) and QUIC's
+/// initial destination connection ids ([`crate::quic::client_config`]) from `seed`, in
+/// the order they are drawn. For simulations only: a simulated server that no longer
+/// knows a connection takes a late Initial packet for a new connection attempt and
+/// removes its header protection with keys derived from the wrong connection id, so
+/// whether the garbage reserved bits pass (and an `Incoming` is handed to the gateway)
+/// is decided by those random bytes; a replay must draw the same ones.
+pub fn fix_random(seed: u64) {
+    use rand::SeedableRng;
+    *SEEDED.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(rand::rngs::StdRng::seed_from_u64(
+        seed ^ 0x746c_735f_7261_6e64,
+    ));
+}
+
+/// True after [`fix_random`].
+pub(crate) fn random_fixed() -> bool {
+    SEEDED.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+}
+
+/// `len` random bytes from [`fix_random`]'s generator, if it was seeded.
+pub(crate) fn seeded_bytes(len: usize) -> Option<Vec<u8>> {
+    use rand::RngCore;
+    let mut g = SEEDED.0.lock().unwrap_or_else(|e| e.into_inner());
+    let rng = g.as_mut()?;
+    let mut b = vec![0u8; len];
+    rng.fill_bytes(&mut b);
+    Some(b)
 }
 
 /// A rustls server configuration from PEM files, with the given ALPN protocols.
