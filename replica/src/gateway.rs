@@ -23,7 +23,7 @@ use crate::actors::cacher_list::{
     UnacknowledgedMany,
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
-use crate::actors::session_manager::{KeepAlive, SessionManager};
+use crate::actors::session_manager::{KeepAlive, KeepAliveMany, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::{SharedState, SnapshotStats};
@@ -725,29 +725,32 @@ impl Gateway {
     async fn keepalive_batch(&self, sessions: Vec<u64>, received: Instant) -> Response {
         path::validate_keepalive_batch(&sessions)?;
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
-        let results = futures::future::join_all(
-            sessions
-                .iter()
-                .map(|&session| self.sessions.send(KeepAlive { session, received })),
-        )
-        .await;
+        let results = match self
+            .sessions
+            .send(KeepAliveMany {
+                sessions: sessions.clone(),
+                received,
+            })
+            .await
+        {
+            Ok(results) => results,
+            Err(e) => {
+                return Err(Error::Internal {
+                    reason: format!("session manager: {e}"),
+                })
+            }
+        };
         let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut first_err = None;
         let mut failed = Vec::new();
         for (&session, r) in sessions.iter().zip(results) {
             match r {
-                Ok(Ok(_)) => renewed.push(session),
-                Ok(Err(Error::SessionExpired { .. })) => expired.push(session),
-                Ok(Err(Error::UnknownSession { .. })) => unknown.push(session),
-                Ok(Err(e)) => {
-                    failed.push(session);
-                    first_err.get_or_insert(e);
-                }
+                Ok(_) => renewed.push(session),
+                Err(Error::SessionExpired { .. }) => expired.push(session),
+                Err(Error::UnknownSession { .. }) => unknown.push(session),
                 Err(e) => {
                     failed.push(session);
-                    first_err.get_or_insert(Error::Internal {
-                        reason: format!("session manager: {e}"),
-                    });
+                    first_err.get_or_insert(e);
                 }
             }
         }

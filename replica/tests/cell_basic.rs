@@ -108,6 +108,18 @@ fn ephemerals_follow_their_session() {
         a.close().await.unwrap();
         assert_eq!(client.children("/lock").await.unwrap().len(), 0);
 
+        // One batched KeepAlive RPC answers each of its sessions: renewed, ended, never seen.
+        let sessions = vec![admin.id(), a.id(), 999_999];
+        match client.request(Op::KeepAliveBatch { sessions }).await {
+            Ok(wire::types::Reply::KeepAliveBatch { renewed, expired, unknown, .. }) => {
+                assert_eq!(renewed, vec![admin.id()]);
+                let ended: Vec<u64> = expired.iter().chain(&unknown).copied().collect();
+                assert!(ended.contains(&a.id()) && ended.contains(&999_999), "{expired:?} {unknown:?}");
+                assert!(!unknown.contains(&admin.id()) && !expired.contains(&admin.id()));
+            }
+            other => panic!("expected a KeepAliveBatch reply, got {other:?}"),
+        }
+
         // A client that goes silent: its session expires after the lease.
         let b = client.open_session().await.unwrap();
         let live = client.open_session().await.unwrap();

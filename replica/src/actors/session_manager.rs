@@ -42,6 +42,20 @@ pub struct KeepAlive {
     pub received: Instant,
 }
 
+/// KeepAlives of many sessions received together at `received` (one `KeepAliveBatch`
+/// RPC): one mailbox message and one leadership confirmation for all of them, where one
+/// [`KeepAlive`] each would cost a message, a confirmation ticket and a pending actor
+/// future per session (thousands per batch at a proxy's scale). Answers come in the order
+/// of `sessions`, each what [`KeepAlive`] would have answered.
+#[derive(Message)]
+#[rtype(result = "Vec<Result<Reply, Error>>")]
+pub struct KeepAliveMany {
+    /// The sessions.
+    pub sessions: Vec<SessionId>,
+    /// When the replica received them (the leases run from here).
+    pub received: Instant,
+}
+
 /// Effects of applied entries (from the state-machine store's channel).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -453,6 +467,124 @@ impl Handler<LeaseCount> for SessionManager {
     }
 }
 
+/// One session's part of a [`KeepAliveMany`] while it is being answered.
+enum Part {
+    Done(Box<Result<Reply, Error>>),
+    /// Renewed once leadership is confirmed.
+    Renew(SessionId),
+    /// Answered when its lease checkpoint commits.
+    Checkpoint(oneshot::Receiver<Result<Reply, Error>>),
+}
+
+impl SessionManager {
+    /// The first step of a KeepAlive for `id`, as [`Handler<KeepAlive>`] takes it.
+    fn keepalive_step(&mut self, id: SessionId, received: Instant) -> Result<KeepAliveStep, Error> {
+        let step = self.leases.keepalive(id, received);
+        if step != KeepAliveStep::Unknown {
+            return Ok(step);
+        }
+        // Opened so recently that its effect has not reached us yet?
+        {
+            let s = self.state.read().expect("state lock");
+            s.sm.check_session(id).map(|_| ())?;
+        }
+        self.leases.opened(id, Instant::now());
+        Ok(self.leases.keepalive(id, received))
+    }
+}
+
+impl Handler<KeepAliveMany> for SessionManager {
+    type Result = ResponseActFuture<Self, Vec<Result<Reply, Error>>>;
+
+    fn handle(&mut self, msg: KeepAliveMany, ctx: &mut Context<Self>) -> Self::Result {
+        let refuse =
+            |e: Error, n: usize| -> Self::Result { Box::pin(actix::fut::ready(vec![Err(e); n])) };
+        let n = msg.sessions.len();
+        if self.leading_term.is_none() {
+            return refuse(not_leader(), n);
+        }
+        if !self.leases.is_active() {
+            return refuse(
+                Error::Unavailable {
+                    reason: "new leader is loading sessions".into(),
+                },
+                n,
+            );
+        }
+        let received = msg.received;
+        let mut parts = Vec::with_capacity(n);
+        let (mut renewing, mut checkpointing) = (false, false);
+        for id in msg.sessions {
+            parts.push(match self.keepalive_step(id, received) {
+                Err(e) => Part::Done(Box::new(Err(e))),
+                Ok(KeepAliveStep::Unknown) => Part::Done(Box::new(Err(not_leader()))),
+                Ok(KeepAliveStep::Expired) => {
+                    Part::Done(Box::new(Err(Error::SessionExpired { session: id })))
+                }
+                Ok(KeepAliveStep::Renew) => {
+                    renewing = true;
+                    Part::Renew(id)
+                }
+                Ok(KeepAliveStep::NeedsCheckpoint) => {
+                    let (tx, rx) = oneshot::channel();
+                    self.waiting.entry(id).or_default().push((received, tx));
+                    checkpointing = true;
+                    Part::Checkpoint(rx)
+                }
+            });
+        }
+        if checkpointing {
+            self.try_checkpoint(ctx);
+        }
+        let confirm = renewing.then(|| self.confirm_for_keepalives());
+        let generation = self.generation;
+        // Renewals right after the confirmation (a renewal delayed behind other sessions'
+        // checkpoint commits could find its old lease run out meanwhile), then the
+        // checkpointed ones as their commits come.
+        let confirmed = async move {
+            match confirm {
+                Some(c) => c.await,
+                None => Ok(()),
+            }
+        };
+        Box::pin(
+            confirmed
+                .into_actor(self)
+                .map(move |r, act, _| {
+                    parts
+                        .into_iter()
+                        .map(|p| match p {
+                            Part::Renew(id) => Part::Done(Box::new(match &r {
+                                Err(e) => Err(e.clone()),
+                                Ok(()) if act.generation != generation => Err(not_leader()),
+                                Ok(()) => act.renewal_reply(id, received),
+                            })),
+                            other => other,
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .then(|parts, act, _| {
+                    async move {
+                        let mut out = Vec::with_capacity(parts.len());
+                        for p in parts {
+                            out.push(match p {
+                                Part::Done(r) => *r,
+                                Part::Checkpoint(rx) => {
+                                    rx.await.unwrap_or(Err(Error::Unavailable {
+                                        reason: "leader changed".into(),
+                                    }))
+                                }
+                                Part::Renew(_) => unreachable!("renewed above"),
+                            });
+                        }
+                        out
+                    }
+                    .into_actor(act)
+                }),
+        )
+    }
+}
+
 impl Handler<KeepAlive> for SessionManager {
     type Result = ResponseActFuture<Self, Result<Reply, Error>>;
 
@@ -467,19 +599,10 @@ impl Handler<KeepAlive> for SessionManager {
             });
         }
         let id = msg.session;
-        let mut step = self.leases.keepalive(id, msg.received);
-        if step == KeepAliveStep::Unknown {
-            // Opened so recently that its effect has not reached us yet?
-            let open = {
-                let s = self.state.read().expect("state lock");
-                s.sm.check_session(id).map(|_| ())
-            };
-            if let Err(e) = open {
-                return fail(e);
-            }
-            self.leases.opened(id, Instant::now());
-            step = self.leases.keepalive(id, msg.received);
-        }
+        let step = match self.keepalive_step(id, msg.received) {
+            Ok(step) => step,
+            Err(e) => return fail(e),
+        };
         match step {
             KeepAliveStep::Unknown => fail(not_leader()),
             KeepAliveStep::Expired => fail(Error::SessionExpired { session: id }),
