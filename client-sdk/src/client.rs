@@ -9,7 +9,7 @@ use wire::hash::HashMap;
 
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
-use wire::types::{Op, Reply, Request, Response, SessionId, Status};
+use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId, Status};
 use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
 
 /// How to reach a cell.
@@ -889,6 +889,25 @@ impl Client {
             .await?
         {
             Reply::Status(s) => Ok(s),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The counters of one proxy (a replica answers `BadRequest`).
+    pub async fn proxy_status_of(&self, addr: SocketAddr) -> Result<ProxyStatus, Error> {
+        match self
+            .call_at(
+                addr,
+                &Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: Op::ProxyStatus,
+                },
+            )
+            .await?
+        {
+            Reply::ProxyStatus(s) => Ok(s),
             other => Err(unexpected(&other)),
         }
     }

@@ -439,25 +439,13 @@ async fn command(
             for addr in client.endpoints() {
                 let (what, lat) = match client.status_of(*addr).await {
                     Ok(s) => ("replica", s.request_latency),
-                    Err(_) => {
-                        let req = wire::types::Request {
-                            session: 0,
-                            request_id: 0,
-                            ack_below: 0,
-                            op: Op::ProxyStatus,
-                        };
-                        match client.call_at(*addr, &req).await {
-                            Ok(Reply::ProxyStatus(s)) => ("proxy", s.request_latency),
-                            Ok(other) => {
-                                println!("{addr}: unexpected reply {other:?}");
-                                continue;
-                            }
-                            Err(e) => {
-                                println!("{addr}: {e}");
-                                continue;
-                            }
+                    Err(_) => match client.proxy_status_of(*addr).await {
+                        Ok(s) => ("proxy", s.request_latency),
+                        Err(e) => {
+                            println!("{addr}: {e}");
+                            continue;
                         }
-                    }
+                    },
                 };
                 println!("{addr} ({what})");
                 println!(
@@ -496,14 +484,8 @@ async fn command(
                 "oldest-ms"
             );
             for addr in client.endpoints() {
-                let req = wire::types::Request {
-                    session: 0,
-                    request_id: 0,
-                    ack_below: 0,
-                    op: Op::ProxyStatus,
-                };
-                match client.call_at(*addr, &req).await {
-                    Ok(Reply::ProxyStatus(s)) => println!(
+                match client.proxy_status_of(*addr).await {
+                    Ok(s) => println!(
                         "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
                         addr.to_string(),
                         s.clients,
@@ -518,7 +500,6 @@ async fn command(
                         s.pending_invalidations,
                         s.oldest_pending_ms
                     ),
-                    Ok(other) => println!("{addr:<18} unexpected reply {other:?}"),
                     Err(e) => println!("{:<18} {e}", addr.to_string()),
                 }
             }
