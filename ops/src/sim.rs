@@ -357,7 +357,12 @@ pub async fn pausable(
     paused: Arc<AtomicBool>,
     software: impl Future<Output = turmoil::Result> + 'static,
 ) -> turmoil::Result {
-    let set = tokio::task::LocalSet::new();
+    // A panic in any task of the host fails the run, as it does on turmoil's own set
+    // (without this a LocalSet ignores it, and the host would run on half dead).
+    #[allow(unused_mut)]
+    let mut set = tokio::task::LocalSet::new();
+    #[cfg(tokio_unstable)]
+    set.unhandled_panic(tokio::runtime::UnhandledPanic::ShutdownRuntime);
     let main = set.spawn_local(software);
     loop {
         if paused.load(Ordering::SeqCst) {

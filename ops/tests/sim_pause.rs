@@ -72,3 +72,28 @@ fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
         "longest gap {gap:?}"
     );
 }
+
+#[test]
+fn a_panic_in_any_task_of_a_pausable_host_fails_the_run() {
+    wire::rt::spawn_on_local_sets();
+    let mut sim = turmoil::Builder::new()
+        .tick_duration(Duration::from_millis(1))
+        .simulation_duration(Duration::from_secs(60))
+        .build();
+    sim.host("h", || {
+        ops::sim::pausable(Arc::new(AtomicBool::new(false)), async {
+            // Not the host's main task: one it spawned, as a replica's actors and
+            // request handlers are.
+            wire::rt::spawn(async { panic!("a task of the host panicked") });
+            std::future::pending::<()>().await;
+            Ok(())
+        })
+    });
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        (0..1_000).any(|_| sim.step().is_err())
+    }));
+    assert!(
+        !matches!(failed, Ok(false)),
+        "the simulation ran on past a panicked task"
+    );
+}
