@@ -179,8 +179,10 @@ impl Drop for PendingNode {
     fn drop(&mut self) {
         let Some(node) = self.node.take() else { return };
         let session = self.session.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
+        // Inside a runtime only (a drop at shutdown has none); `wire::rt` picks where, as
+        // for every other task of the SDK (a local task in the simulation).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            wire::rt::spawn(async move {
                 let _ = session.delete(&node, None).await;
             });
         }
