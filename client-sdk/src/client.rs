@@ -876,18 +876,7 @@ impl Client {
 
     /// The status of one replica.
     pub async fn status_of(&self, addr: SocketAddr) -> Result<Status, Error> {
-        match self
-            .call_at(
-                addr,
-                &Request {
-                    session: 0,
-                    request_id: 0,
-                    ack_below: 0,
-                    op: Op::Status,
-                },
-            )
-            .await?
-        {
+        match self.call_at(addr, &sessionless(Op::Status)).await? {
             Reply::Status(s) => Ok(s),
             other => Err(unexpected(&other)),
         }
@@ -895,18 +884,7 @@ impl Client {
 
     /// The counters of one proxy (a replica answers `BadRequest`).
     pub async fn proxy_status_of(&self, addr: SocketAddr) -> Result<ProxyStatus, Error> {
-        match self
-            .call_at(
-                addr,
-                &Request {
-                    session: 0,
-                    request_id: 0,
-                    ack_below: 0,
-                    op: Op::ProxyStatus,
-                },
-            )
-            .await?
-        {
+        match self.call_at(addr, &sessionless(Op::ProxyStatus)).await? {
             Reply::ProxyStatus(s) => Ok(s),
             other => Err(unexpected(&other)),
         }
@@ -1024,6 +1002,16 @@ async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn(
         }
         // Alive: a fresh second before the next look.
         since = Instant::now();
+    }
+}
+
+/// A request outside any session (status, membership).
+fn sessionless(op: Op) -> Request {
+    Request {
+        session: 0,
+        request_id: 0,
+        ack_below: 0,
+        op,
     }
 }
 

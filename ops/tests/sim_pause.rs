@@ -9,13 +9,18 @@ use std::time::Duration;
 
 use openraft::AsyncRuntime;
 
-#[test]
-fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
+/// A simulation of 1 ms steps whose hosts' tasks go to their LocalSets.
+fn simulation() -> turmoil::Sim<'static> {
     wire::rt::spawn_on_local_sets();
-    let mut sim = turmoil::Builder::new()
+    turmoil::Builder::new()
         .tick_duration(Duration::from_millis(1))
         .simulation_duration(Duration::from_secs(60))
-        .build();
+        .build()
+}
+
+#[test]
+fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
+    let mut sim = simulation();
     let paused = Arc::new(AtomicBool::new(false));
     // Ticks of two tasks of the host (one spawned by our code, one by openraft's
     // runtime), each every 10 ms by its own sleep; and the longest gap either saw.
@@ -75,11 +80,7 @@ fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
 
 #[test]
 fn a_panic_in_any_task_of_a_pausable_host_fails_the_run() {
-    wire::rt::spawn_on_local_sets();
-    let mut sim = turmoil::Builder::new()
-        .tick_duration(Duration::from_millis(1))
-        .simulation_duration(Duration::from_secs(60))
-        .build();
+    let mut sim = simulation();
     sim.host("h", || {
         ops::sim::pausable(Arc::new(AtomicBool::new(false)), async {
             // Not the host's main task: one it spawned, as a replica's actors and
