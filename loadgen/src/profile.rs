@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use anyhow::{bail, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Session, SessionState};
-use wire::types::{Op, ProxyStatus, Reply, Request, Status};
+use wire::types::{ProxyStatus, Status};
 
 use crate::report::{Lat, Report};
 use crate::scenarios::{bar, Ctx};
@@ -61,24 +61,15 @@ pub(crate) async fn leader_status(direct: &Client) -> anyhow::Result<Status> {
     bail!("no leader answered")
 }
 
-async fn proxy_status(c: &Client, addr: &str) -> Option<ProxyStatus> {
-    let req = Request {
-        session: 0,
-        request_id: 0,
-        ack_below: 0,
-        op: Op::ProxyStatus,
-    };
-    match c.call_at(addr.parse().ok()?, &req).await {
-        Ok(Reply::ProxyStatus(s)) => Some(s),
-        _ => None,
-    }
-}
-
 /// Every proxy's status (`None` for one that did not answer).
 async fn proxies_each(c: &Client, proxies: &[String]) -> Vec<Option<ProxyStatus>> {
     let mut each = Vec::with_capacity(proxies.len());
     for p in proxies {
-        each.push(proxy_status(c, p).await);
+        let status = match p.parse() {
+            Ok(addr) => c.proxy_status_of(addr).await.ok(),
+            Err(_) => None,
+        };
+        each.push(status);
     }
     each
 }

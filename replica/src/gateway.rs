@@ -23,7 +23,7 @@ use crate::actors::cacher_list::{
     UnacknowledgedMany,
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
-use crate::actors::session_manager::{KeepAlive, KeepAliveMany, SessionManager};
+use crate::actors::session_manager::{KeepAliveMany, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::{SharedState, SnapshotStats};
@@ -526,19 +526,23 @@ impl Gateway {
                 }
                 self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(session = req.session, "KeepAlive");
-                let r = self
+                let mut r = match self
                     .sessions
-                    .send(KeepAlive {
-                        session: req.session,
+                    .send(KeepAliveMany {
+                        sessions: vec![req.session],
                         received,
                     })
                     .await
-                    .unwrap_or_else(|e| {
+                {
+                    Ok(mut one) => one.pop().unwrap_or_else(|| {
                         Err(Error::Internal {
-                            reason: format!("session manager: {e}"),
+                            reason: "session manager answered no session".into(),
                         })
-                    });
-                let mut r = r;
+                    }),
+                    Err(e) => Err(Error::Internal {
+                        reason: format!("session manager: {e}"),
+                    }),
+                };
                 if let Ok(Reply::KeepAlive { unacknowledged, .. }) = &mut r {
                     self.keepalive_stats.renewed.fetch_add(1, Ordering::Relaxed);
                     // A cacher whose event stream lost an invalidation hears of it here.

@@ -15,7 +15,7 @@ use wire::hash::HashMap;
 
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, ResponseActFuture,
-    ResponseFuture, WrapFuture,
+    WrapFuture,
 };
 use tokio::sync::oneshot;
 use wire::command::{Command, Effect, LeaseCheckpoint};
@@ -32,21 +32,11 @@ use crate::raft::sm_store::{Applied, SharedState};
 /// How long to wait before retrying to load the lease table after a failed check.
 const LOAD_RETRY: Duration = Duration::from_millis(100);
 
-/// A KeepAlive received by the gateway at `received`.
-#[derive(Message)]
-#[rtype(result = "Result<Reply, Error>")]
-pub struct KeepAlive {
-    /// The session.
-    pub session: SessionId,
-    /// When the replica received it (the lease runs from here).
-    pub received: Instant,
-}
-
-/// KeepAlives of many sessions received together at `received` (one `KeepAliveBatch`
-/// RPC): one mailbox message and one leadership confirmation for all of them, where one
-/// [`KeepAlive`] each would cost a message, a confirmation ticket and a pending actor
-/// future per session (thousands per batch at a proxy's scale). Answers come in the order
-/// of `sessions`, each what [`KeepAlive`] would have answered.
+/// KeepAlives of one or many sessions received together at `received` (a `KeepAlive` or a
+/// `KeepAliveBatch` RPC): one mailbox message and one leadership confirmation for all of
+/// them, where a message each would cost a confirmation ticket and a pending actor future
+/// per session (thousands per batch at a proxy's scale). Answers come in the order of
+/// `sessions`.
 #[derive(Message)]
 #[rtype(result = "Vec<Result<Reply, Error>>")]
 pub struct KeepAliveMany {
@@ -477,7 +467,8 @@ enum Part {
 }
 
 impl SessionManager {
-    /// The first step of a KeepAlive for `id`, as [`Handler<KeepAlive>`] takes it.
+    /// The first step of a KeepAlive for `id`: its lease's state, after adopting a session
+    /// opened so recently that its effect has not reached the lease table yet.
     fn keepalive_step(&mut self, id: SessionId, received: Instant) -> Result<KeepAliveStep, Error> {
         let step = self.leases.keepalive(id, received);
         if step != KeepAliveStep::Unknown {
@@ -582,55 +573,5 @@ impl Handler<KeepAliveMany> for SessionManager {
                     .into_actor(act)
                 }),
         )
-    }
-}
-
-impl Handler<KeepAlive> for SessionManager {
-    type Result = ResponseActFuture<Self, Result<Reply, Error>>;
-
-    fn handle(&mut self, msg: KeepAlive, ctx: &mut Context<Self>) -> Self::Result {
-        let fail = |e: Error| -> Self::Result { Box::pin(actix::fut::ready(Err(e))) };
-        if self.leading_term.is_none() {
-            return fail(not_leader());
-        }
-        if !self.leases.is_active() {
-            return fail(Error::Unavailable {
-                reason: "new leader is loading sessions".into(),
-            });
-        }
-        let id = msg.session;
-        let step = match self.keepalive_step(id, msg.received) {
-            Ok(step) => step,
-            Err(e) => return fail(e),
-        };
-        match step {
-            KeepAliveStep::Unknown => fail(not_leader()),
-            KeepAliveStep::Expired => fail(Error::SessionExpired { session: id }),
-            KeepAliveStep::Renew => {
-                let generation = self.generation;
-                Box::pin(
-                    self.confirm_for_keepalives()
-                        .into_actor(self)
-                        .map(move |r, act, _| {
-                            r?;
-                            if act.generation != generation {
-                                return Err(not_leader());
-                            }
-                            act.renewal_reply(id, msg.received)
-                        }),
-                )
-            }
-            KeepAliveStep::NeedsCheckpoint => {
-                let (tx, rx) = oneshot::channel();
-                self.waiting.entry(id).or_default().push((msg.received, tx));
-                self.try_checkpoint(ctx);
-                let fut: ResponseFuture<Result<Reply, Error>> = Box::pin(async move {
-                    rx.await.unwrap_or(Err(Error::Unavailable {
-                        reason: "leader changed".into(),
-                    }))
-                });
-                Box::pin(fut.into_actor(self))
-            }
-        }
     }
 }
