@@ -58,9 +58,10 @@ struct Cli {
     /// renewal is forwarded by a follower (spread over all members otherwise).
     #[arg(long, global = true)]
     etcd_leader_only: bool,
-    /// loadgen processes for etcd's and ZooKeeper's profile, each holding its share of
-    /// the sessions (a ZooKeeper session is a connection, and one process may hold fewer
-    /// than 20 000 here). 0: one per 15 000 ZooKeeper sessions, else one.
+    /// loadgen processes for etcd's and ZooKeeper's profile, and for ZooKeeper's state,
+    /// each holding its share of the sessions (a ZooKeeper session is a connection, and
+    /// one process may hold fewer than 20 000 here). 0: one per 15 000 ZooKeeper
+    /// sessions, else one.
     #[arg(long, default_value_t = 0, global = true)]
     processes: usize,
     /// Once the system under test is up, lower loadgen's own scheduling priority to this
@@ -138,6 +139,15 @@ enum Cmd {
         reads_per_session: f64,
         #[arg(long)]
         result: PathBuf,
+    },
+    /// Holds sessions for ZooKeeper's state split over processes (started by `state`):
+    /// opens `count`, prints READY, and on a line from stdin prints how many were lost.
+    #[command(hide = true)]
+    HoldSessions {
+        #[arg(long)]
+        endpoints: String,
+        #[arg(long)]
+        count: usize,
     },
     /// Holds a lock until killed (the takeover scenario's holder process).
     #[command(hide = true)]
@@ -245,8 +255,11 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
                 profile_peers::profile_parts(&ctx, *secs, *fault, *reads_per_session, parts).await
             }
         },
-        Cmd::State => state::state(&ctx).await,
-        Cmd::Compare { .. } | Cmd::Hold { .. } | Cmd::ProfilePart { .. } => {
+        Cmd::State => state::state(&ctx, cli.processes).await,
+        Cmd::Compare { .. }
+        | Cmd::Hold { .. }
+        | Cmd::HoldSessions { .. }
+        | Cmd::ProfilePart { .. } => {
             unreachable!("not a scenario")
         }
     };
@@ -333,6 +346,11 @@ fn main() {
                     Duration::from_secs(cli.lease_secs),
                 )
                 .await
+            }
+            Cmd::HoldSessions { endpoints, count } => {
+                let eps: Vec<String> = endpoints.split(',').map(String::from).collect();
+                let conn = Conn::for_endpoints(cli.system, &eps, std::path::Path::new("")).await?;
+                state_peers::hold_sessions(&conn, *count, Duration::from_secs(cli.lease_secs)).await
             }
             Cmd::ProfilePart {
                 endpoints,

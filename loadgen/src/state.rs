@@ -81,10 +81,11 @@ fn rss_of(ctx: &Ctx, r: &mut Report, when: &str) {
     }
 }
 
-/// The state scenario (etcd and ZooKeeper: [`crate::state_peers::state`]).
-pub async fn state(ctx: &Ctx) -> anyhow::Result<Report> {
+/// The state scenario (etcd and ZooKeeper: [`crate::state_peers::state`], where
+/// ZooKeeper's sessions may be split over `processes` loadgen processes).
+pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     if ctx.cluster.system != System::Ours {
-        return crate::state_peers::state(ctx).await;
+        return crate::state_peers::state(ctx, processes).await;
     }
     let nodes = ctx.n(100_000.0, 1_000);
     let n = ctx.n(50_000.0, 100);

@@ -27,7 +27,7 @@ use zookeeper_client as zk;
 
 use crate::cluster::{four_letter, System};
 use crate::profile::each;
-use crate::report::{rss_mb, Report};
+use crate::report::{proc_cost, rss_mb, Report};
 use crate::scenarios::Ctx;
 use crate::state::{NODE_BYTES, PER_DIR};
 use crate::systems::{open_many, Sess};
@@ -40,11 +40,13 @@ const POLL: Duration = Duration::from_millis(20);
 const WRITERS: usize = 8;
 const IN_FLIGHT: usize = 256;
 
-/// The state scenario against etcd or ZooKeeper.
-pub async fn state(ctx: &Ctx) -> anyhow::Result<Report> {
+/// The state scenario against etcd or ZooKeeper; ZooKeeper's sessions are held by
+/// `processes` loadgen processes (0: one per
+/// [`ZK_SESSIONS_PER_PROCESS`](crate::profile_peers::ZK_SESSIONS_PER_PROCESS)).
+pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     match ctx.cluster.system {
         System::Etcd => etcd(ctx).await,
-        System::Zk => zookeeper(ctx).await,
+        System::Zk => zookeeper(ctx, processes).await,
         System::Ours => bail!("state_peers runs against etcd and ZooKeeper (ours: state.rs)"),
     }
 }
@@ -538,20 +540,26 @@ fn zk_newest_snapshot(data: &Path) -> Option<(u64, u64)> {
         .max()
 }
 
-async fn zookeeper(ctx: &Ctx) -> anyhow::Result<Report> {
+async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let nodes = ctx.n(100_000.0, 1_000);
-    let asked = ctx.n(50_000.0, 100);
-    let n = asked.min(crate::systems::zk_session_cap());
+    let n = ctx.n(50_000.0, 100);
+    let parts = crate::profile_peers::parts_for(System::Zk, ctx.scale, processes);
     let members = ctx.cluster.members.clone();
     let mut r = ctx.report("state");
     r.param("nodes (persistent, 1 000 per parent)", nodes);
     r.param("bytes per node", NODE_BYTES);
     r.param("sessions (one connection each)", n);
-    if n < asked {
-        r.notes.push(format!(
-            "{n} sessions instead of {asked}: a ZooKeeper session is a TCP connection and \
-             this process may hold only {n} (its open-file limit, less 2 000)"
-        ));
+    if parts > 1 {
+        r.param(
+            "loadgen processes",
+            format!(
+                "{} (this one writes the nodes; {parts} others hold the sessions: a \
+                 ZooKeeper session is a TCP connection, and one process may hold only {} \
+                 here, its open-file limit less 2 000)",
+                parts + 1,
+                crate::systems::zk_session_cap()
+            ),
+        );
     }
     rss_of(ctx, &mut r, "empty");
 
@@ -588,7 +596,11 @@ async fn zookeeper(ctx: &Ctx) -> anyhow::Result<Report> {
     );
     let (_, nodes_zxid) = zk_leader_zxid(ctx).await?;
     let t = Instant::now();
-    let sessions: Vec<Sess> = open_many(&ctx.conn, n, ctx.lease).await?;
+    let sessions = if parts > 1 {
+        ZkSessions::Held(Holders::start(ctx, n, parts).await?)
+    } else {
+        ZkSessions::Here(open_many(&ctx.conn, n, ctx.lease).await?)
+    };
     r.figure(
         "sessions opened per s (load)",
         n as f64 / t.elapsed().as_secs_f64(),
@@ -725,8 +737,125 @@ async fn zookeeper(ctx: &Ctx) -> anyhow::Result<Report> {
          leader's (also reported as 'empty member')"
     ));
 
-    let lost = sessions.iter().filter(|s| s.lost()).count();
+    let lost = match sessions {
+        ZkSessions::Here(s) => s.iter().filter(|s| s.lost()).count(),
+        ZkSessions::Held(h) => h.lost(&mut r).await?,
+    };
     r.figure("sessions lost", lost as f64);
     ctx.costs(&mut r);
     Ok(r)
+}
+
+/// ZooKeeper's sessions of the state: in this process, or held by others.
+enum ZkSessions {
+    Here(Vec<Sess>),
+    Held(Holders),
+}
+
+/// Other loadgen processes holding sessions (`loadgen hold-sessions`, [`hold_sessions`]).
+struct Holders {
+    children: Vec<(
+        tokio::process::Child,
+        tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    )>,
+}
+
+impl Holders {
+    /// Starts `parts` processes holding `n` sessions between them; returns once every one
+    /// has opened its share.
+    async fn start(ctx: &Ctx, n: usize, parts: usize) -> anyhow::Result<Holders> {
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe()?;
+        let mut children = Vec::with_capacity(parts);
+        for k in 0..parts {
+            let count = n / parts + usize::from(k < n % parts);
+            let mut c = tokio::process::Command::new(&exe)
+                .args(["--system", "zk", "--lease-secs"])
+                .arg(ctx.lease.as_secs().to_string())
+                .arg("hold-sessions")
+                .args(["--endpoints", &ctx.cluster.endpoints.join(",")])
+                .args(["--count", &count.to_string()])
+                .env("LOADGEN_NO_PROGRESS", "1")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .context("start a loadgen session holder")?;
+            let out = tokio::io::BufReader::new(c.stdout.take().expect("piped")).lines();
+            children.push((c, out));
+        }
+        // They open their sessions at the same time, as one process's would be.
+        for (k, (_, out)) in children.iter_mut().enumerate() {
+            match tokio::time::timeout(WAIT, out.next_line()).await {
+                Ok(Ok(Some(l))) if l == "READY" => {}
+                Ok(Ok(Some(l))) => bail!("session holder {k} said {l:?}, not READY"),
+                Ok(_) => bail!("session holder {k} ended before its sessions were open"),
+                Err(_) => bail!("session holder {k} did not open its sessions within {WAIT:?}"),
+            }
+        }
+        Ok(Holders { children })
+    }
+
+    /// How many of the held sessions were lost; each holder's CPU and memory go into `r`.
+    async fn lost(mut self, r: &mut Report) -> anyhow::Result<usize> {
+        use tokio::io::AsyncWriteExt;
+        let mut lost = 0;
+        for (k, (c, out)) in self.children.iter_mut().enumerate() {
+            let stdin = c.stdin.as_mut().expect("piped");
+            stdin.write_all(b"CHECK\n").await?;
+            stdin.flush().await?;
+            let line = tokio::time::timeout(WAIT, out.next_line())
+                .await
+                .with_context(|| format!("session holder {k} did not answer"))??
+                .with_context(|| format!("session holder {k} ended before it answered"))?;
+            lost += line
+                .strip_prefix("LOST ")
+                .and_then(|l| l.parse::<usize>().ok())
+                .with_context(|| format!("session holder {k} said {line:?}, not LOST <n>"))?;
+            if let Some(cost) = c
+                .id()
+                .and_then(|pid| proc_cost(&format!("loadgen session holder {k}"), pid))
+            {
+                r.processes.push(cost);
+            }
+        }
+        for (k, (mut c, _)) in self.children.drain(..).enumerate() {
+            drop(c.stdin.take());
+            let status = tokio::time::timeout(WAIT, c.wait())
+                .await
+                .with_context(|| format!("session holder {k} did not end"))??;
+            if !status.success() {
+                bail!("session holder {k} failed: {status}");
+            }
+        }
+        Ok(lost)
+    }
+}
+
+/// A session holder of [`Holders`] (the hidden `hold-sessions` command): opens `count`
+/// sessions, prints `READY`; on a line from stdin prints `LOST <n>` (how many ended), then
+/// closes them when stdin closes.
+pub async fn hold_sessions(
+    conn: &crate::systems::Conn,
+    count: usize,
+    lease: Duration,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let sessions = open_many(conn, count, lease).await?;
+    println!("READY");
+    std::io::stdout().flush()?;
+    let read_line = || {
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|n| n > 0)
+        })
+    };
+    if !read_line().await?? {
+        return Ok(());
+    }
+    println!("LOST {}", sessions.iter().filter(|s| s.lost()).count());
+    std::io::stdout().flush()?;
+    read_line().await??;
+    Ok(())
 }
