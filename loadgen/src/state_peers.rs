@@ -596,7 +596,7 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     );
     let (_, nodes_zxid) = zk_leader_zxid(ctx).await?;
     let t = Instant::now();
-    let sessions = if parts > 1 {
+    let mut sessions = if parts > 1 {
         ZkSessions::Held(Holders::start(ctx, n, parts).await?)
     } else {
         ZkSessions::Here(open_many(&ctx.conn, n, ctx.lease).await?)
@@ -668,11 +668,23 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
 
     // A follower killed and restarted: it loads its snapshot, replays its log and gets
     // the rest from the leader (a DIFF).
+    r.figure("sessions lost after load", sessions.lost().await? as f64);
     let victim = restart_a_follower(ctx, &mut r).await?;
     r.notes.push(
         "restart: answering = it answers srvr (serving or not); caught up = it serves and \
          its last applied zxid reached the leader's at the restart"
             .into(),
+    );
+    // A session ends a session timeout after its last ping: counted at once and again a
+    // timeout later, what each step cost shows apart.
+    r.figure(
+        "sessions lost after the restart",
+        sessions.lost().await? as f64,
+    );
+    tokio::time::sleep(ctx.lease + Duration::from_secs(1)).await;
+    r.figure(
+        "sessions lost a session timeout after the restart",
+        sessions.lost().await? as f64,
     );
 
     // A member without data catching up: the other follower, killed, its data dir emptied
@@ -716,6 +728,11 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     if let Some(mb) = ctx.cluster.pid_of(&empty_addr).and_then(rss_mb) {
         r.figure("empty member: RSS (MB)", mb);
     }
+    r.figure(
+        "sessions lost after the empty member caught up",
+        sessions.lost().await? as f64,
+    );
+    tokio::time::sleep(ctx.lease + Duration::from_secs(1)).await;
     let how = match zk_newest_snapshot(&data) {
         Some((z, bytes)) => {
             r.figure("empty member: snapshot written (MB)", bytes as f64 / 1e6);
@@ -737,11 +754,11 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
          leader's (also reported as 'empty member')"
     ));
 
-    let lost = match sessions {
-        ZkSessions::Here(s) => s.iter().filter(|s| s.lost()).count(),
-        ZkSessions::Held(h) => h.lost(&mut r).await?,
-    };
+    let lost = sessions.lost().await?;
     r.figure("sessions lost", lost as f64);
+    if let ZkSessions::Held(h) = sessions {
+        h.finish(&mut r).await?;
+    }
     ctx.costs(&mut r);
     Ok(r)
 }
@@ -750,6 +767,16 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
 enum ZkSessions {
     Here(Vec<Sess>),
     Held(Holders),
+}
+
+impl ZkSessions {
+    /// How many have ended so far.
+    async fn lost(&mut self) -> anyhow::Result<usize> {
+        match self {
+            ZkSessions::Here(s) => Ok(s.iter().filter(|s| s.lost()).count()),
+            ZkSessions::Held(h) => h.lost().await,
+        }
+    }
 }
 
 /// Other loadgen processes holding sessions (`loadgen hold-sessions`, [`hold_sessions`]).
@@ -797,8 +824,8 @@ impl Holders {
         Ok(Holders { children })
     }
 
-    /// How many of the held sessions were lost; each holder's CPU and memory go into `r`.
-    async fn lost(mut self, r: &mut Report) -> anyhow::Result<usize> {
+    /// How many of the held sessions have ended so far.
+    async fn lost(&mut self) -> anyhow::Result<usize> {
         use tokio::io::AsyncWriteExt;
         let mut lost = 0;
         for (k, (c, out)) in self.children.iter_mut().enumerate() {
@@ -813,14 +840,19 @@ impl Holders {
                 .strip_prefix("LOST ")
                 .and_then(|l| l.parse::<usize>().ok())
                 .with_context(|| format!("session holder {k} said {line:?}, not LOST <n>"))?;
+        }
+        Ok(lost)
+    }
+
+    /// Ends the holders (closing their sessions); each one's CPU and memory go into `r`.
+    async fn finish(mut self, r: &mut Report) -> anyhow::Result<()> {
+        for (k, (mut c, _)) in self.children.drain(..).enumerate() {
             if let Some(cost) = c
                 .id()
                 .and_then(|pid| proc_cost(&format!("loadgen session holder {k}"), pid))
             {
                 r.processes.push(cost);
             }
-        }
-        for (k, (mut c, _)) in self.children.drain(..).enumerate() {
             drop(c.stdin.take());
             let status = tokio::time::timeout(WAIT, c.wait())
                 .await
@@ -829,13 +861,13 @@ impl Holders {
                 bail!("session holder {k} failed: {status}");
             }
         }
-        Ok(lost)
+        Ok(())
     }
 }
 
 /// A session holder of [`Holders`] (the hidden `hold-sessions` command): opens `count`
-/// sessions, prints `READY`; on a line from stdin prints `LOST <n>` (how many ended), then
-/// closes them when stdin closes.
+/// sessions, prints `READY`; on each line from stdin prints `LOST <n>` (how many have
+/// ended); closes them and returns when stdin closes.
 pub async fn hold_sessions(
     conn: &crate::systems::Conn,
     count: usize,
@@ -851,11 +883,9 @@ pub async fn hold_sessions(
             std::io::stdin().read_line(&mut line).map(|n| n > 0)
         })
     };
-    if !read_line().await?? {
-        return Ok(());
+    while read_line().await?? {
+        println!("LOST {}", sessions.iter().filter(|s| s.lost()).count());
+        std::io::stdout().flush()?;
     }
-    println!("LOST {}", sessions.iter().filter(|s| s.lost()).count());
-    std::io::stdout().flush()?;
-    read_line().await??;
     Ok(())
 }

@@ -12,6 +12,9 @@
 #                                             # with it, "m1=http://127.0.0.1:PORT,...";
 #                                             # prints its client endpoint
 #   ops/bench/peers.sh stop DIR               # SIGTERM every member started in DIR
+# ZooKeeper logs at WARN; PEERS_ZK_LOG=INFO (or DEBUG) for more (session expiries, syncs).
+# Its JVM gets -Xmx1g (zkEnv.sh's default heap) and logs each garbage collection (with
+# its pause) to DIR/zN/gc.log; PEERS_ZK_JAVA_OPTS adds flags (e.g. "-Xmx3g").
 # Needs Debian's packages: apt-get install -y etcd-server etcd-client zookeeper
 # Each member's pid goes to DIR/pids ("name pid client-address" per line; `restart` updates
 # it), its log to DIR/<name>.log (appended to on restart), its full start command line
@@ -83,6 +86,12 @@ etcd-learner)
   echo "127.0.0.1:$client"
   ;;
 zk)
+  # Debian's zookeeper.jar logs through slf4j, whose log4j binding is a separate jar:
+  # without it every message goes to a no-op logger (as zkServer.sh's classpath has it).
+  zk_cp=/etc/zookeeper/conf:/usr/share/java/zookeeper.jar
+  for jar in /usr/share/java/slf4j-log4j12.jar /usr/share/java/log4j-1.2.jar; do
+    [ -f "$jar" ] && zk_cp+=":$jar"
+  done
   n=${3:-3}; base=${4:-2181}
   [ -f /usr/share/java/zookeeper.jar ] || { echo "ZooKeeper not installed: apt-get install -y zookeeper" >&2; exit 2; }
   endpoints=""
@@ -105,8 +114,8 @@ zk)
         echo "server.$j=127.0.0.1:$((base + 100 + 2 * (j - 1))):$((base + 101 + 2 * (j - 1)))"
       done
     } >"$dir/z$i/zoo.cfg"
-    launch "z$i" "127.0.0.1:$client" java -Xmx1g -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
-      -Dzookeeper.log.dir="$dir/z$i" -Dzookeeper.root.logger=WARN,CONSOLE \
+    launch "z$i" "127.0.0.1:$client" java -Xmx1g -Xlog:gc:file="$dir/z$i/gc.log" ${PEERS_ZK_JAVA_OPTS:-} -cp "$zk_cp" \
+      -Dzookeeper.log.dir="$dir/z$i" -Dzookeeper.root.logger="${PEERS_ZK_LOG:-WARN}",CONSOLE \
       org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/z$i/zoo.cfg"
     endpoints+="127.0.0.1:$client,"
   done
