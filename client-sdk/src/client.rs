@@ -531,6 +531,7 @@ impl Client {
                 return Err(e.clone());
             }
         }
+        tracing::debug!(%addr, "dialing");
         let handshake = async {
             let conn = self
                 .inner
@@ -983,6 +984,7 @@ async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn(
             *heard.lock().expect("heard lock") = (Instant::now(), seen);
             continue;
         }
+        tracing::debug!(peer = %conn.remote_address(), silent_ms = last.elapsed().as_millis() as u64, "peer silent: probing");
         silent();
         let probe = async {
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
@@ -997,9 +999,12 @@ async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn(
             frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
         };
         let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)));
-        if !answered && received() == seen {
+        let now_seen = received();
+        if !answered && now_seen == seen {
+            tracing::debug!(peer = %conn.remote_address(), "probe unanswered: peer presumed dead");
             return;
         }
+        tracing::debug!(peer = %conn.remote_address(), answered, datagrams = now_seen - seen, "probe: peer alive");
         // Alive: a fresh second before the next look.
         since = Instant::now();
     }
