@@ -437,6 +437,12 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
     let mut knee = levels[0];
     let pb = bar(levels.len() as u64, "levels");
     for &level in &levels {
+        // Ours: how many entries the leader's log flusher made durable per fsync (its
+        // group commit), from the leader's counters before and after the level.
+        let leader_before = match &ctx.conn {
+            Conn::Ours(c) => crate::profile::leader_status(c).await.ok(),
+            _ => None,
+        };
         let deadline = Instant::now() + per;
         let tasks: Vec<_> = sessions[..level]
             .iter()
@@ -465,6 +471,17 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
         let tput = lat.count() as f64 / per.as_secs_f64();
         r.figure(&format!("writes per s at {level:>3} writers"), tput);
         r.figure(&format!("p99 ms at {level:>3} writers"), lat.summary().p99);
+        if let (Some(b), Conn::Ours(c)) = (&leader_before, &ctx.conn) {
+            if let Ok(a) = crate::profile::leader_status(c).await {
+                let syncs = a.log_syncs.saturating_sub(b.log_syncs);
+                if a.id == b.id && syncs > 0 {
+                    r.figure(
+                        &format!("leader log entries per fsync at {level:>3} writers"),
+                        a.last_log_index.saturating_sub(b.last_log_index) as f64 / syncs as f64,
+                    );
+                }
+            }
+        }
         if tput > prev * 1.1 {
             knee = level;
         }
