@@ -68,6 +68,11 @@ fn acquire_herd_and_max_writes() {
     assert!(figure(&v, "watch events per hand-off") <= 1.5);
     let v = run(&["max-writes"], dir.path());
     assert!(figure(&v, "peak writes per s") > 0.0);
+    // The leader's group commit, from its counters: at least one entry per fsync.
+    assert!(
+        figure(&v, "leader log entries per fsync at   1 writers") >= 1.0,
+        "{v}"
+    );
 }
 
 #[test]
