@@ -26,6 +26,11 @@ pub fn from_check_leader(e: RaftError<NodeId, CheckIsLeaderError<NodeId, Node>>)
     }
 }
 
+/// From a `client_write_ff` answer that failed.
+pub fn from_client_write_error(e: ClientWriteError<NodeId, Node>) -> Error {
+    from_client_write(RaftError::APIError(e))
+}
+
 /// From a failed `client_write` / membership change.
 pub fn from_client_write(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> Error {
     match e {

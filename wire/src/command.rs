@@ -64,6 +64,60 @@ pub enum Command {
         /// What is applied.
         command: Box<Command>,
     },
+    /// Commands proposed together, applied in order at this one log index, each with its
+    /// own answer ([`CommandOutput::batch`]). The leader coalesces the proposals that
+    /// arrive while earlier entries are in flight (openraft 0.9 appends and syncs each
+    /// entry alone). An entry's index is each create's fencing token and a session's id,
+    /// so a batch never holds two `CreateSession`s, nor two commands that create under the
+    /// same parent ([`BatchRule`]); a batch holds no batch.
+    Batch(Vec<Command>),
+}
+
+/// Which commands may share one [`Command::Batch`]: at most one `CreateSession` (its id is
+/// the entry's index) and, per parent, creates from at most one command (two lock
+/// contenders created in one entry would get the same token). The leader forms batches
+/// with it, and applying a batch checks it again, so a batch that breaks it applies only
+/// the commands it admits.
+#[derive(Debug, Default)]
+pub struct BatchRule {
+    session_created: bool,
+    parents: std::collections::HashSet<String>,
+}
+
+impl BatchRule {
+    /// Whether `cmd` may join the commands admitted so far; if so, it is admitted.
+    pub fn admit(&mut self, cmd: &Command) -> bool {
+        let mut parents = Vec::new();
+        match Self::inner(cmd) {
+            Command::Batch(_) => return false,
+            Command::CreateSession if self.session_created => return false,
+            Command::CreateSession => {
+                self.session_created = true;
+                return true;
+            }
+            Command::Write { ops, .. } => {
+                for op in ops {
+                    if let TxnOp::Create { path, .. } = op {
+                        let parent = crate::path::parent(path);
+                        if self.parents.contains(parent) {
+                            return false;
+                        }
+                        parents.push(parent.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.parents.extend(parents);
+        true
+    }
+
+    fn inner(cmd: &Command) -> &Command {
+        match cmd {
+            Command::Held { command, .. } => Self::inner(command),
+            other => other,
+        }
+    }
 }
 
 /// Lease facts a leader commits so that the next leader may grant less than a full lease.
@@ -92,12 +146,16 @@ pub struct LeaseCheckpoint {
 pub struct CommandOutput {
     /// The answer to send back to the client.
     pub result: Result<Reply, Error>,
+    /// For a [`Command::Batch`], each command's answer, in order (empty otherwise).
+    #[serde(default)]
+    pub batch: Vec<Result<Reply, Error>>,
 }
 
 impl Default for CommandOutput {
     fn default() -> Self {
         CommandOutput {
             result: Ok(Reply::Closed),
+            batch: Vec::new(),
         }
     }
 }

@@ -13,7 +13,7 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, StorageError, StorageIOError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
-use wire::command::{CommandOutput, Effect};
+use wire::command::{Command, CommandOutput, Effect};
 use wire::raft::{Entry, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig};
 use wire::types::Reply;
 
@@ -225,19 +225,22 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             let mut s = self.state.write().expect("state lock");
             for entry in entries {
                 s.last_applied = Some(entry.log_id);
+                let mut batch = Vec::new();
                 let result = match entry.payload {
                     EntryPayload::Blank => Ok(Reply::Closed),
                     EntryPayload::Normal(cmd) => {
-                        let (result, effects) = s.sm.apply_in_term(
-                            entry.log_id.index,
-                            entry.log_id.leader_id.term,
-                            &cmd,
-                        );
+                        let (index, term) = (entry.log_id.index, entry.log_id.leader_id.term);
+                        let (result, effects) = match &cmd {
+                            Command::Batch(cmds) => {
+                                let (results, effects) =
+                                    s.sm.apply_batch_in_term(index, term, cmds);
+                                batch = results;
+                                (Ok(Reply::Closed), effects)
+                            }
+                            cmd => s.sm.apply_in_term(index, term, cmd),
+                        };
                         if !effects.is_empty() {
-                            published.push(Applied::Effects {
-                                index: entry.log_id.index,
-                                effects,
-                            });
+                            published.push(Applied::Effects { index, effects });
                         }
                         result
                     }
@@ -246,7 +249,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                         Ok(Reply::Closed)
                     }
                 };
-                outputs.push(CommandOutput { result });
+                outputs.push(CommandOutput { result, batch });
             }
         }
         if let Some(tx) = &self.applied_tx {

@@ -14,7 +14,9 @@
 //! - A node's parent must exist and must not be ephemeral; a node with children cannot be
 //!   deleted; the root can be neither created, deleted nor written.
 //! - `create_index` (the fencing token) is the log index of the creating entry, so tokens
-//!   only go up, across leader changes too.
+//!   only go up, across leader changes too. A [`Command::Batch`] applies several commands
+//!   at one index, but never two that create under one parent nor two `CreateSession`s
+//!   ([`BatchRule`], checked here again), so contenders for one lock never share a token.
 //! - A write from a session that is not open fails here, at apply, whatever the leader
 //!   believed when it proposed it (etcd-io/etcd#11456 was a grant to a lapsed lease).
 //! - (session, request id) → result is remembered, so a retried write returns its first
@@ -31,7 +33,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use wire::command::{Command, Effect, LeaseCheckpoint};
+use wire::command::{BatchRule, Command, Effect, LeaseCheckpoint};
 use wire::types::{
     CreateMode, EventType, LogIndex, NodeStat, Predecessor, Reply, RequestId, SessionId, TxnOp,
     TxnResult, WatchKind,
@@ -303,6 +305,51 @@ impl StateMachine {
         (result, effects)
     }
 
+    /// Applies a [`Command::Batch`] entry at `index`, appended by the leader of `term`:
+    /// each command in order, all at this one index. Returns each command's answer and
+    /// what changed. A command the [`BatchRule`] does not admit beside the earlier ones
+    /// (a leader never proposes one) changes nothing and answers `Unavailable`, so its
+    /// client retries it in an entry of its own.
+    pub fn apply_batch_in_term(
+        &mut self,
+        index: LogIndex,
+        term: u64,
+        cmds: &[Command],
+    ) -> (Vec<Result<Reply, Error>>, Vec<Effect>) {
+        assert!(
+            index > self.last_index,
+            "apply out of order: {index} after {}",
+            self.last_index
+        );
+        self.last_index = index;
+        let mut effects = Vec::new();
+        let results = self.apply_batch(index, term, cmds, &mut effects);
+        (results, effects)
+    }
+
+    fn apply_batch(
+        &mut self,
+        index: LogIndex,
+        term: u64,
+        cmds: &[Command],
+        effects: &mut Vec<Effect>,
+    ) -> Vec<Result<Reply, Error>> {
+        let mut rule = BatchRule::default();
+        cmds.iter()
+            .map(|c| {
+                if rule.admit(c) {
+                    self.apply_command(index, term, c, effects)
+                } else {
+                    Err(Error::Unavailable {
+                        reason: "proposed in one entry with a command it may not share an \
+                                 index with; retry"
+                            .into(),
+                    })
+                }
+            })
+            .collect()
+    }
+
     fn apply_command(
         &mut self,
         index: LogIndex,
@@ -311,6 +358,13 @@ impl StateMachine {
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
         match cmd {
+            Command::Batch(cmds) => {
+                // Reached only through `apply_in_term` (whose caller wants one answer) or
+                // a batch inside a held command, which no leader proposes: apply what the
+                // rule admits, answer for the entry as a whole.
+                self.apply_batch(index, term, cmds, effects);
+                Ok(Reply::Closed)
+            }
             Command::Held {
                 term: held,
                 command,

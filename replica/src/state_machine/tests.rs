@@ -810,3 +810,158 @@ fn a_held_write_applies_only_in_the_term_it_was_held_in() {
     assert!(matches!(r, Err(Error::NotLeader { .. })), "{r:?}");
     assert!(h.sm.session(owner).is_some() && h.sm.node("/e").is_some());
 }
+
+fn write_cmd(session: u64, request_id: u64, op: TxnOp) -> Command {
+    Command::Write {
+        session,
+        request_id,
+        ack_below: 0,
+        ops: vec![op],
+        single: true,
+    }
+}
+
+/// A batch applies its commands in order at one index, each with its own answer, exactly
+/// as one entry each would (but for the index): a later command sees an earlier one's
+/// change, a failing one changes nothing and does not stop the rest, and a retried write
+/// in a later batch returns its first answer.
+#[test]
+fn a_batch_applies_its_commands_in_order_at_one_index() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    h.write(a, create("/cfg", b"v0", false, false)).unwrap();
+    let batch = vec![
+        write_cmd(a, 10, set("/cfg", b"v1", Some(0))),
+        write_cmd(b, 20, set("/cfg", b"stale", Some(0))),
+        write_cmd(b, 21, create("/b", b"", true, false)),
+        write_cmd(
+            a,
+            11,
+            TxnOp::Delete {
+                path: "/cfg".into(),
+                version: Some(1),
+            },
+        ),
+    ];
+    h.index += 1;
+    let at = h.index;
+    let (answers, effects) = h.sm.apply_batch_in_term(at, 0, &batch);
+    assert_eq!(answers.len(), 4);
+    assert!(matches!(answers[0], Ok(Reply::Set { .. })), "{answers:?}");
+    assert_eq!(
+        answers[1],
+        Err(Error::BadVersion {
+            path: "/cfg".into(),
+            expected: 0,
+            actual: 1
+        })
+    );
+    assert!(
+        matches!(answers[2], Ok(Reply::Created { .. })),
+        "{answers:?}"
+    );
+    assert!(answers[3].is_ok(), "{answers:?}");
+    assert!(h.sm.node("/cfg").is_none());
+    let n = h.sm.node("/b").expect("/b");
+    assert_eq!((n.create_index, n.ephemeral_owner), (at, Some(b)));
+    assert!(
+        effects.contains(&Effect::Deleted {
+            path: "/cfg".into()
+        }),
+        "{effects:?}"
+    );
+    // The same write retried later (same session and request id) is not applied again.
+    h.index += 1;
+    let (again, _) = h.sm.apply_batch_in_term(h.index, 0, &batch[2..3]);
+    assert_eq!(again[0], answers[2]);
+}
+
+/// Two commands that would share an index they must not share are never both applied
+/// from one batch, whoever proposed it: the second `CreateSession` (its id would be the
+/// first one's) and the second create under one parent (two lock contenders with one
+/// fencing token) answer `Unavailable` and change nothing; everything else still applies.
+#[test]
+fn a_batch_never_gives_two_sessions_one_id_nor_two_contenders_one_token() {
+    let mut h = Harness::new();
+    let (a, b) = (h.session(), h.session());
+    h.write(a, create("/lock", b"", false, false)).unwrap();
+    h.write(a, create("/other", b"", false, false)).unwrap();
+    let sessions_before = h.sm.session_count();
+    let batch = vec![
+        Command::CreateSession,
+        write_cmd(a, 30, create("/lock/n-", b"", true, true)),
+        Command::CreateSession,
+        write_cmd(b, 40, create("/lock/n-", b"", true, true)),
+        write_cmd(b, 41, create("/other/x", b"", false, false)),
+        Command::Held {
+            term: 0,
+            command: Box::new(write_cmd(b, 42, create("/lock/m-", b"", true, true))),
+        },
+        Command::Batch(vec![Command::Noop]),
+    ];
+    h.index += 1;
+    let at = h.index;
+    let (answers, _) = h.sm.apply_batch_in_term(at, 0, &batch);
+    assert!(
+        matches!(answers[0], Ok(Reply::SessionCreated { session, .. }) if session == at),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[1], Ok(Reply::Created { .. })),
+        "{answers:?}"
+    );
+    for i in [2, 3, 5, 6] {
+        assert!(
+            matches!(answers[i], Err(Error::Unavailable { .. })),
+            "{i}: {answers:?}"
+        );
+    }
+    assert!(
+        matches!(answers[4], Ok(Reply::Created { .. })),
+        "{answers:?}"
+    );
+    assert_eq!(h.sm.session_count(), sessions_before + 1);
+    let Ok(Reply::Children { children, .. }) = h.sm.children("/lock") else {
+        panic!("children of /lock")
+    };
+    assert_eq!(children.len(), 1, "{children:?}");
+    // Refused, not recorded: the same request in an entry of its own applies.
+    let Ok(Reply::Created { path, .. }) = h.write_id(b, 40, create("/lock/n-", b"", true, true))
+    else {
+        panic!("retried create")
+    };
+    assert!(h.sm.node(&path).unwrap().create_index > at);
+}
+
+proptest! {
+    /// The rule the leader batches by: a run it admits never holds two `CreateSession`s
+    /// or two commands creating under one parent, and it refuses nothing else.
+    #[test]
+    fn the_batch_rule_refuses_exactly_the_index_sharing_commands(
+        cmds in prop::collection::vec((0u8..4, 0u8..3), 1..30)
+    ) {
+        let cmds: Vec<Command> = cmds
+            .into_iter()
+            .enumerate()
+            .map(|(i, (kind, parent))| match kind {
+                0 => Command::CreateSession,
+                1 => write_cmd(1, i as u64, create(&format!("/p{parent}/n-"), b"", true, true)),
+                2 => write_cmd(1, i as u64, set(&format!("/p{parent}"), b"", None)),
+                _ => Command::CloseSession { session: 9 },
+            })
+            .collect();
+        let mut rule = wire::command::BatchRule::default();
+        let (mut opened, mut parents) = (false, std::collections::BTreeSet::new());
+        for c in &cmds {
+            let expected = match c {
+                Command::CreateSession => !std::mem::replace(&mut opened, true),
+                Command::Write { ops, .. } => match &ops[0] {
+                    TxnOp::Create { path, .. } => parents.insert(wire::path::parent(path).to_string()),
+                    _ => true,
+                },
+                _ => true,
+            };
+            prop_assert_eq!(rule.admit(c), expected, "{:?}", c);
+        }
+    }
+}
