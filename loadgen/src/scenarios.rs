@@ -474,10 +474,16 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
         if let (Some(b), Conn::Ours(c)) = (&leader_before, &ctx.conn) {
             if let Ok(a) = crate::profile::leader_status(c).await {
                 let syncs = a.log_syncs.saturating_sub(b.log_syncs);
-                if a.id == b.id && syncs > 0 {
+                let entries = a.last_log_index.saturating_sub(b.last_log_index);
+                if a.id == b.id && syncs > 0 && entries > 0 {
                     r.figure(
                         &format!("leader log entries per fsync at {level:>3} writers"),
-                        a.last_log_index.saturating_sub(b.last_log_index) as f64 / syncs as f64,
+                        entries as f64 / syncs as f64,
+                    );
+                    // Writes coalesced into one entry share its append and fsync.
+                    r.figure(
+                        &format!("writes per log entry at {level:>3} writers"),
+                        lat.count() as f64 / entries as f64,
                     );
                 }
             }

@@ -68,9 +68,14 @@ fn acquire_herd_and_max_writes() {
     assert!(figure(&v, "watch events per hand-off") <= 1.5);
     let v = run(&["max-writes"], dir.path());
     assert!(figure(&v, "peak writes per s") > 0.0);
-    // The leader's group commit, from its counters: at least one entry per fsync.
+    // The leader's group commit and write coalescing, from its counters: at least one
+    // entry per fsync and one write per entry.
     assert!(
         figure(&v, "leader log entries per fsync at   1 writers") >= 1.0,
+        "{v}"
+    );
+    assert!(
+        figure(&v, "writes per log entry at   4 writers") >= 1.0,
         "{v}"
     );
 }
