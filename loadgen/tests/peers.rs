@@ -46,6 +46,25 @@ fn run(system: &str, args: &[&str], name: &str, out: &Path) -> serde_json::Value
     serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
 }
 
+/// The run used three loadgen processes (this one and two others named `<other> 0` and
+/// `<other> 1`), and reported the others' costs.
+fn assert_split_over_two(v: &serde_json::Value, other: &str) {
+    let procs = v["params"]["loadgen processes"].as_str().unwrap();
+    assert!(procs.starts_with("3 "), "{v}");
+    let names: Vec<&str> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for k in 0..2 {
+        assert!(
+            names.contains(&format!("{other} {k}").as_str()),
+            "{names:?}"
+        );
+    }
+}
+
 fn figure(v: &serde_json::Value, k: &str) -> f64 {
     v["figures"][k]
         .as_f64()
@@ -119,18 +138,7 @@ fn profile_on_zookeeper_split_over_two_processes() {
     let Some(v) = profile_on("zk", &["--processes", "2"]) else {
         return;
     };
-    let procs = v["params"]["loadgen processes"].as_str().unwrap();
-    assert!(procs.starts_with("3 "), "{v}");
-    let names: Vec<&str> = v["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
-    assert!(
-        names.contains(&"loadgen part 0") && names.contains(&"loadgen part 1"),
-        "{names:?}"
-    );
+    assert_split_over_two(&v, "loadgen part");
     // 1 000 sessions at this scale: both parts' sessions are counted.
     assert_eq!(v["params"]["sessions"], "1000", "{v}");
 }
@@ -167,18 +175,7 @@ fn state_on_zookeeper_with_sessions_in_two_processes() {
     let Some(v) = state_on("zk", &["--processes", "2"]) else {
         return;
     };
-    let procs = v["params"]["loadgen processes"].as_str().unwrap();
-    assert!(procs.starts_with("3 "), "{v}");
+    assert_split_over_two(&v, "loadgen session holder");
     assert_eq!(v["params"]["sessions (one connection each)"], "1000", "{v}");
     assert_eq!(figure(&v, "sessions in the cell"), 1_000.0 + 8.0, "{v}");
-    let names: Vec<&str> = v["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
-    assert!(
-        names.contains(&"loadgen session holder 0") && names.contains(&"loadgen session holder 1"),
-        "{names:?}"
-    );
 }

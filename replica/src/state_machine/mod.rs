@@ -294,15 +294,20 @@ impl StateMachine {
         term: u64,
         cmd: &Command,
     ) -> (Result<Reply, Error>, Vec<Effect>) {
+        self.advance_to(index);
+        let mut effects = Vec::new();
+        let result = self.apply_command(index, term, cmd, &mut effects);
+        (result, effects)
+    }
+
+    /// Entries apply in log order, each once.
+    fn advance_to(&mut self, index: LogIndex) {
         assert!(
             index > self.last_index,
             "apply out of order: {index} after {}",
             self.last_index
         );
         self.last_index = index;
-        let mut effects = Vec::new();
-        let result = self.apply_command(index, term, cmd, &mut effects);
-        (result, effects)
     }
 
     /// Applies a [`Command::Batch`] entry at `index`, appended by the leader of `term`:
@@ -316,12 +321,7 @@ impl StateMachine {
         term: u64,
         cmds: &[Command],
     ) -> (Vec<Result<Reply, Error>>, Vec<Effect>) {
-        assert!(
-            index > self.last_index,
-            "apply out of order: {index} after {}",
-            self.last_index
-        );
-        self.last_index = index;
+        self.advance_to(index);
         let mut effects = Vec::new();
         let results = self.apply_batch(index, term, cmds, &mut effects);
         (results, effects)
