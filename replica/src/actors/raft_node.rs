@@ -137,6 +137,19 @@ fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> Vec<Proposal>
     batch
 }
 
+/// Completes once this replica does not lead (at once if it does not now).
+async fn not_leading(raft: &Raft) {
+    let mut metrics = raft.metrics();
+    loop {
+        if metrics.borrow_and_update().state != ServerState::Leader {
+            return;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Proposes what arrives on `rx`: each command in an entry of its own while fewer than
 /// [`ENTRIES_IN_FLIGHT`] entries are in flight, else together with the others that
 /// waited, as one [`Command::Batch`]. Entries go to openraft in the order their commands
@@ -151,7 +164,14 @@ async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Propos
                 None => return,
             }
         }
-        let slot = slots.clone().acquire_owned().await.expect("never closed");
+        // A replica that does not lead proposes at once (openraft refuses with the leader's
+        // address): entries it proposed while leading keep their slots until they are
+        // applied or truncated, which may be long after it stepped down, and waiting for
+        // them would turn every `NotLeader` into a commit timeout.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => Some(s.expect("never closed")),
+            _ = not_leading(&raft) => None,
+        };
         while let Ok(p) = rx.try_recv() {
             queue.push_back(p);
         }
