@@ -181,7 +181,8 @@ impl Session {
         Ok(Session { inner })
     }
 
-    /// The session id (the log index of its creation).
+    /// The session id (`wire::types::session_id`: the log index of its creation times
+    /// `wire::types::SESSIONS_PER_ENTRY`, plus its place among the sessions that entry opened).
     pub fn id(&self) -> SessionId {
         self.inner.id
     }

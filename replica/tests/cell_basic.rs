@@ -439,7 +439,8 @@ fn dedup_and_bad_input() {
 /// or a session id: 48 sessions opened at once get 48 ids; 48 contenders creating
 /// ephemeral sequential nodes under one lock parent at once get 48 distinct tokens, in
 /// the order of their names (the lock recipe grants in name order); and 48 writers of
-/// 10 writes each need fewer log entries than writes. Every replica agrees afterwards.
+/// 10 writes each need fewer log entries than writes, and 48 sessions opened at once fewer
+/// entries than sessions. Every replica agrees afterwards.
 #[test]
 fn concurrent_writes_share_entries_but_never_a_token_or_a_session_id() {
     let _g = serial();
@@ -460,6 +461,10 @@ fn concurrent_writes_share_entries_but_never_a_token_or_a_session_id() {
         }
         let ids: std::collections::BTreeSet<u64> = sessions.iter().map(|s| s.id()).collect();
         assert_eq!(ids.len(), 48, "session ids shared: {ids:?}");
+        let opening: std::collections::BTreeSet<u64> =
+            ids.iter().map(|id| wire::types::session_index(*id)).collect();
+        println!("FIGURE 48 sessions opened at once took {} log entries", opening.len());
+        assert!(opening.len() < 48, "no two sessions opened in one entry: {ids:?}");
 
         let mode = CreateMode { ephemeral: true, sequential: true };
         let creates = sessions.iter().map(|s| {

@@ -14,7 +14,8 @@ use crate::types::{Reply, RequestId, SessionId, TxnOp};
 pub enum Command {
     /// Does nothing (a leader's first entry, or a barrier).
     Noop,
-    /// Opens a session; its id is this entry's log index.
+    /// Opens a session; its id is [`crate::types::session_id`] of this entry's log index
+    /// and the number of sessions the entry opened before it.
     CreateSession,
     /// Ends a session at the client's request; its ephemeral nodes are deleted.
     CloseSession {
@@ -67,20 +68,22 @@ pub enum Command {
     /// Commands proposed together, applied in order at this one log index, each with its
     /// own answer ([`CommandOutput::batch`]). The leader coalesces the proposals that
     /// arrive while earlier entries are in flight (openraft 0.9 appends and syncs each
-    /// entry alone). An entry's index is each create's fencing token and a session's id,
-    /// so a batch never holds two `CreateSession`s, nor two commands that create under the
-    /// same parent ([`BatchRule`]); a batch holds no batch.
+    /// entry alone). An entry's index is each create's fencing token, so a batch never
+    /// holds two commands that create under the same parent, nor more than
+    /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s ([`BatchRule`]); a batch holds
+    /// no batch.
     Batch(Vec<Command>),
 }
 
-/// Which commands may share one [`Command::Batch`]: at most one `CreateSession` (its id is
-/// the entry's index) and, per parent, creates from at most one command (two lock
-/// contenders created in one entry would get the same token). The leader forms batches
+/// Which commands may share one [`Command::Batch`]: at most
+/// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s (each gets the next id of the
+/// entry's range) and, per parent, creates from at most one command (two lock contenders
+/// created in one entry would get the same token). The leader forms batches
 /// with it, and applying a batch checks it again, so a batch that breaks it applies only
 /// the commands it admits.
 #[derive(Debug, Default)]
 pub struct BatchRule {
-    session_created: bool,
+    sessions: u64,
     parents: std::collections::HashSet<String>,
 }
 
@@ -90,9 +93,11 @@ impl BatchRule {
         let mut parents = Vec::new();
         match Self::inner(cmd) {
             Command::Batch(_) => return false,
-            Command::CreateSession if self.session_created => return false,
+            Command::CreateSession if self.sessions >= crate::types::SESSIONS_PER_ENTRY => {
+                return false
+            }
             Command::CreateSession => {
-                self.session_created = true;
+                self.sessions += 1;
                 return true;
             }
             Command::Write { ops, .. } => {
@@ -110,6 +115,11 @@ impl BatchRule {
         }
         self.parents.extend(parents);
         true
+    }
+
+    /// How many `CreateSession`s were admitted so far.
+    pub fn sessions(&self) -> u64 {
+        self.sessions
     }
 
     fn inner(cmd: &Command) -> &Command {

@@ -2,9 +2,24 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A session's id: the Raft log index of its `CreateSession` entry. Unique for the life of
-/// the cell. `0` means "no session".
+/// A session's id: `index × SESSIONS_PER_ENTRY + n` for the `n`th `CreateSession` applied
+/// in the log entry at `index` ([`session_id`]), so ids only go up and are unique for the
+/// life of the cell, and [`session_index`] gives the entry that opened a session. `0` means
+/// "no session".
 pub type SessionId = u64;
+/// At most this many sessions are opened by one log entry (a leader coalesces the
+/// `CreateSession`s that arrive together into one entry).
+pub const SESSIONS_PER_ENTRY: u64 = 1024;
+
+/// The id of the `n`th session (from 0) opened by the log entry at `index`.
+pub const fn session_id(index: LogIndex, n: u64) -> SessionId {
+    index * SESSIONS_PER_ENTRY + n
+}
+
+/// The log index of the entry that opened session `id`.
+pub const fn session_index(id: SessionId) -> LogIndex {
+    id / SESSIONS_PER_ENTRY
+}
 /// A client-chosen request id, unique and increasing within one session.
 pub type RequestId = u64;
 /// A Raft log index.

@@ -114,7 +114,7 @@ pub struct CacherStats {
 /// before this leader took over may cache anything until it confirms a flush.
 #[derive(Debug)]
 struct Failover {
-    /// Sessions with ids at or below this were created by earlier leaders.
+    /// Sessions opened by entries at or below this index were created by earlier leaders.
     boundary: u64,
     /// Sessions that confirmed a flush, or whose lease ran out at this leader (their
     /// clients stopped serving from their caches before that, and this leader will never
@@ -197,7 +197,11 @@ impl CacherListActor {
                 return None;
             }
             s.sm.sessions()
-                .filter(|(id, sess)| sess.caches && *id <= f.boundary && !f.confirmed.contains(id))
+                .filter(|(id, sess)| {
+                    sess.caches
+                        && wire::types::session_index(*id) <= f.boundary
+                        && !f.confirmed.contains(id)
+                })
                 .map(|(id, _)| id)
                 .collect()
         };

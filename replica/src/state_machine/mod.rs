@@ -15,8 +15,9 @@
 //!   deleted; the root can be neither created, deleted nor written.
 //! - `create_index` (the fencing token) is the log index of the creating entry, so tokens
 //!   only go up, across leader changes too. A [`Command::Batch`] applies several commands
-//!   at one index, but never two that create under one parent nor two `CreateSession`s
-//!   ([`BatchRule`], checked here again), so contenders for one lock never share a token.
+//!   at one index, but never two that create under one parent ([`BatchRule`], checked
+//!   here again), so contenders for one lock never share a token. The sessions one entry
+//!   opens get consecutive ids from its range ([`wire::types::session_id`]).
 //! - A write from a session that is not open fails here, at apply, whatever the leader
 //!   believed when it proposed it (etcd-io/etcd#11456 was a grant to a lapsed lease).
 //! - (session, request id) → result is remembered, so a retried write returns its first
@@ -172,7 +173,9 @@ impl StateMachine {
         if id == 0 {
             return Err(Error::SessionRequired);
         }
-        if self.ended.contains(&id) || (id <= self.last_index && self.is_forgotten_end(id)) {
+        if self.ended.contains(&id)
+            || (wire::types::session_index(id) <= self.last_index && self.is_forgotten_end(id))
+        {
             return Err(Error::SessionExpired { session: id });
         }
         Err(Error::UnknownSession { session: id })
@@ -296,7 +299,7 @@ impl StateMachine {
     ) -> (Result<Reply, Error>, Vec<Effect>) {
         self.advance_to(index);
         let mut effects = Vec::new();
-        let result = self.apply_command(index, term, cmd, &mut effects);
+        let result = self.apply_command(index, term, cmd, 0, &mut effects);
         (result, effects)
     }
 
@@ -337,8 +340,9 @@ impl StateMachine {
         let mut rule = BatchRule::default();
         cmds.iter()
             .map(|c| {
+                let opened = rule.sessions();
                 if rule.admit(c) {
-                    self.apply_command(index, term, c, effects)
+                    self.apply_command(index, term, c, opened, effects)
                 } else {
                     Err(Error::Unavailable {
                         reason: "proposed in one entry with a command it may not share an \
@@ -350,11 +354,14 @@ impl StateMachine {
             .collect()
     }
 
+    /// Applies one command at `index`; `opened` is how many sessions this entry opened
+    /// before it (the next `CreateSession` takes the id after theirs).
     fn apply_command(
         &mut self,
         index: LogIndex,
         term: u64,
         cmd: &Command,
+        opened: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
         match cmd {
@@ -376,14 +383,15 @@ impl StateMachine {
                         leader_addr: None,
                     });
                 }
-                self.apply_command(index, term, command, effects)
+                self.apply_command(index, term, command, opened, effects)
             }
             Command::Noop => Ok(Reply::Closed),
             Command::CreateSession => {
-                self.sessions.insert(index, Session::default());
-                effects.push(Effect::SessionOpened { session: index });
+                let id = wire::types::session_id(index, opened);
+                self.sessions.insert(id, Session::default());
+                effects.push(Effect::SessionOpened { session: id });
                 Ok(Reply::SessionCreated {
-                    session: index,
+                    session: id,
                     session_lease_ms: 0,
                 })
             }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use wire::command::{Command, Effect, LeaseCheckpoint};
-use wire::types::{CreateMode, Reply, TxnOp, TxnResult};
+use wire::types::{CreateMode, Reply, SessionId, TxnOp, TxnResult};
 use wire::Error;
 
 use super::StateMachine;
@@ -876,12 +876,12 @@ fn a_batch_applies_its_commands_in_order_at_one_index() {
     assert_eq!(again[0], answers[2]);
 }
 
-/// Two commands that would share an index they must not share are never both applied
-/// from one batch, whoever proposed it: the second `CreateSession` (its id would be the
-/// first one's) and the second create under one parent (two lock contenders with one
-/// fencing token) answer `Unavailable` and change nothing; everything else still applies.
+/// Two lock contenders are never both created by one batch, whoever proposed it: the
+/// second create under one parent (it would share the first one's fencing token) answers
+/// `Unavailable` and changes nothing; everything else still applies, and the sessions one
+/// entry opens get distinct, consecutive ids from its range, below the next entry's.
 #[test]
-fn a_batch_never_gives_two_sessions_one_id_nor_two_contenders_one_token() {
+fn a_batch_never_gives_two_contenders_one_token_and_its_sessions_distinct_ids() {
     let mut h = Harness::new();
     let (a, b) = (h.session(), h.session());
     h.write(a, create("/lock", b"", false, false)).unwrap();
@@ -902,15 +902,27 @@ fn a_batch_never_gives_two_sessions_one_id_nor_two_contenders_one_token() {
     h.index += 1;
     let at = h.index;
     let (answers, _) = h.sm.apply_batch_in_term(at, 0, &batch);
-    assert!(
-        matches!(answers[0], Ok(Reply::SessionCreated { session, .. }) if session == at),
-        "{answers:?}"
+    let opened: Vec<SessionId> = [0, 2]
+        .iter()
+        .map(|&i| match answers[i] {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            ref other => panic!("{i}: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        opened,
+        vec![
+            wire::types::session_id(at, 0),
+            wire::types::session_id(at, 1)
+        ]
     );
+    assert!(opened.iter().all(|&s| wire::types::session_index(s) == at));
+    assert!(opened[0] > b, "ids go up: {opened:?} after {b}");
     assert!(
         matches!(answers[1], Ok(Reply::Created { .. })),
         "{answers:?}"
     );
-    for i in [2, 3, 5, 6] {
+    for i in [3, 5, 6] {
         assert!(
             matches!(answers[i], Err(Error::Unavailable { .. })),
             "{i}: {answers:?}"
@@ -920,7 +932,10 @@ fn a_batch_never_gives_two_sessions_one_id_nor_two_contenders_one_token() {
         matches!(answers[4], Ok(Reply::Created { .. })),
         "{answers:?}"
     );
-    assert_eq!(h.sm.session_count(), sessions_before + 1);
+    assert_eq!(h.sm.session_count(), sessions_before + 2);
+    for s in &opened {
+        h.sm.check_session(*s).expect("opened");
+    }
     let Ok(Reply::Children { children, .. }) = h.sm.children("/lock") else {
         panic!("children of /lock")
     };
@@ -931,11 +946,35 @@ fn a_batch_never_gives_two_sessions_one_id_nor_two_contenders_one_token() {
         panic!("retried create")
     };
     assert!(h.sm.node(&path).unwrap().create_index > at);
+    // The next entry's session is above every id of this one's range.
+    let next = h.session();
+    assert!(next > wire::types::session_id(at, wire::types::SESSIONS_PER_ENTRY - 1));
+}
+
+/// One entry opens at most `SESSIONS_PER_ENTRY` sessions (its id range): the next
+/// `CreateSession` is refused, at batching and at apply, and opens nothing.
+#[test]
+fn an_entry_opens_at_most_its_range_of_sessions() {
+    let per = wire::types::SESSIONS_PER_ENTRY as usize;
+    let mut rule = wire::command::BatchRule::default();
+    for _ in 0..per {
+        assert!(rule.admit(&Command::CreateSession));
+    }
+    assert!(!rule.admit(&Command::CreateSession));
+    let mut h = Harness::new();
+    h.index += 1;
+    let (answers, _) =
+        h.sm.apply_batch_in_term(h.index, 0, &vec![Command::CreateSession; per + 1]);
+    assert!(answers[..per]
+        .iter()
+        .all(|a| matches!(a, Ok(Reply::SessionCreated { .. }))));
+    assert!(matches!(answers[per], Err(Error::Unavailable { .. })));
+    assert_eq!(h.sm.session_count(), per);
 }
 
 proptest! {
-    /// The rule the leader batches by: a run it admits never holds two `CreateSession`s
-    /// or two commands creating under one parent, and it refuses nothing else.
+    /// The rule the leader batches by: a run it admits never holds two commands creating
+    /// under one parent, and (below its range of session ids) it refuses nothing else.
     #[test]
     fn the_batch_rule_refuses_exactly_the_index_sharing_commands(
         cmds in prop::collection::vec((0u8..4, 0u8..3), 1..30)
@@ -951,10 +990,10 @@ proptest! {
             })
             .collect();
         let mut rule = wire::command::BatchRule::default();
-        let (mut opened, mut parents) = (false, std::collections::BTreeSet::new());
+        let mut parents = std::collections::BTreeSet::new();
         for c in &cmds {
             let expected = match c {
-                Command::CreateSession => !std::mem::replace(&mut opened, true),
+                Command::CreateSession => true,
                 Command::Write { ops, .. } => match &ops[0] {
                     TxnOp::Create { path, .. } => parents.insert(wire::path::parent(path).to_string()),
                     _ => true,
