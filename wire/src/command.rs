@@ -75,6 +75,31 @@ pub enum Command {
     Batch(Vec<Command>),
 }
 
+impl Command {
+    /// About how many bytes this command adds to a log entry (its paths and data, plus a
+    /// little for the rest): cheap, for the limits on a batch and on one AppendEntries.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            Command::Held { command, .. } => command.approx_bytes(),
+            Command::Batch(cmds) => 16 + cmds.iter().map(Command::approx_bytes).sum::<usize>(),
+            Command::Write { ops, .. } => {
+                ops.iter()
+                    .map(|op| {
+                        64 + match op {
+                            TxnOp::Create { path, data, .. }
+                            | TxnOp::SetData { path, data, .. } => path.len() + data.len(),
+                            TxnOp::Check { path, .. } | TxnOp::Delete { path, .. } => path.len(),
+                        }
+                    })
+                    .sum()
+            }
+            Command::ExpireSessions { sessions } => 16 + 8 * sessions.len(),
+            Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),
+            _ => 32,
+        }
+    }
+}
+
 /// Which commands may share one [`Command::Batch`]: at most
 /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s (each gets the next id of the
 /// entry's range) and, per parent, creates from at most one command (two lock contenders

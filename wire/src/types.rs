@@ -70,6 +70,7 @@ pub enum TxnOp {
         /// Node path (the prefix when sequential).
         path: String,
         /// Initial data.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Ephemeral and/or sequential.
         mode: CreateMode,
@@ -86,6 +87,7 @@ pub enum TxnOp {
         /// Node path.
         path: String,
         /// New data.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Expected version, or any version when `None`.
         version: Option<u64>,
@@ -262,6 +264,7 @@ pub enum Op {
         /// Path (the prefix when sequential).
         path: String,
         /// Initial data, at most [`crate::VALUE_BYTES_MAX`] bytes.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Ephemeral and/or sequential.
         mode: CreateMode,
@@ -278,6 +281,7 @@ pub enum Op {
         /// Path.
         path: String,
         /// New data, at most [`crate::VALUE_BYTES_MAX`] bytes.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Expected version (compare-and-set), any when `None`.
         version: Option<u64>,
@@ -493,6 +497,7 @@ pub enum Reply {
     /// A node's data and metadata.
     Data {
         /// Data.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Metadata.
         stat: NodeStat,
@@ -718,6 +723,56 @@ mod id_ranges_tests {
         assert_eq!(
             IdRanges(&[9, 3, 4, 5, 5, 11, 12]).to_string(),
             "3-5,9,11-12"
+        );
+    }
+}
+
+#[cfg(test)]
+mod bytes_encoding_tests {
+    use super::{CreateMode, TxnOp};
+
+    /// Node data is encoded as bytes (`serde_bytes`: one copy, not one call per byte),
+    /// and postcard writes bytes exactly as it writes a sequence of `u8`, so frames and
+    /// log entries from before the change decode the same.
+    #[test]
+    fn data_as_bytes_encodes_like_a_sequence_of_u8() {
+        #[derive(serde::Serialize)]
+        struct Plain {
+            path: String,
+            data: Vec<u8>,
+        }
+        #[derive(serde::Serialize)]
+        struct Bytes {
+            path: String,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+        }
+        let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let plain = postcard::to_allocvec(&Plain {
+            path: "/a".into(),
+            data: data.clone(),
+        });
+        let bytes = postcard::to_allocvec(&Bytes {
+            path: "/a".into(),
+            data: data.clone(),
+        });
+        assert!(
+            plain.unwrap() == bytes.unwrap(),
+            "bytes and a u8 sequence differ"
+        );
+        let mode = CreateMode {
+            ephemeral: true,
+            sequential: false,
+        };
+        let op = TxnOp::Create {
+            path: "/a".into(),
+            data,
+            mode,
+        };
+        let encoded = postcard::to_allocvec(&op).unwrap();
+        assert!(
+            postcard::from_bytes::<TxnOp>(&encoded).unwrap() == op,
+            "round trip"
         );
     }
 }

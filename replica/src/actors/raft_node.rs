@@ -104,27 +104,6 @@ const CUT_ENTRIES_IN_FLIGHT: usize = 30;
 const BATCH_COMMANDS_MAX: usize = 512;
 const BATCH_BYTES_MAX: usize = 1 << 20;
 
-/// About how many bytes `cmd` adds to an entry (its paths and data).
-fn approx_bytes(cmd: &Command) -> usize {
-    match cmd {
-        Command::Held { command, .. } => approx_bytes(command),
-        Command::Write { ops, .. } => ops
-            .iter()
-            .map(|op| {
-                64 + match op {
-                    wire::types::TxnOp::Create { path, data, .. }
-                    | wire::types::TxnOp::SetData { path, data, .. } => path.len() + data.len(),
-                    wire::types::TxnOp::Check { path, .. }
-                    | wire::types::TxnOp::Delete { path, .. } => path.len(),
-                }
-            })
-            .sum(),
-        Command::ExpireSessions { sessions } => 16 + 8 * sessions.len(),
-        Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),
-        _ => 32,
-    }
-}
-
 /// Takes the longest run from the front of `queue` that may share one entry (in order:
 /// a command the [`BatchRule`] refuses waits for the next entry, and so do the ones after
 /// it, so no client's commands are reordered). The flag is true when the rule, not a
@@ -133,7 +112,7 @@ fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> (Vec<Proposal
     let mut rule = wire::command::BatchRule::default();
     let (mut batch, mut bytes) = (Vec::new(), 0);
     while let Some(p) = queue.front() {
-        let size = approx_bytes(&p.cmd);
+        let size = p.cmd.approx_bytes();
         let fits = batch.is_empty()
             || (batch.len() < BATCH_COMMANDS_MAX && bytes + size <= BATCH_BYTES_MAX);
         if !fits {

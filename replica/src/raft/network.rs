@@ -159,17 +159,56 @@ fn unexpected<E: std::error::Error>(what: &str) -> RPCError<NodeId, BasicNode, E
     ))))
 }
 
+/// About this many bytes of entries, at most, go in one AppendEntries RPC. openraft 0.9
+/// sends up to `max_payload_entries` (300) entries at once and gives the RPC one
+/// heartbeat interval (150 ms); a batch entry may hold about 1 MiB, so a follower that
+/// fell behind could be sent 300 MiB, more than a peer frame may carry, and anything near
+/// that never arrives within the interval: the same payload is retried for ever and the
+/// follower never catches up (measured: a burst of 2 000 sessions a second stalled all
+/// commits for 9 s). Sending a prefix and answering `PartialSuccess` keeps each RPC small.
+const APPEND_BYTES_MAX: usize = 1 << 20;
+
+/// How many of `entries` one AppendEntries carries: the longest prefix of at most
+/// [`APPEND_BYTES_MAX`] bytes (estimated), and at least one entry.
+fn append_prefix(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+    let mut bytes = 0;
+    for (i, e) in entries.iter().enumerate() {
+        bytes += 32
+            + match &e.payload {
+                openraft::EntryPayload::Normal(cmd) => cmd.approx_bytes(),
+                openraft::EntryPayload::Membership(_) => 256,
+                openraft::EntryPayload::Blank => 0,
+            };
+        if bytes > APPEND_BYTES_MAX && i > 0 {
+            return i;
+        }
+    }
+    entries.len()
+}
+
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        // A prefix only, if the whole is large: the follower's success then covers up to
+        // the last entry sent, which openraft takes as `PartialSuccess` and goes on from.
+        let n = append_prefix(&rpc.entries);
+        let partial = (n < rpc.entries.len()).then(|| {
+            rpc.entries.truncate(n);
+            rpc.entries.last().map(|e| e.log_id)
+        });
         match self
             .call(PeerRequest::AppendEntries(rpc), option.hard_ttl())
             .await
             .map_err(rpc_err)?
         {
+            PeerResponse::AppendEntries(Ok(AppendEntriesResponse::Success))
+                if partial.is_some() =>
+            {
+                Ok(AppendEntriesResponse::PartialSuccess(partial.flatten()))
+            }
             PeerResponse::AppendEntries(Ok(r)) => Ok(r),
             PeerResponse::AppendEntries(Err(e)) => {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))

@@ -51,6 +51,7 @@ pub use wire::path::SEQUENCE_DIGITS;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     /// Its data (at most [`wire::VALUE_BYTES_MAX`] bytes).
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     /// Data changes since creation.
     pub version: u64,
