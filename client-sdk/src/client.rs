@@ -38,10 +38,20 @@ pub struct ClientConfig {
     pub cache_bytes_max: usize,
     /// Agent string sent in the hello.
     pub agent: String,
+    /// Most sessions this client holds open at once (default and upper bound
+    /// [`SESSIONS_PER_CLIENT_MAX`]); opening one more fails with
+    /// [`Error::TooManySessions`].
+    pub sessions_max: usize,
     /// The UDP sockets the client's QUIC endpoint runs on (default: the operating
     /// system's; the fault suite's simulation passes simulated ones).
     pub sockets: wire::quic::Sockets,
 }
+
+/// Most sessions one client holds open: each keeps an event stream open on the client's
+/// connection, which has [`wire::quic::STREAMS_MAX`] (4 096) streams in all, and the rest
+/// (1 024) stay free for requests. With every stream taken by event streams no request
+/// could be sent, not even the sessions' KeepAlives, and they would all expire.
+pub const SESSIONS_PER_CLIENT_MAX: usize = wire::quic::STREAMS_MAX as usize - 1_024;
 
 /// The endpoints of a local `lockctl dev` cell.
 pub const DEV_ENDPOINTS: &str =
@@ -75,6 +85,7 @@ impl ClientConfig {
             cache_entries_max: 10_000,
             cache_bytes_max: 64 * 1024 * 1024,
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
+            sessions_max: SESSIONS_PER_CLIENT_MAX,
             sockets: wire::quic::Sockets::Os,
         }
     }
@@ -98,6 +109,18 @@ struct Inner {
     silences: tokio::sync::broadcast::Sender<SocketAddr>,
     /// Endpoints whose connection a probe just gave up, until when they are skipped.
     silenced: std::sync::Mutex<HashMap<SocketAddr, (Instant, Error)>>,
+    /// Sessions open (or opening) on this client, each holding a [`SessionSlot`].
+    sessions: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One of a client's [`ClientConfig::sessions_max`] places for a session; given back when
+/// dropped (the session's event loop holds it until the session ends).
+pub(crate) struct SessionSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Acknowledgements of this client's sessions that arrive within this window of the first
@@ -300,6 +323,7 @@ impl Client {
             acks,
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
             silenced: std::sync::Mutex::new(HashMap::default()),
+            sessions: Arc::default(),
         });
         wire::rt::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
@@ -872,7 +896,36 @@ impl Client {
 
     /// Opens a session and starts its KeepAlives.
     pub async fn open_session(&self) -> Result<crate::Session, Error> {
-        crate::Session::open(self.clone()).await
+        let slot = self.session_slot()?;
+        crate::Session::open(self.clone(), slot).await
+    }
+
+    /// Takes a place for one more session, if the client has one.
+    fn session_slot(&self) -> Result<SessionSlot, Error> {
+        let max = self.inner.cfg.sessions_max.min(SESSIONS_PER_CLIENT_MAX);
+        let n = &self.inner.sessions;
+        let mut now = n.load(std::sync::atomic::Ordering::SeqCst);
+        loop {
+            if now >= max {
+                return Err(Error::TooManySessions { max });
+            }
+            match n.compare_exchange(
+                now,
+                now + 1,
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+            ) {
+                Ok(_) => return Ok(SessionSlot(n.clone())),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// How many sessions this client holds open (or is opening) now.
+    pub fn sessions_open(&self) -> usize {
+        self.inner
+            .sessions
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The status of one replica.

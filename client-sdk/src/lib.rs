@@ -33,7 +33,7 @@ mod session;
 mod watch;
 
 pub use cache::CacheStats;
-pub use client::{Client, ClientConfig};
+pub use client::{Client, ClientConfig, SESSIONS_PER_CLIENT_MAX};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
 pub use session::{Created, Session, SessionEvent, SessionState};
 pub use watch::Watch;

@@ -141,7 +141,10 @@ pub struct Session {
 }
 
 impl Session {
-    pub(crate) async fn open(client: Client) -> Result<Session, Error> {
+    pub(crate) async fn open(
+        client: Client,
+        slot: crate::client::SessionSlot,
+    ) -> Result<Session, Error> {
         let sent = Instant::now();
         let (id, lease_ms) = match client.request(Op::CreateSession).await? {
             Reply::SessionCreated {
@@ -177,7 +180,7 @@ impl Session {
             last_keepalive: Mutex::new(None),
         });
         wire::rt::spawn(keepalive_loop(inner.clone()));
-        wire::rt::spawn(event_loop(inner.clone()));
+        wire::rt::spawn(event_loop(inner.clone(), slot));
         Ok(Session { inner })
     }
 
@@ -719,7 +722,7 @@ pub(crate) async fn check_sequencer(
 /// Keeps the session's event stream open at the leader, dispatches watch events, and after
 /// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
 /// when the serving replica changed, announces a fail-over.
-async fn event_loop(inner: Arc<Inner>) {
+async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionSlot) {
     let mut serving: Option<std::net::SocketAddr> = None;
     let mut connected_before = false;
     loop {

@@ -540,9 +540,25 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
     for c in creators {
         c.await??;
     }
+    // Up to 4 000 arrivals at once, each a session: ours multiplexes sessions over a
+    // client's connection, at most 2 000 on each here (a client holds at most
+    // `SESSIONS_PER_CLIENT_MAX`); the peers open a connection per session anyway.
+    const IN_FLIGHT: usize = 4_000;
+    let conns = match ctx.conn {
+        Conn::Ours(_) => {
+            let mut v = Vec::new();
+            for _ in 0..IN_FLIGHT.div_ceil(crate::profile::SESSIONS_PER_CONNECTION) {
+                v.push(Conn::new(&ctx.cluster).await?);
+            }
+            v
+        }
+        _ => vec![ctx.conn.clone()],
+    };
     let start = Instant::now();
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(4_000));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let failed = Arc::new(AtomicU64::new(0));
+    // How many arrivals failed with each error (its first line), for the report's notes.
+    let reasons: Arc<Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
     let pb = bar(total, "arrivals");
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {
@@ -551,7 +567,9 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
-        let (conn, lease, failed, pb) = (ctx.conn.clone(), ctx.lease, failed.clone(), pb.clone());
+        let conn = conns[i as usize % conns.len()].clone();
+        let (lease, failed, pb) = (ctx.lease, failed.clone(), pb.clone());
+        let reasons = reasons.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
             let arrived = Instant::now();
@@ -568,8 +586,19 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
             }
             .await;
             pb.inc(1);
-            if r.is_err() {
+            if let Err(e) = &r {
                 failed.fetch_add(1, Ordering::Relaxed);
+                // The first line, numbers left out, so that like errors count together.
+                let reason: String = e
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .filter(|c| !c.is_ascii_digit())
+                    .take(160)
+                    .collect();
+                *reasons.lock().expect("reasons").entry(reason).or_default() += 1;
             }
             r.ok()
         }));
@@ -595,6 +624,10 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
         total as f64 / offered.as_secs_f64(),
     );
     r.figure("failed", failed.load(Ordering::Relaxed) as f64);
+    for (reason, n) in reasons.lock().expect("reasons").iter() {
+        r.notes
+            .push(format!("{n} arrivals failed: {reason} (numbers left out)"));
+    }
     ctx.costs(&mut r);
     Ok(r)
 }

@@ -526,3 +526,58 @@ fn concurrent_writes_share_entries_but_never_a_token_or_a_session_id() {
         }
     });
 }
+
+/// A client holds at most `sessions_max` sessions (each keeps an event stream on its one
+/// connection; with every stream taken no request could be sent and all its sessions
+/// would expire): one more fails with `TooManySessions` and opens nothing at the cell, and
+/// a closed session gives its place back.
+#[test]
+fn a_client_refuses_sessions_beyond_its_limit_and_frees_a_place_on_close() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        let mut cfg = cell.client_config();
+        cfg.sessions_max = 3;
+        let client = client_sdk::Client::connect(cfg).await.unwrap();
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(client.open_session().await.unwrap());
+        }
+        let before = cell.statuses(&client).await;
+        match client.open_session().await {
+            Err(Error::TooManySessions { max: 3 }) => {}
+            Err(other) => panic!("expected TooManySessions, got {other}"),
+            Ok(s) => panic!("a fourth session opened: {}", s.id()),
+        }
+        let after = cell.statuses(&client).await;
+        let sessions = |m: &std::collections::BTreeMap<u64, wire::types::Status>| {
+            m.values().map(|s| s.session_count).max().unwrap_or(0)
+        };
+        assert_eq!(
+            sessions(&after),
+            sessions(&before),
+            "the refused open reached the cell"
+        );
+        assert_eq!(client.sessions_open(), 3);
+
+        held.pop().unwrap().close().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while client.sessions_open() > 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the closed session kept its place"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let again = client.open_session().await.unwrap();
+        again
+            .create("/again", vec![], CreateMode::default())
+            .await
+            .unwrap();
+    });
+}

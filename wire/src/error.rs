@@ -179,6 +179,18 @@ pub enum Error {
         /// The window.
         max: usize,
     },
+    /// The client already holds `max` open sessions, the most one QUIC connection carries
+    /// (each session keeps an event stream open on it, and a connection has
+    /// [`crate::quic::STREAMS_MAX`] streams); no session was opened. Open another client
+    /// for more. Raised by the SDK, never by a server.
+    #[error(
+        "this client already holds {max} sessions, the most one connection carries (each \
+         keeps an event stream open); no session was opened: use another client for more"
+    )]
+    TooManySessions {
+        /// The limit (`ClientConfig::sessions_max`).
+        max: usize,
+    },
 }
 
 impl Error {
@@ -208,6 +220,7 @@ impl Error {
                 | Error::FrameTooLarge { .. }
                 | Error::Malformed { .. }
                 | Error::HelloRequired
+                | Error::TooManySessions { .. }
         )
     }
 }
