@@ -902,23 +902,12 @@ impl Client {
 
     /// Takes a place for one more session, if the client has one.
     fn session_slot(&self) -> Result<SessionSlot, Error> {
+        use std::sync::atomic::Ordering::SeqCst;
         let max = self.inner.cfg.sessions_max.min(SESSIONS_PER_CLIENT_MAX);
         let n = &self.inner.sessions;
-        let mut now = n.load(std::sync::atomic::Ordering::SeqCst);
-        loop {
-            if now >= max {
-                return Err(Error::TooManySessions { max });
-            }
-            match n.compare_exchange(
-                now,
-                now + 1,
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-            ) {
-                Ok(_) => return Ok(SessionSlot(n.clone())),
-                Err(seen) => now = seen,
-            }
-        }
+        n.fetch_update(SeqCst, SeqCst, |now| (now < max).then_some(now + 1))
+            .map(|_| SessionSlot(n.clone()))
+            .map_err(|_| Error::TooManySessions { max })
     }
 
     /// How many sessions this client holds open (or is opening) now.

@@ -158,14 +158,15 @@ async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Propos
                 None => return,
             }
         }
-        // A replica that does not lead proposes at once (openraft refuses with the leader's
-        // address): entries it proposed while leading keep their slots until they are
-        // applied or truncated, which may be long after it stepped down, and waiting for
-        // them would turn every `NotLeader` into a commit timeout.
-        let early = match cut {
-            true => cut_slots.clone().try_acquire_owned().ok(),
-            false => None,
-        };
+        // After a cut, the refused command goes at once if a cut slot is free. Otherwise it
+        // waits for a slot, except on a replica that does not lead, which proposes at once
+        // (openraft refuses with the leader's address): entries it proposed while leading
+        // keep their slots until they are applied or truncated, which may be long after it
+        // stepped down, and waiting for them would turn every `NotLeader` into a commit
+        // timeout.
+        let early = cut
+            .then(|| cut_slots.clone().try_acquire_owned().ok())
+            .flatten();
         let slot = match early {
             Some(s) => Some(s),
             None => tokio::select! {

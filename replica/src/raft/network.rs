@@ -195,10 +195,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         // A prefix only, if the whole is large: the follower's success then covers up to
         // the last entry sent, which openraft takes as `PartialSuccess` and goes on from.
         let n = append_prefix(&rpc.entries);
-        let partial = (n < rpc.entries.len()).then(|| {
+        let partial = if n < rpc.entries.len() {
             rpc.entries.truncate(n);
             rpc.entries.last().map(|e| e.log_id)
-        });
+        } else {
+            None
+        };
         match self
             .call(PeerRequest::AppendEntries(rpc), option.hard_ttl())
             .await
@@ -207,7 +209,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             PeerResponse::AppendEntries(Ok(AppendEntriesResponse::Success))
                 if partial.is_some() =>
             {
-                Ok(AppendEntriesResponse::PartialSuccess(partial.flatten()))
+                Ok(AppendEntriesResponse::PartialSuccess(partial))
             }
             PeerResponse::AppendEntries(Ok(r)) => Ok(r),
             PeerResponse::AppendEntries(Err(e)) => {
