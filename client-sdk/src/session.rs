@@ -7,7 +7,7 @@
 //! for a grace period; it ends in `Healthy` again (the session survived) or `Expired`.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -77,7 +77,16 @@ struct Inner {
     requests: Mutex<Requests>,
     request_done: tokio::sync::Notify,
     state_tx: watch::Sender<SessionState>,
-    local_deadline: Mutex<Instant>,
+    /// The state again, as a number, for [`Session::lease_valid`] and
+    /// [`Session::state`] to read without a lock: holders call them before every action,
+    /// and a process may have thousands of sessions. Written with the watch, under its
+    /// lock, before subscribers are woken.
+    state_now: AtomicU8,
+    /// When the local lease runs out, in nanoseconds since `opened` (every deadline is
+    /// counted from a KeepAlive sent after the session was opened, so never earlier).
+    local_deadline_ns: AtomicU64,
+    /// When the request that opened the session was sent: the origin of `local_deadline_ns`.
+    opened: Instant,
     keepalives_stopped: AtomicBool,
     events: broadcast::Sender<SessionEvent>,
     watches: Registry,
@@ -90,6 +99,27 @@ struct Inner {
 }
 
 impl Inner {
+    /// The state, without taking the watch's lock.
+    fn state(&self) -> SessionState {
+        match self.state_now.load(Ordering::Acquire) {
+            0 => SessionState::Healthy,
+            1 => SessionState::Jeopardy,
+            _ => SessionState::Expired,
+        }
+    }
+
+    /// When the local lease runs out.
+    fn local_deadline(&self) -> Instant {
+        self.opened + Duration::from_nanos(self.local_deadline_ns.load(Ordering::Acquire))
+    }
+
+    /// Moves the local lease's end to `at` (not before the session was opened).
+    fn set_local_deadline(&self, at: Instant) {
+        let ns = at.saturating_duration_since(self.opened).as_nanos();
+        self.local_deadline_ns
+            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
     /// Moves to `to`, telling subscribers what changed. `Expired` is final.
     fn set_state(&self, to: SessionState) {
         let mut from = SessionState::Healthy;
@@ -99,6 +129,12 @@ impl Inner {
                 return false;
             }
             *s = to;
+            let n = match to {
+                SessionState::Healthy => 0,
+                SessionState::Jeopardy => 1,
+                SessionState::Expired => 2,
+            };
+            self.state_now.store(n, Ordering::Release);
             true
         });
         if !changed {
@@ -170,7 +206,11 @@ impl Session {
             }),
             request_done: tokio::sync::Notify::new(),
             state_tx,
-            local_deadline: Mutex::new(sent + wire::local_lease(lease)),
+            state_now: AtomicU8::new(0),
+            local_deadline_ns: AtomicU64::new(
+                u64::try_from(wire::local_lease(lease).as_nanos()).unwrap_or(u64::MAX),
+            ),
+            opened: sent,
             keepalives_stopped: AtomicBool::new(false),
             events: broadcast::channel(64).0,
             watches: Registry::default(),
@@ -197,7 +237,7 @@ impl Session {
 
     /// The current state.
     pub fn state(&self) -> SessionState {
-        *self.inner.state_tx.borrow()
+        self.inner.state()
     }
 
     /// True while the session is [`SessionState::Healthy`] and its local lease (from
@@ -205,8 +245,7 @@ impl Session {
     /// out, checked against the clock now: the state is set by the KeepAlive loop, which
     /// may run late (a starved runtime) or not at all ([`Session::stop_keepalives`]).
     pub fn lease_valid(&self) -> bool {
-        self.state() == SessionState::Healthy
-            && Instant::now() < *self.inner.local_deadline.lock().expect("deadline lock")
+        self.inner.state() == SessionState::Healthy && Instant::now() < self.inner.local_deadline()
     }
 
     /// A receiver of state changes.
@@ -241,7 +280,7 @@ impl Session {
     /// [`wire::CLOCK_DRIFT_PERMILLE_MAX`] so it ends before the leader's even if the
     /// leader's clock runs fast.
     pub fn local_deadline(&self) -> Instant {
-        *self.inner.local_deadline.lock().expect("deadline lock")
+        self.inner.local_deadline()
     }
 
     /// The last KeepAlive that renewed the lease: when its answer arrived, and its round
@@ -613,8 +652,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
     let mut next = Instant::now() + interval;
     loop {
         tokio::time::sleep_until(next).await;
-        if inner.keepalives_stopped.load(Ordering::SeqCst)
-            || *inner.state_tx.borrow() == SessionState::Expired
+        if inner.keepalives_stopped.load(Ordering::SeqCst) || inner.state() == SessionState::Expired
         {
             return;
         }
@@ -622,7 +660,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
         let deadline_for_try = sent + interval.max(Duration::from_secs(1));
         let call = inner.client.keepalive(inner.id, deadline_for_try);
         tokio::pin!(call);
-        let local_deadline = *inner.local_deadline.lock().expect("deadline lock");
+        let local_deadline = inner.local_deadline();
         // The lease may run out while this KeepAlive is in flight: enter jeopardy on time.
         let r = tokio::select! {
             r = &mut call => r,
@@ -648,8 +686,9 @@ async fn keepalive_loop(inner: Arc<Inner>) {
                 let now = Instant::now();
                 *inner.last_keepalive.lock().expect("keepalive lock") = Some((now, now - sent));
                 // Shortened for clock drift: it ends before the leader's lease does.
-                *inner.local_deadline.lock().expect("deadline lock") =
-                    sent + wire::local_lease(Duration::from_millis(session_lease_ms));
+                inner.set_local_deadline(
+                    sent + wire::local_lease(Duration::from_millis(session_lease_ms)),
+                );
                 inner.set_state(SessionState::Healthy);
                 next = sent + interval;
             }
@@ -658,7 +697,7 @@ async fn keepalive_loop(inner: Arc<Inner>) {
                 return;
             }
             _ => {
-                let local_deadline = *inner.local_deadline.lock().expect("deadline lock");
+                let local_deadline = inner.local_deadline();
                 let now = Instant::now();
                 if now >= local_deadline + inner.client.config().grace_period {
                     inner.set_state(SessionState::Expired);
@@ -726,7 +765,7 @@ async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionSlot) {
     let mut serving: Option<std::net::SocketAddr> = None;
     let mut connected_before = false;
     loop {
-        if *inner.state_tx.borrow() == SessionState::Expired {
+        if inner.state() == SessionState::Expired {
             inner.watches.clear();
             return;
         }
