@@ -63,6 +63,8 @@ pub struct Gateway {
     pub in_flight: InFlight,
     /// How long requests took here, by kind, for [`Status`].
     pub latency: wire::latency::Recorder,
+    /// Connections dialed to peers (`PeerNetworkFactory::dials`), for [`Status`].
+    pub peer_dials: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Writes in flight at this replica (see [`Gateway::in_flight`]).
@@ -156,10 +158,13 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
         return;
     };
     let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
-        Ok(h) => h.check().map(|_| HelloOk {
-            protocol_version: wire::PROTOCOL_VERSION,
-            replica_id: gw.id,
-            proxy: false,
+        Ok(h) => h.check().map(|_| {
+            tracing::debug!(remote = %conn.remote_address(), agent = %h.agent, "client connected");
+            HelloOk {
+                protocol_version: wire::PROTOCOL_VERSION,
+                replica_id: gw.id,
+                proxy: false,
+            }
         }),
         Err(e) => Err(e),
     };
@@ -858,6 +863,7 @@ impl Gateway {
             snapshot_bytes: self.snapshot_stats.last_bytes.load(Ordering::Relaxed),
             snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
             request_latency: self.latency.snapshot(),
+            peer_dials: self.peer_dials.load(Ordering::Relaxed),
         }
     }
 }

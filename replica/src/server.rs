@@ -96,6 +96,7 @@ pub async fn run_on(
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
+    let peer_dials = network.dials();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {
         Some(log) => {
@@ -184,6 +185,7 @@ pub async fn run_on(
         snapshot_stats,
         in_flight: Default::default(),
         latency: Default::default(),
+        peer_dials,
     });
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

@@ -581,3 +581,47 @@ fn a_client_refuses_sessions_beyond_its_limit_and_frees_a_place_on_close() {
             .unwrap();
     });
 }
+
+/// Every linearizable read at the leader confirms its leadership with a quorum round, and
+/// openraft 0.9 makes a new network client for each round: a client must take an idle
+/// connection to its peer from the pool rather than dial (before, each round dialed every
+/// follower again, a TLS handshake per follower per read: 200 dials for these reads). Once
+/// warm (a round may end while one follower's answer is still out, so up to two
+/// connections per follower serve the rounds), 100 reads one after another, each its own
+/// round, dial at most the pool's size more.
+#[test]
+fn leadership_checks_reuse_the_peer_connections() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts { replicas: 3, ..Opts::default() });
+        let client = cell.client().await;
+        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/probe", b"x".to_vec(), CreateMode::default()).await.unwrap();
+        for _ in 0..20 {
+            client.get("/probe").await.unwrap();
+        }
+        // Let the leader's replication to both followers settle (their connections dialed).
+        let mut before = cell.statuses(&client).await[&leader].peer_dials;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = cell.statuses(&client).await[&leader].peer_dials;
+            if now == before && now >= 2 {
+                break;
+            }
+            before = now;
+        }
+        for _ in 0..100 {
+            assert_eq!(client.get("/probe").await.unwrap().0, b"x");
+        }
+        let statuses = cell.statuses(&client).await;
+        let after = statuses[&leader].peer_dials;
+        println!("FIGURE peer dials at the leader: {before} before 100 linearizable reads, {after} after");
+        // Up to the pool's four idle connections per follower may still be dialed.
+        assert!(after <= before + 8, "100 leadership checks dialed {} new peer connections", after - before);
+        for (id, st) in &statuses {
+            assert!(st.peer_dials <= 16, "replica {id} dialed {} peer connections", st.peer_dials);
+        }
+        s.close().await.unwrap();
+    });
+}

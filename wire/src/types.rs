@@ -186,6 +186,10 @@ pub struct Status {
     /// How long this replica took to answer each kind of request since it started, from
     /// accepting the request's stream to the answer (see [`crate::latency`]).
     pub request_latency: Vec<crate::latency::OpLatency>,
+    /// QUIC connections this replica dialed to its peers since it started: one per peer,
+    /// plus one after each failure of a connection. Growing steadily on a healthy cell
+    /// means connections are not being reused.
+    pub peer_dials: u64,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.

@@ -1,11 +1,19 @@
 //! Raft RPCs between replicas over QUIC.
 //!
-//! Each replica keeps one QUIC connection per peer (opened lazily, reopened after a
-//! failure). Each RPC is one bidirectional stream: a [`PeerRequest`] frame out, a
-//! [`PeerResponse`] frame back. Snapshots travel as openraft's chunked `InstallSnapshot`
+//! Each client openraft makes for a peer has a QUIC connection of its own (opened lazily,
+//! reopened after a failure), and gives it back to a small pool when dropped, for the next
+//! client of that peer. openraft 0.9 makes a new client for each leadership check
+//! (`ensure_linearizable`) and each election's votes; without the pool each check dialed
+//! every follower again, a TLS handshake per follower per check (about 200 a second at the
+//! leader under `loadgen profile`). Connections are not shared by clients alive at the same
+//! time: a replication stream keeps its own, as before the pool, so its large AppendEntries
+//! never share a congestion window with the heartbeats of a check. Each RPC is one
+//! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back. Snapshots travel as openraft's chunked `InstallSnapshot`
 //! RPCs on the same connection. The first stream of a connection carries the hello.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +33,21 @@ use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
 
 use crate::raft::Raft;
 
-/// Creates per-peer clients sharing one QUIC endpoint.
+/// Idle connections, by peer id and address (a member re-added at another address is
+/// dialed anew).
+type Pool = Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<quinn::Connection>>>>;
+
+/// Idle connections kept per peer; a client dropped when that many wait closes its own.
+const IDLE_PER_PEER_MAX: usize = 4;
+
+/// Creates per-peer clients sharing one QUIC endpoint and a pool of idle connections.
 #[derive(Clone)]
 pub struct PeerNetworkFactory {
     endpoint: quinn::Endpoint,
     peer_tls: quinn::ClientConfig,
     self_id: NodeId,
+    pool: Pool,
+    dials: Arc<AtomicU64>,
 }
 
 impl PeerNetworkFactory {
@@ -40,7 +57,15 @@ impl PeerNetworkFactory {
             endpoint,
             peer_tls,
             self_id,
+            pool: Arc::default(),
+            dials: Arc::default(),
         }
+    }
+
+    /// Connections dialed to peers so far (one per peer, plus one after each failure): a
+    /// counter shared with every client, for `Status::peer_dials`.
+    pub fn dials(&self) -> Arc<AtomicU64> {
+        self.dials.clone()
     }
 }
 
@@ -48,13 +73,21 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let idle = {
+            let mut pool = self.pool.lock().expect("peer pool");
+            let idle = pool.entry((target, node.addr.clone())).or_default();
+            // The most recently returned first; closed ones are dropped on the way.
+            std::iter::from_fn(|| idle.pop()).find(|c| c.close_reason().is_none())
+        };
         PeerClient {
             endpoint: self.endpoint.clone(),
             tls: self.peer_tls.clone(),
             target,
             addr: node.addr.clone(),
             self_id: self.self_id,
-            conn: Arc::new(Mutex::new(None)),
+            conn: Mutex::new(idle),
+            pool: self.pool.clone(),
+            dials: self.dials.clone(),
         }
     }
 }
@@ -66,7 +99,26 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     self_id: NodeId,
-    conn: Arc<Mutex<Option<quinn::Connection>>>,
+    conn: Mutex<Option<quinn::Connection>>,
+    pool: Pool,
+    dials: Arc<AtomicU64>,
+}
+
+impl Drop for PeerClient {
+    /// Gives a live connection back to the pool for the next client of this peer.
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.get_mut().take() else {
+            return;
+        };
+        if conn.close_reason().is_some() {
+            return;
+        }
+        let mut pool = self.pool.lock().expect("peer pool");
+        let idle = pool.entry((self.target, self.addr.clone())).or_default();
+        if idle.len() < IDLE_PER_PEER_MAX {
+            idle.push(conn);
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +142,7 @@ impl PeerClient {
             .addr
             .parse()
             .map_err(|e| CallError::Unreachable(format!("bad peer address {}: {e}", self.addr)))?;
+        self.dials.fetch_add(1, Ordering::Relaxed);
         let connecting = self
             .endpoint
             .connect_with(self.tls.clone(), addr, tls::SERVER_NAME)
