@@ -8,8 +8,9 @@
 //! leader under `loadgen profile`). Connections are not shared by clients alive at the same
 //! time: a replication stream keeps its own, as before the pool, so its large AppendEntries
 //! never share a congestion window with the heartbeats of a check. Each RPC is one
-//! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back. Snapshots travel as openraft's chunked `InstallSnapshot`
-//! RPCs on the same connection. The first stream of a connection carries the hello.
+//! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back.
+//! Snapshots travel as openraft's chunked `InstallSnapshot` RPCs on the connection of the
+//! client openraft sends them with. The first stream of a connection carries the hello.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
