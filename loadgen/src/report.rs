@@ -88,6 +88,20 @@ impl Lat {
         })
     }
 
+    /// The latencies that ended `from` or later after the start (from the series, which
+    /// holds the first 200 000 recorded): a run's steady state without its warm-up.
+    pub fn since(&self, from: Duration) -> Lat {
+        let mut later = Lat::new(self.start);
+        let from = from.as_secs_f64();
+        for &(at, ms) in self.series.iter().filter(|(at, _)| *at >= from) {
+            let _ = later
+                .hist
+                .record(((ms * 1e3) as u64).clamp(1, 3_600_000_000));
+            later.series.push((at, ms));
+        }
+        later
+    }
+
     /// Number recorded.
     pub fn count(&self) -> u64 {
         self.hist.len()
@@ -418,5 +432,34 @@ pub fn compare(reports: &[Report]) {
             };
         }
         println!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_keeps_only_the_latencies_that_ended_after_the_warm_up() {
+        let start = Instant::now();
+        let mut lat = Lat::new(start);
+        // A slow warm-up, then a fast steady state.
+        for i in 0..100u64 {
+            lat.record(Duration::from_millis(500), start + Duration::from_millis(i));
+        }
+        for i in 0..900u64 {
+            lat.record(
+                Duration::from_millis(2),
+                start + Duration::from_secs(10) + Duration::from_millis(i),
+            );
+        }
+        let steady = lat.since(Duration::from_secs(10));
+        assert_eq!(steady.count(), 900);
+        let s = steady.summary();
+        assert!(s.max < 2.1 && s.p50 > 1.9, "{s:?}");
+        assert!(
+            lat.summary().p99 >= 499.0,
+            "the whole run keeps the warm-up"
+        );
     }
 }
