@@ -429,6 +429,15 @@ pub async fn profile(
         ka.clone(),
     ));
 
+    // The disk under the cell.
+    let disk = lat(start);
+    tasks.push(spawn_fsync_probe(
+        ctx.cluster.dir().to_path_buf(),
+        deadline,
+        stop.clone(),
+        disk.clone(),
+    ));
+
     // Sessions whose local lease ran out (jeopardy: their holders must stop acting).
     let jeopardy = Arc::new(Mutex::new(JeopardyStats::default()));
     tasks.push(spawn_jeopardy_sampler(
@@ -508,6 +517,10 @@ pub async fn profile(
     r.latency("config read (cached)", &rd.lock().expect("lat"));
     r.latency("config write", &wr.lock().expect("lat"));
     server_latencies(&mut r, (&l0, &l1), (&p0s, &p1s));
+    r.latency(
+        "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
+        &disk.lock().expect("lat"),
+    );
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure("sessions lost", lost as f64);
     r.figure("long-held locks still held", held_long as f64);
@@ -600,6 +613,42 @@ where
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    })
+}
+
+/// Measures the disk the cell writes to while a run lasts: every 10 ms, 4 KiB written to a
+/// file in `dir` and `fdatasync`ed, the time of both recorded into `lat`. The replicas'
+/// logs fsync on the same filesystem, so a slow disk shows here as it slows commits.
+pub(crate) fn spawn_fsync_probe(
+    dir: std::path::PathBuf,
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    lat: Arc<Mutex<Lat>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Seek, SeekFrom, Write};
+        let path = dir.join("fsync-probe");
+        let Ok(mut f) = std::fs::File::create(&path) else {
+            eprintln!("loadgen: no fsync probe: cannot create {}", path.display());
+            return;
+        };
+        let block = [0x5au8; 4096];
+        let mut n = 0u64;
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
+            let ok = f.seek(SeekFrom::Start((n % 256) * 4096)).is_ok()
+                && f.write_all(&block).is_ok()
+                && f.sync_data().is_ok();
+            if !ok {
+                eprintln!("loadgen: fsync probe failed; stopping it");
+                return;
+            }
+            let t1 = Instant::now();
+            record(&lat, t1 - t0, t1);
+            n += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_file(&path);
     })
 }
 

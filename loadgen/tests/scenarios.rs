@@ -133,6 +133,8 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
         "acquire's create at the proxies",
         "config write at the leader",
         "KeepAlive batch at the leader",
+        "acquire after the first 10 s",
+        "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
     ] {
         assert!(v["latencies"][k]["count"].as_u64().unwrap() > 0, "{k}: {v}");
     }
