@@ -207,9 +207,7 @@ impl Session {
             request_done: tokio::sync::Notify::new(),
             state_tx,
             state_now: AtomicU8::new(0),
-            local_deadline_ns: AtomicU64::new(
-                u64::try_from(wire::local_lease(lease).as_nanos()).unwrap_or(u64::MAX),
-            ),
+            local_deadline_ns: AtomicU64::new(0),
             opened: sent,
             keepalives_stopped: AtomicBool::new(false),
             events: broadcast::channel(64).0,
@@ -219,6 +217,7 @@ impl Session {
             stream_generation: std::sync::atomic::AtomicU64::new(0),
             last_keepalive: Mutex::new(None),
         });
+        inner.set_local_deadline(sent + wire::local_lease(lease));
         wire::rt::spawn(keepalive_loop(inner.clone()));
         wire::rt::spawn(event_loop(inner.clone(), slot));
         Ok(Session { inner })
