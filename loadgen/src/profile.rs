@@ -438,6 +438,11 @@ pub async fn profile(
         disk.clone(),
     ));
 
+    // How late loadgen's own runtime runs a task that is due: a share of every
+    // client-side latency here that a client on its own machine would not have.
+    let late = lat(start);
+    tasks.push(spawn_lateness_probe(deadline, stop.clone(), late.clone()));
+
     // Sessions whose local lease ran out (jeopardy: their holders must stop acting).
     let jeopardy = Arc::new(Mutex::new(JeopardyStats::default()));
     tasks.push(spawn_jeopardy_sampler(
@@ -521,6 +526,7 @@ pub async fn profile(
         "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
         &disk.lock().expect("lat"),
     );
+    r.latency(LATENESS, &late.lock().expect("lat"));
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure("sessions lost", lost as f64);
     r.figure("long-held locks still held", held_long as f64);
@@ -649,6 +655,32 @@ pub(crate) fn spawn_fsync_probe(
             std::thread::sleep(Duration::from_millis(10));
         }
         let _ = std::fs::remove_file(&path);
+    })
+}
+
+/// The name of [`spawn_lateness_probe`]'s latency in a report.
+pub(crate) const LATENESS: &str = "loadgen's own lateness (a 10 ms timer, how late it ran)";
+
+/// Measures how long loadgen's own runtime takes to run a task that is due: a task sleeps
+/// until a deadline every 10 ms and records how late it woke. Its threads share the
+/// machine's cores with the servers and with every simulated client's tasks, so this is
+/// the wait a client-side latency (an acquire, a write) carries before loadgen even sees
+/// its answer; a client on a machine of its own would not have it.
+pub(crate) fn spawn_lateness_probe(
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    lat: Arc<Mutex<Lat>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let tick = Duration::from_millis(10);
+        let mut due = Instant::now() + tick;
+        while due < deadline && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep_until(due).await;
+            let now = Instant::now();
+            record(&lat, now.saturating_duration_since(due), now);
+            // The next tick from now: a late wake-up is one sample, not a run of them.
+            due = now + tick;
+        }
     })
 }
 

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::System;
 use crate::profile::{
     each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler,
-    Fault, Injected, CONFIG_KEYS,
+    spawn_lateness_probe, Fault, Injected, CONFIG_KEYS,
 };
 use crate::report::{proc_cost, Lat, LatPart, ProcCost, Report};
 use crate::scenarios::Ctx;
@@ -98,6 +98,8 @@ pub struct Measured {
     ka: LatPart,
     rd: LatPart,
     wr: LatPart,
+    /// loadgen's own lateness ([`crate::profile::spawn_lateness_probe`]).
+    late: LatPart,
     /// When config writes succeeded, seconds from the run's start.
     writes_ok: Vec<f64>,
     /// A part's own CPU and memory.
@@ -114,6 +116,7 @@ struct Running {
     ka: Arc<Mutex<Lat>>,
     rd: Arc<Mutex<Lat>>,
     wr: Arc<Mutex<Lat>>,
+    late: Arc<Mutex<Lat>>,
     writes_ok: Arc<Mutex<Vec<Instant>>>,
     errors: Arc<AtomicU64>,
     reads: Arc<AtomicU64>,
@@ -379,6 +382,10 @@ async fn start(
         ka.clone(),
     ));
 
+    // How late this process runs a due task (as ours).
+    let late = lat(start);
+    tasks.push(spawn_lateness_probe(deadline, stop.clone(), late.clone()));
+
     Ok(Running {
         start,
         deadline,
@@ -388,6 +395,7 @@ async fn start(
         ka,
         rd,
         wr,
+        late,
         writes_ok,
         errors,
         reads,
@@ -503,6 +511,7 @@ impl Running {
             ka: part(&self.ka),
             rd: part(&self.rd),
             wr: part(&self.wr),
+            late: part(&self.late),
             writes_ok: self
                 .writes_ok
                 .lock()
@@ -707,7 +716,8 @@ fn report(
     let elapsed = parts.iter().map(|m| m.elapsed).fold(0.0, f64::max);
     let open_secs = parts.iter().map(|m| m.open_secs).fold(0.0, f64::max);
     let short_period = parts.first().map_or(0.0, |m| m.short_period_s);
-    let (mut acq, mut ka, mut rd, mut wr) = (
+    let (mut acq, mut ka, mut rd, mut wr, mut late) = (
+        Lat::new(begun),
         Lat::new(begun),
         Lat::new(begun),
         Lat::new(begun),
@@ -719,6 +729,7 @@ fn report(
         ka.merge(&Lat::from_part(&m.ka, begun)?);
         rd.merge(&Lat::from_part(&m.rd, begun)?);
         wr.merge(&Lat::from_part(&m.wr, begun)?);
+        late.merge(&Lat::from_part(&m.late, begun)?);
         writes_ok.extend(
             m.writes_ok
                 .iter()
@@ -792,6 +803,7 @@ fn report(
         r.latency("config read (uncached)", &rd);
     }
     r.latency("config write", &wr);
+    r.latency(crate::profile::LATENESS, &late);
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure(
         "session opens retried (setup)",

@@ -101,6 +101,14 @@ fn profile_on(system: &str, extra: &[&str]) -> Option<serde_json::Value> {
     );
     assert!(count(&v, "acquire (short locks)") > 0, "{v}");
     assert!(count(&v, "config write") > 0, "{v}");
+    // loadgen's own lateness, merged from every part.
+    assert!(
+        count(
+            &v,
+            "loadgen's own lateness (a 10 ms timer, how late it ran)"
+        ) > 0,
+        "{v}"
+    );
     let reads = count(&v, "config read (uncached)");
     assert!(reads > 0, "{v}");
     assert!(figure(&v, "reads reaching the cell per s") > 0.0, "{v}");

@@ -135,6 +135,7 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
         "KeepAlive batch at the leader",
         "acquire after the first 10 s",
         "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
+        "loadgen's own lateness (a 10 ms timer, how late it ran)",
     ] {
         assert!(v["latencies"][k]["count"].as_u64().unwrap() > 0, "{k}: {v}");
     }
