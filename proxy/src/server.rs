@@ -43,8 +43,18 @@ pub async fn run_on(
     cfg.validate()?;
     let tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT])
         .map_err(anyhow::Error::msg)?;
-    let endpoint = wire::quic::server_endpoint_on(&sockets, cfg.listen, tls, None)
-        .map_err(anyhow::Error::msg)?;
+    // Stateless resets that survive a restart (see `wire::quic::StableReset`): a
+    // restarted proxy's clients learn at once that their old connection is gone.
+    let secret = std::fs::read(&cfg.tls.key)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", cfg.tls.key.display()))?;
+    let endpoint = wire::quic::server_endpoint_on(
+        &sockets,
+        cfg.listen,
+        tls,
+        None,
+        Some(wire::quic::StableReset::derive(&secret, cfg.listen)),
+    )
+    .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
     ccfg.sockets = sockets;
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);

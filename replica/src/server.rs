@@ -82,8 +82,19 @@ pub async fn run_on(
         wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
     )
     .map_err(anyhow::Error::msg)?;
-    let endpoint = wire::quic::server_endpoint_on(&plumbing.sockets, cfg.listen, server_tls, None)
-        .map_err(anyhow::Error::msg)?;
+    // Stateless resets signed with a key derived from our TLS key and address: after a
+    // kill and restart, peers and clients still sending on a connection to the old process
+    // are told at once rather than after their idle timeout.
+    let secret = std::fs::read(&cfg.tls.key)
+        .map_err(|e| anyhow::anyhow!("read {}: {e}", cfg.tls.key.display()))?;
+    let endpoint = wire::quic::server_endpoint_on(
+        &plumbing.sockets,
+        cfg.listen,
+        server_tls,
+        None,
+        Some(wire::quic::StableReset::derive(&secret, cfg.listen)),
+    )
+    .map_err(anyhow::Error::msg)?;
 
     let sink = if plumbing.memory_log.is_some() {
         SnapshotSink::Direct(snap_dir.clone())

@@ -83,20 +83,81 @@ impl std::fmt::Debug for Sockets {
     }
 }
 
+/// What a server endpoint at an address needs to send a stateless reset that a client of
+/// its previous process accepts: derived from a secret (the server's TLS private key file)
+/// and the address, so it is the same each time the server starts there.
+///
+/// QUIC lets an endpoint that lost a connection's state (its process was killed and
+/// restarted) tell the other side at once, with a stateless reset carrying the token it
+/// gave out for that connection id: the other side closes the connection instead of
+/// sending into it until its idle timeout. The token is an HMAC of the connection id, so
+/// a restarted process can only send a valid one if it signs with its predecessor's key;
+/// and quinn only answers packets for connection ids its id generator could have issued,
+/// which it checks with a keyed hash. quinn draws both keys at random per process; here
+/// both come from `HMAC-SHA256(secret, label + addr)`, so nobody without the private key
+/// can forge a reset, and two servers sharing a certificate at different addresses have
+/// different keys. Rotating the TLS key changes them: connections made before such a
+/// restart end by idle timeout, as they would with random keys.
+#[derive(Clone)]
+pub struct StableReset {
+    reset_key: Arc<dyn quinn::crypto::HmacKey>,
+    cid_key: u64,
+}
+
+impl StableReset {
+    /// The keys of the server at `addr` whose secret is `secret`.
+    pub fn derive(secret: &[u8], addr: SocketAddr) -> StableReset {
+        let master = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+        let derive = |what: &str| {
+            let label = format!("lockservice {what} v1 {addr}");
+            ring::hmac::sign(&master, label.as_bytes())
+        };
+        let reset = derive("stateless reset");
+        let cid = derive("connection ids");
+        let mut cid_key = [0u8; 8];
+        cid_key.copy_from_slice(&cid.as_ref()[..8]);
+        StableReset {
+            reset_key: Arc::new(ring::hmac::Key::new(
+                ring::hmac::HMAC_SHA256,
+                reset.as_ref(),
+            )),
+            cid_key: u64::from_le_bytes(cid_key),
+        }
+    }
+
+    fn apply(&self, config: &mut quinn::EndpointConfig) {
+        config.reset_key(self.reset_key.clone());
+        let key = self.cid_key;
+        config.cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(key))
+        });
+    }
+}
+
+impl std::fmt::Debug for StableReset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StableReset(..)")
+    }
+}
+
 fn endpoint(
     sockets: &Sockets,
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
+    reset: Option<StableReset>,
 ) -> Result<quinn::Endpoint, String> {
     let runtime = crate::rt::quic_runtime().ok_or("no async runtime")?;
+    let mut config = quinn::EndpointConfig::default();
+    if let Some(r) = reset {
+        r.apply(&mut config);
+    }
     match sockets {
         Sockets::Os => {
             let sock = socket(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-            quinn::Endpoint::new(quinn::EndpointConfig::default(), server, sock, runtime)
+            quinn::Endpoint::new(config, server, sock, runtime)
         }
         Sockets::Factory(f) => {
             let sock = f.bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-            let mut config = quinn::EndpointConfig::default();
             f.configure(&mut config);
             quinn::Endpoint::new_with_abstract_socket(config, server, sock, runtime)
         }
@@ -111,21 +172,24 @@ pub fn server_endpoint(
     tls: rustls::ServerConfig,
     client_tls: Option<rustls::ClientConfig>,
 ) -> Result<quinn::Endpoint, String> {
-    server_endpoint_on(&Sockets::Os, addr, tls, client_tls)
+    server_endpoint_on(&Sockets::Os, addr, tls, client_tls, None)
 }
 
-/// [`server_endpoint`] on `sockets`.
+/// [`server_endpoint`] on `sockets`, with `reset`'s keys if given, so that clients of a
+/// previous process at `addr` are reset at once (see [`StableReset`]; quinn's default keys
+/// are random per process).
 pub fn server_endpoint_on(
     sockets: &Sockets,
     addr: SocketAddr,
     tls: rustls::ServerConfig,
     client_tls: Option<rustls::ClientConfig>,
+    reset: Option<StableReset>,
 ) -> Result<quinn::Endpoint, String> {
     let crypto =
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(transport());
-    let mut ep = endpoint(sockets, addr, Some(server))?;
+    let mut ep = endpoint(sockets, addr, Some(server), reset)?;
     if let Some(c) = client_tls {
         ep.set_default_client_config(client_config(c)?);
     }
@@ -146,7 +210,7 @@ pub fn client_endpoint_on(
     tls: rustls::ClientConfig,
     bind: SocketAddr,
 ) -> Result<quinn::Endpoint, String> {
-    let mut ep = endpoint(sockets, bind, None).map_err(|e| format!("client {e}"))?;
+    let mut ep = endpoint(sockets, bind, None, None).map_err(|e| format!("client {e}"))?;
     ep.set_default_client_config(client_config(tls)?);
     Ok(ep)
 }

@@ -11,6 +11,12 @@
 //! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back.
 //! Snapshots travel as openraft's chunked `InstallSnapshot` RPCs on the connection of the
 //! client openraft sends them with. The first stream of a connection carries the hello.
+//!
+//! A peer killed and restarted at the same address resets the connections made to its
+//! previous process at their next packet (its endpoint signs stateless resets with keys
+//! derived from its TLS key, `wire::quic::StableReset`), so a pooled or kept connection
+//! to it closes at once instead of timing requests out until QUIC's idle timeout (3 s),
+//! and openraft's next request dials the new process.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
