@@ -1550,3 +1550,52 @@ fn a_request_to_an_already_silent_peer_probes_when_the_silence_is_a_second_old()
         "the read took {took:?}: the silence was counted from the request's start"
     );
 }
+
+/// A proxy killed (`kill -9`) and started again at the same address serves its clients
+/// at once: the new process answers the clients' connections to the old one with a
+/// stateless reset (both derive QUIC's reset keys from the TLS key and address), so the
+/// SDK dials it again on its next request. With quinn's random keys per process the
+/// client would send into the dead connection until it presumed the proxy dead (a second
+/// of silence, then an unanswered probe: two seconds at least).
+#[test]
+fn a_restarted_proxy_is_used_again_at_once() {
+    let _g = serial();
+    let cell = Cell::start(1);
+    rt().block_on(async {
+        let client = cell.client(&cell.proxies).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/restart", b"x".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let pid = pid_listening(&cell.data, "proxy", &cell.proxies[0]).expect("proxy pid");
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<&str> = cmdline.split('\0').filter(|a| !a.is_empty()).collect();
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let killed = Instant::now();
+        // The same command again: same configuration, same address, same TLS key.
+        let _again = KillOnDrop(
+            std::process::Command::new(args[0])
+                .args(&args[1..])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("restart the proxy"),
+        );
+        let (data, _) = tokio::time::timeout(Duration::from_secs(20), s.get("/restart"))
+            .await
+            .expect("a read through the restarted proxy within 20 s")
+            .unwrap();
+        assert_eq!(data, b"x");
+        let took = killed.elapsed();
+        println!(
+            "FIGURE proxy restarted: a read through it answered {} ms after the kill",
+            took.as_millis()
+        );
+        assert_eq!(s.state(), SessionState::Healthy);
+        assert!(
+            took < Duration::from_millis(1_800),
+            "the first read through the restarted proxy took {took:?} after the kill"
+        );
+    });
+    cell.stop();
+}
