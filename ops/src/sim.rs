@@ -691,9 +691,17 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         let seed = plan.seed;
         let extra = rates[REPLICAS].1;
         let paused = pauses.switch(PROXY);
+        let starts = std::sync::atomic::AtomicU64::new(0);
         sim.host(PROXY, move || {
             let cfg = cfg.clone();
-            let sockets = Sockets::Factory(Arc::new(SimSockets::new(PROXY, seed ^ 0x7072_6f78)));
+            // Seeded anew at each start, as the replicas are: a restarted proxy must not
+            // issue its previous life's connection ids (its stateless-reset key is the
+            // same in every life, so an old id's reset could close a new connection).
+            let start = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let sockets = Sockets::Factory(Arc::new(SimSockets::new(
+                PROXY,
+                seed ^ 0x7072_6f78 ^ (start << 32),
+            )));
             let paused = paused.clone();
             async move {
                 tokio::spawn(skewed_clock(extra));

@@ -1572,18 +1572,38 @@ fn a_restarted_proxy_is_used_again_at_once() {
         let args: Vec<&str> = cmdline.split('\0').filter(|a| !a.is_empty()).collect();
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let killed = Instant::now();
+        // Dead (gone, or a zombie until `lockctl dev` reaps it), so its socket is free.
+        let dead = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|st| st.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+                .unwrap_or(true)
+        };
+        for _ in 0..500 {
+            if dead() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(dead(), "the killed proxy {pid} is still running");
         // The same command again: same configuration, same address, same TLS key.
+        let log = cell.data.join("proxy-restarted.log");
+        let out = std::fs::File::create(&log).unwrap();
         let _again = KillOnDrop(
             std::process::Command::new(args[0])
                 .args(&args[1..])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
+                .stdout(out.try_clone().unwrap())
+                .stderr(out)
                 .spawn()
                 .expect("restart the proxy"),
         );
         let (data, _) = tokio::time::timeout(Duration::from_secs(20), s.get("/restart"))
             .await
-            .expect("a read through the restarted proxy within 20 s")
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no read through the restarted proxy within 20 s; its log: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
             .unwrap();
         assert_eq!(data, b"x");
         let took = killed.elapsed();

@@ -52,7 +52,10 @@ pub async fn run_on(
         cfg.listen,
         tls,
         None,
-        Some(wire::quic::StableReset::derive(&secret, cfg.listen)),
+        Some(wire::quic::StableReset::derive(
+            &secret,
+            &format!("proxy at {}", cfg.listen),
+        )),
     )
     .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());

@@ -82,7 +82,7 @@ pub async fn run_on(
         wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
     )
     .map_err(anyhow::Error::msg)?;
-    // Stateless resets signed with a key derived from our TLS key and address: after a
+    // Stateless resets signed with a key derived from our TLS key and identity: after a
     // kill and restart, peers and clients still sending on a connection to the old process
     // are told at once rather than after their idle timeout.
     let secret = std::fs::read(&cfg.tls.key)
@@ -92,7 +92,10 @@ pub async fn run_on(
         cfg.listen,
         server_tls,
         None,
-        Some(wire::quic::StableReset::derive(&secret, cfg.listen)),
+        Some(wire::quic::StableReset::derive(
+            &secret,
+            &format!("replica {} at {}", cfg.id, cfg.advertised()),
+        )),
     )
     .map_err(anyhow::Error::msg)?;
 

@@ -674,7 +674,13 @@ fn a_restarted_follower_is_replicated_to_at_once() {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let caught = caught.expect("the restarted follower catches up within 10 s");
+        let caught = caught.unwrap_or_else(|| {
+            panic!(
+                "the restarted follower did not catch up within 1 000 polls ({:?}); logs in {}",
+                killed.elapsed(),
+                cell.dir.path().display()
+            )
+        });
         println!(
             "FIGURE restarted follower: had the write and answered {} ms after the kill",
             caught.as_millis()

@@ -83,9 +83,14 @@ impl std::fmt::Debug for Sockets {
     }
 }
 
-/// What a server endpoint at an address needs to send a stateless reset that a client of
-/// its previous process accepts: derived from a secret (the server's TLS private key file)
-/// and the address, so it is the same each time the server starts there.
+/// The shortest time between two stateless resets from an endpoint with [`StableReset`]
+/// keys: none (quinn's default is 20 ms; see [`StableReset`]).
+pub const RESET_INTERVAL_MIN: Duration = Duration::ZERO;
+
+/// What a server endpoint needs to send a stateless reset that a client of its previous
+/// process accepts: derived from a secret (the server's TLS private key file) and the
+/// server's identity (a replica's id and advertised address, a proxy's listen address),
+/// so it is the same each time the same server starts again.
 ///
 /// QUIC lets an endpoint that lost a connection's state (its process was killed and
 /// restarted) tell the other side at once, with a stateless reset carrying the token it
@@ -94,10 +99,19 @@ impl std::fmt::Debug for Sockets {
 /// a restarted process can only send a valid one if it signs with its predecessor's key;
 /// and quinn only answers packets for connection ids its id generator could have issued,
 /// which it checks with a keyed hash. quinn draws both keys at random per process; here
-/// both come from `HMAC-SHA256(secret, label + addr)`, so nobody without the private key
-/// can forge a reset, and two servers sharing a certificate at different addresses have
-/// different keys. Rotating the TLS key changes them: connections made before such a
-/// restart end by idle timeout, as they would with random keys.
+/// both come from `HMAC-SHA256(secret, label + identity)`, so nobody without the private
+/// key can forge a reset, and servers sharing a certificate but not an identity have
+/// different keys. Rotating the TLS key (or rewriting its file) changes them: connections
+/// made before such a restart end by idle timeout, as they would with random keys.
+///
+/// quinn sends at most one reset per `min_reset_interval`, 20 ms by default: after a
+/// restart the old connections' packets arrive in bursts (their retransmissions and
+/// keep-alives are timed alike), so most of a proxy's thousands of clients, or even 200
+/// (`wire/tests/stateless_reset.rs`), would be left to their idle timeout. Endpoints with
+/// these keys answer every such packet. A reset is always shorter than the packet that
+/// provoked it, and a packet whose connection id this endpoint could not have issued (its
+/// id generator's keyed hash says so) gets none, so this amplifies nothing and two
+/// endpoints cannot reset each other in a loop.
 #[derive(Clone)]
 pub struct StableReset {
     reset_key: Arc<dyn quinn::crypto::HmacKey>,
@@ -105,11 +119,11 @@ pub struct StableReset {
 }
 
 impl StableReset {
-    /// The keys of the server at `addr` whose secret is `secret`.
-    pub fn derive(secret: &[u8], addr: SocketAddr) -> StableReset {
+    /// The keys of the server named `identity` whose secret is `secret`.
+    pub fn derive(secret: &[u8], identity: &str) -> StableReset {
         let master = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
         let derive = |what: &str| {
-            let label = format!("lockservice {what} v1 {addr}");
+            let label = format!("lockservice {what} v1 {identity}");
             ring::hmac::sign(&master, label.as_bytes())
         };
         let reset = derive("stateless reset");
@@ -127,6 +141,7 @@ impl StableReset {
 
     fn apply(&self, config: &mut quinn::EndpointConfig) {
         config.reset_key(self.reset_key.clone());
+        config.min_reset_interval(RESET_INTERVAL_MIN);
         let key = self.cid_key;
         config.cid_generator(move || {
             Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(key))
