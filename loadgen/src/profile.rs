@@ -574,7 +574,13 @@ pub async fn profile(
     );
     r.figure("sessions at the leader (end)", l1.session_count as f64);
     if let Some(i) = &injected {
-        i.report(&mut r, &writes_ok.lock().expect("ok"), start, deadline);
+        i.report(
+            &mut r,
+            &writes_ok.lock().expect("ok"),
+            &acq.lock().expect("lat"),
+            start,
+            deadline,
+        );
     }
     ctx.costs(&mut r);
     // The sessions end with the cell (closing 50 000 of them would be 50 000 writes).
@@ -766,6 +772,9 @@ where
     })
 }
 
+/// How long before and after a fault its acquire latencies are reported on their own.
+pub(crate) const AROUND_FAULT: Duration = Duration::from_secs(10);
+
 /// The fault a profile run injected into the leader.
 pub(crate) struct Injected {
     fault: Fault,
@@ -829,14 +838,32 @@ impl Injected {
         }
     }
 
-    /// Adds the fault and how long config writes were unavailable after it.
+    /// Adds the fault, how long config writes were unavailable after it, and the short
+    /// locks' acquire latency in the [`AROUND_FAULT`] before it and after it (by when each
+    /// acquire ended) from `acq`.
     pub(crate) fn report(
         &self,
         r: &mut Report,
         writes_ok: &[Instant],
+        acq: &Lat,
         start: Instant,
         deadline: Instant,
     ) {
+        let at = self.at.saturating_duration_since(acq.start());
+        r.latency(
+            &format!(
+                "acquire in the {} s before the fault",
+                AROUND_FAULT.as_secs()
+            ),
+            &acq.between(at.saturating_sub(AROUND_FAULT), at),
+        );
+        r.latency(
+            &format!(
+                "acquire in the {} s after the fault",
+                AROUND_FAULT.as_secs()
+            ),
+            &acq.between(at, at + AROUND_FAULT),
+        );
         let gap = crate::scenarios::unavailable(
             writes_ok,
             self.at,

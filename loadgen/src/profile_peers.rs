@@ -851,7 +851,7 @@ fn report(
         n as f64 * reads_per_s
     ));
     if let Some(i) = &injected {
-        i.report(&mut r, &writes_ok, begun, deadline);
+        i.report(&mut r, &writes_ok, &acq, begun, deadline);
     }
     ctx.costs(&mut r);
     r.processes

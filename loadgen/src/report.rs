@@ -91,15 +91,26 @@ impl Lat {
     /// The latencies that ended `from` or later after the start (from the series, which
     /// holds the first 200 000 recorded): a run's steady state without its warm-up.
     pub fn since(&self, from: Duration) -> Lat {
-        let mut later = Lat::new(self.start);
-        let from = from.as_secs_f64();
-        for &(at, ms) in self.series.iter().filter(|(at, _)| *at >= from) {
-            let _ = later
+        self.between(from, Duration::MAX)
+    }
+
+    /// The latencies that ended in `[from, to)` after the start (from the series, as
+    /// [`Lat::since`]): the moments around a fault.
+    pub fn between(&self, from: Duration, to: Duration) -> Lat {
+        let mut some = Lat::new(self.start);
+        let (from, to) = (from.as_secs_f64(), to.as_secs_f64());
+        for &(at, ms) in self.series.iter().filter(|(at, _)| *at >= from && *at < to) {
+            let _ = some
                 .hist
                 .record(((ms * 1e3) as u64).clamp(1, 3_600_000_000));
-            later.series.push((at, ms));
+            some.series.push((at, ms));
         }
-        later
+        some
+    }
+
+    /// The instant the series' times count from.
+    pub fn start(&self) -> Instant {
+        self.start
     }
 
     /// Number recorded.
@@ -461,5 +472,23 @@ mod tests {
             lat.summary().p99 >= 499.0,
             "the whole run keeps the warm-up"
         );
+    }
+
+    #[test]
+    fn between_keeps_only_the_latencies_that_ended_in_the_window() {
+        let start = Instant::now();
+        let mut lat = Lat::new(start);
+        for s in 0..30u64 {
+            // One a second; slow ones from 10 s to 12 s (a fault).
+            let ms = if (10..13).contains(&s) { 900 } else { 3 };
+            lat.record(Duration::from_millis(ms), start + Duration::from_secs(s));
+        }
+        let before = lat.between(Duration::from_secs(0), Duration::from_secs(10));
+        assert_eq!(before.count(), 10);
+        assert!(before.summary().max < 3.1, "{:?}", before.summary());
+        let after = lat.between(Duration::from_secs(10), Duration::from_secs(20));
+        assert_eq!(after.count(), 10);
+        assert!(after.summary().max >= 899.0, "{:?}", after.summary());
+        assert_eq!(lat.since(Duration::from_secs(10)).count(), 20);
     }
 }

@@ -156,6 +156,17 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
         gap < 8.0,
         "config writes unavailable for {gap} s after a leader kill"
     );
+    // The acquires around the kill, on their own: the ones that ended in the 10 s before
+    // it and in the 10 s after it.
+    let around = |k: &str| {
+        v["latencies"][k]["count"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {v}"))
+    };
+    let before = around("acquire in the 10 s before the fault");
+    let after = around("acquire in the 10 s after the fault");
+    assert!(before > 0 && after > 0, "{v}");
+    assert!(before + after <= around("acquire (short locks)"), "{v}");
 }
 
 /// The large-state scenario at 1/50 scale: snapshots on every replica, a follower
