@@ -45,19 +45,11 @@ pub async fn run_on(
         .map_err(anyhow::Error::msg)?;
     // Stateless resets that survive a restart (see `wire::quic::StableReset`): a
     // restarted proxy's clients learn at once that their old connection is gone.
-    let secret = std::fs::read(&cfg.tls.key)
-        .map_err(|e| anyhow::anyhow!("read {}: {e}", cfg.tls.key.display()))?;
-    let endpoint = wire::quic::server_endpoint_on(
-        &sockets,
-        cfg.listen,
-        tls,
-        None,
-        Some(wire::quic::StableReset::derive(
-            &secret,
-            &format!("proxy at {}", cfg.listen),
-        )),
-    )
-    .map_err(anyhow::Error::msg)?;
+    let reset =
+        wire::quic::StableReset::from_key_file(&cfg.tls.key, &format!("proxy at {}", cfg.listen))
+            .map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint_on(&sockets, cfg.listen, tls, None, Some(reset))
+        .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
     ccfg.sockets = sockets;
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);

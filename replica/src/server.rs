@@ -85,17 +85,17 @@ pub async fn run_on(
     // Stateless resets signed with a key derived from our TLS key and identity: after a
     // kill and restart, peers and clients still sending on a connection to the old process
     // are told at once rather than after their idle timeout.
-    let secret = std::fs::read(&cfg.tls.key)
-        .map_err(|e| anyhow::anyhow!("read {}: {e}", cfg.tls.key.display()))?;
+    let reset = wire::quic::StableReset::from_key_file(
+        &cfg.tls.key,
+        &format!("replica {} at {}", cfg.id, cfg.advertised()),
+    )
+    .map_err(anyhow::Error::msg)?;
     let endpoint = wire::quic::server_endpoint_on(
         &plumbing.sockets,
         cfg.listen,
         server_tls,
         None,
-        Some(wire::quic::StableReset::derive(
-            &secret,
-            &format!("replica {} at {}", cfg.id, cfg.advertised()),
-        )),
+        Some(reset),
     )
     .map_err(anyhow::Error::msg)?;
 

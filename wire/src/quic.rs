@@ -139,6 +139,17 @@ impl StableReset {
         }
     }
 
+    /// [`StableReset::derive`] with the bytes of the server's TLS private key file at
+    /// `key_path` as the secret.
+    pub fn from_key_file(
+        key_path: &std::path::Path,
+        identity: &str,
+    ) -> Result<StableReset, String> {
+        let secret =
+            std::fs::read(key_path).map_err(|e| format!("read {}: {e}", key_path.display()))?;
+        Ok(StableReset::derive(&secret, identity))
+    }
+
     fn apply(&self, config: &mut quinn::EndpointConfig) {
         config.reset_key(self.reset_key.clone());
         config.min_reset_interval(RESET_INTERVAL_MIN);

@@ -47,8 +47,7 @@ async fn serve(spec: &str) {
     let tls = TlsConfig::in_dir(&dir);
     let server = wire::tls::server_config(&tls.cert, &tls.key, &[ALPN]).expect("tls");
     let reset = (key == "stable").then(|| {
-        let secret = std::fs::read(&tls.key).expect("key file");
-        StableReset::derive(&secret, &format!("test server at {addr}"))
+        StableReset::from_key_file(&tls.key, &format!("test server at {addr}")).expect("key file")
     });
     let ep = server_endpoint_on(&Sockets::Os, addr, server, None, reset).expect("endpoint");
     // The test holds our stdin: if it dies (a panic, a kill), we end too.
