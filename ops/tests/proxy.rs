@@ -24,21 +24,25 @@ struct Cell {
 
 impl Cell {
     fn start(proxies: u16) -> Cell {
+        Cell::start_with(proxies, &[])
+    }
+
+    /// [`Cell::start`] with more `lockctl dev` arguments.
+    fn start_with(proxies: u16, extra: &[&str]) -> Cell {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("cell");
         let base = free_base(3);
         let pbase = free_base_from(base + 3, proxies.max(1));
-        let (dev, _) = start_dev(
-            &data,
-            base,
-            &[
-                "--no-demo",
-                "--proxies",
-                &proxies.to_string(),
-                "--proxy-base-port",
-                &pbase.to_string(),
-            ],
-        );
+        let (proxies_arg, pbase_arg) = (proxies.to_string(), pbase.to_string());
+        let mut args = vec![
+            "--no-demo",
+            "--proxies",
+            &proxies_arg,
+            "--proxy-base-port",
+            &pbase_arg,
+        ];
+        args.extend_from_slice(extra);
+        let (dev, _) = start_dev(&data, base, &args);
         Cell {
             _dir: dir,
             data,
@@ -1618,4 +1622,119 @@ fn a_restarted_proxy_is_used_again_at_once() {
         );
     });
     cell.stop();
+}
+
+/// Issue 22, item 1 through a proxy: S's lease runs out and its expiry holds S's
+/// ephemerals as they are then ({/svc/e1}), waiting for H (a direct raw cacher that does
+/// not acknowledge yet); meanwhile S creates the ephemeral /svc/x and R, a client of the
+/// proxy, caches it; then H acknowledges and the expiry deletes /svc/x. Before the fix
+/// the proxy (one cacher upstream) was never invalidated and R kept reading /svc/x.
+#[test]
+fn an_ephemeral_created_while_its_session_expires_is_not_served_by_a_proxy_after() {
+    let _g = serial();
+    let lease_ms = 3_000u64;
+    let cell = Cell::start_with(1, &["--lease-ms", "3000"]);
+    let outcome: Result<(), String> = rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let via = cell.client(&cell.proxies).await;
+        let paddr: std::net::SocketAddr = cell.proxies[0].parse().unwrap();
+        first_proxied_session(&via, paddr).await;
+        let owner = direct.open_session().await.unwrap();
+        owner
+            .create("/svc", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        let new_session = || async {
+            match direct.request(Op::CreateSession).await.unwrap() {
+                Reply::SessionCreated { session, .. } => session,
+                other => panic!("{other:?}"),
+            }
+        };
+        let create = |path: &str| Op::Create {
+            path: path.into(),
+            data: b"s".to_vec(),
+            mode: CreateMode {
+                ephemeral: true,
+                sequential: false,
+            },
+        };
+        let s = new_session().await;
+        let with_id = |session, request_id, op| Request {
+            request_id,
+            ..raw(session, op)
+        };
+        let r = direct.call(with_id(s, 1, create("/svc/e1"))).await;
+        if !matches!(r, Ok(Reply::Created { .. })) {
+            return Err(format!("create /svc/e1: {r:?}"));
+        }
+        let h = new_session().await;
+        let r = direct
+            .call(raw(h, Op::CachedGet { path: "/svc/e1".into() }))
+            .await;
+        if !matches!(r, Ok(Reply::CachedData { cachable: true, .. })) {
+            return Err(format!("H's cached read: {r:?}"));
+        }
+        let deadline = Instant::now() + Duration::from_millis(lease_ms * 4);
+        let invalidation = loop {
+            if Instant::now() > deadline {
+                return Err("S's expiry never held /svc/e1".into());
+            }
+            if let Ok(Reply::KeepAlive { unacknowledged, .. }) =
+                direct.call(raw(h, Op::KeepAlive)).await
+            {
+                if let Some((id, _)) = unacknowledged.first() {
+                    break *id;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let r = direct.call(with_id(s, 2, create("/svc/x"))).await;
+        let created = matches!(r, Ok(Reply::Created { .. }));
+        let reader = via.open_session().await.unwrap();
+        let seen = reader.get_cached("/svc/x").await.unwrap();
+        if seen.is_some() != created {
+            return Err(format!("R read {seen:?} after the create answered {r:?}"));
+        }
+        let r = direct
+            .call(raw(h, Op::AckInvalidations { ids: vec![invalidation] }))
+            .await;
+        if !matches!(r, Ok(Reply::Acked)) {
+            return Err(format!("H's acknowledgement: {r:?}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while direct.exists("/svc/x").await.unwrap().is_some()
+            || direct.exists("/svc/e1").await.unwrap().is_some()
+        {
+            if Instant::now() > deadline {
+                return Err("S's expiry never applied".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if reader.state() != SessionState::Healthy {
+            return Err(format!("R is {:?}", reader.state()));
+        }
+        // Through the SDK's own cache and through the proxy's (a second session of the
+        // proxy's client reads it too).
+        let other = via.open_session().await.unwrap();
+        for (who, session) in [("R", &reader), ("another client", &other)] {
+            let cached = session.get_cached("/svc/x").await.unwrap();
+            if cached.is_some() {
+                return Err(format!(
+                    "{who} read /svc/x through the proxy after S's expiry removed it: {cached:?}"
+                ));
+            }
+        }
+        println!("FIGURE proxy: an ephemeral created during its session's expiry (created={created}) is not served after its removal");
+        Ok(())
+    });
+    let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
+    let logs = format!(
+        "proxy log:\n{}\nleader logs:\n{}",
+        log("proxy-1.log"),
+        log("replica-1.log")
+    );
+    cell.stop();
+    if let Err(e) = outcome {
+        panic!("{e}; {logs}");
+    }
 }

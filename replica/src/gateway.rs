@@ -19,8 +19,8 @@ use wire::types::{IdRanges, MemberInfo, Op, Reply, Request, Response, SessionId,
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::cacher_list::{
-    Ack, BeginRead, CacherListActor, Hold, Record, Release, Stats, StreamConnected, Unacknowledged,
-    UnacknowledgedMany,
+    Ack, BeginRead, CacherListActor, Hold, HoldEnd, Record, Release, Stats, StreamConnected,
+    Unacknowledged, UnacknowledgedMany,
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAliveMany, SessionManager};
@@ -314,6 +314,12 @@ impl Gateway {
                 .map_err(|e| Error::Internal {
                     reason: format!("cacher list: {e}"),
                 })??;
+        self.propose_in_hold(Some(hold), term, cmd).await
+    }
+
+    /// Proposes `cmd` as held by the cacher list in `term` (under `hold`, released once
+    /// the command's fate is known).
+    async fn propose_in_hold(&self, hold: Option<u64>, term: u64, cmd: Command) -> Response {
         // Applied only if appended in the term whose cacher list held it.
         let r = self
             .propose(Command::Held {
@@ -324,7 +330,7 @@ impl Gateway {
         // A proposal that timed out may still commit: its nodes stay uncachable (the
         // hold kept) until this leadership ends, or a cached read could be recorded with
         // the old value just before the write applies.
-        if crate::actors::raft_node::releases_hold(&r) {
+        if let (Some(hold), true) = (hold, crate::actors::raft_node::releases_hold(&r)) {
             self.cachers.do_send(Release(hold));
         }
         r
@@ -367,6 +373,7 @@ impl Gateway {
             let value = s.sm.node(p).map(|n| (n.data.clone(), n.stat()));
             (value, s.sm.last_index())
         };
+        let owner = value.as_ref().and_then(|(_, stat)| stat.ephemeral_owner);
         let cachable = match epoch {
             Some((term, epoch)) => self
                 .cachers
@@ -375,6 +382,7 @@ impl Gateway {
                     path: p.to_string(),
                     term,
                     epoch,
+                    owner,
                 })
                 .await
                 .map_err(internal)?,
@@ -572,15 +580,22 @@ impl Gateway {
                 if req.session == 0 {
                     return Err(Error::SessionRequired);
                 }
-                // Its ephemeral nodes vanish: drop cached copies first.
-                let ephemerals: Vec<String> = {
-                    let s = self.state.read().expect("state lock");
-                    s.sm.session(req.session)
-                        .map(|x| x.ephemerals.iter().cloned().collect())
-                        .unwrap_or_default()
-                };
-                self.propose_held(
-                    ephemerals,
+                // Its ephemeral nodes vanish: drop cached copies first (the cacher list
+                // reads them and marks the session ending in one step, see `HoldEnd`).
+                let held = self
+                    .cachers
+                    .send(HoldEnd {
+                        sessions: vec![req.session],
+                        lease_ran_out: false,
+                    })
+                    .await
+                    .map_err(|e| Error::Internal {
+                        reason: format!("cacher list: {e}"),
+                    })?;
+                let (hold, term) = held?;
+                self.propose_in_hold(
+                    hold,
+                    term,
                     Command::CloseSession {
                         session: req.session,
                     },

@@ -537,3 +537,152 @@ fn read_heavy_hit_rate() {
         assert!(steady > 1.0 - 2.0 / keys as f64, "steady-state hit rate {steady}");
     });
 }
+
+/// A raw session's request (no SDK behind it: no KeepAlives, no acknowledgements unless
+/// the test sends them).
+fn raw(session: u64, request_id: u64, op: Op) -> Request {
+    Request {
+        session,
+        request_id,
+        ack_below: 0,
+        op,
+    }
+}
+
+async fn raw_session(client: &client_sdk::Client) -> u64 {
+    match client.request(Op::CreateSession).await.unwrap() {
+        Reply::SessionCreated { session, .. } => session,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 22, item 1: a node removed by a session's end (its expiry, or its close) is
+/// never served from a cache after the removal. The interleaving the review found: S's
+/// lease runs out at the leader (or S asks to close) and its end holds S's ephemerals as
+/// they are then ({/svc/e1}), waiting for H, which caches /svc/e1 and does not
+/// acknowledge yet; meanwhile S creates the ephemeral /svc/x (S is still open in the
+/// state) and R caches it; then H acknowledges, the end applies and deletes /svc/x.
+/// Before the fix R kept /svc/x in its cache, the node it had not been told was gone.
+#[test]
+fn an_ephemeral_created_while_its_session_expires_is_not_served_from_a_cache_after() {
+    let _g = serial();
+    rt().block_on(ephemeral_created_while_its_session_ends(false));
+}
+
+/// [`an_ephemeral_created_while_its_session_expires_is_not_served_from_a_cache_after`]
+/// with S closing instead of expiring.
+#[test]
+fn an_ephemeral_created_while_its_session_closes_is_not_served_from_a_cache_after() {
+    let _g = serial();
+    rt().block_on(ephemeral_created_while_its_session_ends(true));
+}
+
+async fn ephemeral_created_while_its_session_ends(close: bool) {
+    let lease_ms = 3_000;
+    let cell = TestCell::start(Opts {
+        replicas: 3,
+        lease_ms,
+        ..Opts::default()
+    });
+    let client = cell.client().await;
+    cell.wait_leader(&client, Duration::from_secs(20), None)
+        .await;
+    let owner = client.open_session().await.unwrap();
+    owner
+        .create("/svc", Vec::new(), CreateMode::default())
+        .await
+        .unwrap();
+    let ephemeral = CreateMode {
+        ephemeral: true,
+        sequential: false,
+    };
+    // S: a raw session; unless it closes, it never renews and its lease runs out
+    // lease_ms from now.
+    let s = raw_session(&client).await;
+    let create = |path: &str| Op::Create {
+        path: path.into(),
+        data: b"s".to_vec(),
+        mode: ephemeral,
+    };
+    let r = client.call(raw(s, 1, create("/svc/e1"))).await.unwrap();
+    assert!(matches!(r, Reply::Created { .. }), "{r:?}");
+    // H caches /svc/e1 and renews, but acknowledges only when the test says.
+    let h = raw_session(&client).await;
+    let r = client
+        .call(raw(
+            h,
+            0,
+            Op::CachedGet {
+                path: "/svc/e1".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::CachedData { cachable: true, .. }),
+        "{r:?}"
+    );
+    let closing = close.then(|| {
+        let c = client.clone();
+        tokio::spawn(async move { c.call(raw(s, 3, Op::CloseSession)).await })
+    });
+    // Renew H (and S, when it closes) until H's KeepAlive reply repeats the
+    // invalidation of /svc/e1: S's end is then held, waiting for H.
+    let deadline = Instant::now() + Duration::from_millis(lease_ms * 4);
+    let invalidation = loop {
+        assert!(Instant::now() < deadline, "S's end never held /svc/e1");
+        if close {
+            client.call(raw(s, 0, Op::KeepAlive)).await.unwrap();
+        }
+        match client.call(raw(h, 0, Op::KeepAlive)).await.unwrap() {
+            Reply::KeepAlive { unacknowledged, .. } => {
+                if let Some((id, paths)) = unacknowledged.first() {
+                    assert_eq!(paths, &vec!["/svc/e1".to_string()]);
+                    break *id;
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // While the end waits, S creates another ephemeral and R caches it.
+    let r = client.call(raw(s, 2, create("/svc/x"))).await;
+    let created = matches!(r, Ok(Reply::Created { .. }));
+    let reader = client.open_session().await.unwrap();
+    let seen = reader.get_cached("/svc/x").await.unwrap();
+    assert_eq!(seen.is_some(), created, "{r:?}");
+    // H acknowledges: the end goes on and removes S's ephemerals.
+    let r = client
+        .call(raw(
+            h,
+            0,
+            Op::AckInvalidations {
+                ids: vec![invalidation],
+            },
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(r, Reply::Acked), "{r:?}");
+    if let Some(closing) = closing {
+        let r = tokio::time::timeout(Duration::from_secs(10), closing)
+            .await
+            .expect("the close completed")
+            .unwrap();
+        assert!(matches!(r, Ok(Reply::Closed)), "{r:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.exists("/svc/x").await.unwrap().is_some()
+        || client.exists("/svc/e1").await.unwrap().is_some()
+    {
+        assert!(Instant::now() < deadline, "S's end never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(reader.state(), client_sdk::SessionState::Healthy);
+    let cached = reader.get_cached("/svc/x").await.unwrap();
+    assert!(
+        cached.is_none(),
+        "R serves /svc/x from its cache after S's end removed it: {cached:?}"
+    );
+    let end = if close { "close" } else { "expiry" };
+    println!("FIGURE cache: an ephemeral created during its session's {end}: created={created}, served from a cache after its removal: no");
+}

@@ -23,8 +23,9 @@ use crate::raft::sm_store::{Applied, SharedState};
 #[rtype(result = "Option<(u64, u64)>")]
 pub struct BeginRead(pub String);
 
-/// Phase two: record the cacher if the replica still leads in `term` and no hold started
-/// since `epoch`.
+/// Phase two: record the cacher if the replica still leads in `term`, no hold started
+/// since `epoch`, the reading session is still open (and its lease has not run out
+/// here), and the node read is not an ephemeral of a session whose end is in flight.
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub struct Record {
@@ -36,6 +37,8 @@ pub struct Record {
     pub term: u64,
     /// From [`BeginRead`].
     pub epoch: u64,
+    /// The owner of the node as read, if it is an ephemeral.
+    pub owner: Option<SessionId>,
 }
 
 /// Hold a write to `paths`: resolves with the hold's id and this leader's term once every
@@ -46,6 +49,23 @@ pub struct Record {
 #[derive(Message)]
 #[rtype(result = "Result<(u64, u64), Error>")]
 pub struct Hold(pub Vec<String>);
+
+/// Hold the end of `sessions` (their close, or their expiry when `lease_ran_out`): from
+/// this message on, no ephemeral they own is recorded as cached, and the hold covers
+/// every ephemeral they own now. An ephemeral one of them creates later (a write already
+/// on its way) is then never cached before the end applies and deletes it, so no cache
+/// keeps a node the end removed. Resolves like [`Hold`]; the hold id is `None` when they
+/// own nothing (nothing to wait for), and the end must still be proposed as
+/// [`wire::command::Command::Held`] in the term returned: in a later term the marks are
+/// gone.
+#[derive(Message)]
+#[rtype(result = "Result<(Option<u64>, u64), Error>")]
+pub struct HoldEnd {
+    /// The sessions that end.
+    pub sessions: Vec<SessionId>,
+    /// Their leases ran out at this leader (see [`LeaseExpired`]).
+    pub lease_ran_out: bool,
+}
 
 /// The held write was applied or failed: the nodes become cachable again.
 #[derive(Message)]
@@ -146,6 +166,10 @@ pub struct CacherListActor {
     /// lag (a watch on the metrics), and the term above is only the last one announced.
     metrics: Option<Metrics>,
     invalidations_sent: u64,
+    /// Sessions whose end is in flight at this leader (a [`HoldEnd`]) or whose lease ran
+    /// out here ([`LeaseExpired`]): their ephemerals are not cachable and they are not
+    /// recorded as cachers. Until their end applies, or leadership changes.
+    ending: HashSet<SessionId>,
 }
 
 impl CacherListActor {
@@ -161,6 +185,7 @@ impl CacherListActor {
             term: None,
             early: Vec::new(),
             invalidations_sent: 0,
+            ending: HashSet::default(),
         }
     }
 
@@ -241,15 +266,42 @@ impl Handler<Record> for CacherListActor {
 
     fn handle(&mut self, msg: Record, _: &mut Context<Self>) -> bool {
         // In another term the table was cleared since `BeginRead`: its epoch means nothing.
-        self.leading_term() == Some(msg.term)
-            && self.cachers.record(msg.session, &msg.path, msg.epoch)
+        if self.leading_term() != Some(msg.term) {
+            return false;
+        }
+        // An ephemeral whose owner is ending may be deleted by an end that does not hold
+        // it (it was created after the end's hold began).
+        if msg.owner.is_some_and(|o| self.ending.contains(&o)) || self.ending.contains(&msg.session)
+        {
+            return false;
+        }
+        // A session that ended after the gateway read the state: recorded, it would be a
+        // cacher nobody removes (its `SessionEnded` was handled already), and every later
+        // hold on the node would wait for it for ever. The state is applied before the
+        // effect is sent here, so either this sees the end or the effect comes after.
+        if self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session(msg.session)
+            .is_err()
+        {
+            return false;
+        }
+        self.cachers.record(msg.session, &msg.path, msg.epoch)
     }
 }
 
-impl Handler<Hold> for CacherListActor {
-    type Result = ResponseFuture<Result<(u64, u64), Error>>;
-
-    fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
+impl CacherListActor {
+    /// Starts a hold on `paths` (see [`Hold`]); with `quiet_if_empty`, a hold on no path
+    /// waits for nobody (not even the sessions of earlier leaders: it changes no node
+    /// they may cache) and makes no entry in the table (`None`).
+    fn start_hold(
+        &mut self,
+        paths: Vec<String>,
+        quiet_if_empty: bool,
+    ) -> ResponseFuture<Result<(Option<u64>, u64), Error>> {
         let Some(term) = self.leading_term() else {
             return Box::pin(async {
                 Err(Error::NotLeader {
@@ -258,6 +310,9 @@ impl Handler<Hold> for CacherListActor {
                 })
             });
         };
+        if quiet_if_empty && paths.is_empty() {
+            return Box::pin(async move { Ok((None, term)) });
+        }
         let Some(unconfirmed) = self.unconfirmed() else {
             return Box::pin(async {
                 Err(Error::Unavailable {
@@ -272,10 +327,10 @@ impl Handler<Hold> for CacherListActor {
         } else {
             Vec::new()
         };
-        let (id, sends) = self.cachers.hold(&msg.0, Instant::now(), unconfirmed);
+        let (id, sends) = self.cachers.hold(&paths, Instant::now(), unconfirmed);
         tracing::debug!(
             id,
-            paths = ?msg.0,
+            paths = ?paths,
             waits_for = ?sends.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
             unconfirmed = ?unconfirmed_ids,
             "write held for cachers"
@@ -288,16 +343,80 @@ impl Handler<Hold> for CacherListActor {
             });
         }
         if self.cachers.hold_complete(id) {
-            return Box::pin(async move { Ok((id, term)) });
+            return Box::pin(async move { Ok((Some(id), term)) });
         }
         let (tx, rx) = oneshot::channel();
         self.waiters.insert(id, tx);
         Box::pin(async move {
-            rx.await.map(|_| (id, term)).map_err(|_| Error::NotLeader {
-                leader_id: None,
-                leader_addr: None,
-            })
+            rx.await
+                .map(|_| (Some(id), term))
+                .map_err(|_| Error::NotLeader {
+                    leader_id: None,
+                    leader_addr: None,
+                })
         })
+    }
+
+    /// `sessions`' leases ran out here: holds stop waiting for them (their clients' own
+    /// leases, which run from when they sent their KeepAlives, ended earlier still).
+    fn lease_expired(&mut self, sessions: &[SessionId]) {
+        if let Some(f) = &mut self.failover {
+            f.confirmed.extend(sessions.iter().copied());
+        }
+        for &session in sessions {
+            for id in self.cachers.session_ended(session) {
+                self.complete(id);
+            }
+        }
+    }
+}
+
+impl Handler<Hold> for CacherListActor {
+    type Result = ResponseFuture<Result<(u64, u64), Error>>;
+
+    fn handle(&mut self, msg: Hold, _: &mut Context<Self>) -> Self::Result {
+        let held = self.start_hold(msg.0, false);
+        Box::pin(async move {
+            let (id, term) = held.await?;
+            Ok((id.expect("a hold that is not quiet has an id"), term))
+        })
+    }
+}
+
+impl Handler<HoldEnd> for CacherListActor {
+    type Result = ResponseFuture<Result<(Option<u64>, u64), Error>>;
+
+    fn handle(&mut self, msg: HoldEnd, _: &mut Context<Self>) -> Self::Result {
+        if self.leading_term().is_none() {
+            return self.start_hold(Vec::new(), true);
+        }
+        // Read and marked in this one handler: a cached read of an ephemeral of theirs
+        // recorded before it is of a node that exists now (only its owner's delete or end
+        // removes it), so the hold below invalidates it; one recorded after is refused.
+        // Only sessions still open are marked (an end applies `SessionEnded`, which
+        // unmarks them; a session already gone would stay marked).
+        let (open, ephemerals): (Vec<SessionId>, Vec<String>) = {
+            let s = self.state.read().expect("state lock");
+            let open: Vec<SessionId> = msg
+                .sessions
+                .iter()
+                .copied()
+                .filter(|id| s.sm.session(*id).is_some())
+                .collect();
+            let mut paths: Vec<String> = open
+                .iter()
+                .filter_map(|id| s.sm.session(*id))
+                .flat_map(|sess| sess.ephemerals.iter().cloned())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            (open, paths)
+        };
+        if msg.lease_ran_out {
+            self.lease_expired(&msg.sessions);
+        }
+        self.ending.extend(open);
+        self.start_hold(ephemerals, true)
     }
 }
 
@@ -326,14 +445,15 @@ impl Handler<LeaseExpired> for CacherListActor {
     type Result = ();
 
     fn handle(&mut self, msg: LeaseExpired, _: &mut Context<Self>) {
-        if let Some(f) = &mut self.failover {
-            f.confirmed.extend(msg.0.iter().copied());
-        }
-        for session in msg.0 {
-            for id in self.cachers.session_ended(session) {
-                self.complete(id);
-            }
-        }
+        self.lease_expired(&msg.0);
+        let open: Vec<SessionId> = {
+            let s = self.state.read().expect("state lock");
+            msg.0
+                .into_iter()
+                .filter(|id| s.sm.session(*id).is_some())
+                .collect()
+        };
+        self.ending.extend(open);
     }
 }
 
@@ -346,6 +466,7 @@ impl Handler<AppliedMsg> for CacherListActor {
         };
         for e in effects {
             if let Effect::SessionEnded { session } = e {
+                self.ending.remove(&session);
                 for id in self.cachers.session_ended(session) {
                     self.complete(id);
                 }
@@ -363,6 +484,7 @@ impl Handler<LeadershipChanged> for CacherListActor {
         // it flushed (or ends), writes to cachable nodes wait for it.
         self.cachers.clear();
         self.waiters.clear();
+        self.ending.clear();
         self.term = msg.leading.then_some(msg.term);
         if msg.leading {
             self.cachers.ids_above(msg.term << 32);
@@ -648,6 +770,7 @@ mod tests {
                 path: "/a".into(),
                 term,
                 epoch,
+                owner: None,
             })
             .await
             .expect("actor");
@@ -743,5 +866,168 @@ mod tests {
         );
         let r = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
         assert!(matches!(r, Ok(Ok(Err(Error::NotLeader { .. })))), "{r:?}");
+    }
+
+    /// Applies `cmd` at the next index of `state`, as the state-machine store would, and
+    /// returns the effects it had.
+    fn apply(state: &SharedState, cmd: Command) -> (Result<Reply, Error>, Vec<Effect>) {
+        let mut s = state.write().expect("state");
+        let index = s.last_applied.map_or(0, |l| l.index) + 1;
+        let r = s.sm.apply(index, &cmd);
+        s.last_applied = Some(openraft::LogId::new(
+            openraft::CommittedLeaderId::new(2, 1),
+            index,
+        ));
+        r
+    }
+
+    /// A leader whose earlier cacher confirmed its flush (so holds wait only for cachers
+    /// recorded here).
+    async fn settled_leader() -> (SharedState, SessionId, Addr<CacherListActor>) {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last).await;
+        list.send(StreamConnected { session, term: 2 })
+            .await
+            .expect("actor");
+        (state, session, list)
+    }
+
+    /// Issue 22, item 2: the gateway reads the state (the session is open), then the
+    /// session ends and its `SessionEnded` reaches the cacher list, and only then does
+    /// the gateway's `Record` arrive. Before the fix the ended session was recorded as a
+    /// cacher that nothing would ever remove, and every later hold on the node waited for
+    /// it for ever.
+    #[actix_rt::test]
+    async fn a_cacher_recorded_after_its_session_ended_is_refused() {
+        let (state, session, list) = settled_leader().await;
+        let (term, epoch) = list
+            .send(BeginRead("/a".into()))
+            .await
+            .expect("actor")
+            .expect("cachable");
+        let (r, effects) = apply(&state, Command::CloseSession { session });
+        assert!(r.is_ok(), "{r:?}");
+        list.send(AppliedMsg(Applied::Effects { index: 3, effects }))
+            .await
+            .expect("actor");
+        let recorded = list
+            .send(Record {
+                session,
+                path: "/a".into(),
+                term,
+                epoch,
+                owner: None,
+            })
+            .await
+            .expect("actor");
+        assert!(
+            !recorded,
+            "a session that had ended was recorded as a cacher"
+        );
+        let held = tokio::time::timeout(LONG, list.send(Hold(vec!["/a".into()]))).await;
+        assert!(
+            matches!(held, Ok(Ok(Ok(_)))),
+            "a hold waited for a session that had ended: {held:?}"
+        );
+    }
+
+    /// Issue 22, item 1 at the actor: once a session's end is held, an ephemeral it
+    /// creates afterwards (a write already on its way) is not cachable until the end
+    /// applies; one it owned before is in the hold, which waits for its cachers.
+    #[actix_rt::test]
+    async fn an_ending_sessions_ephemerals_are_held_or_uncachable() {
+        let (state, _old, list) = settled_leader().await;
+        let owner = match apply(&state, Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+        let reader = match apply(&state, Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+        let create = |path: &str, request_id| Command::Write {
+            session: owner,
+            request_id,
+            ack_below: 0,
+            ops: vec![wire::types::TxnOp::Create {
+                path: path.into(),
+                data: Vec::new(),
+                mode: wire::types::CreateMode {
+                    ephemeral: true,
+                    sequential: false,
+                },
+            }],
+            single: true,
+        };
+        assert!(apply(&state, create("/e1", 1)).0.is_ok());
+        let read = |path: &'static str| {
+            let list = list.clone();
+            async move {
+                let (term, epoch) = list
+                    .send(BeginRead(path.into()))
+                    .await
+                    .expect("actor")
+                    .expect("cachable");
+                list.send(Record {
+                    session: reader,
+                    path: path.into(),
+                    term,
+                    epoch,
+                    owner: Some(owner),
+                })
+                .await
+                .expect("actor")
+            }
+        };
+        assert!(read("/e1").await, "cached before the end began");
+        let mut end = Box::pin(list.send(HoldEnd {
+            sessions: vec![owner],
+            lease_ran_out: true,
+        }));
+        assert!(
+            tokio::time::timeout(SHORT, &mut end).await.is_err(),
+            "the end must wait for the cacher of /e1"
+        );
+        // The owner's create that was on its way applies now.
+        assert!(apply(&state, create("/x", 2)).0.is_ok());
+        assert!(
+            !read("/x").await,
+            "an ephemeral of an ending session was recorded as cached"
+        );
+        let unacked = list.send(Unacknowledged(reader)).await.expect("actor");
+        assert!(unacked.is_empty(), "not overdue yet: {unacked:?}");
+        // The reader acknowledges the invalidation of /e1: the end goes on.
+        let id = {
+            let hold = list.send(Hold(vec!["/other".into()])).await.expect("actor");
+            // Hold ids are handed out in order: the end's is the one before.
+            hold.expect("held").0 - 1
+        };
+        list.send(Ack {
+            session: reader,
+            ids: vec![id],
+        })
+        .await
+        .expect("actor");
+        let (hold, _) = tokio::time::timeout(LONG, end)
+            .await
+            .expect("the end went on once the cacher acknowledged")
+            .expect("actor")
+            .expect("held");
+        assert_eq!(hold, Some(id));
+        // An end with nothing to hold is answered at once, without a hold.
+        let (r, effects) = apply(&state, Command::CloseSession { session: owner });
+        assert!(r.is_ok());
+        list.send(AppliedMsg(Applied::Effects { index: 0, effects }))
+            .await
+            .expect("actor");
+        let quiet = list
+            .send(HoldEnd {
+                sessions: vec![reader],
+                lease_ran_out: false,
+            })
+            .await
+            .expect("actor")
+            .expect("held");
+        assert_eq!(quiet, (None, 2));
     }
 }

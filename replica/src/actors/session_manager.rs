@@ -22,7 +22,7 @@ use wire::command::{Command, Effect, LeaseCheckpoint};
 use wire::types::{Reply, SessionId};
 use wire::Error;
 
-use crate::actors::cacher_list::{CacherListActor, Hold, LeaseExpired, Release};
+use crate::actors::cacher_list::{CacherListActor, HoldEnd, Release};
 use crate::actors::raft_node::{LeadershipChanged, Propose, RaftNode};
 use crate::leader::confirm_watch::ConfirmWatch;
 use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
@@ -232,28 +232,25 @@ impl SessionManager {
             }
             let ids = expired.clone();
             let generation = self.generation;
-            let ephemerals: Vec<String> = {
-                let s = self.state.read().expect("state lock");
-                expired
-                    .iter()
-                    .filter_map(|id| s.sm.session(*id))
-                    .flat_map(|sess| sess.ephemerals.iter().cloned())
-                    .collect()
-            };
-            if let Some(c) = &self.cachers {
-                c.do_send(LeaseExpired(expired.clone()));
-            }
             let cachers = self.cachers.clone();
             let raft_node = self.raft_node.clone();
             let fut = async move {
-                let expire = Command::ExpireSessions { sessions: expired };
-                let (hold, cmd) = match (&cachers, ephemerals.is_empty()) {
-                    (Some(c), false) => match c.send(Hold(ephemerals)).await {
+                let (hold, cmd) = match &cachers {
+                    // The cacher list reads the sessions' ephemerals and marks them ending
+                    // in one step (see `HoldEnd`), so an ephemeral created meanwhile is
+                    // never cached before this expiry deletes it.
+                    Some(c) => match c
+                        .send(HoldEnd {
+                            sessions: expired.clone(),
+                            lease_ran_out: true,
+                        })
+                        .await
+                    {
                         Ok(Ok((id, term))) => (
-                            Some(id),
+                            id,
                             Command::Held {
                                 term,
-                                command: Box::new(expire),
+                                command: Box::new(Command::ExpireSessions { sessions: expired }),
                             },
                         ),
                         // Not held (no longer leading, or not yet told): cachers of the
@@ -262,7 +259,7 @@ impl SessionManager {
                         Ok(Err(e)) => return Ok(Err(e)),
                         Err(e) => return Err(e),
                     },
-                    _ => (None, expire),
+                    None => (None, Command::ExpireSessions { sessions: expired }),
                 };
                 let r = raft_node.send(Propose(cmd)).await;
                 // As for writes: a timed-out expiry may still commit, so its hold stays.
