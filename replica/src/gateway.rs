@@ -19,8 +19,8 @@ use wire::types::{IdRanges, MemberInfo, Op, Reply, Request, Response, SessionId,
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
 use crate::actors::cacher_list::{
-    Ack, BeginRead, CacherListActor, Hold, HoldEnd, Record, Release, Stats, StreamConnected,
-    Unacknowledged, UnacknowledgedMany,
+    Ack, BeginRead, CacherListActor, Hold, HoldEnd, Overdue, Record, Release, Stats,
+    StreamConnected, Unacknowledged, UnacknowledgedMany,
 };
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAliveMany, SessionManager};
@@ -31,6 +31,10 @@ use crate::raft::Raft;
 
 /// Largest hello frame.
 const HELLO_BYTES_MAX: usize = 4_096;
+
+/// A session that renews while it leaves an invalidation unacknowledged for this many
+/// leases is no longer renewed (see [`Gateway::overdue`]).
+pub const OVERDUE_LEASES: u32 = 2;
 
 /// Everything a request handler needs.
 pub struct Gateway {
@@ -539,6 +543,11 @@ impl Gateway {
                 }
                 self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(session = req.session, "KeepAlive");
+                if !self.overdue(&[req.session]).await.is_empty() {
+                    return Err(Error::SessionExpired {
+                        session: req.session,
+                    });
+                }
                 let mut r = match self
                     .sessions
                     .send(KeepAliveMany {
@@ -749,6 +758,15 @@ impl Gateway {
     async fn keepalive_batch(&self, sessions: Vec<u64>, received: Instant) -> Response {
         path::validate_keepalive_batch(&sessions)?;
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
+        let overdue = self.overdue(&sessions).await;
+        let sessions: Vec<SessionId> = if overdue.is_empty() {
+            sessions
+        } else {
+            sessions
+                .into_iter()
+                .filter(|s| !overdue.contains(s))
+                .collect()
+        };
         let results = match self
             .sessions
             .send(KeepAliveMany {
@@ -764,7 +782,7 @@ impl Gateway {
                 })
             }
         };
-        let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut renewed, mut expired, mut unknown) = (Vec::new(), overdue, Vec::new());
         let mut first_err = None;
         let mut failed = Vec::new();
         for (&session, r) in sessions.iter().zip(results) {
@@ -820,6 +838,48 @@ impl Gateway {
             unknown,
             unacknowledged,
         })
+    }
+
+    /// Of `sessions` (renewing now), the cachers that have left an invalidation
+    /// unacknowledged for [`OVERDUE_LEASES`] leases: they are not renewed and are told
+    /// their session expired, so their leases run out here within one more lease and the
+    /// writes held for them go on. A client that renews but never acknowledges (a bug,
+    /// or a stuck event stream while it ignores the invalidations repeated in its
+    /// KeepAlive replies) loses its session, and with it its cache, instead of holding
+    /// writes to its nodes (and the ends of other sessions whose ephemerals it cached)
+    /// for as long as it lives. So a hold waits at most for every cacher's
+    /// acknowledgement or the end of its lease, and that end comes at most
+    /// `OVERDUE_LEASES + 1` leases after the hold began.
+    async fn overdue(&self, sessions: &[SessionId]) -> Vec<SessionId> {
+        let cachers: Vec<SessionId> = {
+            let s = self.state.read().expect("state lock");
+            sessions
+                .iter()
+                .copied()
+                .filter(|id| s.sm.check_session(*id).is_ok_and(|x| x.caches))
+                .collect()
+        };
+        if cachers.is_empty() {
+            return Vec::new();
+        }
+        let age = Duration::from_millis(self.lease_ms) * OVERDUE_LEASES;
+        let overdue = self
+            .cachers
+            .send(Overdue {
+                sessions: cachers,
+                age,
+            })
+            .await
+            .unwrap_or_default();
+        if !overdue.is_empty() {
+            tracing::warn!(
+                sessions = %IdRanges(&overdue),
+                after_ms = age.as_millis() as u64,
+                "sessions renew but leave invalidations unacknowledged: no longer renewed, \
+                 they lose their cache with their session"
+            );
+        }
+        overdue
     }
 
     async fn change(&self, c: ChangeMembership) -> Response {

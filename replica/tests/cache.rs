@@ -686,3 +686,63 @@ async fn ephemeral_created_while_its_session_ends(close: bool) {
     let end = if close { "close" } else { "expiry" };
     println!("FIGURE cache: an ephemeral created during its session's {end}: created={created}, served from a cache after its removal: no");
 }
+
+/// Issue 22, items 2 and 5: no hold waits for ever. A cacher that keeps renewing but
+/// never acknowledges (it ignores the invalidation its KeepAlive replies repeat) used to
+/// hold a write to its node for as long as it lived. Now, once it has left the
+/// invalidation unacknowledged for `OVERDUE_LEASES` leases, the leader stops renewing it
+/// and tells it its session expired; its lease runs out within one more lease and the
+/// write goes on.
+#[test]
+fn a_cacher_that_renews_but_never_acknowledges_loses_its_session_and_the_write_goes_on() {
+    let _g = serial();
+    rt().block_on(async {
+        let lease_ms = 3_000u64;
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            lease_ms,
+            ..Opts::default()
+        });
+        let mut cfg = cell.client_config();
+        cfg.attempt_timeout = Duration::from_secs(30);
+        cfg.request_timeout = Duration::from_secs(60);
+        let client = client_sdk::Client::connect(cfg).await.unwrap();
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let writer = client.open_session().await.unwrap();
+        writer.create("/cfg", b"v1".to_vec(), CreateMode::default()).await.unwrap();
+        let c = raw_session(&client).await;
+        let r = client.call(raw(c, 0, Op::CachedGet { path: "/cfg".into() })).await.unwrap();
+        assert!(matches!(r, Reply::CachedData { cachable: true, .. }), "{r:?}");
+        let held_at = Instant::now();
+        let write = tokio::spawn(async move { writer.set_data("/cfg", b"v2".to_vec(), None).await.map(|_| Instant::now()) });
+        // C renews every 300 ms and never acknowledges, until it is told it expired.
+        let bound = Duration::from_millis(lease_ms * (replica::gateway::OVERDUE_LEASES as u64 + 2));
+        let mut repeated = false;
+        let refused_at = loop {
+            assert!(held_at.elapsed() < bound, "C was renewed for {:?} without acknowledging", held_at.elapsed());
+            match client.call(raw(c, 0, Op::KeepAlive)).await {
+                Ok(Reply::KeepAlive { unacknowledged, .. }) => repeated |= !unacknowledged.is_empty(),
+                Err(client_sdk::Error::SessionExpired { .. }) => break Instant::now(),
+                other => panic!("{other:?}"),
+            }
+            assert!(!write.is_finished(), "the write went on while C still cached /cfg");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        assert!(repeated, "C's KeepAlive replies never repeated the invalidation");
+        let refused_after = refused_at.duration_since(held_at);
+        let overdue = Duration::from_millis(lease_ms * replica::gateway::OVERDUE_LEASES as u64);
+        assert!(refused_after >= overdue, "refused after {refused_after:?}, before {overdue:?}");
+        let done = tokio::time::timeout(bound, write).await.expect("the write went on").unwrap().unwrap();
+        let took = done.duration_since(held_at);
+        // C's last renewal came before the refusal: its lease ran out at most a lease later.
+        assert!(done >= refused_at, "the write completed before C was refused");
+        assert!(took <= overdue + Duration::from_millis(lease_ms + 2_000), "the write took {took:?}");
+        let r = client.call(raw(c, 0, Op::KeepAlive)).await;
+        assert!(matches!(r, Err(client_sdk::Error::SessionExpired { .. })), "{r:?}");
+        println!(
+            "FIGURE cache: a cacher renewing without acknowledging was refused after {} ms; the write held for it completed after {} ms (lease {lease_ms} ms)",
+            refused_after.as_millis(),
+            took.as_millis()
+        );
+    });
+}

@@ -114,6 +114,19 @@ pub struct Unacknowledged(pub SessionId);
 #[rtype(result = "Vec<(SessionId, u64, Vec<String>)>")]
 pub struct UnacknowledgedMany(pub Vec<SessionId>);
 
+/// Of these sessions, those that have left an invalidation unacknowledged for the given
+/// age or longer: a client that renews but never acknowledges would hold writes to its
+/// cached nodes for as long as it lives, so the gateway stops renewing them (their leases
+/// then run out, and the holds go on).
+#[derive(Message)]
+#[rtype(result = "Vec<SessionId>")]
+pub struct Overdue {
+    /// The sessions renewing now.
+    pub sessions: Vec<SessionId>,
+    /// How long an invalidation may stay unacknowledged.
+    pub age: std::time::Duration,
+}
+
 /// Number of cacher records and age of the oldest waiting invalidation (ms).
 #[derive(Message)]
 #[rtype(result = "CacherStats")]
@@ -567,6 +580,14 @@ impl Handler<UnacknowledgedMany> for CacherListActor {
                     .map(move |(id, paths)| (s, id, paths))
             })
             .collect()
+    }
+}
+
+impl Handler<Overdue> for CacherListActor {
+    type Result = Vec<SessionId>;
+
+    fn handle(&mut self, msg: Overdue, _: &mut Context<Self>) -> Vec<SessionId> {
+        self.cachers.overdue(&msg.sessions, Instant::now(), msg.age)
     }
 }
 

@@ -183,6 +183,24 @@ impl Cachers {
         out
     }
 
+    /// Of `sessions`, those that have left an invalidation unacknowledged for `age` or
+    /// longer at `now`.
+    pub fn overdue(&self, sessions: &[SessionId], now: Instant, age: Duration) -> Vec<SessionId> {
+        let late: Vec<&Hold> = self
+            .holds
+            .values()
+            .filter(|h| h.started + age <= now && !h.waiting.is_empty())
+            .collect();
+        if late.is_empty() {
+            return Vec::new();
+        }
+        sessions
+            .iter()
+            .copied()
+            .filter(|s| late.iter().any(|h| h.waiting.contains(s)))
+            .collect()
+    }
+
     /// True once every cacher of the hold acknowledged or ended.
     pub fn hold_complete(&self, id: u64) -> bool {
         self.holds.get(&id).is_none_or(Hold::done)
@@ -364,6 +382,25 @@ mod tests {
         assert!(c.unacknowledged_older(2, at, age, 64).is_empty());
         assert!(c.ack(1, h1), "its only cacher acknowledged");
         assert_eq!(c.unacknowledged_older(1, at, age, 64), vec![(h2, p("/b"))]);
+    }
+
+    #[test]
+    fn sessions_that_leave_an_invalidation_unacknowledged_too_long_are_overdue() {
+        let t0 = Instant::now();
+        let mut c = Cachers::new();
+        for s in [1, 2] {
+            let e = c.begin_read("/a").unwrap();
+            assert!(c.record(s, "/a", e));
+        }
+        let (id, _) = c.hold(&p("/a"), t0, HashSet::default());
+        let age = Duration::from_secs(24);
+        assert!(c
+            .overdue(&[1, 2, 3], t0 + Duration::from_secs(23), age)
+            .is_empty());
+        assert!(!c.ack(2, id));
+        assert_eq!(c.overdue(&[1, 2, 3], t0 + age, age), vec![1]);
+        assert!(c.ack(1, id));
+        assert!(c.overdue(&[1, 2, 3], t0 + age, age).is_empty());
     }
 
     #[test]
