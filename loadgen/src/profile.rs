@@ -398,6 +398,13 @@ pub async fn profile(
             while due < deadline && !stop.load(Ordering::Relaxed) {
                 tokio::time::sleep_until(due).await;
                 let i = plain.start + rand::random::<usize>() % plain.len();
+                // Only a healthy session is churned out: one in jeopardy or expired stays
+                // in its slot to be counted at the end (closing it would hide its loss:
+                // the SDK's close answers Ok for a session the cell has expired).
+                if slots[i].lock().expect("slot").state() != SessionState::Healthy {
+                    due += every;
+                    continue;
+                }
                 let client = &clients[i / SESSIONS_PER_CONNECTION];
                 match client.open_session().await {
                     Ok(fresh) => {

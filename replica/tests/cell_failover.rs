@@ -261,12 +261,23 @@ fn leader_restart_in_the_same_term() {
             s.create(&format!("/r/{i}"), vec![], CreateMode::default()).await.unwrap();
         }
         let term_before = cell.statuses(&client).await[&leader].term;
+        let killed = Instant::now();
         cell.kill(leader);
         cell.spawn(leader);
         let now_leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let back = killed.elapsed();
         let term_after = cell.statuses(&client).await[&now_leader].term;
         println!(
-            "FIGURE restart: leader {leader} (term {term_before}) restarted; leader now {now_leader} (term {term_after})"
+            "FIGURE restart: leader {leader} (term {term_before}) restarted; leader now {now_leader} (term {term_after}) {} ms after the kill",
+            back.as_millis()
+        );
+        // What this test is about: openraft 0.9 restores a leader whose vote was committed
+        // as leader at once, in its old term, before any follower's election timeout
+        // (1-2 s) runs out. A new election would test an ordinary fail-over instead.
+        assert_eq!(
+            (now_leader, term_after),
+            (leader, term_before),
+            "no same-term restart: leader {now_leader} in term {term_after}, {back:?} after the kill"
         );
         assert_eq!(client.children("/r").await.unwrap().len(), 50);
         s.create("/r/after", vec![], CreateMode::default()).await.unwrap();

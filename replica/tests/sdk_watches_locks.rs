@@ -164,6 +164,8 @@ fn exclusive_and_shared_locks() {
 
         let lb = Lock::exclusive(&b, "/locks/x");
         let waiter = tokio::spawn(async move { lb.acquire().await });
+        // b has queued (its node is there) and is still waiting.
+        wait_children(&client, "/locks/x", 2).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!waiter.is_finished(), "b waits while a holds");
         let seq_a = ga.sequencer().clone();
@@ -191,8 +193,9 @@ fn exclusive_and_shared_locks() {
         let c = client.open_session().await.unwrap();
         let lw = Lock::write(&c, "/locks/rw");
         let writer = tokio::spawn(async move { lw.acquire().await });
+        wait_children(&client, "/locks/rw", 3).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!writer.is_finished());
+        assert!(!writer.is_finished(), "the writer waits for the readers");
         assert!(
             Lock::read(&a, "/locks/rw")
                 .try_acquire()
@@ -202,6 +205,9 @@ fn exclusive_and_shared_locks() {
             "a reader after a waiting writer waits"
         );
         r1.release().await.unwrap();
+        // r1's node is gone (the writer's watch, if on it, has fired) and the writer
+        // still waits for r2.
+        wait_children(&client, "/locks/rw", 2).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             !writer.is_finished(),
@@ -217,6 +223,23 @@ fn exclusive_and_shared_locks() {
         assert!(gw.token() > r2_token);
         gw.release().await.unwrap();
     });
+}
+
+/// Waits (up to 10 s) until `path` has exactly `n` children: contenders have queued, or
+/// a released one's node is gone.
+async fn wait_children(client: &client_sdk::Client, path: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let have = client.children(path).await.unwrap().len();
+        if have == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} has {have} children, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Issue 3, scenario 1 (scaled for CI; `HERD_N=2000` for the full size): contenders queue
