@@ -412,6 +412,172 @@ fn checker_no_stale_cached_reads() {
     });
 }
 
+/// One cached read of an ephemeral in [`checker_nodes_removed_by_session_ends`].
+#[derive(Debug, Clone)]
+struct PresenceRead {
+    path: String,
+    start: Instant,
+    present: bool,
+}
+
+/// Issue 22, item 1: the cache checker with nodes removed by session ends rather than by
+/// deletes. Owners (raw sessions) create ephemerals and end, half by close and half by
+/// letting their lease run out, each creating more ephemerals up to its end (the window
+/// the review found: a create admitted while the end is in flight); readers read every
+/// ephemeral through their caches the whole time. For each node the test learns when its
+/// removal had completed (the first linearizable read that found it gone); no cached read
+/// that began after that may find it present.
+#[test]
+fn checker_nodes_removed_by_session_ends() {
+    let _g = serial();
+    rt().block_on(async {
+        let lease_ms = 3_000;
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            lease_ms,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let setup = client.open_session().await.unwrap();
+        setup.create("/eph", Vec::new(), CreateMode::default()).await.unwrap();
+        let paths: Arc<Mutex<Vec<String>>> = Arc::default();
+        let reads: Arc<Mutex<Vec<PresenceRead>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut readers = Vec::new();
+        for _ in 0..4 {
+            let s = client.open_session().await.unwrap();
+            let (paths, reads, stop) = (paths.clone(), reads.clone(), stop.clone());
+            readers.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let now: Vec<String> = paths.lock().unwrap().clone();
+                    for p in now {
+                        let start = Instant::now();
+                        if let Ok(v) = s.get_cached(&p).await {
+                            reads.lock().unwrap().push(PresenceRead { path: p, start, present: v.is_some() });
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                (s.cache_stats().hits, s.state())
+            }));
+        }
+        // A slow cacher of each owner's first ephemeral: it acknowledges an invalidation
+        // only when its KeepAlive reply repeats it (after 1 s), so every end waits that
+        // long while its owner goes on creating.
+        let slow = {
+            let (client, paths, stop) = (client.clone(), paths.clone(), stop.clone());
+            let me = raw_session(&client).await;
+            tokio::spawn(async move {
+                let mut cached = std::collections::HashSet::new();
+                let mut acked = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let firsts: Vec<String> =
+                        paths.lock().unwrap().iter().filter(|p| p.ends_with("-1")).cloned().collect();
+                    for p in firsts {
+                        if cached.insert(p.clone()) {
+                            let _ = client.call(raw(me, 0, Op::CachedGet { path: p })).await;
+                        }
+                    }
+                    if let Ok(Reply::KeepAlive { unacknowledged, .. }) = client.call(raw(me, 0, Op::KeepAlive)).await {
+                        let ids: Vec<u64> = unacknowledged.iter().map(|(id, _)| *id).collect();
+                        if !ids.is_empty() {
+                            acked += ids.len();
+                            let _ = client.call(raw(me, 0, Op::AckInvalidations { ids })).await;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                acked
+            })
+        };
+        let ephemeral = CreateMode { ephemeral: true, sequential: false };
+        // Each owner: creates ephemerals every 150 ms; closes after ~1 s, or stops
+        // renewing (it never renews) and goes on creating until it is told it expired.
+        let mut owners = Vec::new();
+        for k in 0..8u64 {
+            let (client, paths) = (client.clone(), paths.clone());
+            owners.push(tokio::spawn(async move {
+                let s = raw_session(&client).await;
+                let close = k % 2 == 0;
+                let mut created = Vec::new();
+                let begun = Instant::now();
+                let deadline = begun + Duration::from_millis(lease_ms * 5);
+                let mut closing = None;
+                for j in 1u64.. {
+                    assert!(Instant::now() < deadline, "owner {k} never ended");
+                    let path = format!("/eph/o{k}-{j}");
+                    let op = Op::Create { path: path.clone(), data: vec![1], mode: ephemeral };
+                    match client.call(raw(s, j, op)).await {
+                        Ok(Reply::Created { .. }) => {
+                            paths.lock().unwrap().push(path.clone());
+                            created.push(path);
+                        }
+                        Err(client_sdk::Error::SessionExpired { .. }) => break,
+                        other => panic!("owner {k}: {other:?}"),
+                    }
+                    if close && closing.is_none() && begun.elapsed() > Duration::from_secs(1) {
+                        let c = client.clone();
+                        closing = Some(tokio::spawn(async move { c.call(raw(s, 1_000_000, Op::CloseSession)).await }));
+                    }
+                    if closing.as_ref().is_some_and(|c| c.is_finished()) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                if let Some(c) = closing {
+                    let r = c.await.unwrap();
+                    assert!(matches!(r, Ok(Reply::Closed) | Err(client_sdk::Error::SessionExpired { .. })), "owner {k}: {r:?}");
+                }
+                // When each removal was known complete.
+                let mut gone = Vec::new();
+                for p in created {
+                    loop {
+                        assert!(Instant::now() < deadline + Duration::from_secs(10), "{p} never removed");
+                        if client.exists(&p).await.unwrap().is_none() {
+                            gone.push((p, Instant::now()));
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                (close, gone)
+            }));
+        }
+        let mut removed: std::collections::HashMap<String, Instant> = Default::default();
+        let (mut by_close, mut by_expiry) = (0, 0);
+        for o in owners {
+            let (close, gone) = o.await.unwrap();
+            if close { by_close += gone.len() } else { by_expiry += gone.len() }
+            removed.extend(gone);
+        }
+        // Readers go on reading the removed nodes for a while.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        let slow_acks = slow.await.unwrap();
+        let mut hits = 0;
+        for r in readers {
+            let (h, state) = r.await.unwrap();
+            assert_eq!(state, client_sdk::SessionState::Healthy);
+            hits += h;
+        }
+        let reads = reads.lock().unwrap().clone();
+        let mut after_removal = 0;
+        for r in &reads {
+            let gone_at = removed[&r.path];
+            if r.start > gone_at {
+                after_removal += 1;
+                assert!(!r.present, "stale cached read: {} present at {:?} after its removal completed", r.path, r.start.duration_since(gone_at));
+            }
+        }
+        println!(
+            "FIGURE cache checker, nodes removed by session ends: {} reads ({hits} from cache, {after_removal} after a removal), {by_close} nodes removed by close and {by_expiry} by expiry, {slow_acks} late acknowledgements, no stale read",
+            reads.len()
+        );
+        assert!(by_close > 0 && by_expiry > 0 && after_removal > 0 && hits > 0 && slow_acks > 0);
+    });
+}
+
 #[test]
 fn checker_catches_a_stale_read() {
     // The checker itself bites: a read that starts after a completed write but returns
