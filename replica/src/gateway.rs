@@ -117,7 +117,8 @@ pub struct KeepAliveStats {
 
 /// The nodes a write may change whose cached values must be dropped first: created
 /// (non-sequential: a cached absence), deleted and rewritten nodes. Sequential creates make
-/// names no one can have cached.
+/// names no one can have cached: the absence of a name ending in a sequence number is
+/// never cachable (`Gateway::cached_get`).
 pub fn cached_paths(ops: &[TxnOp]) -> Vec<String> {
     let mut paths: Vec<String> = ops
         .iter()
@@ -378,6 +379,16 @@ impl Gateway {
             (value, s.sm.last_index())
         };
         let owner = value.as_ref().and_then(|(_, stat)| stat.ephemeral_owner);
+        // Sequential creates are not held (see `cached_paths`), so the absence of a name
+        // one could make (ending in a sequence number) is not cachable: names are
+        // predictable, and a cached absence of `.../lock-0000000007` would go stale.
+        if value.is_none() && crate::state_machine::sequence_of(path::name(p)).is_some() {
+            return Ok(Reply::CachedData {
+                value,
+                index,
+                cachable: false,
+            });
+        }
         let cachable = match epoch {
             Some((term, epoch)) => self
                 .cachers

@@ -912,3 +912,46 @@ fn a_cacher_that_renews_but_never_acknowledges_loses_its_session_and_the_write_g
         );
     });
 }
+
+/// Issue 22, item 5: sequential creates are not held (nobody can have cached a name
+/// before it exists, the reasoning went), but names are predictable: a cached absence of
+/// `/q/lock-0000000000` went stale when the next sequential create made that name. Now
+/// the absence of a name a sequential create could make is not cachable.
+#[test]
+fn a_cached_absence_of_a_predictable_sequential_name_does_not_go_stale() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let writer = client.open_session().await.unwrap();
+        writer
+            .create("/q", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        let reader = client.open_session().await.unwrap();
+        let name = "/q/lock-0000000000";
+        assert_eq!(reader.get_cached(name).await.unwrap(), None);
+        let seq = CreateMode {
+            ephemeral: false,
+            sequential: true,
+        };
+        let created = writer.create("/q/lock-", b"x".to_vec(), seq).await.unwrap();
+        assert_eq!(created.path, name, "the name the reader asked about");
+        let seen = reader.get_cached(name).await.unwrap();
+        assert!(
+            seen.is_some(),
+            "the reader's cache still says {name} does not exist after its create completed"
+        );
+        // Absences of other names, and the node itself once it exists, are cached.
+        assert_eq!(reader.get_cached("/q/other").await.unwrap(), None);
+        let hits = reader.cache_stats().hits;
+        assert!(reader.get_cached(name).await.unwrap().is_some());
+        assert_eq!(reader.get_cached("/q/other").await.unwrap(), None);
+        assert_eq!(reader.cache_stats().hits, hits + 2);
+    });
+}
