@@ -925,6 +925,16 @@ impl Client {
         }
     }
 
+    /// The digest of one replica's replicated state and the log index it reflects
+    /// ([`Op::StateDigest`]; a proxy answers `BadRequest`). Replicas at the same index
+    /// agree on it; it costs the replica a walk of its whole state.
+    pub async fn state_digest_of(&self, addr: SocketAddr) -> Result<(u64, u64), Error> {
+        match self.call_at(addr, &sessionless(Op::StateDigest)).await? {
+            Reply::StateDigest { index, digest } => Ok((index, digest)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// The counters of one proxy (a replica answers `BadRequest`).
     pub async fn proxy_status_of(&self, addr: SocketAddr) -> Result<ProxyStatus, Error> {
         match self.call_at(addr, &sessionless(Op::ProxyStatus)).await? {

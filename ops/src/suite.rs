@@ -1010,8 +1010,8 @@ fn expect_membership(r: Result<Reply, wire::Error>) -> anyhow::Result<()> {
     }
 }
 
-/// After healing: every replica answers, no session is left, all hold the same number of
-/// nodes, and no ephemeral of the run survives.
+/// After healing: every replica answers, no session is left, all hold the same state (the
+/// same digest at the same applied index), and no ephemeral of the run survives.
 pub(crate) async fn check_converged(
     replicas: &[(u64, SocketAddr)],
     client: &Client,
@@ -1034,7 +1034,31 @@ pub(crate) async fn check_converged(
         let applied: std::collections::BTreeSet<_> = seen.values().map(|(_, _, a)| *a).collect();
         if seen.len() == replicas.len() && counts.len() == 1 && applied.len() == 1 {
             let (sessions, _) = counts.into_iter().next().expect("one");
-            if sessions == sessions_left {
+            // The same content, not only the same counts: one digest at one index.
+            let mut digests = BTreeMap::new();
+            for (id, addr) in replicas {
+                if let Ok(Ok(d)) =
+                    tokio::time::timeout(Duration::from_secs(1), client.state_digest_of(*addr))
+                        .await
+                {
+                    digests.insert(*id, d);
+                }
+            }
+            let at: std::collections::BTreeSet<u64> = digests.values().map(|d| d.0).collect();
+            let same_index = digests.len() == replicas.len() && at.len() == 1;
+            if same_index
+                && digests
+                    .values()
+                    .map(|d| d.1)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len()
+                    > 1
+            {
+                return Err(format!(
+                    "replicas hold different states at one index (id: (index, digest)): {digests:?}"
+                ));
+            }
+            if same_index && sessions == sessions_left {
                 let members = client
                     .children("/suite/members")
                     .await

@@ -284,6 +284,9 @@ impl Proxy {
             Op::KeepAlive => self.up.keepalive(req.session, received).await,
             Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
             Op::ProxyStatus => Ok(Reply::ProxyStatus(self.status())),
+            Op::StateDigest => Err(Error::BadRequest {
+                reason: "StateDigest is answered by replicas; this is a proxy".into(),
+            }),
             Op::Events => Err(Error::BadRequest {
                 reason: "Events needs its own stream".into(),
             }),

@@ -711,6 +711,13 @@ impl Gateway {
             Op::Promote { id } => self.change(ChangeMembership::Promote { id }).await,
             Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
             Op::Snapshot => self.snapshot().await,
+            Op::StateDigest => {
+                let s = self.state.read().expect("state lock");
+                Ok(Reply::StateDigest {
+                    index: s.sm.last_index(),
+                    digest: s.sm.digest(),
+                })
+            }
         }
     }
 

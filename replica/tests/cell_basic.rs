@@ -154,6 +154,8 @@ fn ephemerals_follow_their_session() {
         let sessions: Vec<u64> = st.values().map(|s| s.session_count).collect();
         assert!(nodes.windows(2).all(|w| w[0] == w[1]), "node counts differ: {nodes:?}");
         assert!(sessions.windows(2).all(|w| w[0] == w[1]), "session counts differ: {sessions:?}");
+        // And the same content: one digest at one index.
+        cell.assert_same_state(&client, Duration::from_secs(10)).await;
         assert_eq!(live.state(), client_sdk::SessionState::Healthy);
     });
 }
@@ -524,6 +526,8 @@ fn concurrent_writes_share_entries_but_never_a_token_or_a_session_id() {
             assert!(Instant::now() < deadline, "replicas differ: {counts:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // The batch entries left the same content on every replica.
+        cell.assert_same_state(&client, Duration::from_secs(10)).await;
     });
 }
 

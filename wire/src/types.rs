@@ -393,6 +393,12 @@ pub enum Op {
         /// Each session with the invalidation ids it acknowledges.
         acks: Vec<(SessionId, Vec<u64>)>,
     },
+    /// A digest of the replica's whole replicated state, and the log index it reflects
+    /// (any replica, no session; replicas only). Two replicas at the same index must give
+    /// the same digest: what tests and the fault suite compare after a run. It serializes
+    /// the whole state under the state's read lock (applies wait meanwhile), so it is
+    /// not for frequent polling. Reply: [`Reply::StateDigest`].
+    StateDigest,
 }
 
 impl Op {
@@ -423,6 +429,7 @@ impl Op {
             Op::CachedGet { .. } => "CachedGet",
             Op::AckInvalidations { .. } => "AckInvalidations",
             Op::AckInvalidationsBatch { .. } => "AckInvalidationsBatch",
+            Op::StateDigest => "StateDigest",
         }
     }
 
@@ -590,6 +597,14 @@ pub enum Reply {
     },
     /// Acknowledgements received.
     Acked,
+    /// The answer to [`Op::StateDigest`].
+    StateDigest {
+        /// The last log index applied to the state digested.
+        index: LogIndex,
+        /// A 64-bit xxh3 hash of the state's canonical encoding (every node, session and
+        /// stored result, in key order).
+        digest: u64,
+    },
 }
 
 impl Reply {

@@ -141,6 +141,26 @@ impl StateMachine {
         }
     }
 
+    /// A 64-bit xxh3 hash of the whole state's postcard encoding: every map here is
+    /// ordered, so replicas holding the same state give the same digest, and any
+    /// difference (a node's data, a version, a stored result, a session's mark) changes
+    /// it. Streams the encoding into the hasher (no copy of the state).
+    pub fn digest(&self) -> u64 {
+        struct Hasher(xxhash_rust::xxh3::Xxh3);
+        impl std::io::Write for Hasher {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.update(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut h = Hasher(xxhash_rust::xxh3::Xxh3::new());
+        postcard::to_io(self, &mut h).expect("hashing cannot fail");
+        h.0.digest()
+    }
+
     /// Highest log index applied.
     pub fn last_index(&self) -> LogIndex {
         self.last_index

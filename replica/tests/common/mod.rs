@@ -228,6 +228,39 @@ impl TestCell {
         }
     }
 
+    /// Waits until every running replica reports its state digest at one applied index,
+    /// and asserts the digests are equal there (the replicas hold the same content, not
+    /// only the same counts). Returns that index.
+    pub async fn assert_same_state(&self, client: &Client, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut seen = BTreeMap::new();
+            for id in self.procs.keys() {
+                if let Ok(d) = client
+                    .state_digest_of(self.addr(*id).parse().expect("addr"))
+                    .await
+                {
+                    seen.insert(*id, d);
+                }
+            }
+            let indexes: std::collections::BTreeSet<u64> = seen.values().map(|d| d.0).collect();
+            if seen.len() == self.procs.len() && indexes.len() == 1 {
+                let digests: std::collections::BTreeSet<u64> = seen.values().map(|d| d.1).collect();
+                assert_eq!(
+                    digests.len(),
+                    1,
+                    "replicas at index {indexes:?} hold different states: {seen:?}"
+                );
+                return *indexes.first().expect("one");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas never reported one applied index: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Keeps the data directory (for post-mortems) when a test fails.
     pub fn keep_on_panic(&self) {
         if std::thread::panicking() {
