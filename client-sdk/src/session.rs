@@ -503,7 +503,9 @@ impl Session {
     /// Reads a node through the session's consistent cache: served locally (no RPC) while
     /// the session is healthy and its local lease valid; otherwise read at the leader, which
     /// records this session as a cacher and invalidates it before any later write to the
-    /// node commits. `None` means the node does not exist (absence is cached too).
+    /// node commits. `None` means the node does not exist (absence is cached too). The
+    /// stat's `children_count` and `children_version` are always 0 (children are not
+    /// cached: use [`Session::children`]).
     pub async fn get_cached(&self, path: &str) -> Result<CachedValue, Error> {
         wire::path::validate(path)?;
         let usable =

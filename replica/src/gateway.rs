@@ -375,7 +375,15 @@ impl Gateway {
         let (value, index) = {
             let s = self.state.read().expect("state lock");
             s.sm.check_session(req.session)?;
-            let value = s.sm.node(p).map(|n| (n.data.clone(), n.stat()));
+            // A node's children are not part of what is cached: a child's create or
+            // delete does not hold its parent, so the children fields would go stale in
+            // a cache. They are 0 in every cached read (`children` reads them).
+            let value = s.sm.node(p).map(|n| {
+                let mut stat = n.stat();
+                stat.children_count = 0;
+                stat.children_version = 0;
+                (n.data.clone(), stat)
+            });
             (value, s.sm.last_index())
         };
         let owner = value.as_ref().and_then(|(_, stat)| stat.ephemeral_owner);

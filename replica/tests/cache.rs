@@ -955,3 +955,45 @@ fn a_cached_absence_of_a_predictable_sequential_name_does_not_go_stale() {
         assert_eq!(reader.cache_stats().hits, hits + 2);
     });
 }
+
+/// Issue 22, item 5: a cached node's `children_count` and `children_version` went stale
+/// when a child was created or deleted (neither holds the parent). They are no longer
+/// part of what a cached read returns: both are 0 in every `CachedGet` answer (a node's
+/// children are read with `children`).
+#[test]
+fn a_cached_parent_does_not_serve_stale_children_counts() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let writer = client.open_session().await.unwrap();
+        writer
+            .create("/p", b"x".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        writer
+            .create("/p/c", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        let reader = client.open_session().await.unwrap();
+        let (_, first) = reader.get_cached("/p").await.unwrap().unwrap();
+        writer.delete("/p/c", None).await.unwrap();
+        let hits = reader.cache_stats().hits;
+        let (_, cached) = reader.get_cached("/p").await.unwrap().unwrap();
+        assert_eq!(reader.cache_stats().hits, hits + 1, "served from the cache");
+        let (_, fresh) = client.get("/p").await.unwrap();
+        assert_eq!((fresh.children_count, fresh.children_version), (0, 2));
+        for stat in [first, cached] {
+            assert_eq!(
+                (stat.children_count, stat.children_version),
+                (0, 0),
+                "a cached read reported children fields ({stat:?}); the node now has {fresh:?}"
+            );
+        }
+    });
+}

@@ -367,7 +367,10 @@ pub enum Op {
     /// session as a cacher of the node unless a write to it is in progress. Before any
     /// later write to the node commits, the leader sends the session an
     /// [`Reply::Invalidate`] on its event stream and waits for the acknowledgement (or for
-    /// the session's lease to run out). Reply: [`Reply::CachedData`].
+    /// the session's lease to run out). The stat's `children_count` and
+    /// `children_version` are always 0 here: a child's create or delete does not
+    /// invalidate its parent, so a cache would serve them stale (read them with
+    /// [`Op::Children`]). Reply: [`Reply::CachedData`].
     CachedGet {
         /// Path.
         path: String,
