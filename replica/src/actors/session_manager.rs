@@ -213,13 +213,18 @@ impl SessionManager {
                 let why = if quorum_silent {
                     "no quorum acknowledgement"
                 } else {
-                    "KeepAlive confirmations failing"
+                    "KeepAlive confirmations failing (for the sessions asking, at most a lease)"
                 };
                 tracing::warn!("{why}: lease clock stopped");
                 self.clock_stopped = true;
             }
-            self.leases.postpone(since_last);
-            return;
+            if quorum_silent {
+                self.leases.postpone(since_last);
+                return;
+            }
+            // Confirmations failing with the quorum heard: only the clients that asked
+            // keep their clocks stopped (and by at most a lease); dead sessions expire.
+            self.leases.postpone_asking(since_last);
         } else if self.clock_stopped {
             tracing::warn!("quorum heard and KeepAlives confirmed again: lease clock running");
             self.clock_stopped = false;

@@ -53,6 +53,10 @@ struct Lease {
     expiring: bool,
     /// A renewal is waiting for the next checkpoint.
     renewal_pending: bool,
+    /// A KeepAlive arrived since the last renewal (the client is there, asking).
+    asked: bool,
+    /// How much [`Leases::postpone_asking`] added since the last renewal.
+    postponed: Duration,
 }
 
 /// The outcome of [`Leases::renew`].
@@ -147,6 +151,8 @@ impl Leases {
                     marked: true,
                     expiring: false,
                     renewal_pending: false,
+                    asked: false,
+                    postponed: Duration::ZERO,
                 },
             );
         }
@@ -175,6 +181,8 @@ impl Leases {
             marked: self.mark_all_unapplied,
             expiring: false,
             renewal_pending: false,
+            asked: false,
+            postponed: Duration::ZERO,
         });
     }
 
@@ -191,6 +199,7 @@ impl Leases {
         if l.expiring || now >= l.deadline {
             return KeepAliveStep::Expired;
         }
+        l.asked = true;
         if l.marked {
             l.renewal_pending = true;
             return KeepAliveStep::NeedsCheckpoint;
@@ -212,6 +221,8 @@ impl Leases {
             return Renewal::NotHere;
         }
         l.deadline = l.deadline.max(received + self.lease);
+        l.asked = false;
+        l.postponed = Duration::ZERO;
         Renewal::Renewed
     }
 
@@ -240,6 +251,27 @@ impl Leases {
     pub fn postpone(&mut self, d: Duration) {
         for l in self.sessions.values_mut().filter(|l| !l.expiring) {
             l.deadline += d;
+        }
+    }
+
+    /// Stops the lease clock for `d` for the sessions whose clients are asking: those
+    /// with a KeepAlive received since their last renewal, by at most one lease in all
+    /// until they renew. The leader calls it while its quorum is heard but KeepAlives'
+    /// leadership confirmations stall or fail (a slow round trip, or apply lag holding
+    /// the read gate back): a client that asked must not lose its session for it, but a
+    /// dead one (it asked nothing) expires on time, and one that died just after asking
+    /// expires at most a lease late. [`Leases::postpone`], for a silent quorum, stops
+    /// every clock.
+    pub fn postpone_asking(&mut self, d: Duration) {
+        let cap = self.lease;
+        for l in self
+            .sessions
+            .values_mut()
+            .filter(|l| !l.expiring && l.asked)
+        {
+            let add = d.min(cap.saturating_sub(l.postponed));
+            l.deadline += add;
+            l.postponed += add;
         }
     }
 
@@ -338,6 +370,43 @@ mod tests {
 
     const LEASE: Duration = Duration::from_secs(12);
     const CP: Duration = Duration::from_secs(1);
+
+    /// Issue 22, item 5: failing KeepAlive confirmations stop the clock only for the
+    /// sessions whose clients asked, and by at most one lease; a dead session expires on
+    /// time. (Before, every lease was postponed for as long as confirmations failed, so
+    /// under sustained apply lag a dead session never expired.)
+    #[test]
+    fn failing_confirmations_postpone_only_asking_sessions_and_at_most_a_lease() {
+        let t0 = Instant::now();
+        let lease = Duration::from_secs(12);
+        let mut l = Leases::new(lease, Duration::from_secs(1));
+        l.become_leader(t0, [(1, None), (2, None)]);
+        l.sessions.values_mut().for_each(|x| x.marked = false);
+        // Session 1's client asks at 1 s; its confirmation stalls. Session 2 is dead.
+        assert_eq!(
+            l.keepalive(1, t0 + Duration::from_secs(1)),
+            KeepAliveStep::Renew
+        );
+        for _ in 0..30 {
+            l.postpone_asking(Duration::from_secs(1));
+        }
+        assert_eq!(
+            l.deadline(2),
+            Some(t0 + lease),
+            "the dead session is not postponed"
+        );
+        assert_eq!(l.deadline(1), Some(t0 + lease + lease), "at most one lease");
+        assert_eq!(l.take_expired(t0 + lease), vec![2]);
+        // A renewal resets both.
+        let at = t0 + Duration::from_secs(20);
+        assert_eq!(l.renew(1, at, at), Renewal::Renewed);
+        l.postpone_asking(Duration::from_secs(1));
+        assert_eq!(
+            l.deadline(1),
+            Some(at + lease),
+            "not asking since its renewal"
+        );
+    }
 
     #[test]
     fn takeover_gives_full_lease_unless_silence_is_recorded() {
