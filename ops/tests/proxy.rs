@@ -1738,3 +1738,83 @@ fn an_ephemeral_created_while_its_session_expires_is_not_served_by_a_proxy_after
         panic!("{e}; {logs}");
     }
 }
+
+/// Issue 22, item 5: a client of a proxy that renews but never acknowledges an
+/// invalidation (it ignores the ones its KeepAlive replies repeat) used to keep its cache
+/// rights for as long as it renewed: the proxy waited for it, and so did the write. Now the
+/// proxy stops relaying its KeepAlives after a lease (it is told `SessionExpired`), its
+/// lease runs out, and the write goes on; the proxy's own session and its other clients
+/// are unharmed.
+#[test]
+fn a_proxy_client_that_renews_but_never_acknowledges_loses_its_session() {
+    let _g = serial();
+    let lease_ms = 3_000u64;
+    let cell = Cell::start_with(1, &["--lease-ms", "3000"]);
+    let outcome: Result<(), String> = rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let via = cell.client(&cell.proxies).await;
+        let paddr: std::net::SocketAddr = cell.proxies[0].parse().unwrap();
+        let bad = first_proxied_session(&via, paddr).await;
+        let writer = direct.open_session().await.unwrap();
+        writer
+            .create("/cfg", b"v1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let good = via.open_session().await.unwrap();
+        good.get_cached("/cfg").await.unwrap();
+        cache_through_proxy(&via, paddr, bad, "/cfg").await?;
+        let held_at = Instant::now();
+        let write = tokio::spawn(async move {
+            writer.set_data("/cfg", b"v2".to_vec(), None).await?;
+            Ok::<Instant, Error>(Instant::now())
+        });
+        let bound = Duration::from_millis(lease_ms * 4);
+        let refused_at = loop {
+            if held_at.elapsed() > bound {
+                return Err(format!("the client was renewed for {:?} without acknowledging", held_at.elapsed()));
+            }
+            match via.call_at(paddr, &raw(bad, Op::KeepAlive)).await {
+                Ok(Reply::KeepAlive { .. }) => {}
+                Err(Error::SessionExpired { .. }) => break Instant::now(),
+                other => return Err(format!("KeepAlive: {other:?}")),
+            }
+            if write.is_finished() {
+                return Err("the write went on while the client still cached /cfg".into());
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let refused_after = refused_at.duration_since(held_at);
+        if refused_after < Duration::from_millis(lease_ms) {
+            return Err(format!("refused after {refused_after:?}, inside a lease"));
+        }
+        let done = tokio::time::timeout(bound, write)
+            .await
+            .map_err(|_| "the write never completed".to_string())?
+            .unwrap()
+            .map_err(|e| format!("the write failed: {e}"))?;
+        let took = done.duration_since(held_at);
+        if took > Duration::from_millis(lease_ms * 2 + 2_000) {
+            return Err(format!("the write took {took:?}"));
+        }
+        // The proxy's other client keeps its session and reads the new value.
+        if good.state() != SessionState::Healthy {
+            return Err(format!("the good client is {:?}", good.state()));
+        }
+        let v = good.get_cached("/cfg").await.unwrap().map(|(d, _)| d);
+        if v.as_deref() != Some(&b"v2"[..]) {
+            return Err(format!("the good client read {v:?}"));
+        }
+        println!(
+            "FIGURE proxy: a client renewing without acknowledging was refused after {} ms; the write held for it completed after {} ms (lease {lease_ms} ms)",
+            refused_after.as_millis(),
+            took.as_millis()
+        );
+        Ok(())
+    });
+    let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
+    let logs = format!("proxy log:\n{}", log("proxy-1.log"));
+    cell.stop();
+    if let Err(e) = outcome {
+        panic!("{e}; {logs}");
+    }
+}

@@ -393,6 +393,19 @@ impl Hub {
             .unwrap_or_default()
     }
 
+    /// True when `session` has left an invalidation relayed here unacknowledged for `age`
+    /// or longer at `now`.
+    pub fn overdue(&self, session: SessionId, now: Instant, age: Duration) -> bool {
+        let t = lock(&self.t);
+        t.waiting_on.get(&session).is_some_and(|ids| {
+            ids.iter().any(|id| {
+                t.pending
+                    .get(id)
+                    .is_some_and(|p| now.saturating_duration_since(p.since) >= age)
+            })
+        })
+    }
+
     /// [`Hub::unacknowledged`] for many sessions in one pass over the pending
     /// invalidations (sessions with none are left out). One pass, not one per session:
     /// after a reset there is a pending invalidation per client, and a batch renews

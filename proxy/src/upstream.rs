@@ -234,6 +234,21 @@ impl Upstream {
 
     /// Queues a client's KeepAlive for the next batch and waits for its renewal.
     pub async fn keepalive(&self, session: SessionId, received: Instant) -> Response {
+        // A client that renews but leaves an invalidation unacknowledged for a lease loses
+        // its session rather than keeping its cache rights: its KeepAlives are no longer
+        // relayed, so its lease runs out (here and at the leader) and the invalidation
+        // stops waiting for it. Without this the proxy waited for it as long as it
+        // renewed, and the leader, waiting for the proxy, would in the end stop renewing
+        // the proxy's own session (every client's cache with it).
+        let now = Instant::now();
+        if self.hub.overdue(session, now, self.hub.lease()) {
+            tracing::warn!(
+                session,
+                "client renews but leaves an invalidation unacknowledged for a lease: no \
+                 longer renewed, it loses its session and its cache"
+            );
+            return Err(Error::SessionExpired { session });
+        }
         let (tx, rx) = oneshot::channel();
         self.queue
             .lock()
@@ -584,11 +599,21 @@ impl Upstream {
             // Flushed already if the leader went silent before the stream broke.
             *self.flushed_ahead.lock().expect("flushed ahead") = None;
             let (ids, ahead) = self.hub.reset_unless_flushed();
-            // Bounded by the clients' leases (the tick stops waiting for expired ones).
-            let flushed_by = Instant::now() + self.hub.lease() * 2;
             // Every client, not only this reset's: one still owing an earlier flush or
-            // invalidation holds no paths, so this reset did not include it.
-            while !self.hub.nothing_owed() && Instant::now() < flushed_by {
+            // invalidation holds no paths, so this reset did not include it. Opening the
+            // stream tells the leader nothing cached here is left, so no time limit
+            // here: the wait is bounded by the clients' leases (the tick stops waiting
+            // for one whose lease ran out) and a client that keeps renewing without
+            // acknowledging is no longer renewed after a lease (`keepalive`), so it ends
+            // within two leases.
+            let mut logged = false;
+            while !self.hub.nothing_owed() {
+                if !logged && reset_at.elapsed() > self.hub.lease() {
+                    tracing::warn!(
+                        "upstream stream waits for clients still owing acknowledgements"
+                    );
+                    logged = true;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let flushed_at = Instant::now();

@@ -34,7 +34,11 @@ const HELLO_BYTES_MAX: usize = 4_096;
 
 /// A session that renews while it leaves an invalidation unacknowledged for this many
 /// leases is no longer renewed (see [`Gateway::overdue`]).
-pub const OVERDUE_LEASES: u32 = 2;
+/// Three: a proxy stops relaying the KeepAlives of a client of its own that owes it an
+/// acknowledgement for a lease, whose lease then runs out within one more; the proxy
+/// acknowledges upstream by then, inside the leader's limit, so one bad client costs only
+/// its own session, not the proxy's.
+pub const OVERDUE_LEASES: u32 = 3;
 
 /// Everything a request handler needs.
 pub struct Gateway {
