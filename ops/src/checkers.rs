@@ -94,6 +94,12 @@ pub enum Op {
         /// The new value.
         to: String,
     },
+    /// The key stops existing: deleted, or removed with the session that owned it (its
+    /// close, or its expiry, whose moment is unknown: recorded `info`).
+    Remove {
+        /// The key.
+        key: String,
+    },
 }
 
 /// One line of a history.
@@ -417,7 +423,10 @@ pub fn check_register(events: &[Event], max_ops_per_key: usize) -> Result<usize,
     let mut per_key: BTreeMap<String, Vec<RegOp>> = BTreeMap::new();
     for e in events {
         let key = match &e.op {
-            Op::Read { key, .. } | Op::Write { key, .. } | Op::Cas { key, .. } => key.as_str(),
+            Op::Read { key, .. }
+            | Op::Write { key, .. }
+            | Op::Cas { key, .. }
+            | Op::Remove { key } => key.as_str(),
             _ => continue,
         };
         match e.kind {
@@ -552,6 +561,7 @@ fn step(state: &Option<String>, o: &RegOp) -> Option<Option<String>> {
         (Op::Write { value, .. }, _) => Some(Some(value.clone())),
         (Op::Cas { from, to, .. }, true) => (from == state).then(|| Some(to.clone())),
         (Op::Cas { from, .. }, false) => (from != state).then(|| state.clone()),
+        (Op::Remove { .. }, _) => Some(None),
         _ => None,
     }
 }
@@ -799,6 +809,34 @@ mod tests {
             .unwrap();
         ops[last_read].4 = read("k", Some("never written"));
         assert!(check_register(&hist(&ops), 1_000).is_err());
+    }
+
+    #[test]
+    fn a_removed_key_read_as_present_after_the_removal_is_caught() {
+        let rm = || Op::Remove { key: "k".into() };
+        // A removal with an unknown end (an expiry): a read that found the key gone pins
+        // it; a later read that finds it again is stale.
+        let ok = hist(&[
+            (0, 10, "o", Kind::Ok, write("k", "1")),
+            (20, 25, "r", Kind::Ok, read("k", Some("1"))),
+            (30, 40, "r", Kind::Ok, read("k", None)),
+        ]);
+        let mut with_unknown = ok.clone();
+        with_unknown.push(ev(15, "o", Kind::Invoke, rm()));
+        with_unknown.push(ev(16, "o", Kind::Info, rm()));
+        with_unknown.sort_by_key(|e| e.at_us);
+        check_register(&with_unknown, 100).unwrap();
+        let mut stale = with_unknown.clone();
+        stale.push(ev(50, "c", Kind::Invoke, read("k", None)));
+        stale.push(ev(51, "c", Kind::Ok, read("k", Some("1"))));
+        assert!(check_register(&stale, 100).is_err());
+        // A completed removal (a close) orders itself before later reads.
+        let h = hist(&[
+            (0, 10, "o", Kind::Ok, write("k", "1")),
+            (20, 30, "o", Kind::Ok, rm()),
+            (40, 50, "c", Kind::Ok, read("k", Some("1"))),
+        ]);
+        assert!(check_register(&h, 100).is_err());
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //!   [`crate::checkers::check_register`].
 //! - *sessions*: sessions that keep renewing hold an ephemeral each and must never expire;
 //!   sessions that stop renewing must take their ephemerals with them, on every replica.
+//! - *session ends*: sessions create an ephemeral key each and end, by close or by
+//!   ceasing to renew, while readers read those keys through their caches and
+//!   linearizably; the removals go into the register history, so a cached read that
+//!   finds a key after its removal completed is a stale read.
 //! - *watches*: one watcher per register key re-reads after every event; once the key's
 //!   writers moved on, its last read must be the key's final value (no missed change).
 //!
@@ -397,6 +401,8 @@ struct Run {
     lossy_ports: Vec<u16>,
     abandoned: Mutex<usize>,
     watches_checked: Mutex<usize>,
+    /// The ephemeral keys of [`ending_owner`]s, newest last (read by [`ending_reader`]s).
+    ending_keys: Mutex<Vec<String>>,
 }
 
 impl Run {
@@ -809,6 +815,85 @@ async fn abandoner(client: Client, run: Arc<Run>) {
     }
 }
 
+/// Nodes removed by session ends, for the register checker: a session creates an
+/// ephemeral key (a write of a fresh value), then ends, by close (a removal that completes
+/// when the close returns) or by ceasing to renew (a removal at an unknown moment, pinned
+/// by the linearizable reads of [`ending_reader`]), and the next session takes a fresh key.
+/// A cached read that finds a key after its removal completed is a stale read.
+async fn ending_owner(client: Client, run: Arc<Run>, i: usize, seed: u64) {
+    let who = format!("ending-{i}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut n = 0u64;
+    // The last session must be gone by the deadline (convergence wants none left).
+    while Instant::now() + run.lease < run.deadline {
+        let Some(session) = open_session(&client, &run).await else {
+            return;
+        };
+        n += 1;
+        let k = format!("/suite/ending/o{i}-{n}");
+        let value = format!("{i}-{n}");
+        let op = Op::Write {
+            key: k.clone(),
+            value: value.clone(),
+        };
+        run.rec.log(&who, Kind::Invoke, op.clone());
+        let mode = CreateMode {
+            ephemeral: true,
+            sequential: false,
+        };
+        let kind = match session.create(&k, value.into_bytes(), mode).await {
+            Ok(_) => Kind::Ok,
+            Err(wire::Error::NodeExists { .. }) => Kind::Fail,
+            Err(_) => Kind::Info,
+        };
+        run.rec.log(&who, kind, op);
+        run.ending_keys.lock().expect("lock").push(k.clone());
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+        let op = Op::Remove { key: k };
+        run.rec.log(&who, Kind::Invoke, op.clone());
+        if rng.gen_bool(0.5) {
+            let kind = match session.close().await {
+                Ok(()) => Kind::Ok,
+                Err(_) => Kind::Info,
+            };
+            run.rec.log(&who, kind, op);
+        } else {
+            session.stop_keepalives();
+            run.rec.log(&who, Kind::Info, op);
+            *run.abandoned.lock().expect("lock") += 1;
+        }
+    }
+}
+
+/// Reads the [`ending_owner`]s' newest keys, through its session's cache and
+/// linearizably (the latter pin when an expiry's removal had completed).
+async fn ending_reader(client: Client, run: Arc<Run>, i: usize, seed: u64) {
+    let who = format!("ending-read-{i}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let Some(mut session) = open_session(&client, &run).await else {
+        return;
+    };
+    while Instant::now() < run.deadline {
+        if !renew_if_expired(&client, &run, &mut session).await {
+            return;
+        }
+        let k = {
+            let keys = run.ending_keys.lock().expect("lock");
+            let recent = &keys[keys.len().saturating_sub(4)..];
+            recent.get(rng.gen_range(0..recent.len().max(1))).cloned()
+        };
+        if let Some(k) = k {
+            if rng.gen_bool(0.7) {
+                cached_read(&session, &run, &who, &k).await;
+            } else {
+                linearizable_read(&client, &run, &who, &k).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..40))).await;
+    }
+    let _ = session.close().await;
+}
+
 /// The nemesis: one fault at a time, drawn from the plan, until the deadline.
 async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) -> Vec<Injected> {
     let mut log = Vec::new();
@@ -1064,13 +1149,15 @@ pub(crate) async fn check_converged(
                     .await
                     .map_err(|e| e.to_string())?;
                 let holders = client.children("/suite/lock").await.unwrap_or_default();
-                if members.is_empty() && holders.is_empty() {
+                let ending = client.children("/suite/ending").await.unwrap_or_default();
+                if members.is_empty() && holders.is_empty() && ending.is_empty() {
                     return Ok(());
                 }
                 return Err(format!(
-                    "ephemerals outlived their sessions: members {:?}, lock {:?}",
+                    "ephemerals outlived their sessions: members {:?}, lock {:?}, ending {:?}",
                     members.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-                    holders.iter().map(|(n, _)| n).collect::<Vec<_>>()
+                    holders.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    ending.iter().map(|(n, _)| n).collect::<Vec<_>>()
                 ));
             }
         }
@@ -1173,7 +1260,13 @@ pub(crate) async fn start_workloads(
     rng: &mut StdRng,
 ) -> anyhow::Result<Workloads> {
     let setup = open_session_until(client, Instant::now() + Duration::from_secs(30)).await?;
-    for p in ["/suite", "/suite/reg", "/suite/members", "/suite/lock"] {
+    for p in [
+        "/suite",
+        "/suite/reg",
+        "/suite/members",
+        "/suite/lock",
+        "/suite/ending",
+    ] {
         match setup.create(p, vec![], CreateMode::default()).await {
             Ok(_) | Err(wire::Error::NodeExists { .. }) => {}
             Err(e) => anyhow::bail!("create {p}: {e}"),
@@ -1227,6 +1320,7 @@ pub(crate) async fn start_workloads(
         lossy_ports,
         abandoned: Mutex::new(0),
         watches_checked: Mutex::new(0),
+        ending_keys: Mutex::new(Vec::new()),
     });
     let mut tasks = Vec::new();
     for w in 0..3 {
@@ -1252,6 +1346,12 @@ pub(crate) async fn start_workloads(
     {
         let c = new_client(false).await?;
         tasks.push(wire::rt::spawn(abandoner(c, run.clone())));
+    }
+    for i in 0..2 {
+        let c = new_client(i == 1).await?;
+        tasks.push(wire::rt::spawn(ending_owner(c, run.clone(), i, rng.gen())));
+        let c = new_client(i == 1).await?;
+        tasks.push(wire::rt::spawn(ending_reader(c, run.clone(), i, rng.gen())));
     }
     let mut keepers = Vec::new();
     for i in 0..3 {
