@@ -43,8 +43,18 @@ impl Group {
         }
     }
 
-    /// Joins as `name` with `data`; the membership lasts as long as this session.
+    /// Joins as `name` with `data`; the membership lasts as long as this session. One
+    /// write when the group exists (the usual case); the group is created on first use.
     pub async fn join(&self, name: &str, data: Vec<u8>) -> Result<(), Error> {
+        let mode = CreateMode {
+            ephemeral: true,
+            sequential: false,
+        };
+        let member = path::join(&self.path, name);
+        match self.session.create(&member, data.clone(), mode).await {
+            Err(Error::NoNode { path }) if path == self.path => {}
+            r => return r.map(|_| ()),
+        }
         match self
             .session
             .create(&self.path, Vec::new(), CreateMode::default())
@@ -53,14 +63,7 @@ impl Group {
             Ok(_) | Err(Error::NodeExists { .. }) => {}
             Err(e) => return Err(e),
         }
-        let mode = CreateMode {
-            ephemeral: true,
-            sequential: false,
-        };
-        self.session
-            .create(&path::join(&self.path, name), data, mode)
-            .await
-            .map(|_| ())
+        self.session.create(&member, data, mode).await.map(|_| ())
     }
 
     /// Leaves the group.
