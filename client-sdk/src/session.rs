@@ -299,8 +299,9 @@ impl Session {
     }
 
     /// Allocates the next request id once it is within [`IN_FLIGHT_MAX`] of the oldest
-    /// unanswered one; returns it with `ack_below` (every id below has been answered).
-    async fn next_ids(&self) -> (RequestId, RequestId) {
+    /// unanswered one. It stays unanswered (so the cell keeps its result) until the
+    /// returned slot is dropped.
+    pub(crate) async fn request_slot(&self) -> RequestSlot {
         loop {
             let notified = self.inner.request_done.notified();
             tokio::pin!(notified);
@@ -312,7 +313,11 @@ impl Session {
                     let id = r.next;
                     r.next += 1;
                     r.outstanding.insert(id);
-                    return (id, oldest.min(id));
+                    // No await before the slot exists: a dropped future frees the id.
+                    return RequestSlot {
+                        inner: self.inner.clone(),
+                        id,
+                    };
                 }
             }
             notified.await;
@@ -323,26 +328,101 @@ impl Session {
     pub async fn call(&self, op: Op) -> Result<Reply, Error> {
         // Bad input fails here, before any RPC, with the error the cell would give.
         check_locally(&op)?;
-        let (request_id, ack_below) = self.next_ids().await;
         // Even if this future is dropped mid-flight, the id leaves the window.
-        let _done = RequestDone {
-            inner: &self.inner,
-            request_id,
+        let slot = self.request_slot().await;
+        let deadline = Instant::now() + self.request_timeout();
+        self.call_in(&slot, op, deadline).await
+    }
+
+    /// Sends `op` under `slot`'s request id, retried (with that id) until `deadline`.
+    /// Sent again under the same slot, it is answered with the outcome of the first send
+    /// that applied: the cell keeps the result until the id is acknowledged, which only
+    /// happens once the slot is dropped.
+    pub(crate) async fn call_in(
+        &self,
+        slot: &RequestSlot,
+        op: Op,
+        deadline: Instant,
+    ) -> Result<Reply, Error> {
+        check_locally(&op)?;
+        // Every id below the oldest unanswered one has been answered: the cell may forget
+        // their results. Never above our own id, which is unanswered.
+        let ack_below = {
+            let r = self.inner.requests.lock().expect("requests lock");
+            r.outstanding
+                .first()
+                .copied()
+                .unwrap_or(r.next)
+                .min(slot.id)
         };
         let r = self
             .inner
             .client
-            .call(Request {
-                session: self.inner.id,
-                request_id,
-                ack_below,
-                op,
-            })
+            .call_until(
+                Request {
+                    session: self.inner.id,
+                    request_id: slot.id,
+                    ack_below,
+                    op,
+                },
+                deadline,
+            )
             .await;
         if let Err(Error::SessionExpired { .. }) = &r {
             self.inner.set_state(SessionState::Expired);
         }
         r
+    }
+
+    /// Sends `op` under `slot` until its outcome is known: an answer, or an error the
+    /// cell decided (see [`outcome_unknown`]). Each round retries for the client's
+    /// request timeout; rounds go on until `give_up` (then the last error, the outcome
+    /// still unknown, is returned) or, without one, until the session is over (then
+    /// `SessionExpired`: whatever the request created is gone with it).
+    pub(crate) async fn call_until_known(
+        &self,
+        slot: &RequestSlot,
+        op: Op,
+        give_up: Option<Instant>,
+    ) -> Result<Reply, Error> {
+        let round = self.request_timeout();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            if self.is_over() {
+                return Err(Error::SessionExpired {
+                    session: self.inner.id,
+                });
+            }
+            let now = Instant::now();
+            let deadline = give_up.map_or(now + round, |g| g.min(now + round));
+            match self.call_in(slot, op.clone(), deadline).await {
+                Err(e) if outcome_unknown(&e) => {
+                    let now = Instant::now();
+                    if give_up.is_some_and(|g| now >= g) {
+                        return Err(e);
+                    }
+                    let until = give_up.map_or(now + pause, |g| g.min(now + pause));
+                    tokio::time::sleep_until(until).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// How long one call retries before it gives up ([`crate::ClientConfig::request_timeout`]).
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.inner.client.config().request_timeout
+    }
+
+    /// True once the session is over, or so surely over that nothing it created can
+    /// outlast it: expired (or closed), or its local lease ran out a grace period ago,
+    /// when the KeepAlive loop gives up too (a session whose KeepAlives were stopped
+    /// never hears of its end otherwise).
+    pub(crate) fn is_over(&self) -> bool {
+        self.inner.state() == SessionState::Expired
+            || Instant::now()
+                >= self.inner.local_deadline() + self.inner.client.config().grace_period
     }
 
     async fn read(&self, op: Op) -> Result<Reply, Error> {
@@ -925,20 +1005,37 @@ async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) -> bool {
     true
 }
 
-/// Removes a request id from the window when its call ends, however it ends.
-struct RequestDone<'a> {
-    inner: &'a Inner,
-    request_id: RequestId,
+/// A request id of this session, unanswered until the slot is dropped (however the call
+/// using it ended): while it lives the cell keeps the id's result, so a write sent under
+/// it may be sent again and is answered with the outcome of the first send that applied.
+pub(crate) struct RequestSlot {
+    inner: Arc<Inner>,
+    id: RequestId,
 }
 
-impl Drop for RequestDone<'_> {
+impl Drop for RequestSlot {
     fn drop(&mut self) {
         self.inner
             .requests
             .lock()
             .expect("requests lock")
             .outstanding
-            .remove(&self.request_id);
+            .remove(&self.id);
         self.inner.request_done.notify_waiters();
     }
+}
+
+/// True when `e` leaves a write's outcome unknown: it may have been applied, or may still
+/// be (the request was lost, timed out, or met a leader change, a stopped proposal or an
+/// internal failure). Every other error was decided by the cell (or refused before being
+/// sent): the write did not apply, and never will under that request id.
+pub(crate) fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NotLeader { .. }
+            | Error::Unavailable { .. }
+            | Error::Timeout { .. }
+            | Error::Connection { .. }
+            | Error::Internal { .. }
+    )
 }

@@ -80,7 +80,9 @@ impl Election {
         }
     }
 
-    /// Stands with `address` and returns once this candidate leads.
+    /// Stands with `address` and returns once this candidate leads. As with
+    /// [`Lock::acquire`], a campaign whose future is dropped (or that fails) leaves no
+    /// candidate in the queue, even if its create's answer never came back.
     pub async fn campaign(&self, address: Vec<u8>) -> Result<Leadership, Error> {
         let guard = Lock::exclusive(&self.session, &self.path)
             .with_data(address)

@@ -13,6 +13,16 @@
 //! been a waiter that gave up. A waiter that gives up deletes its node. Release deletes the
 //! node; so does the session's expiry, at one log position.
 //!
+//! No attempt leaves a node behind that nobody holds, whatever happens to it. Its create
+//! carries a request id the cell deduplicates, and is sent again under that id while its
+//! outcome is unknown (an answer lost to a dead leader or a cut link), so it creates at
+//! most one node. An attempt that ends without a grant (an error, a deadline, or its
+//! future dropped, even while the create is in flight) removes its node: at once when it
+//! can, otherwise in the background, which first learns the create's outcome with the
+//! same request id and then deletes the node it made, trying until the cell answers or
+//! the session is over. A contender behind it (the same session's next attempt included)
+//! waits for that delete, not for the session to end.
+//!
 //! Every grant carries a [`Sequencer`] whose token is the node's create index: unique, and
 //! higher than every earlier holder's. Protected resources must check it on every write
 //! (see [`crate::fencing`]).
@@ -31,10 +41,11 @@
 use std::time::Duration;
 use tokio::time::Instant;
 
-use wire::types::{CreateMode, LogIndex, NodeStat, SessionId};
+use wire::types::{CreateMode, LogIndex, NodeStat, Op, SessionId};
 use wire::{path, Error};
 
-use crate::session::Session;
+use crate::recipes::Pending;
+use crate::session::{outcome_unknown, Session};
 
 /// Digits of the sequence suffix the cell appends.
 const SEQUENCE_DIGITS: usize = 10;
@@ -120,12 +131,13 @@ impl LockGuard {
         self.session.lease_valid()
     }
 
-    /// Releases the lock (deletes the node).
+    /// Releases the lock (deletes the node). If the delete's outcome is unknown (the
+    /// cell could not be reached within the request timeout), the error is returned and
+    /// the node is deleted in the background as soon as the cell answers (or goes with
+    /// the session); so it is if this future is dropped before the delete is answered.
     pub async fn release(self) -> Result<(), Error> {
-        match self.session.delete(&self.sequencer.node, None).await {
-            Ok(()) | Err(Error::NoNode { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
+        let mut node = Pending::created(&self.session, &self.sequencer.node, self.token());
+        node.remove().await
     }
 }
 
@@ -160,33 +172,6 @@ pub fn blocker<'a>(
         })
         .max_by_key(|(seq, _)| *seq)
         .map(|(_, name)| name)
-}
-
-/// Deletes a queued node that was neither granted nor given up (the attempt failed or its
-/// future was dropped), so it never blocks the queue.
-struct PendingNode {
-    session: Session,
-    node: Option<String>,
-}
-
-impl PendingNode {
-    fn disarm(&mut self) {
-        self.node = None;
-    }
-}
-
-impl Drop for PendingNode {
-    fn drop(&mut self) {
-        let Some(node) = self.node.take() else { return };
-        let session = self.session.clone();
-        // Inside a runtime only (a drop at shutdown has none); `wire::rt` picks where, as
-        // for every other task of the SDK (a local task in the simulation).
-        if tokio::runtime::Handle::try_current().is_ok() {
-            wire::rt::spawn(async move {
-                let _ = session.delete(&node, None).await;
-            });
-        }
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -233,7 +218,11 @@ impl Lock {
         self
     }
 
-    /// Waits until the lock is held (or the session ends).
+    /// Waits until the lock is held (or the session ends). A create whose answer is lost
+    /// (the cell unreachable, a leader change) is sent again under the same request id
+    /// until the cell answers, so it never leaves a second node nor an error with a node
+    /// behind. Dropping the future at any point leaves no node in the queue (see the
+    /// module's docs).
     pub async fn acquire(&self) -> Result<LockGuard, Error> {
         Ok(self
             .run(Wait::Until(None))
@@ -241,12 +230,17 @@ impl Lock {
             .expect("waits until held"))
     }
 
-    /// Takes the lock only if it is free now; leaves no node behind otherwise.
+    /// Takes the lock only if it is free now; leaves no node behind otherwise. If the
+    /// create goes unanswered for the request timeout, its error is returned and the node,
+    /// if the create applied, is deleted in the background once the cell answers.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
         self.run(Wait::No).await
     }
 
-    /// Waits at most `timeout`; on timeout deletes its node and returns `None`.
+    /// Waits at most `timeout`; on timeout deletes its node and returns `None`. The
+    /// create counts against `timeout` too: one still unanswered at the deadline gives
+    /// `None`, and its node, if the create applied, is deleted in the background once the
+    /// cell answers.
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>, Error> {
         self.run(Wait::Until(Some(Instant::now() + timeout))).await
     }
@@ -262,72 +256,78 @@ impl Lock {
         }
     }
 
-    /// Deletes our node after giving up, so we leave nothing in the queue.
-    async fn give_up(&self, node: &str) -> Result<Option<LockGuard>, Error> {
-        match self.session.delete(node, None).await {
-            Ok(()) | Err(Error::NoNode { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     async fn run(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
         path::validate(&self.path)?;
-        let prefix = path::join(&self.path, self.mode.prefix());
-        let mode = CreateMode {
-            ephemeral: true,
-            sequential: true,
-        };
-        // One write when the lock node exists (the usual case); it is created on first use.
-        let created = match self.session.create(&prefix, self.data.clone(), mode).await {
-            Err(Error::NoNode { path }) if path == self.path => {
-                self.ensure_dir().await?;
-                self.session
-                    .create(&prefix, self.data.clone(), mode)
-                    .await?
-            }
-            r => r?,
-        };
-        // From here on our node is in the queue: if this attempt fails or is cancelled
-        // before the lock is granted, the guard deletes it so it never blocks the queue.
-        let mut pending = PendingNode {
-            session: self.session.clone(),
-            node: Some(created.path.clone()),
-        };
-        let result = self.wait_for_turn(&created, wait).await;
-        match &result {
-            Ok(Some(_)) => pending.disarm(),
-            Ok(None) => {
-                pending.disarm();
-            }
-            Err(_) => {
-                if let Some(node) = pending.node.take() {
-                    let _ = self.session.delete(&node, None).await;
-                }
-            }
-        }
-        result
-    }
-
-    async fn wait_for_turn(
-        &self,
-        created: &crate::Created,
-        wait: Wait,
-    ) -> Result<Option<LockGuard>, Error> {
-        let node = created.path.clone();
-        let mine = path::name(&node).to_string();
-        let grant = |token| LockGuard {
-            session: self.session.clone(),
-            sequencer: Sequencer {
-                lock: self.path.clone(),
-                node: node.clone(),
-                mode: self.mode,
-                token,
-                session: self.session.id(),
+        let create = Op::Create {
+            path: path::join(&self.path, self.mode.prefix()),
+            data: self.data.clone(),
+            mode: CreateMode {
+                ephemeral: true,
+                sequential: true,
             },
         };
+        // How long the create is asked again (under its request id) while its outcome is
+        // unknown: a try as long as one request; a timeout until its deadline; a blocking
+        // acquire until the session is over.
+        let give_up = match wait {
+            Wait::No => Some(Instant::now() + self.session.request_timeout()),
+            Wait::Until(deadline) => deadline,
+        };
+        // Our node from before the create is sent: if this attempt ends without a grant,
+        // however it ends (its future dropped included), the node is removed, so it never
+        // blocks the queue; a create whose outcome is unknown is resolved first.
+        let mut node = Pending::new(&self.session);
+        // One write when the lock node exists (the usual case); it is created on first use.
+        let created = match node.create(create.clone(), give_up).await {
+            Err(Error::NoNode { path }) if path == self.path => {
+                self.ensure_dir().await?;
+                node.create(create, give_up).await
+            }
+            r => r,
+        };
+        let created = match created {
+            Ok(c) => c,
+            // The deadline passed before the create's outcome was known: not acquired.
+            Err(e) if outcome_unknown(&e) && matches!(wait, Wait::Until(Some(_))) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        match self.wait_for_turn(&created, wait).await {
+            Ok(true) => {
+                node.settle();
+                Ok(Some(LockGuard {
+                    session: self.session.clone(),
+                    sequencer: Sequencer {
+                        lock: self.path.clone(),
+                        node: created.path,
+                        mode: self.mode,
+                        token: created.stat.create_index,
+                        session: self.session.id(),
+                    },
+                }))
+            }
+            // Gave up (try, timeout): delete the node so we leave nothing in the queue.
+            Ok(false) => node.remove().await.map(|()| None),
+            Err(e @ Error::SessionExpired { .. }) => {
+                // The node went with the session.
+                node.settle();
+                Err(e)
+            }
+            Err(e) => {
+                let _ = node.remove().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits until `created` holds the lock (`true`) or the wait is over (`false`).
+    async fn wait_for_turn(&self, created: &crate::Created, wait: Wait) -> Result<bool, Error> {
+        let node = &created.path;
+        let mine = path::name(node).to_string();
         // Fast path: nothing below us when the create applied.
         if created.predecessor.is_none() {
-            return Ok(Some(grant(created.stat.create_index)));
+            return Ok(true);
         }
         // For exclusive and write modes the node just below ours when the create applied
         // is the one to wait for: no listing needed (2 000 contenders would otherwise each
@@ -342,18 +342,16 @@ impl Lock {
                 Some(b) => b,
                 // Exclusive and write modes ask for the sibling just below (one small read)
                 // rather than listing every waiter after each wake-up.
-                None if self.mode != LockMode::Read => {
-                    match self.session.predecessor(&node).await {
-                        Ok(Some(p)) => p.name,
-                        Ok(None) => return Ok(Some(grant(created.stat.create_index))),
-                        Err(Error::NoNode { .. }) => {
-                            return Err(Error::SessionExpired {
-                                session: self.session.id(),
-                            })
-                        }
-                        Err(e) => return Err(e),
+                None if self.mode != LockMode::Read => match self.session.predecessor(node).await {
+                    Ok(Some(p)) => p.name,
+                    Ok(None) => return Ok(true),
+                    Err(Error::NoNode { .. }) => {
+                        return Err(Error::SessionExpired {
+                            session: self.session.id(),
+                        })
                     }
-                }
+                    Err(e) => return Err(e),
+                },
                 None => {
                     let children = self.session.children(&self.path).await?;
                     if !children.iter().any(|(n, _)| *n == mine) {
@@ -364,12 +362,12 @@ impl Lock {
                     }
                     match blocker(&children, &mine, self.mode) {
                         Some(b) => b.to_string(),
-                        None => return Ok(Some(grant(created.stat.create_index))),
+                        None => return Ok(true),
                     }
                 }
             };
             let deadline = match wait {
-                Wait::No => return self.give_up(&node).await,
+                Wait::No => return Ok(false),
                 Wait::Until(d) => d,
             };
             // A data watch on the blocker fires when it is deleted. A blocker already gone
@@ -393,7 +391,7 @@ impl Lock {
             };
             tokio::select! {
                 r = watch => { r?; }
-                _ = timer => return self.give_up(&node).await,
+                _ = timer => return Ok(false),
                 _ = expired => return Err(Error::SessionExpired { session: self.session.id() }),
             }
         }

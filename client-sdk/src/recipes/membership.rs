@@ -12,9 +12,10 @@
 //! # Ok(()) }
 //! ```
 
-use wire::types::{CreateMode, NodeStat};
+use wire::types::{CreateMode, NodeStat, Op};
 use wire::{path, Error};
 
+use crate::recipes::Pending;
 use crate::session::Session;
 use crate::watch::Watch;
 
@@ -43,24 +44,44 @@ impl Group {
         }
     }
 
-    /// Joins as `name` with `data`; the membership lasts as long as this session.
+    /// Joins as `name` with `data`; the membership lasts as long as this session. One
+    /// write when the group exists (the usual case); the group is created on first use.
+    ///
+    /// A join whose answer is lost (the cell unreachable, a leader change) is asked again
+    /// under the same request id until the cell answers, so it joins once and never fails
+    /// with `NodeExists` on its own member; it ends only with an answer or the session's
+    /// end. Bound it with a timeout if needed: a join whose future is dropped before it
+    /// returns leaves no member behind (its node, if the create applied, is deleted in
+    /// the background once the cell answers). A new join under the same name right after
+    /// a dropped one may still find that node and fail with `NodeExists`.
     pub async fn join(&self, name: &str, data: Vec<u8>) -> Result<(), Error> {
-        match self
-            .session
-            .create(&self.path, Vec::new(), CreateMode::default())
-            .await
-        {
-            Ok(_) | Err(Error::NodeExists { .. }) => {}
-            Err(e) => return Err(e),
-        }
-        let mode = CreateMode {
-            ephemeral: true,
-            sequential: false,
+        let create = Op::Create {
+            path: path::join(&self.path, name),
+            data,
+            mode: CreateMode {
+                ephemeral: true,
+                sequential: false,
+            },
         };
-        self.session
-            .create(&path::join(&self.path, name), data, mode)
-            .await
-            .map(|_| ())
+        let mut member = Pending::new(&self.session);
+        match member.create(create.clone(), None).await {
+            Err(Error::NoNode { path }) if path == self.path => {
+                match self
+                    .session
+                    .create(&self.path, Vec::new(), CreateMode::default())
+                    .await
+                {
+                    Ok(_) | Err(Error::NodeExists { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                member.create(create, None).await?;
+            }
+            r => {
+                r?;
+            }
+        }
+        member.settle();
+        Ok(())
     }
 
     /// Leaves the group.
