@@ -237,7 +237,12 @@ fn holder_survives_its_proxy_dying() {
             let g = Lock::exclusive(&w, "/locks/a").acquire().await;
             (Instant::now(), g)
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The waiter has queued (its node is there) before the proxy dies.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while direct.children("/locks/a").await.unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let p1 = pid_listening(&cell.data, "proxy", &cell.proxies[0]).expect("proxy 1 pid");
         unsafe { libc::kill(p1, libc::SIGKILL) };
         let killed = Instant::now();
@@ -984,7 +989,14 @@ fn a_stream_reopened_at_a_new_leader_waits_for_a_client_still_owing_an_invalidat
             writer.set_data("/cfg", b"v2".to_vec(), None).await?;
             Ok::<Instant, Error>(Instant::now())
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The write is held (the leader waits for an invalidation) and not done.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while leader_status(&direct).await.oldest_invalidation_ms == 0 {
+            if write.is_finished() || Instant::now() > deadline {
+                return Err("the write did not wait for the deaf client".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         if write.is_finished() {
             return Err("the write did not wait for the deaf client".into());
         }
