@@ -391,6 +391,9 @@ impl Gateway {
             (value, s.sm.last_index())
         };
         let owner = value.as_ref().and_then(|(_, stat)| stat.ephemeral_owner);
+        let seen = value
+            .as_ref()
+            .map(|(_, stat)| (stat.create_index, stat.mod_index));
         // Sequential creates are not held (see `cached_paths`), so the absence of a name
         // one could make (ending in a sequence number) is not cachable: names are
         // predictable, and a cached absence of `.../lock-0000000007` would go stale.
@@ -410,6 +413,7 @@ impl Gateway {
                     term,
                     epoch,
                     owner,
+                    seen,
                 })
                 .await
                 .map_err(internal)?,

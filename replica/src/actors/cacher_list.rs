@@ -39,6 +39,11 @@ pub struct Record {
     pub epoch: u64,
     /// The owner of the node as read, if it is an ephemeral.
     pub owner: Option<SessionId>,
+    /// The node as read: its `(create_index, mod_index)`, or `None` if it was absent.
+    /// Recorded only if the node is still so: a change between the read and the record
+    /// that no hold covered (an end deleting an ephemeral created after the end's hold
+    /// began, applied and unmarked before this record arrived) would otherwise be cached.
+    pub seen: Option<(u64, u64)>,
 }
 
 /// Hold a write to `paths`: resolves with the hold's id and this leader's term once every
@@ -292,15 +297,15 @@ impl Handler<Record> for CacherListActor {
         // cacher nobody removes (its `SessionEnded` was handled already), and every later
         // hold on the node would wait for it for ever. The state is applied before the
         // effect is sent here, so either this sees the end or the effect comes after.
-        if self
-            .state
-            .read()
-            .expect("state lock")
-            .sm
-            .check_session(msg.session)
-            .is_err()
         {
-            return false;
+            let s = self.state.read().expect("state lock");
+            if s.sm.check_session(msg.session).is_err() {
+                return false;
+            }
+            let now = s.sm.node(&msg.path).map(|n| (n.create_index, n.mod_index));
+            if now != msg.seen {
+                return false;
+            }
         }
         self.cachers.record(msg.session, &msg.path, msg.epoch)
     }
@@ -402,6 +407,16 @@ impl Handler<HoldEnd> for CacherListActor {
     fn handle(&mut self, msg: HoldEnd, _: &mut Context<Self>) -> Self::Result {
         if self.leading_term().is_none() {
             return self.start_hold(Vec::new(), true);
+        }
+        // A new leader that has not applied its log up to the takeover may not know the
+        // sessions' ephemerals yet (a create committed under the old leader): an end held
+        // on too few nodes would delete one an earlier cacher still serves.
+        if self.unconfirmed().is_none() {
+            return Box::pin(async {
+                Err(Error::Unavailable {
+                    reason: "a new leader is still applying its log; retry".into(),
+                })
+            });
         }
         // Read and marked in this one handler: a cached read of an ephemeral of theirs
         // recorded before it is of a node that exists now (only its owner's delete or end
@@ -792,6 +807,7 @@ mod tests {
                 term,
                 epoch,
                 owner: None,
+                seen: None,
             })
             .await
             .expect("actor");
@@ -938,6 +954,7 @@ mod tests {
                 term,
                 epoch,
                 owner: None,
+                seen: None,
             })
             .await
             .expect("actor");
@@ -982,19 +999,26 @@ mod tests {
         };
         assert!(apply(&state, create("/e1", 1)).0.is_ok());
         let read = |path: &'static str| {
-            let list = list.clone();
+            let (list, state) = (list.clone(), state.clone());
             async move {
                 let (term, epoch) = list
                     .send(BeginRead(path.into()))
                     .await
                     .expect("actor")
                     .expect("cachable");
+                let seen = state
+                    .read()
+                    .expect("state")
+                    .sm
+                    .node(path)
+                    .map(|n| (n.create_index, n.mod_index));
                 list.send(Record {
                     session: reader,
                     path: path.into(),
                     term,
                     epoch,
                     owner: Some(owner),
+                    seen,
                 })
                 .await
                 .expect("actor")
@@ -1050,5 +1074,101 @@ mod tests {
             .expect("actor")
             .expect("held");
         assert_eq!(quiet, (None, 2));
+    }
+
+    /// From the review of the fix (F1): a new leader that has not applied its log up to
+    /// the takeover may not know an ending session's ephemerals yet; its `HoldEnd` is
+    /// refused as retryable rather than holding too few nodes.
+    #[actix_rt::test]
+    async fn an_end_at_a_new_leader_waits_until_the_log_is_applied() {
+        let (state, session, last) = state_with_old_cacher();
+        let list = new_leader(&state, last + 1).await;
+        let r = tokio::time::timeout(
+            LONG,
+            list.send(HoldEnd {
+                sessions: vec![session],
+                lease_ran_out: false,
+            }),
+        )
+        .await;
+        assert!(
+            matches!(r, Ok(Ok(Err(Error::Unavailable { .. })))),
+            "an end held before the log was applied up to the takeover: {r:?}"
+        );
+    }
+
+    /// From the review of the fix (F2): an ephemeral created after its owner's end was
+    /// held is read; before the reader's `Record` arrives the end applies (deleting it)
+    /// and its `SessionEnded` unmarks the owner. The record must still be refused: the
+    /// node is not what was read.
+    #[actix_rt::test]
+    async fn a_record_of_a_node_deleted_since_the_read_is_refused() {
+        let (state, _old, list) = settled_leader().await;
+        let new_session = || match apply(&state, Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+        let (owner, reader) = (new_session(), new_session());
+        let held = list
+            .send(HoldEnd {
+                sessions: vec![owner],
+                lease_ran_out: true,
+            })
+            .await
+            .expect("actor")
+            .expect("held");
+        assert_eq!(held.0, None, "the owner owned nothing yet");
+        let create = Command::Write {
+            session: owner,
+            request_id: 1,
+            ack_below: 0,
+            ops: vec![wire::types::TxnOp::Create {
+                path: "/x".into(),
+                data: Vec::new(),
+                mode: wire::types::CreateMode {
+                    ephemeral: true,
+                    sequential: false,
+                },
+            }],
+            single: true,
+        };
+        assert!(apply(&state, create).0.is_ok());
+        let (term, epoch) = list
+            .send(BeginRead("/x".into()))
+            .await
+            .expect("actor")
+            .expect("cachable");
+        let seen = state
+            .read()
+            .expect("state")
+            .sm
+            .node("/x")
+            .map(|n| (n.create_index, n.mod_index));
+        assert!(seen.is_some());
+        let (r, effects) = apply(
+            &state,
+            Command::ExpireSessions {
+                sessions: vec![owner],
+            },
+        );
+        assert!(r.is_ok(), "{r:?}");
+        list.send(AppliedMsg(Applied::Effects { index: 0, effects }))
+            .await
+            .expect("actor");
+        let recorded = list
+            .send(Record {
+                session: reader,
+                path: "/x".into(),
+                term,
+                epoch,
+                owner: Some(owner),
+                seen,
+            })
+            .await
+            .expect("actor");
+        assert!(
+            !recorded,
+            "a node deleted since the read was recorded as cached"
+        );
     }
 }
