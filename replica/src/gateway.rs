@@ -73,7 +73,14 @@ pub struct Gateway {
     pub latency: wire::latency::Recorder,
     /// Connections dialed to peers (`PeerNetworkFactory::dials`), for [`Status`].
     pub peer_dials: Arc<std::sync::atomic::AtomicU64>,
+    /// When the last [`Op::StateDigest`] was computed: one at a time, at most one per
+    /// [`DIGEST_INTERVAL`] (each walks the whole state under its read lock, which holds
+    /// applies back).
+    pub last_digest: std::sync::Mutex<Option<Instant>>,
 }
+
+/// The least time between two [`Op::StateDigest`] computations at one replica.
+pub const DIGEST_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Writes in flight at this replica (see [`Gateway::in_flight`]).
 #[derive(Default)]
@@ -728,11 +735,29 @@ impl Gateway {
             Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
             Op::Snapshot => self.snapshot().await,
             Op::StateDigest => {
-                let s = self.state.read().expect("state lock");
-                Ok(Reply::StateDigest {
-                    index: s.sm.last_index(),
-                    digest: s.sm.digest(),
-                })
+                // Held while computing: a second request meanwhile is refused too.
+                let Ok(mut last) = self.last_digest.try_lock() else {
+                    return Err(Error::Unavailable {
+                        reason: "a state digest is being computed; retry".into(),
+                    });
+                };
+                if last.is_some_and(|t| t.elapsed() < DIGEST_INTERVAL) {
+                    return Err(Error::Unavailable {
+                        reason: format!(
+                            "a state digest was computed less than {} ms ago; retry",
+                            DIGEST_INTERVAL.as_millis()
+                        ),
+                    });
+                }
+                let r = {
+                    let s = self.state.read().expect("state lock");
+                    Reply::StateDigest {
+                        index: s.sm.last_index(),
+                        digest: s.sm.digest(),
+                    }
+                };
+                *last = Some(Instant::now());
+                Ok(r)
             }
         }
     }
@@ -816,7 +841,12 @@ impl Gateway {
                 })
             }
         };
-        let (mut renewed, mut expired, mut unknown) = (Vec::new(), overdue, Vec::new());
+        // Overdue sessions are in none of the lists: not renewed, and not reported as
+        // expired either (a proxy would then stop waiting for them at once, while the
+        // client's own lease may still let it serve from its cache). Their waiters at the
+        // proxy time out, their clients fall into jeopardy, and once their leases run
+        // out here they are reported expired like any other.
+        let (mut renewed, mut expired, mut unknown) = (Vec::new(), Vec::new(), Vec::new());
         let mut first_err = None;
         let mut failed = Vec::new();
         for (&session, r) in sessions.iter().zip(results) {
@@ -874,10 +904,11 @@ impl Gateway {
         })
     }
 
-    /// Of `sessions` (renewing now), the cachers that have left an invalidation
-    /// unacknowledged for [`OVERDUE_LEASES`] leases: they are not renewed and are told
-    /// their session expired, so their leases run out here within one more lease and the
-    /// writes held for them go on. A client that renews but never acknowledges (a bug,
+    /// Of `sessions` (renewing now), the cachers that a hold has waited for (an
+    /// unacknowledged invalidation, or after a fail-over an unconfirmed flush) for
+    /// [`OVERDUE_LEASES`] leases: they are not renewed (a single KeepAlive is answered
+    /// `SessionExpired`; in a batch they are left out of every list), so their leases run
+    /// out here within one more lease and the writes held for them go on. A client that renews but never acknowledges (a bug,
     /// or a stuck event stream while it ignores the invalidations repeated in its
     /// KeepAlive replies) loses its session, and with it its cache, instead of holding
     /// writes to its nodes (and the ends of other sessions whose ephemerals it cached)

@@ -200,6 +200,7 @@ pub async fn run_on(
         in_flight: Default::default(),
         latency: Default::default(),
         peer_dials,
+        last_digest: Default::default(),
     });
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

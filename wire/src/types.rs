@@ -399,8 +399,9 @@ pub enum Op {
     /// A digest of the replica's whole replicated state, and the log index it reflects
     /// (any replica, no session; replicas only). Two replicas at the same index must give
     /// the same digest: what tests and the fault suite compare after a run. It serializes
-    /// the whole state under the state's read lock (applies wait meanwhile), so it is
-    /// not for frequent polling. Reply: [`Reply::StateDigest`].
+    /// the whole state under the state's read lock (applies wait meanwhile), so a
+    /// replica computes one at a time and at most four a second (`Unavailable`
+    /// otherwise). Reply: [`Reply::StateDigest`].
     StateDigest,
 }
 

@@ -213,7 +213,7 @@ impl SessionManager {
                 let why = if quorum_silent {
                     "no quorum acknowledgement"
                 } else {
-                    "KeepAlive confirmations failing (for the sessions asking, at most a lease)"
+                    "KeepAlive confirmations failing (for the sessions that keep asking)"
                 };
                 tracing::warn!("{why}: lease clock stopped");
                 self.clock_stopped = true;
@@ -222,9 +222,9 @@ impl SessionManager {
                 self.leases.postpone(since_last);
                 return;
             }
-            // Confirmations failing with the quorum heard: only the clients that asked
-            // keep their clocks stopped (and by at most a lease); dead sessions expire.
-            self.leases.postpone_asking(since_last);
+            // Confirmations failing with the quorum heard: only the clients that keep
+            // asking have their clocks stopped; dead sessions expire.
+            self.leases.postpone_asking(since_last, now);
         } else if self.clock_stopped {
             tracing::warn!("quorum heard and KeepAlives confirmed again: lease clock running");
             self.clock_stopped = false;

@@ -183,13 +183,15 @@ impl Cachers {
         out
     }
 
-    /// Of `sessions`, those that have left an invalidation unacknowledged for `age` or
-    /// longer at `now`.
+    /// Of `sessions`, those that a hold begun `age` or longer before `now` still waits
+    /// for: an invalidation they have not acknowledged, or (after a fail-over) a flush
+    /// they have not confirmed (a client that moved behind a proxy never reopens its own
+    /// stream to the leader).
     pub fn overdue(&self, sessions: &[SessionId], now: Instant, age: Duration) -> Vec<SessionId> {
         let late: Vec<&Hold> = self
             .holds
             .values()
-            .filter(|h| h.started + age <= now && !h.waiting.is_empty())
+            .filter(|h| h.started + age <= now && !h.done())
             .collect();
         if late.is_empty() {
             return Vec::new();
@@ -197,7 +199,10 @@ impl Cachers {
         sessions
             .iter()
             .copied()
-            .filter(|s| late.iter().any(|h| h.waiting.contains(s)))
+            .filter(|s| {
+                late.iter()
+                    .any(|h| h.waiting.contains(s) || h.unconfirmed.contains(s))
+            })
             .collect()
     }
 
@@ -401,6 +406,12 @@ mod tests {
         assert_eq!(c.overdue(&[1, 2, 3], t0 + age, age), vec![1]);
         assert!(c.ack(1, id));
         assert!(c.overdue(&[1, 2, 3], t0 + age, age).is_empty());
+        // After a fail-over: a session that never confirms its flush is overdue too.
+        let (id, _) = c.hold(&p("/b"), t0, HashSet::from_iter([4]));
+        assert!(c.overdue(&[4], t0 + Duration::from_secs(1), age).is_empty());
+        assert_eq!(c.overdue(&[3, 4], t0 + age, age), vec![4]);
+        assert_eq!(c.confirm(4), vec![id]);
+        assert!(c.overdue(&[4], t0 + age, age).is_empty());
     }
 
     #[test]

@@ -257,7 +257,8 @@ impl TestCell {
                 Instant::now() < deadline,
                 "replicas never reported one applied index: {seen:?}"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // A replica computes at most one digest per `DIGEST_INTERVAL`.
+            tokio::time::sleep(replica::gateway::DIGEST_INTERVAL + Duration::from_millis(50)).await;
         }
     }
 
