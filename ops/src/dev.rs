@@ -72,6 +72,7 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
+            limits: Default::default(),
         };
         cfg.validate()?;
         let path = args.data.join(format!("replica-{}.toml", m.id));

@@ -645,6 +645,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
+            limits: Default::default(),
         };
         cfg.validate()?;
         let slot = Arc::new(Mutex::new(Slot {

@@ -243,6 +243,7 @@ impl Cell {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
+            limits: Default::default(),
         };
         cfg.validate()?;
         std::fs::write(self.config_path(id), toml::to_string(&cfg)?)?;

@@ -39,6 +39,18 @@ pub struct ProxyConfig {
     /// How often the proxy logs its counters (0: never).
     #[serde(default = "default_stats_interval_ms")]
     pub stats_interval_ms: u64,
+    /// Connections at once, handshakes included; more are refused before their
+    /// handshake. At least `max_clients`, so that clients past `max_clients` are told
+    /// `Unavailable` rather than refused.
+    #[serde(default = "default_connections_max")]
+    pub connections_max: usize,
+    /// Of those, from one source IP address.
+    #[serde(default = "default_connections_per_source_max")]
+    pub connections_per_source_max: usize,
+    /// Bytes the requests of one client connection may hold at once while they are read,
+    /// decoded and answered; a connection that reaches it waits.
+    #[serde(default = "default_client_connection_bytes_max")]
+    pub client_connection_bytes_max: usize,
 }
 
 fn default_keepalive_interval_ms() -> u64 {
@@ -56,6 +68,15 @@ fn default_forward_timeout_ms() -> u64 {
 fn default_stats_interval_ms() -> u64 {
     30_000
 }
+fn default_connections_max() -> usize {
+    3_000
+}
+fn default_connections_per_source_max() -> usize {
+    wire::CONNECTIONS_PER_SOURCE_MAX
+}
+fn default_client_connection_bytes_max() -> usize {
+    wire::CLIENT_CONNECTION_BYTES_MAX
+}
 
 impl ProxyConfig {
     /// A configuration with defaults for everything but the addresses and TLS files.
@@ -69,6 +90,9 @@ impl ProxyConfig {
             max_inflight_per_client: default_max_inflight(),
             forward_timeout_ms: default_forward_timeout_ms(),
             stats_interval_ms: default_stats_interval_ms(),
+            connections_max: default_connections_max(),
+            connections_per_source_max: default_connections_per_source_max(),
+            client_connection_bytes_max: default_client_connection_bytes_max(),
         }
     }
 
@@ -112,6 +136,21 @@ impl ProxyConfig {
             "max_inflight_per_client must be > 0"
         );
         anyhow::ensure!(
+            self.connections_max >= self.max_clients,
+            "connections_max must be >= max_clients"
+        );
+        anyhow::ensure!(
+            (1..=self.connections_max).contains(&self.connections_per_source_max),
+            "connections_per_source_max must be within 1..=connections_max"
+        );
+        let min = wire::CLIENT_FRAME_BYTES_MAX
+            + wire::decode::Limits::for_frame(wire::CLIENT_FRAME_BYTES_MAX).element_bytes_max;
+        anyhow::ensure!(
+            (min..=u32::MAX as usize).contains(&self.client_connection_bytes_max),
+            "client_connection_bytes_max must be within {min}..4 GiB (the largest client \
+             frame and what it may decode to)"
+        );
+        anyhow::ensure!(
             (500..=5_500).contains(&self.forward_timeout_ms),
             "forward_timeout_ms must be within 500..=5500 (below the SDK's 6 s attempt timeout)"
         );
@@ -151,6 +190,12 @@ key = "server.key"
             .unwrap_err()
             .to_string()
             .contains("host:port"));
+        let mut bad = cfg.clone();
+        bad.connections_max = bad.max_clients - 1;
+        assert!(bad.validate().is_err());
+        let mut bad = cfg.clone();
+        bad.client_connection_bytes_max = 1 << 20;
+        assert!(bad.validate().is_err());
         let mut bad = cfg.clone();
         bad.keepalive_interval_ms = 10_000;
         assert!(bad.validate().is_err());

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use client_sdk::{Client, ClientConfig};
 use tokio::sync::Semaphore;
-use wire::hello::{Hello, HelloOk, HelloReply, ALPN_CLIENT};
+use wire::hello::{HelloOk, HelloReply, ALPN_CLIENT};
 use wire::quic::Sockets;
 use wire::types::{IdRanges, Op, ProxyStatus, Reply, Request, Response, SessionId};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
@@ -16,8 +16,6 @@ use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 use crate::config::ProxyConfig;
 use crate::hub::Hub;
 use crate::upstream::Upstream;
-
-const HELLO_BYTES_MAX: usize = 4_096;
 
 /// A running proxy.
 pub struct Proxy {
@@ -132,10 +130,21 @@ async fn stats_loop(p: Arc<Proxy>) {
     }
 }
 
+/// Accepts connections until the endpoint is closed; one beyond `connections_max` in
+/// all or `connections_per_source_max` from its address is refused before its handshake.
 async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
+    let gate = wire::quic::ConnectionGate::new(wire::quic::ConnectionLimits {
+        connections_max: p.cfg.connections_max,
+        connections_per_source_max: p.cfg.connections_per_source_max,
+    });
     while let Some(incoming) = endpoint.accept().await {
+        let Some(admitted) = gate.admit(incoming.remote_address()) else {
+            incoming.refuse();
+            continue;
+        };
         let p = p.clone();
         wire::rt::spawn(async move {
+            let _admitted = admitted;
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
@@ -143,6 +152,7 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
                     return;
                 }
             };
+            wire::quic::grant_streams(&conn);
             serve_client(conn, p).await;
         });
     }
@@ -158,12 +168,12 @@ impl Drop for Connected {
 }
 
 async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
-    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+    let Some((mut send, hello)) = wire::quic::accept_hello(&conn).await else {
         return;
     };
     let count = p.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let _connected = Connected(p.clone());
-    let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
+    let reply: HelloReply = match hello {
         Ok(_) if count as usize > p.cfg.max_clients => Err(Error::Unavailable {
             reason: format!(
                 "proxy {} is at its limit of {} clients",
@@ -178,7 +188,7 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
         Err(e) => Err(e),
     };
     let ok = reply.is_ok();
-    let _ = frame::write(&mut send, &reply, HELLO_BYTES_MAX).await;
+    let _ = frame::write(&mut send, &reply, frame::HELLO_BYTES_MAX).await;
     let _ = send.finish();
     if !ok {
         let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
@@ -186,21 +196,35 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
         return;
     }
     let inflight = Arc::new(Semaphore::new(p.cfg.max_inflight_per_client));
+    let budget = frame::Budget::new(p.cfg.client_connection_bytes_max);
+    let exceeded = Arc::new(wire::quic::ExceededLog::default());
     loop {
-        let (mut send, mut recv) = match conn.accept_bi().await {
+        let (send, mut recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
         let p = p.clone();
         let conn = conn.clone();
         let inflight = inflight.clone();
+        let (budget, exceeded) = (budget.clone(), exceeded.clone());
         wire::rt::spawn(async move {
             let received = Instant::now();
-            let req = frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await;
+            let read =
+                frame::read_request::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX, &budget);
+            // The request's bytes stay reserved from the connection's budget until its
+            // answer is written.
+            let (req, _reserved) = match read.await {
+                Ok((req, reserved)) => (Ok(req), Some(reserved)),
+                Err(e) => {
+                    exceeded.record(conn.remote_address(), &e);
+                    (Err(e), None)
+                }
+            };
             let resp: Response = match req {
                 // Event streams last as long as their session: bounded by QUIC's stream
                 // limit, not by the in-flight limit.
                 Ok(req) if req.op == Op::Events => {
+                    drop(_reserved);
                     p.serve_events(req.session, send, conn).await;
                     return;
                 }
@@ -226,12 +250,7 @@ async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
                 },
                 Err(e) => Err(e),
             };
-            let buf = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
-                Ok(buf) => buf,
-                Err(e) => frame::encode(&Response::Err(e), CLIENT_FRAME_BYTES_MAX).expect("small"),
-            };
-            let _ = send.write_all(&buf).await;
-            let _ = send.finish();
+            wire::quic::answer(send, &resp, CLIENT_FRAME_BYTES_MAX).await;
         });
     }
 }

@@ -79,6 +79,40 @@ impl Default for SessionConfig {
     }
 }
 
+/// Bounds on what remote parties may make the replica hold (DESIGN.md, safety rule 8).
+/// Frame sizes, deadlines, stream counts and nesting are fixed by the protocol
+/// (`wire::frame`, `wire::quic`, `wire::decode`); these are what an operator may size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LimitsConfig {
+    /// Connections at once (clients, proxies and peers together, handshakes included);
+    /// more are refused before their handshake.
+    pub connections_max: usize,
+    /// Of those, from one source IP address.
+    pub connections_per_source_max: usize,
+    /// Bytes the requests of one client or proxy connection may hold at once while they
+    /// are read, decoded and answered; a connection that reaches it waits.
+    pub client_connection_bytes_max: usize,
+    /// Bytes the RPCs of one peer connection may hold at once.
+    pub peer_connection_bytes_max: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            connections_max: wire::CONNECTIONS_MAX,
+            connections_per_source_max: wire::CONNECTIONS_PER_SOURCE_MAX,
+            client_connection_bytes_max: wire::CLIENT_CONNECTION_BYTES_MAX,
+            peer_connection_bytes_max: wire::PEER_CONNECTION_BYTES_MAX,
+        }
+    }
+}
+
+/// The least a connection's budget may be: its largest frame and what that may decode to.
+fn connection_bytes_min(frame_bytes_max: usize) -> usize {
+    frame_bytes_max + wire::decode::Limits::for_frame(frame_bytes_max).element_bytes_max
+}
+
 /// The whole configuration of one replica.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaConfig {
@@ -110,6 +144,9 @@ pub struct ReplicaConfig {
     /// gets `Unavailable` (the write may still commit later; retry with the same id).
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Bounds on connections and on the bytes their requests hold.
+    #[serde(default)]
+    pub limits: LimitsConfig,
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -166,6 +203,32 @@ impl ReplicaConfig {
         anyhow::ensure!(
             s.expiry_scan_interval_ms >= 10,
             "session.expiry_scan_interval_ms must be >= 10"
+        );
+        let l = &self.limits;
+        anyhow::ensure!(
+            l.connections_max >= 1 && l.connections_per_source_max >= 1,
+            "limits.connections_max and limits.connections_per_source_max must be >= 1"
+        );
+        anyhow::ensure!(
+            l.connections_per_source_max <= l.connections_max,
+            "limits.connections_per_source_max must not exceed limits.connections_max"
+        );
+        let client_min = connection_bytes_min(wire::CLIENT_FRAME_BYTES_MAX);
+        anyhow::ensure!(
+            l.client_connection_bytes_max >= client_min,
+            "limits.client_connection_bytes_max must be >= {client_min} (the largest client \
+             frame and what it may decode to)"
+        );
+        let peer_min = connection_bytes_min(wire::PEER_FRAME_BYTES_MAX);
+        anyhow::ensure!(
+            l.peer_connection_bytes_max >= peer_min,
+            "limits.peer_connection_bytes_max must be >= {peer_min} (the largest peer frame \
+             and what it may decode to)"
+        );
+        anyhow::ensure!(
+            l.client_connection_bytes_max <= u32::MAX as usize
+                && l.peer_connection_bytes_max <= u32::MAX as usize,
+            "limits.*_connection_bytes_max must be below 4 GiB"
         );
         if self.bootstrap {
             anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");
@@ -250,5 +313,15 @@ lease_ms = 6000
         assert_eq!(c.members.len(), 5);
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.session, SessionConfig::default());
+        assert_eq!(c.limits, LimitsConfig::default());
+        let mut bad = c.clone();
+        bad.limits.client_connection_bytes_max = wire::CLIENT_FRAME_BYTES_MAX;
+        assert!(
+            bad.validate().is_err(),
+            "a budget below one frame and its decoding"
+        );
+        let mut bad = c;
+        bad.limits.connections_per_source_max = bad.limits.connections_max + 1;
+        assert!(bad.validate().is_err());
     }
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use actix::Addr;
 use wire::command::Command;
-use wire::hello::{Hello, HelloOk, HelloReply, ALPN_PEER};
+use wire::hello::{HelloOk, HelloReply, ALPN_PEER};
 use wire::types::{IdRanges, MemberInfo, Op, Reply, Request, Response, SessionId, Status, TxnOp};
 use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
 
@@ -28,9 +28,6 @@ use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::leader::read_gate::ReadGate;
 use crate::raft::sm_store::{SharedState, SnapshotStats};
 use crate::raft::Raft;
-
-/// Largest hello frame.
-const HELLO_BYTES_MAX: usize = 4_096;
 
 /// A session that renews while it leaves an invalidation unacknowledged for this many
 /// leases is no longer renewed (see [`Gateway::overdue`]).
@@ -144,11 +141,31 @@ pub fn cached_paths(ops: &[TxnOp]) -> Vec<String> {
     paths
 }
 
-/// Accepts connections until the endpoint is closed.
-pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>) {
+/// What [`serve`] bounds for every connection (DESIGN.md, safety rule 8): how many it
+/// accepts ([`wire::quic::ConnectionGate`]), and the bytes each one's requests may hold
+/// at once, by ALPN ([`frame::Budget`]).
+#[derive(Clone)]
+pub struct ServeBounds {
+    /// Connections in total and per source address.
+    pub gate: wire::quic::ConnectionGate,
+    /// Bytes of requests in progress on one client (or proxy) connection.
+    pub client_connection_bytes_max: usize,
+    /// Bytes of RPCs in progress on one peer connection.
+    pub peer_connection_bytes_max: usize,
+}
+
+/// Accepts connections until the endpoint is closed. An incoming connection beyond the
+/// gate's limits is refused before its handshake.
+pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBounds) {
     while let Some(incoming) = endpoint.accept().await {
+        let Some(admitted) = bounds.gate.admit(incoming.remote_address()) else {
+            incoming.refuse();
+            continue;
+        };
         let gw = gw.clone();
+        let bounds = bounds.clone();
         wire::rt::spawn(async move {
+            let _admitted = admitted;
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {
@@ -156,24 +173,23 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>) {
                     return;
                 }
             };
-            let alpn = conn
-                .handshake_data()
-                .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
-                .and_then(|h| h.protocol);
-            if alpn.as_deref() == Some(ALPN_PEER) {
-                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id).await;
+            wire::quic::grant_streams(&conn);
+            if wire::quic::alpn(&conn).as_deref() == Some(ALPN_PEER) {
+                let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
+                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
             } else {
-                serve_client(conn, gw).await;
+                let budget = frame::Budget::new(bounds.client_connection_bytes_max);
+                serve_client(conn, gw, budget).await;
             }
         });
     }
 }
 
-async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
-    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>, budget: frame::Budget) {
+    let Some((mut send, hello)) = wire::quic::accept_hello(&conn).await else {
         return;
     };
-    let reply: HelloReply = match frame::read::<_, Hello>(&mut recv, HELLO_BYTES_MAX).await {
+    let reply: HelloReply = match hello {
         Ok(h) => h.check().map(|_| {
             tracing::debug!(remote = %conn.remote_address(), agent = %h.agent, "client connected");
             HelloOk {
@@ -188,7 +204,7 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
     if let Err(e) = &reply {
         tracing::info!(remote = %conn.remote_address(), "refused client hello: {e}");
     }
-    let _ = frame::write(&mut send, &reply, HELLO_BYTES_MAX).await;
+    let _ = frame::write(&mut send, &reply, frame::HELLO_BYTES_MAX).await;
     let _ = send.finish();
     if !ok {
         // Give the error frame time to reach the client before closing.
@@ -196,29 +212,33 @@ async fn serve_client(conn: quinn::Connection, gw: Arc<Gateway>) {
         conn.close(2u32.into(), b"hello refused");
         return;
     }
+    let exceeded = Arc::new(wire::quic::ExceededLog::default());
     loop {
-        let (mut send, mut recv) = match conn.accept_bi().await {
+        let (send, mut recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
-        let gw = gw.clone();
+        let (gw, budget, exceeded) = (gw.clone(), budget.clone(), exceeded.clone());
+        let remote = conn.remote_address();
         wire::rt::spawn(async move {
             let received = Instant::now();
-            let resp: Response =
-                match frame::read::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX).await {
-                    Ok(req) if req.op == Op::Events => {
-                        gw.serve_events(req.session, send).await;
-                        return;
-                    }
-                    Ok(req) => gw.handle(req, received).await,
-                    Err(e) => Err(e),
-                };
-            let resp = match frame::encode(&resp, CLIENT_FRAME_BYTES_MAX) {
-                Ok(buf) => buf,
-                Err(e) => frame::encode(&Response::Err(e), CLIENT_FRAME_BYTES_MAX).expect("small"),
+            let read =
+                frame::read_request::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX, &budget);
+            // The request's bytes stay reserved from the connection's budget until its
+            // answer is written.
+            let (resp, _reserved): (Response, _) = match read.await {
+                Ok((req, reserved)) if req.op == Op::Events => {
+                    drop(reserved);
+                    gw.serve_events(req.session, send).await;
+                    return;
+                }
+                Ok((req, reserved)) => (gw.handle(req, received).await, Some(reserved)),
+                Err(e) => {
+                    exceeded.record(remote, &e);
+                    (Err(e), None)
+                }
             };
-            let _ = send.write_all(&resp).await;
-            let _ = send.finish();
+            wire::quic::answer(send, &resp, CLIENT_FRAME_BYTES_MAX).await;
         });
     }
 }

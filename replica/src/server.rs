@@ -202,7 +202,16 @@ pub async fn run_on(
         peer_dials,
         last_digest: Default::default(),
     });
-    let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw));
+    let l = &cfg.limits;
+    let bounds = crate::gateway::ServeBounds {
+        gate: wire::quic::ConnectionGate::new(wire::quic::ConnectionLimits {
+            connections_max: l.connections_max,
+            connections_per_source_max: l.connections_per_source_max,
+        }),
+        client_connection_bytes_max: l.client_connection_bytes_max,
+        peer_connection_bytes_max: l.peer_connection_bytes_max,
+    };
+    let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw, bounds));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
 
     shutdown.await;

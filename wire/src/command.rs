@@ -4,7 +4,9 @@
 //! (create, delete, set data, transactions) and no-ops. KeepAlives, reads and watch
 //! registrations never touch the log.
 
-use serde::{Deserialize, Serialize};
+use std::cell::Cell;
+
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::Error;
 use crate::types::{Reply, RequestId, SessionId, TxnOp};
@@ -63,6 +65,7 @@ pub enum Command {
         /// The term of the leader whose cacher list held the write.
         term: u64,
         /// What is applied.
+        #[serde(deserialize_with = "held_command")]
         command: Box<Command>,
     },
     /// Commands proposed together, applied in order at this one log index, each with its
@@ -72,7 +75,64 @@ pub enum Command {
     /// holds two commands that create under the same parent, nor more than
     /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s ([`BatchRule`]); a batch holds
     /// no batch.
-    Batch(Vec<Command>),
+    Batch(#[serde(deserialize_with = "batch_commands")] Vec<Command>),
+}
+
+/// Commands nested in commands, at most: what the leader proposes nests no deeper than a
+/// batch of held writes (`Batch` of `Held { Write }`). Decoding refuses a deeper command,
+/// and a `Batch` anywhere but at the top (a batch holds no batch), before recursing into
+/// it: postcard decodes a nested command by recursing once per level, and a crafted peer
+/// frame nested 100 000 deep overflowed a replica's stack (`replica/tests/bounds.rs`).
+/// [`crate::decode::from_bytes`] reports the refusal as
+/// [`Error::LimitExceeded`] with [`crate::error::Bound::CommandNesting`].
+pub const COMMAND_NESTING_MAX: u8 = 2;
+
+thread_local! {
+    /// How many `Held`/`Batch` levels the command being decoded on this thread is in.
+    static NESTING: Cell<u8> = const { Cell::new(0) };
+    /// Set when a decode on this thread refused a command for its nesting.
+    static NESTING_EXCEEDED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears the refusal flag before a decode.
+pub(crate) fn nesting_reset() {
+    NESTING_EXCEEDED.with(|c| c.set(false));
+}
+
+/// Whether the last decode on this thread refused a command for its nesting (and the
+/// limit it passed); clears the flag.
+pub(crate) fn nesting_exceeded() -> Option<u64> {
+    NESTING_EXCEEDED
+        .with(|c| c.replace(false))
+        .then_some(COMMAND_NESTING_MAX as u64)
+}
+
+/// Restores the nesting level when a nested decode returns (or unwinds).
+struct NestingGuard(u8);
+
+impl Drop for NestingGuard {
+    fn drop(&mut self) {
+        NESTING.with(|c| c.set(self.0));
+    }
+}
+
+fn nested<T, E: serde::de::Error>(batch: bool, f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    let level = NESTING.with(Cell::get);
+    if level >= COMMAND_NESTING_MAX || (batch && level > 0) {
+        NESTING_EXCEEDED.with(|c| c.set(true));
+        return Err(E::custom("commands nested too deep"));
+    }
+    NESTING.with(|c| c.set(level + 1));
+    let _restore = NestingGuard(level);
+    f()
+}
+
+fn held_command<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Command>, D::Error> {
+    nested(false, || Box::<Command>::deserialize(d))
+}
+
+fn batch_commands<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Error> {
+    nested(true, || Vec::<Command>::deserialize(d))
 }
 
 impl Command {
@@ -228,4 +288,65 @@ pub enum Effect {
         /// The session.
         session: SessionId,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{from_bytes, Limits};
+    use crate::error::Bound;
+
+    fn decode(bytes: &[u8]) -> Result<Command, Error> {
+        from_bytes::<Command>(bytes, Limits::for_frame(1 << 20)).map(|(c, _)| c)
+    }
+
+    fn held(c: Command) -> Command {
+        Command::Held {
+            term: 3,
+            command: Box::new(c),
+        }
+    }
+
+    /// What the leader proposes decodes: a held write, a batch of plain and held
+    /// commands.
+    #[test]
+    fn what_the_leader_proposes_decodes() {
+        for c in [
+            held(Command::CloseSession { session: 5 }),
+            Command::Batch(vec![
+                Command::CreateSession,
+                held(Command::MarkCacher { session: 9 }),
+            ]),
+        ] {
+            let bytes = postcard::to_allocvec(&c).unwrap();
+            assert_eq!(decode(&bytes).unwrap(), c);
+            // And through plain postcard (the log store's reads), too.
+            assert_eq!(postcard::from_bytes::<Command>(&bytes).unwrap(), c);
+        }
+    }
+
+    /// A batch inside a batch or a held batch, and three levels of `Held`, are refused
+    /// with the typed error; nothing deeper is even looked at.
+    #[test]
+    fn deeper_nesting_is_refused() {
+        let refused = Error::LimitExceeded {
+            bound: Bound::CommandNesting,
+            limit: COMMAND_NESTING_MAX as u64,
+        };
+        for c in [
+            Command::Batch(vec![Command::Batch(vec![Command::Noop])]),
+            held(Command::Batch(vec![Command::Noop])),
+            held(held(held(Command::Noop))),
+        ] {
+            let bytes = postcard::to_allocvec(&c).unwrap();
+            assert_eq!(decode(&bytes).unwrap_err(), refused, "{c:?}");
+        }
+        // 100 000 levels of `Held` ([7, term 0] each): refused at the third.
+        let mut deep = [7u8, 0].repeat(100_000);
+        deep.push(0);
+        assert_eq!(decode(&deep).unwrap_err(), refused);
+        // The level is restored after a refusal: the next decode on this thread is fine.
+        let ok = postcard::to_allocvec(&held(Command::Noop)).unwrap();
+        assert!(decode(&ok).is_ok());
+    }
 }

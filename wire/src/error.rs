@@ -191,6 +191,54 @@ pub enum Error {
         /// The limit (`ClientConfig::sessions_max`).
         max: usize,
     },
+    /// The sender exceeded one of the bounds on what a remote party may make a server
+    /// hold (DESIGN.md, safety rule 8): the stream (or connection) that exceeded it is
+    /// closed after this answer, and nothing was applied. Every other stream and client
+    /// goes on.
+    #[error("{bound} exceeded: the limit is {limit}")]
+    LimitExceeded {
+        /// Which bound.
+        bound: Bound,
+        /// Its value, in the bound's unit (bytes, milliseconds, levels, connections).
+        limit: u64,
+    },
+}
+
+/// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to
+/// make a server hold, and its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Bound {
+    /// Bytes of frames read, decoded and not yet answered on one connection
+    /// ([`crate::frame::Budget`]).
+    ConnectionBytes,
+    /// Milliseconds a frame may take to arrive ([`crate::frame::FRAME_DEADLINE_MS`]).
+    FrameDeadline,
+    /// Levels of nesting in a decoded message ([`crate::decode::Limits::depth_max`]).
+    NestingDepth,
+    /// Bytes of sequence elements a decoded message may build
+    /// ([`crate::decode::Limits::element_bytes_max`]).
+    DecodedBytes,
+    /// Commands nested in commands ([`crate::command::COMMAND_NESTING_MAX`]).
+    CommandNesting,
+    /// Milliseconds from a connection's handshake to its hello
+    /// ([`crate::frame::HELLO_DEADLINE_MS`]).
+    HelloDeadline,
+    /// Bytes of a snapshot a follower accepts (`replica::raft::network::SNAPSHOT_BYTES_MAX`).
+    SnapshotBytes,
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bound::ConnectionBytes => "bytes in flight on a connection (bytes)",
+            Bound::FrameDeadline => "time for a frame to arrive (ms)",
+            Bound::NestingDepth => "nesting depth of a message (levels)",
+            Bound::DecodedBytes => "bytes a decoded message may build (bytes)",
+            Bound::CommandNesting => "commands nested in commands (levels)",
+            Bound::HelloDeadline => "time from handshake to hello (ms)",
+            Bound::SnapshotBytes => "bytes of a snapshot (bytes)",
+        })
+    }
 }
 
 impl Error {
@@ -221,6 +269,7 @@ impl Error {
                 | Error::Malformed { .. }
                 | Error::HelloRequired
                 | Error::TooManySessions { .. }
+                | Error::LimitExceeded { .. }
         )
     }
 }

@@ -12,7 +12,8 @@
 //!   variant says so.
 //! - [`command`]: [`command::Command`], the entries of the replicated log.
 //! - [`raft`]: the openraft type configuration and the replica↔replica RPC messages.
-//! - [`frame`]: length-prefixed postcard frames with a named maximum size.
+//! - [`frame`]: length-prefixed postcard frames, read within bounds (size, time, bytes per
+//!   connection); [`decode`]: postcard decoding bounded in depth and in what it builds.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
@@ -27,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod command;
+pub mod decode;
 pub mod error;
 pub mod frame;
 pub mod hash;
@@ -40,6 +42,6 @@ pub mod rt;
 pub mod tls;
 pub mod types;
 
-pub use error::Error;
+pub use error::{Bound, Error};
 pub use hello::PROTOCOL_VERSION;
 pub use limits::*;

@@ -16,6 +16,29 @@ pub const CLIENT_FRAME_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// `snapshot_max_chunk_size`, which the replica sets to 4 MiB) must fit.
 pub const PEER_FRAME_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Bytes the requests of one client (or proxy) connection may hold at once at a server,
+/// by default, while they are read, decoded and answered (`wire::frame::Budget`): room for
+/// the largest request (a 4 MiB frame and the 16 MiB its sequences may decode to) and
+/// more. A proxy forwarding a cell's whole write load on one connection holds far less:
+/// 2 000 writes a second of 64 KiB values, each in flight a few milliseconds, is about
+/// 1 MiB. A connection that reaches it waits (QUIC's flow control holds its sender back).
+pub const CLIENT_CONNECTION_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+/// Bytes the RPCs of one peer connection may hold at once at a replica, by default: one
+/// peer frame and what it may decode to (a peer's client makes one RPC at a time).
+pub const PEER_CONNECTION_BYTES_MAX: usize = 2 * PEER_FRAME_BYTES_MAX;
+
+/// Connections a server accepts at once, by default, handshakes included (more are
+/// refused before their handshake): a cell's ~25 proxies and the clients that connect
+/// directly, with room. With [`CLIENT_CONNECTION_BYTES_MAX`] and QUIC's 8 MiB receive
+/// window per connection this bounds what connections can make a replica hold.
+pub const CONNECTIONS_MAX: usize = 4_096;
+
+/// Connections a server accepts from one source IP address at once, by default: a host
+/// running many client processes, or a proxy host, with room; one misbehaving host cannot
+/// take every place.
+pub const CONNECTIONS_PER_SOURCE_MAX: usize = 256;
+
 /// Largest number of operations in one transaction: keeps one log entry bounded.
 pub const TXN_OPS_MAX: usize = 128;
 

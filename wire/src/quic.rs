@@ -15,17 +15,56 @@ pub const IDLE_TIMEOUT_MS: u64 = 3_000;
 /// QUIC keep-alive interval; must be below [`IDLE_TIMEOUT_MS`].
 pub const KEEP_ALIVE_MS: u64 = 500;
 
-/// Concurrent bidirectional streams a peer may open: one per request in flight, plus one
-/// event stream per session. Measured: raising it to 65 536 made quinn ~8x slower per
-/// request (lock hand-off p50 15 ms → 120 ms), so it stays at 4 096; a process that
-/// multiplexes more sessions opens more connections (the proxy tier will multiplex them).
-/// Opening a stream beyond the limit waits for one to finish rather than failing.
+/// Concurrent bidirectional streams a client may open on a `lockservice-client`
+/// connection: one per request in flight, plus one event stream per session. Measured:
+/// raising it to 65 536 made quinn ~8x slower per request (lock hand-off p50 15 ms →
+/// 120 ms), so it stays at 4 096; a process that multiplexes more sessions opens more
+/// connections (the proxy tier will multiplex them). Opening a stream beyond the limit
+/// waits for one to finish rather than failing. A server grants it once the connection's
+/// ALPN is known ([`grant_streams`]); until then, and on peer connections, the limit is
+/// [`PEER_STREAMS_MAX`].
 pub const STREAMS_MAX: u32 = 4_096;
 
-fn transport() -> Arc<quinn::TransportConfig> {
+/// Concurrent bidirectional streams a server grants a connection before its ALPN is
+/// known, and a `lockservice-peer` connection for good: a peer's client makes one RPC at
+/// a time on its own connection (openraft's replication, votes and leadership checks each
+/// have a client), so 64 leaves room for the streams still closing.
+pub const PEER_STREAMS_MAX: u32 = 64;
+
+/// Bytes a sender may have in flight on one stream beyond what the receiver has read:
+/// QUIC's per-stream flow-control window (quinn's default is 1.25 MB). 1 MiB keeps a
+/// stream at over 1 GB/s on a 1 ms round trip.
+pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 1024 * 1024;
+
+/// Bytes a sender may have in flight on one connection, all streams together, beyond what
+/// the receiver has read: QUIC's connection flow-control window. quinn's default is
+/// unlimited, so 4 096 streams could each park their 1.25 MB window unread in quinn's
+/// buffers, 5 GB per connection. Frames are read as they arrive (within the connection's
+/// frame budget, `wire::frame::Budget`), so this only bounds what waits in quinn.
+pub const CONNECTION_RECEIVE_WINDOW_BYTES: u32 = 8 * 1024 * 1024;
+
+/// Which end of connections an endpoint's transport parameters are for.
+#[derive(Clone, Copy)]
+enum Role {
+    /// Accepts connections (a replica, a proxy).
+    Server,
+    /// Dials them (a client, a proxy upstream, a replica dialing a peer).
+    Client,
+}
+
+fn transport(role: Role) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.max_concurrent_bidi_streams(STREAMS_MAX.into());
-    t.max_concurrent_uni_streams(256u32.into());
+    // Streams the other side may open. Nothing in the service opens a stream toward the
+    // side that dialed, or a unidirectional stream, or sends a datagram: granting none
+    // means a remote party cannot make this end buffer any.
+    t.max_concurrent_bidi_streams(match role {
+        Role::Server => PEER_STREAMS_MAX.into(),
+        Role::Client => 0u32.into(),
+    });
+    t.max_concurrent_uni_streams(0u32.into());
+    t.datagram_receive_buffer_size(None);
+    t.stream_receive_window(STREAM_RECEIVE_WINDOW_BYTES.into());
+    t.receive_window(CONNECTION_RECEIVE_WINDOW_BYTES.into());
     t.keep_alive_interval(Some(Duration::from_millis(KEEP_ALIVE_MS)));
     t.max_idle_timeout(Some(
         Duration::from_millis(IDLE_TIMEOUT_MS)
@@ -33,6 +72,210 @@ fn transport() -> Arc<quinn::TransportConfig> {
             .expect("idle"),
     ));
     Arc::new(t)
+}
+
+/// Grants an accepted connection the streams its ALPN needs: [`STREAMS_MAX`] on a
+/// `lockservice-client` connection; a peer connection keeps [`PEER_STREAMS_MAX`]. Call it
+/// once the handshake is done, before accepting the hello stream.
+pub fn grant_streams(conn: &quinn::Connection) {
+    if alpn(conn).as_deref() == Some(crate::hello::ALPN_CLIENT) {
+        conn.set_max_concurrent_bi_streams(STREAMS_MAX.into());
+    }
+}
+
+/// The ALPN protocol a connection negotiated.
+pub fn alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol)
+}
+
+/// Limits on the connections a server accepts (see [`ConnectionGate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections open at once, handshakes included.
+    pub connections_max: usize,
+    /// Of those, from one source IP address.
+    pub connections_per_source_max: usize,
+}
+
+/// Counts a server's connections, in total and per source address, and refuses an
+/// incoming one beyond [`ConnectionLimits`] before its handshake (no TLS work is done for
+/// it; the client sees the connection refused). What one connection may make the server
+/// hold is bounded (streams, flow-control windows, the frame budget), so these make the
+/// whole bounded: the process holds at most `connections_max` times that.
+#[derive(Clone)]
+pub struct ConnectionGate {
+    limits: ConnectionLimits,
+    inner: Arc<std::sync::Mutex<GateState>>,
+}
+
+#[derive(Default)]
+struct GateState {
+    total: usize,
+    per_source: std::collections::HashMap<std::net::IpAddr, usize>,
+    refused: u64,
+}
+
+/// A connection admitted by a [`ConnectionGate`]; it stops counting when dropped.
+pub struct Admitted {
+    gate: ConnectionGate,
+    source: std::net::IpAddr,
+}
+
+impl ConnectionGate {
+    /// A gate with these limits.
+    pub fn new(limits: ConnectionLimits) -> ConnectionGate {
+        ConnectionGate {
+            limits,
+            inner: Arc::default(),
+        }
+    }
+
+    /// Admits a connection from `source`, or refuses it (`None`) when the server holds
+    /// `connections_max` connections, or `connections_per_source_max` from that address.
+    /// A refusal is logged, the first one and then at every power of two, so a flood of
+    /// them cannot flood the log.
+    pub fn admit(&self, source: SocketAddr) -> Option<Admitted> {
+        let ip = source.ip().to_canonical();
+        let mut st = self.inner.lock().expect("connection gate");
+        let from_source = st.per_source.get(&ip).copied().unwrap_or(0);
+        let refusal = if st.total >= self.limits.connections_max {
+            Some(("connections_max", self.limits.connections_max))
+        } else if from_source >= self.limits.connections_per_source_max {
+            Some((
+                "connections_per_source_max",
+                self.limits.connections_per_source_max,
+            ))
+        } else {
+            None
+        };
+        if let Some((what, limit)) = refusal {
+            st.refused += 1;
+            if st.refused.is_power_of_two() {
+                tracing::warn!(
+                    %source, limit, refused = st.refused, open = st.total, from_source,
+                    "refused a connection: {what} reached"
+                );
+            }
+            return None;
+        }
+        st.total += 1;
+        *st.per_source.entry(ip).or_default() += 1;
+        Some(Admitted {
+            gate: self.clone(),
+            source: ip,
+        })
+    }
+
+    /// Connections admitted and still open.
+    pub fn open(&self) -> usize {
+        self.inner.lock().expect("connection gate").total
+    }
+
+    /// Connections refused since the gate was made.
+    pub fn refused(&self) -> u64 {
+        self.inner.lock().expect("connection gate").refused
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut st = self.gate.inner.lock().expect("connection gate");
+        st.total -= 1;
+        if let Some(n) = st.per_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                st.per_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// Accepts a connection's hello stream and reads its hello, within
+/// [`crate::frame::HELLO_DEADLINE_MS`] of the call (made right after the handshake);
+/// `None`, the connection closed and a line logged, if it does not come in time.
+pub async fn accept_hello(
+    conn: &quinn::Connection,
+) -> Option<(quinn::SendStream, Result<crate::hello::Hello, crate::Error>)> {
+    use crate::frame;
+    let hello = async {
+        let (send, mut recv) = conn.accept_bi().await.ok()?;
+        let hello = frame::read(&mut recv, frame::HELLO_BYTES_MAX).await;
+        Some((send, hello))
+    };
+    let deadline = Duration::from_millis(frame::HELLO_DEADLINE_MS);
+    match tokio::time::timeout(deadline, hello).await {
+        Ok(h) => h,
+        Err(_) => {
+            let err = crate::Error::LimitExceeded {
+                bound: crate::Bound::HelloDeadline,
+                limit: frame::HELLO_DEADLINE_MS,
+            };
+            tracing::info!(remote = %conn.remote_address(), "closed a connection: {err}");
+            conn.close(3u32.into(), b"no hello in time");
+            None
+        }
+    }
+}
+
+/// Writes `msg` as the one answer frame of a stream and finishes it, within
+/// [`crate::frame::FRAME_DEADLINE_MS`]: a remote party that stops reading gets the stream
+/// reset instead of holding the answer (and what its request reserved) for ever. An answer
+/// too large for `max_bytes` is replaced by its error.
+pub async fn answer<T: serde::Serialize>(
+    mut send: quinn::SendStream,
+    msg: &Result<T, crate::Error>,
+    max_bytes: usize,
+) {
+    use crate::frame;
+    let buf = match frame::encode(msg, max_bytes) {
+        Ok(buf) => buf,
+        Err(e) => frame::encode(&Result::<T, _>::Err(e), max_bytes).expect("an error fits"),
+    };
+    let deadline = Duration::from_millis(frame::FRAME_DEADLINE_MS);
+    match tokio::time::timeout(deadline, send.write_all(&buf)).await {
+        Ok(_) => {
+            let _ = send.finish();
+        }
+        Err(_) => {
+            let _ = send.reset(4u32.into());
+        }
+    }
+}
+
+/// Logs the first bound a remote party exceeds on one connection, and counts the rest:
+/// a connection that opens 4 096 stalled streams logs one line, not 4 096.
+#[derive(Default)]
+pub struct ExceededLog {
+    count: std::sync::atomic::AtomicU64,
+}
+
+impl ExceededLog {
+    /// Records `err` from `remote` (only [`crate::Error::LimitExceeded`] and
+    /// [`crate::Error::FrameTooLarge`] are bounds; other errors are not counted).
+    pub fn record(&self, remote: SocketAddr, err: &crate::Error) {
+        if !matches!(
+            err,
+            crate::Error::LimitExceeded { .. } | crate::Error::FrameTooLarge { .. }
+        ) {
+            return;
+        }
+        let n = self
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n == 1 {
+            tracing::warn!(%remote, "closed a stream: {err}");
+        } else {
+            tracing::debug!(%remote, n, "closed a stream: {err}");
+        }
+    }
+
+    /// Bounds exceeded so far on the connection.
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 fn socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
@@ -214,7 +457,7 @@ pub fn server_endpoint_on(
     let crypto =
         quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    server.transport_config(transport());
+    server.transport_config(transport(Role::Server));
     let mut ep = endpoint(sockets, addr, Some(server), reset)?;
     if let Some(c) = client_tls {
         ep.set_default_client_config(client_config(c)?);
@@ -246,7 +489,7 @@ pub fn client_config(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, S
     let crypto =
         quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
     let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
-    cfg.transport_config(transport());
+    cfg.transport_config(transport(Role::Client));
     if crate::tls::random_fixed() {
         // quinn draws each connection's initial destination id (20 bytes, as it does)
         // from the operating system; a simulation seeds it (see `tls::fix_random`).
@@ -256,4 +499,33 @@ pub fn client_config(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, S
         }));
     }
     Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_counts_per_source_and_in_total() {
+        let gate = ConnectionGate::new(ConnectionLimits {
+            connections_max: 3,
+            connections_per_source_max: 2,
+        });
+        let a: SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let a2: SocketAddr = "10.0.0.1:5001".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+        let c: SocketAddr = "[::ffff:10.0.0.3]:5000".parse().unwrap();
+        let first = gate.admit(a).expect("first");
+        let _second = gate.admit(a2).expect("second from the same address");
+        assert!(
+            gate.admit(a).is_none(),
+            "a third from one address is refused"
+        );
+        let _third = gate.admit(b).expect("another address");
+        assert!(gate.admit(c).is_none(), "the total is reached");
+        assert_eq!((gate.open(), gate.refused()), (3, 2));
+        drop(first);
+        let _fourth = gate.admit(c).expect("a place was given back");
+        assert!(gate.admit("10.0.0.3:1".parse().unwrap()).is_none());
+    }
 }

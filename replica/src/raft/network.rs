@@ -319,13 +319,25 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
-/// Serves one accepted peer connection: the hello, then one RPC per stream.
-pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
+/// The largest snapshot a follower accepts, in bytes (an `InstallSnapshot` chunk whose
+/// offset and length reach past it is refused): openraft writes a chunk at the offset it
+/// names into a buffer it grows to fit, so one crafted chunk with an offset of a terabyte
+/// would have the follower allocate it. Four times the design's 1 GB of state would be
+/// generous; two is what a snapshot of 1 GB (the state's upper bound) needs with room.
+pub const SNAPSHOT_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
+
+/// Serves one accepted peer connection: the hello, then one RPC per stream, each read
+/// within the bounds of `wire::frame::read_request` against the connection's `budget`.
+pub async fn serve_peer(
+    conn: quinn::Connection,
+    raft: Raft,
+    self_id: NodeId,
+    budget: frame::Budget,
+) {
     // Hello first.
-    let Ok((mut send, mut recv)) = conn.accept_bi().await else {
+    let Some((mut send, hello)) = wire::quic::accept_hello(&conn).await else {
         return;
     };
-    let hello: Result<Hello, _> = frame::read(&mut recv, 1024).await;
     let reply: HelloReply = match hello {
         Ok(h) => h.check().map(|_| wire::hello::HelloOk {
             protocol_version: wire::PROTOCOL_VERSION,
@@ -335,31 +347,65 @@ pub async fn serve_peer(conn: quinn::Connection, raft: Raft, self_id: NodeId) {
         Err(e) => Err(e),
     };
     let ok = reply.is_ok();
-    let _ = frame::write(&mut send, &reply, 1024).await;
+    let _ = frame::write(&mut send, &reply, frame::HELLO_BYTES_MAX).await;
     let _ = send.finish();
     if !ok {
         conn.close(1u32.into(), b"bad hello");
         return;
     }
+    let exceeded = Arc::new(wire::quic::ExceededLog::default());
     loop {
         let (mut send, mut recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
-        let raft = raft.clone();
+        let (raft, budget, exceeded) = (raft.clone(), budget.clone(), exceeded.clone());
+        let remote = conn.remote_address();
         wire::rt::spawn(async move {
-            let resp = match frame::read::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX).await {
-                Ok(PeerRequest::AppendEntries(r)) => {
-                    PeerResponse::AppendEntries(raft.append_entries(r).await)
+            let read =
+                frame::read_request::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX, &budget);
+            let (resp, _reserved) = match read.await {
+                Ok((PeerRequest::AppendEntries(r), held)) => (
+                    PeerResponse::AppendEntries(raft.append_entries(r).await),
+                    Some(held),
+                ),
+                Ok((PeerRequest::Vote(r), held)) => {
+                    (PeerResponse::Vote(raft.vote(r).await), Some(held))
                 }
-                Ok(PeerRequest::Vote(r)) => PeerResponse::Vote(raft.vote(r).await),
-                Ok(PeerRequest::InstallSnapshot(r)) => {
-                    PeerResponse::InstallSnapshot(raft.install_snapshot(r).await)
+                Ok((PeerRequest::InstallSnapshot(r), held)) => {
+                    if r.offset.saturating_add(r.data.len() as u64) > SNAPSHOT_BYTES_MAX {
+                        let e = wire::Error::LimitExceeded {
+                            bound: wire::Bound::SnapshotBytes,
+                            limit: SNAPSHOT_BYTES_MAX,
+                        };
+                        exceeded.record(remote, &e);
+                        (PeerResponse::Refused(e), None)
+                    } else {
+                        (
+                            PeerResponse::InstallSnapshot(raft.install_snapshot(r).await),
+                            Some(held),
+                        )
+                    }
                 }
-                Err(e) => PeerResponse::Refused(e),
+                Err(e) => {
+                    exceeded.record(remote, &e);
+                    (PeerResponse::Refused(e), None)
+                }
             };
-            let _ = frame::write(&mut send, &resp, PEER_FRAME_BYTES_MAX).await;
-            let _ = send.finish();
+            let deadline = Duration::from_millis(frame::FRAME_DEADLINE_MS);
+            match tokio::time::timeout(
+                deadline,
+                frame::write(&mut send, &resp, PEER_FRAME_BYTES_MAX),
+            )
+            .await
+            {
+                Ok(_) => {
+                    let _ = send.finish();
+                }
+                Err(_) => {
+                    let _ = send.reset(4u32.into());
+                }
+            }
         });
     }
 }

@@ -282,9 +282,18 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
-        let mut new_state: SmState = postcard::from_bytes(&data).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e))
-        })?;
+        // A snapshot arrives from a peer: decoded within bounds, so a crafted one cannot
+        // overflow the stack (a `TxnFailed` error stored for dedup nests) or build
+        // gigabytes out of a few bytes. 64 element bytes per byte is more than any
+        // state builds (a node is a path, its data and ~60 bytes of metadata).
+        let limits = wire::decode::Limits {
+            depth_max: wire::decode::DEPTH_MAX,
+            element_bytes_max: data.len().saturating_mul(64).saturating_add(1 << 20),
+        };
+        let (mut new_state, _): (SmState, _) =
+            wire::decode::from_bytes(&data, limits).map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e))
+            })?;
         new_state.last_applied = meta.last_log_id;
         new_state.membership = meta.last_membership.clone();
         self.sink.write(meta, data).await?;

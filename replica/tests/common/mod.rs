@@ -109,6 +109,7 @@ impl TestCell {
                 ..SessionConfig::default()
             },
             request_timeout_ms: self.opts.request_timeout_ms,
+            limits: Default::default(),
         };
         let path = self.dir.path().join(format!("replica-{id}.toml"));
         std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");
