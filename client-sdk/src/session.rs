@@ -732,6 +732,18 @@ async fn keepalive_loop(inner: Arc<Inner>) {
     let retry = Duration::from_millis(250).min(interval);
     let mut next = Instant::now() + interval;
     loop {
+        // A retry's wait (or a late first KeepAlive) may outlast the local lease: enter
+        // jeopardy when it runs out, not at the next try (up to `retry` later, while the
+        // cell's lease may be ending: the holder must know at once).
+        let local_deadline = inner.local_deadline();
+        if local_deadline < next && inner.state() == SessionState::Healthy {
+            tokio::time::sleep_until(local_deadline).await;
+            if !inner.keepalives_stopped.load(Ordering::SeqCst)
+                && Instant::now() >= inner.local_deadline()
+            {
+                enter_jeopardy(&inner);
+            }
+        }
         tokio::time::sleep_until(next).await;
         if inner.keepalives_stopped.load(Ordering::SeqCst) || inner.state() == SessionState::Expired
         {

@@ -1,9 +1,30 @@
-//! `lockctl lock`: hold a lock while a command runs (like `etcdctl lock`).
+//! `lockctl lock`: hold a lock while a command runs (like `etcdctl lock`), and stop the
+//! command while the lease is in doubt.
+//!
+//! The command runs in a process group of its own. lockctl follows the session's events
+//! and acts on the whole group at once (DESIGN.md, safety rule 6: a holder whose lease is
+//! in doubt stops acting):
+//!
+//! - **Jeopardy** (the local lease ran out without a renewal; it ends before the cell's):
+//!   SIGSTOP to the group by default (`--on-jeopardy stop`), SIGTERM with `term`, nothing
+//!   with `ignore`.
+//! - **Safe** (the session was renewed after all; the lock is still held): SIGCONT.
+//! - **Expired** (the lock is lost): SIGTERM then SIGCONT (a stopped group cannot act on
+//!   SIGTERM until it runs), SIGKILL if the group has not ended `--kill-after-secs` later;
+//!   with `--on-expiry keep`, SIGCONT only.
+//!
+//! Signals sent to lockctl (SIGINT, SIGTERM, SIGHUP) are passed on to the group. When
+//! lockctl runs in the terminal's foreground, the command's group is made the foreground
+//! group for as long as it runs, so it reads the terminal and gets Ctrl-C as before.
 
 use std::process::Stdio;
+use std::time::{Duration, SystemTime};
 
 use client_sdk::recipes::lock::LockMode;
-use client_sdk::{Client, Lock, SessionEvent};
+use client_sdk::{Client, Lock, Session, SessionEvent, SessionState};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
 
 /// Options of `lockctl lock`.
 #[derive(clap::Args, Debug)]
@@ -16,10 +37,25 @@ pub struct LockArgs {
     /// Give up after this many seconds of waiting (exit status 3); wait forever if absent.
     #[arg(long)]
     pub wait_secs: Option<u64>,
-    /// What to do with the command if the session expires while it runs: `term` (send it
-    /// SIGTERM) or `keep` (let it run; its writes must then be refused by fencing).
+    /// What to do with the command when the session falls into jeopardy (its local lease
+    /// ran out without a renewal, so the lock may soon belong to someone else; this comes
+    /// before the cell's lease ends): `stop` (SIGSTOP to its process group; SIGCONT if the
+    /// session is safe again, the end of the command as below if it expires), `term` (end
+    /// it now, as on expiry, and exit with status 4), or `ignore` (let it run: UNSAFE, it
+    /// may go on acting after the lock was granted to another holder, and only fencing
+    /// then protects the resource).
+    #[arg(long, default_value = "stop", value_parser = ["stop", "term", "ignore"])]
+    pub on_jeopardy: String,
+    /// What to do with the command if the session expires (the lock is lost): `term`
+    /// (SIGTERM, and SIGCONT in case it was stopped, then SIGKILL after --kill-after-secs)
+    /// or `keep` (let it run, continuing it if stopped; its writes must then be refused by
+    /// fencing).
     #[arg(long, default_value = "term", value_parser = ["term", "keep"])]
     pub on_expiry: String,
+    /// Seconds between the SIGTERM that ends the command and the SIGKILL that follows if
+    /// its process group has not ended by then.
+    #[arg(long, default_value_t = 5)]
+    pub kill_after_secs: u64,
     /// The command to run while holding the lock; it gets LOCK_PATH, LOCK_NODE, LOCK_TOKEN
     /// and LOCK_SESSION in its environment. Without one, hold until Ctrl-C.
     #[arg(last = true)]
@@ -29,6 +65,9 @@ pub struct LockArgs {
 /// Runs `lockctl lock`. Returns the exit status.
 pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
     let session = client.open_session().await?;
+    // Subscribed before acquiring, so no event between the grant and the command's start
+    // is missed.
+    let mut events = session.events();
     let lock = match args.mode.as_str() {
         "read" => Lock::read(&session, &args.path),
         "write" => Lock::write(&session, &args.path),
@@ -58,13 +97,14 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         "acquired {} ({mode}) token={} node={} session={}",
         seq.lock, seq.token, seq.node, seq.session
     );
-    let mut events = session.events();
     if args.command.is_empty() {
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
                 e = events.recv() => {
-                    if report(&seq.lock, e) {
+                    let ev = event_or_state(&session, e);
+                    report_hold(&seq.lock, &session, ev);
+                    if ev == SessionEvent::Expired {
                         return Ok(4);
                     }
                 }
@@ -74,64 +114,333 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         session.close().await?;
         return Ok(0);
     }
-    let mut child = tokio::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
+
+    let foreground = in_foreground();
+    let mut cmd = tokio::process::Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
         .env("LOCK_PATH", &seq.lock)
         .env("LOCK_NODE", &seq.node)
         .env("LOCK_TOKEN", seq.token.to_string())
         .env("LOCK_SESSION", seq.session.to_string())
-        .stdin(Stdio::inherit())
-        .spawn()?;
-    let mut expired = false;
+        .stdin(Stdio::inherit());
+    // SAFETY: the closure runs in the child between fork and exec and calls only
+    // async-signal-safe functions (setpgid, signal, tcsetpgrp, getpid).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if foreground {
+                // Take the terminal, as a shell does for a foreground job: ignore the
+                // SIGTTOU a background group gets for it.
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpid());
+                libc::signal(libc::SIGTTOU, old);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let group = child.id().expect("a child just spawned has a pid") as i32;
+    let mut sup = Supervisor {
+        lock: seq.lock.clone(),
+        session: session.clone(),
+        group,
+        on_jeopardy: args.on_jeopardy.clone(),
+        keep_on_expiry: args.on_expiry == "keep",
+        kill_after: Duration::from_secs(args.kill_after_secs),
+        stopped: false,
+        ended: None,
+        kill_at: None,
+    };
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut events_open = true;
     let status = loop {
+        let kill_at = sup.kill_at;
         tokio::select! {
+            // Events first: a jeopardy reported is acted on before anything else.
+            biased;
+            e = events.recv(), if events_open => {
+                if matches!(e, Err(RecvError::Closed)) {
+                    events_open = false;
+                }
+                let ev = event_or_state(&session, e);
+                sup.on_event(ev);
+            }
+            _ = sigint.recv() => sup.forward(libc::SIGINT, "SIGINT"),
+            _ = sigterm.recv() => sup.forward(libc::SIGTERM, "SIGTERM"),
+            _ = sighup.recv() => sup.forward(libc::SIGHUP, "SIGHUP"),
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
+                sup.kill_at = None;
+                sup.signal(libc::SIGKILL);
+                crate::say!(
+                    "lockctl: the command did not end within {} s of SIGTERM: SIGKILL to process group {group}",
+                    sup.kill_after.as_secs()
+                );
+            }
             st = child.wait() => break st?,
-            e = events.recv(), if !expired => {
-                if report(&seq.lock, e) {
-                    expired = true;
-                    if args.on_expiry == "term" {
-                        if let Some(pid) = child.id() {
-                            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-                        }
+        }
+    };
+    if foreground {
+        take_terminal_back();
+    }
+    match sup.ended {
+        Some(Ended::Expired) => {
+            crate::say!(
+                "lockctl: exit status 4: the session expired and the lock {} was lost while the command ran ({status})",
+                seq.lock
+            );
+            return Ok(4);
+        }
+        Some(Ended::Jeopardy) => {
+            // The session may have survived: free the lock for the next holder now if so
+            // (if not, the cell frees it when the session expires).
+            if session.state() != SessionState::Expired {
+                if let Err(e) = guard.release().await {
+                    crate::say!("lockctl: could not release {}: {e}", seq.lock);
+                } else {
+                    let _ = session.close().await;
+                }
+            }
+            crate::say!(
+                "lockctl: exit status 4: the command was ended because the session fell into jeopardy (--on-jeopardy term) ({status})"
+            );
+            return Ok(4);
+        }
+        None => {}
+    }
+    // The session may have expired without our hearing it yet (the command finished
+    // first): releasing then tells us.
+    match guard.release().await {
+        Ok(()) => session.close().await?,
+        Err(client_sdk::Error::SessionExpired { .. }) => {
+            crate::say!(
+                "lockctl: exit status 4: session expired at {}: lock {} was lost before the command ended ({status})",
+                now_stamp(),
+                seq.lock
+            );
+            return Ok(4);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(status.code().unwrap_or(1))
+}
+
+/// Why lockctl ended the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The session expired: the lock is lost.
+    Expired,
+    /// The session fell into jeopardy and `--on-jeopardy term` was given.
+    Jeopardy,
+}
+
+/// Acts on the command's process group as the session's events arrive. Every action is a
+/// `kill(2)` and a line on stderr: nothing here waits.
+struct Supervisor {
+    lock: String,
+    session: Session,
+    /// The command's process group (its pid).
+    group: i32,
+    on_jeopardy: String,
+    keep_on_expiry: bool,
+    kill_after: Duration,
+    /// SIGSTOPped and not continued since.
+    stopped: bool,
+    ended: Option<Ended>,
+    /// When to SIGKILL the group, after the SIGTERM that ends it.
+    kill_at: Option<Instant>,
+}
+
+impl Supervisor {
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) with a negative pid signals a process group; no memory involved.
+        if unsafe { libc::kill(-self.group, sig) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                crate::say!("lockctl: cannot signal process group {}: {e}", self.group);
+            }
+        }
+    }
+
+    fn forward(&self, sig: i32, name: &str) {
+        self.signal(sig);
+        let note = if self.stopped {
+            " (it is stopped: the signal takes effect when it is continued or ended)"
+        } else {
+            ""
+        };
+        crate::say!(
+            "lockctl: {name} passed on to the command's process group {}{note}",
+            self.group
+        );
+    }
+
+    /// SIGTERM (and SIGCONT, so that a stopped group can act on it), SIGKILL later.
+    fn end(&mut self, why: Ended) {
+        self.signal(libc::SIGTERM);
+        self.signal(libc::SIGCONT);
+        self.stopped = false;
+        self.ended = Some(why);
+        self.kill_at = Some(Instant::now() + self.kill_after);
+    }
+
+    fn on_event(&mut self, ev: SessionEvent) {
+        let group = self.group;
+        match ev {
+            SessionEvent::FailOver => {}
+            _ if self.ended.is_some() => {
+                if ev == SessionEvent::Expired && self.ended == Some(Ended::Jeopardy) {
+                    self.ended = Some(Ended::Expired);
+                    crate::say!(
+                        "lockctl: session expired at {}: lock {} lost",
+                        now_stamp(),
+                        self.lock
+                    );
+                }
+            }
+            SessionEvent::Jeopardy => {
+                let what = match self.on_jeopardy.as_str() {
+                    "stop" if self.stopped => return,
+                    "stop" => {
+                        self.signal(libc::SIGSTOP);
+                        self.stopped = true;
+                        format!("stopped the command (SIGSTOP to process group {group})")
                     }
+                    "term" => {
+                        self.end(Ended::Jeopardy);
+                        format!(
+                            "ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
+                            self.kill_after.as_secs()
+                        )
+                    }
+                    _ => "the command goes on (--on-jeopardy ignore: UNSAFE, only fencing \
+                          protects the resource once the lock is granted to another holder)"
+                        .to_string(),
+                };
+                let lease = self.session.lease();
+                let sent = self.session.local_deadline() - wire::local_lease(lease);
+                crate::say!(
+                    "lockctl: session in jeopardy at {}: no renewal since the KeepAlive sent at {}; the cell's lease lasts until {} at the earliest: {what}",
+                    now_stamp(),
+                    stamp(wall(sent)),
+                    stamp(wall(sent + lease)),
+                );
+            }
+            SessionEvent::Safe => {
+                if self.stopped {
+                    self.signal(libc::SIGCONT);
+                    self.stopped = false;
+                    crate::say!(
+                        "lockctl: session safe again at {}: still holding {}: continued the command (SIGCONT to process group {group})",
+                        now_stamp(),
+                        self.lock
+                    );
+                } else {
+                    crate::say!(
+                        "lockctl: session safe again at {}: still holding {}",
+                        now_stamp(),
+                        self.lock
+                    );
+                }
+            }
+            SessionEvent::Expired => {
+                if self.keep_on_expiry {
+                    if self.stopped {
+                        self.signal(libc::SIGCONT);
+                        self.stopped = false;
+                    }
+                    self.ended = Some(Ended::Expired);
+                    crate::say!(
+                        "lockctl: session expired at {}: lock {} lost: the command goes on (--on-expiry keep: only fencing protects the resource)",
+                        now_stamp(),
+                        self.lock
+                    );
+                } else {
+                    self.end(Ended::Expired);
+                    crate::say!(
+                        "lockctl: session expired at {}: lock {} lost: ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
+                        now_stamp(),
+                        self.lock,
+                        self.kill_after.as_secs()
+                    );
                 }
             }
         }
-    };
-    if !expired {
-        // The session may have expired without our hearing it yet (the command finished
-        // first): releasing then tells us.
-        match guard.release().await {
-            Ok(()) => session.close().await?,
-            Err(client_sdk::Error::SessionExpired { .. }) => {
-                report(&seq.lock, Ok(SessionEvent::Expired));
-                expired = true;
-            }
-            Err(e) => return Err(e.into()),
-        }
     }
-    Ok(if expired {
-        4
-    } else {
-        status.code().unwrap_or(1)
-    })
 }
 
-/// Reports a session event on stderr; true when the session is over.
-fn report(lock: &str, e: Result<SessionEvent, tokio::sync::broadcast::error::RecvError>) -> bool {
+/// The event received, or, when events were missed (the receiver lagged) or can no longer
+/// come, the one the session's state now stands for.
+fn event_or_state(session: &Session, e: Result<SessionEvent, RecvError>) -> SessionEvent {
     match e {
-        Ok(SessionEvent::Jeopardy) => {
-            crate::say!("lockctl: session in jeopardy: stop acting on {lock}");
-            false
-        }
-        Ok(SessionEvent::Safe) => {
-            crate::say!("lockctl: session safe again: still holding {lock}");
-            false
-        }
-        Ok(SessionEvent::FailOver) => false,
-        Ok(SessionEvent::Expired) | Err(_) => {
-            crate::say!("lockctl: session expired: lock {lock} lost");
-            true
-        }
+        Ok(ev) => ev,
+        Err(RecvError::Closed) => SessionEvent::Expired,
+        Err(RecvError::Lagged(_)) => match session.state() {
+            SessionState::Healthy => SessionEvent::Safe,
+            SessionState::Jeopardy => SessionEvent::Jeopardy,
+            SessionState::Expired => SessionEvent::Expired,
+        },
     }
+}
+
+/// Reports a session event on stderr while holding without a command.
+fn report_hold(lock: &str, session: &Session, ev: SessionEvent) {
+    match ev {
+        SessionEvent::Jeopardy => {
+            let lease = session.lease();
+            let sent = session.local_deadline() - wire::local_lease(lease);
+            crate::say!(
+                "lockctl: session in jeopardy at {}: no renewal since the KeepAlive sent at {}: stop acting on {lock}",
+                now_stamp(),
+                stamp(wall(sent))
+            );
+        }
+        SessionEvent::Safe => crate::say!(
+            "lockctl: session safe again at {}: still holding {lock}",
+            now_stamp()
+        ),
+        SessionEvent::FailOver => {}
+        SessionEvent::Expired => crate::say!(
+            "lockctl: session expired at {}: lock {lock} lost",
+            now_stamp()
+        ),
+    }
+}
+
+/// True when stdin is a terminal whose foreground process group is ours.
+fn in_foreground() -> bool {
+    // SAFETY: plain queries of file descriptor 0 and of this process.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Makes our process group the terminal's foreground group again.
+fn take_terminal_back() {
+    // SAFETY: as a shell does; SIGTTOU is ignored for the call, as a background group
+    // would otherwise be stopped by it.
+    unsafe {
+        let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::signal(libc::SIGTTOU, old);
+    }
+}
+
+/// The wall-clock time of `at`.
+fn wall(at: Instant) -> SystemTime {
+    let (now, wall_now) = (Instant::now(), SystemTime::now());
+    if at <= now {
+        wall_now - (now - at)
+    } else {
+        wall_now + (at - now)
+    }
+}
+
+fn stamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+fn now_stamp() -> String {
+    stamp(SystemTime::now())
 }

@@ -118,7 +118,32 @@ enum Command {
         version: Option<u64>,
     },
     /// Hold a lock while a command runs (the command gets LOCK_TOKEN etc.); exit status is
-    /// the command's, 3 if not acquired in time, 4 if the session expired.
+    /// the command's, 3 if not acquired in time, 4 if the lock was lost (or the lease in
+    /// doubt, with --on-jeopardy term).
+    ///
+    /// The command runs in a process group of its own, and stops acting the moment the
+    /// lease is in doubt. When the session falls into jeopardy (its local lease, counted
+    /// from the last answered KeepAlive's send and shortened for clock drift, ran out
+    /// without a renewal: cut off from the cell, the lock may be granted to someone else
+    /// as soon as the cell's lease ends, which is a little later), lockctl sends the group
+    /// SIGSTOP (--on-jeopardy stop, the default). If the session is confirmed after all
+    /// (safe), it sends SIGCONT and the command goes on holding the lock. If the session
+    /// expires, the lock is lost: lockctl sends SIGTERM, then SIGCONT (a stopped command
+    /// could not act on SIGTERM; note that a SIGTERM handler of the command then runs
+    /// after the lock was lost), SIGKILL --kill-after-secs later if the group has not
+    /// ended, and exits with status 4. Each transition is a line on stderr, with the
+    /// time, and for jeopardy when the last renewal was sent and when the cell's lease
+    /// ends at the earliest.
+    ///
+    /// --on-jeopardy term ends the command at jeopardy instead (as on expiry; lockctl then
+    /// releases the lock if the session survives, and exits 4). --on-jeopardy ignore is
+    /// the old behaviour and UNSAFE: the command goes on for up to the grace period (45 s)
+    /// while the lock may already belong to another holder, and only fencing (the
+    /// resource checking LOCK_TOKEN on every write) keeps them apart.
+    ///
+    /// SIGINT, SIGTERM and SIGHUP sent to lockctl are passed on to the command's group; in
+    /// a terminal the command's group is the foreground group while it runs, so it reads
+    /// the terminal and gets Ctrl-C itself.
     Lock(lock::LockArgs),
     /// Write KEY=VALUE to a fjall-backed fenced resource under a lock's token; refused (exit
     /// status 5) if a higher token was already accepted for that lock.

@@ -154,6 +154,15 @@ fn unreachable_cell_and_bad_ca_are_clear_errors() {
         "{}",
         text(&o)
     );
+    let o = Command::new(LOCKCTL)
+        .args(["lock", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("--on-jeopardy") && text(&o).contains("SIGSTOP"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Issue 3, scenario 2: a holder process is stopped (SIGSTOP) past its lease; its session
@@ -380,4 +389,378 @@ fn checker_with_reader_processes() {
     }
     // The dev launcher reports the killed replica's exit; stop what is left.
     let _ = cell.stop();
+}
+
+/// The command `lockctl lock` runs in the jeopardy tests: it writes its shell's pid to
+/// `$PIDFILE`, then a line with the time (µs since the epoch) to `$HB` every 50 ms, until
+/// `$DONE` exists (at most 60 s).
+const HEARTBEAT: &str = r#"echo $$ > "$PIDFILE"
+i=0
+while [ $i -lt 1200 ] && [ ! -e "$DONE" ]; do
+  date +%s%6N >> "$HB"
+  sleep 0.05
+  i=$((i+1))
+done"#;
+
+/// A `lockctl lock` process running [`HEARTBEAT`], its output collected; on drop its
+/// process group and its command's are killed (a test that fails leaves nothing running).
+struct Heartbeating {
+    lockctl: std::process::Child,
+    out: Lines,
+    err: Lines,
+    dir: std::path::PathBuf,
+}
+
+impl Heartbeating {
+    fn start(dir: &std::path::Path, endpoints: &str, ca: &std::path::Path) -> Heartbeating {
+        use std::os::unix::process::CommandExt;
+        let mut lockctl = Command::new(LOCKCTL)
+            .args(["--endpoints", endpoints, "--ca"])
+            .arg(ca)
+            .args(["lock", "/locks/job", "--", "sh", "-c", HEARTBEAT])
+            .env("HB", dir.join("heartbeats"))
+            .env("PIDFILE", dir.join("command.pid"))
+            .env("DONE", dir.join("done"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let out = Lines::collect(lockctl.stdout.take().unwrap());
+        let err = Lines::collect(lockctl.stderr.take().unwrap());
+        Heartbeating {
+            lockctl,
+            out,
+            err,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The heartbeats written so far (complete lines only).
+    fn beats(&self) -> Vec<u128> {
+        let s = std::fs::read_to_string(self.dir.join("heartbeats")).unwrap_or_default();
+        let complete = &s[..s.rfind('\n').map_or(0, |i| i + 1)];
+        complete.lines().map(|l| l.parse().unwrap()).collect()
+    }
+
+    /// Waits for lockctl to exit, for at most `within`.
+    fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        let mut status = None;
+        let exited = wait_until(within, || {
+            status = self.lockctl.try_wait().unwrap();
+            status.is_some()
+        });
+        assert!(
+            exited,
+            "lockctl lock did not exit:\n{}{}",
+            self.out.text(),
+            self.err.text()
+        );
+        status.unwrap()
+    }
+
+    fn output(&self) -> String {
+        format!("{}{}", self.out.text(), self.err.text())
+    }
+}
+
+impl Drop for Heartbeating {
+    fn drop(&mut self) {
+        let pid = std::fs::read_to_string(self.dir.join("command.pid")).unwrap_or_default();
+        if let Ok(pid) = pid.trim().parse::<i32>() {
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        unsafe { libc::kill(-(self.lockctl.id() as i32), libc::SIGKILL) };
+        let _ = self.lockctl.wait();
+    }
+}
+
+/// The time (µs since the epoch) written in RFC 3339 right after `after` in `line`.
+fn stamp_after(line: &str, after: &str) -> u128 {
+    let rest = &line[line
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after:?} in {line}"))
+        + after.len()..];
+    let t = &rest[..=rest
+        .find('Z')
+        .unwrap_or_else(|| panic!("no time in {rest}"))];
+    humantime::parse_rfc3339(t)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// Milliseconds from `from` to `to` (µs since the epoch), signed.
+fn ms(from: u128, to: u128) -> f64 {
+    (to as f64 - from as f64) / 1_000.0
+}
+
+/// Issue 22, item 7: a holder cut off from the cell stops acting when its lease falls into
+/// doubt, not when it hears its session expired. One replica (3 s lease); `lockctl lock`
+/// reaches it only through a relay, and runs a command that writes a heartbeat every
+/// 50 ms. The test cuts the relay both ways: the command must stop (no heartbeat after
+/// lockctl's jeopardy) before the cell's lease for the session can have ended (the last
+/// answered KeepAlive's send plus the lease), and a second contender, straight to the
+/// replica, is granted the lock only after the last heartbeat. Healed, lockctl hears that
+/// the session expired, ends the command (still without a heartbeat) and exits with 4.
+/// Before the fix the command went on writing heartbeats after the waiter's grant.
+#[test]
+fn a_cut_off_holder_stops_its_command_before_its_lease_ends() {
+    use std::os::unix::process::CommandExt;
+    const LEASE_MS: u128 = 3_000;
+
+    let _g = serial();
+    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "3000"]);
+    let (ca, direct) = (cell.ca.clone(), cell.eps());
+    let o = lockctl(&direct, &ca, &["create", "/locks"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let relay = Relay::start(cell.endpoints[0].parse().unwrap());
+    let mut holder = Heartbeating::start(cell.dir.path(), &relay.addr.to_string(), &ca);
+    holder
+        .out
+        .wait_for("acquired /locks/job", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
+    assert!(
+        wait_until(Duration::from_secs(10), || holder.beats().len() >= 5),
+        "the command wrote no heartbeats:\n{}",
+        holder.output()
+    );
+
+    let cut = now_us();
+    relay.set(Link::Cut);
+    let granted_file = cell.dir.path().join("granted");
+    let mut waiter = Command::new(LOCKCTL)
+        .args(["--endpoints", &direct, "--ca"])
+        .arg(&ca)
+        .args([
+            "lock",
+            "/locks/job",
+            "--",
+            "sh",
+            "-c",
+            "date +%s%6N > \"$GRANTED\"",
+        ])
+        .env("GRANTED", &granted_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let waiter_out = Lines::collect(waiter.stdout.take().unwrap());
+    let waiter_err = Lines::collect(waiter.stderr.take().unwrap());
+    let Some((grant, _)) = waiter_out.wait_for("acquired /locks/job", Duration::from_secs(20))
+    else {
+        let _ = waiter.kill();
+        panic!(
+            "the waiter was never granted the lock:\n{}{}\nholder:\n{}",
+            waiter_out.text(),
+            waiter_err.text(),
+            holder.output()
+        );
+    };
+    // A heartbeat after the grant is two holders acting at once: look for one for a
+    // second (twenty heartbeat periods).
+    let overlap = wait_until(Duration::from_secs(1), || {
+        holder.beats().last().is_some_and(|&b| b > grant)
+    });
+    if overlap {
+        // Only to say how bad it is: how many in the second after the grant.
+        wait_until(Duration::from_secs(1), || {
+            holder
+                .beats()
+                .last()
+                .is_some_and(|&b| b > grant + 1_000_000)
+        });
+    }
+    let beats = holder.beats();
+    let last = *beats.last().unwrap();
+    let after_grant = beats.iter().filter(|&&b| b > grant).count();
+    assert!(
+        !overlap && last < grant,
+        "the cut-off holder's command went on acting after the waiter was granted the lock: \
+         the waiter's grant {:.0} ms after the cut, jeopardy reported {} ms after it, the \
+         last heartbeat so far {:.0} ms after it ({after_grant} heartbeats after the \
+         grant)\nholder:\n{}",
+        ms(cut, grant),
+        holder
+            .err
+            .find("lockctl: session in jeopardy")
+            .map_or("never".to_string(), |(at, _)| format!("{:.0}", ms(cut, at))),
+        ms(cut, last),
+        holder.output()
+    );
+    assert!(
+        last > cut,
+        "the command acted on after the cut while its lease was valid: last heartbeat {:.0} ms after the cut",
+        ms(cut, last)
+    );
+
+    // lockctl stopped it on jeopardy, before the cell's lease could have run out.
+    let (_, jeopardy) = holder
+        .err
+        .find("lockctl: session in jeopardy")
+        .unwrap_or_else(|| panic!("no jeopardy reported:\n{}", holder.output()));
+    assert!(
+        jeopardy.contains("stopped the command (SIGSTOP"),
+        "{jeopardy}"
+    );
+    let stopped = stamp_after(&jeopardy, "session in jeopardy at ");
+    let renewal_sent = stamp_after(&jeopardy, "no renewal since the KeepAlive sent at ");
+    let lease_end = stamp_after(&jeopardy, "the cell's lease lasts until ");
+    assert_eq!(lease_end - renewal_sent, LEASE_MS * 1_000, "{jeopardy}");
+    // The reported renewal is plausible: answered before the cut, and at most one
+    // KeepAlive interval (a third of the lease) and a retry before it.
+    assert!(
+        renewal_sent < cut && renewal_sent + (LEASE_MS / 3 + 500) * 1_000 > cut,
+        "last renewal sent {:.0} ms after the cut: {jeopardy}",
+        ms(cut, renewal_sent)
+    );
+    assert!(
+        stopped < lease_end && last < lease_end && stopped < grant,
+        "stopped {:.0} ms and last heartbeat {:.0} ms after the cut; the cell's lease ends \
+         {:.0} ms after it at the earliest, the waiter's grant {:.0} ms",
+        ms(cut, stopped),
+        ms(cut, last),
+        ms(cut, lease_end),
+        ms(cut, grant)
+    );
+    let leader_expired = std::fs::read_to_string(cell.data.join("replica-1.log"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.contains("expiring sessions"))
+        .and_then(|l| humantime::parse_rfc3339(l.split_whitespace().next()?).ok())
+        .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros());
+
+    // Healed, lockctl hears that the session is over and ends the command, which acts no
+    // more on its way out (SIGTERM goes before the SIGCONT).
+    relay.set(Link::Open);
+    let status = holder.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(4), "{}", holder.output());
+    assert!(
+        holder.output().contains("session expired"),
+        "{}",
+        holder.output()
+    );
+    let beats = holder.beats();
+    assert!(
+        beats.iter().all(|&b| b < grant),
+        "a heartbeat after the grant once the holder heard of its expiry:\n{}",
+        holder.output()
+    );
+    assert!(wait_until(Duration::from_secs(10), || waiter
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    assert!(waiter.wait().unwrap().success(), "{}", waiter_err.text());
+    println!(
+        "FIGURE lockctl lock cut off (lease {LEASE_MS} ms), ms from the cut: last renewal \
+         sent {:.0}, command stopped {:.0} (last heartbeat {:.0}), cell's lease ends at the \
+         earliest {:.0}, the leader expires the session {}, waiter granted {:.0}",
+        ms(cut, renewal_sent),
+        ms(cut, stopped),
+        ms(cut, last),
+        ms(cut, lease_end),
+        leader_expired.map_or("(not logged)".to_string(), |t| format!("{:.0}", ms(cut, t))),
+        ms(cut, grant)
+    );
+    drop(holder);
+    assert!(cell.stop().success());
+}
+
+/// Issue 22, item 7, the other way out of jeopardy: the holder's KeepAlives still reach the
+/// cell but no answer reaches it (the relay drops only the replica's datagrams), so its
+/// lease is renewed at the leader while lockctl cannot know it. One replica, 9 s lease
+/// (the first KeepAlive after the cut, a third of a lease after the last answered one,
+/// renews the session at the leader; the next ones do not get through, as the client
+/// drops the silent connection and cannot dial again: so after jeopardy there are about
+/// 3.2 s for the client to be renewed). lockctl stops the command on jeopardy; the test
+/// keeps the answers lost for another 300 ms (no heartbeat in it), then heals the link: the session is confirmed (Safe),
+/// lockctl continues the command, its heartbeats resume, and it ends normally with the
+/// lock still held (lockctl exits 0). Before the fix the heartbeats went on throughout.
+#[test]
+fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
+    let _g = serial();
+    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
+    let (ca, direct) = (cell.ca.clone(), cell.eps());
+    let o = lockctl(&direct, &ca, &["create", "/locks"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let relay = Relay::start(cell.endpoints[0].parse().unwrap());
+    let mut holder = Heartbeating::start(cell.dir.path(), &relay.addr.to_string(), &ca);
+    holder
+        .out
+        .wait_for("acquired /locks/job", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
+    assert!(
+        wait_until(Duration::from_secs(10), || holder.beats().len() >= 5),
+        "the command wrote no heartbeats:\n{}",
+        holder.output()
+    );
+
+    let cut = now_us();
+    relay.set(Link::RepliesLost);
+    let (jeopardy, _) = holder
+        .err
+        .wait_for("lockctl: session in jeopardy", Duration::from_secs(9 + 5))
+        .unwrap_or_else(|| panic!("no jeopardy:\n{}", holder.output()));
+    // The answers stay lost for 300 ms more (six heartbeat periods): the command must
+    // not act in them.
+    assert!(!wait_until(Duration::from_millis(300), || holder
+        .err
+        .find("lockctl: session safe again")
+        .is_some()
+        || holder.lockctl.try_wait().unwrap().is_some()));
+    let healed = now_us();
+    relay.set(Link::Open);
+    let stopped_beats: Vec<u128> = holder
+        .beats()
+        .into_iter()
+        .filter(|&b| b > jeopardy && b < healed)
+        .collect();
+    assert!(
+        stopped_beats.is_empty(),
+        "the command acted while its lease was in doubt: {} heartbeats between the jeopardy \
+         ({:.0} ms after the cut) and the heal ({:.0} ms)\n{}",
+        stopped_beats.len(),
+        ms(cut, jeopardy),
+        ms(cut, healed),
+        holder.output()
+    );
+    let (safe, _) = holder
+        .err
+        .wait_for("lockctl: session safe again", Duration::from_secs(10))
+        .unwrap_or_else(|| {
+            panic!(
+                "the session was not confirmed after the heal:\n{}",
+                holder.output()
+            )
+        });
+    assert!(
+        holder.output().contains("continued the command (SIGCONT"),
+        "{}",
+        holder.output()
+    );
+    assert!(
+        wait_until(Duration::from_secs(2), || holder
+            .beats()
+            .last()
+            .is_some_and(|&b| b > safe)),
+        "the command did not resume after Safe:\n{}",
+        holder.output()
+    );
+    let resumed = holder.beats().into_iter().find(|&b| b > jeopardy).unwrap();
+    std::fs::write(cell.dir.path().join("done"), "").unwrap();
+    let status = holder.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status}: {}", holder.output());
+    println!(
+        "FIGURE lockctl lock, answers lost (lease 9000 ms), ms from the cut: jeopardy and \
+         stop {:.0}, healed {:.0}, safe {:.0}, first heartbeat after the stop {:.0}",
+        ms(cut, jeopardy),
+        ms(cut, healed),
+        ms(cut, safe),
+        ms(cut, resumed)
+    );
+    drop(holder);
+    assert!(cell.stop().success());
 }

@@ -12,6 +12,7 @@
 //! let election = Election::new(&session, "/services/indexer/leader");
 //! let leadership = election.campaign(b"10.0.0.7:8080".to_vec()).await?;
 //! println!("leading with token {}", leadership.token());
+//! // ... lead only while leadership.may_act() (its docs show the loop) ...
 //! leadership.resign().await?;
 //! # Ok(()) }
 //! ```
@@ -60,7 +61,37 @@ impl Leadership {
         self.guard.sequencer()
     }
 
-    /// True while the session is healthy: lead only then.
+    /// True while the session is healthy and its local lease has not run out
+    /// ([`crate::Session::lease_valid`]): lead only then. In jeopardy (or once expired)
+    /// another candidate may already lead.
+    ///
+    /// Ask before every act of leadership and keep each one short; the resources it
+    /// controls must still check [`Leadership::token`] (an act begun while this said yes
+    /// may end after the lease fell into doubt). The loop:
+    ///
+    /// ```no_run
+    /// # async fn demo(session: client_sdk::Session) -> Result<(), client_sdk::Error> {
+    /// use client_sdk::recipes::election::Election;
+    /// use client_sdk::SessionState;
+    /// use std::time::Duration;
+    /// let election = Election::new(&session, "/services/indexer/leader");
+    /// let leadership = election.campaign(b"10.0.0.7:8080".to_vec()).await?;
+    /// let mut state = session.subscribe();
+    /// loop {
+    ///     while !leadership.may_act() {
+    ///         if session.state() == SessionState::Expired {
+    ///             // No longer the leader: campaign again with a new session.
+    ///             return Ok(());
+    ///         }
+    ///         // In jeopardy: lead nothing until the session is safe again or expired.
+    ///         let _ = tokio::time::timeout(Duration::from_millis(100), state.changed()).await;
+    ///     }
+    ///     // One short act of leadership, carrying leadership.token().
+    ///     # break;
+    /// }
+    /// leadership.resign().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn may_act(&self) -> bool {
         self.guard.may_act()
     }

@@ -33,7 +33,8 @@
 //! let lock = Lock::exclusive(&session, "/locks/db");
 //! let guard = lock.acquire().await?;
 //! println!("holding with token {}", guard.token());
-//! // ... write to the protected resource with guard.token() ...
+//! // ... act only while guard.may_act() (its docs show the loop), writing to the
+//! // protected resource with guard.token() ...
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
@@ -127,6 +128,34 @@ impl LockGuard {
     /// True while the session is healthy and its local lease has not run out
     /// ([`Session::lease_valid`]): act on the lock only then. In jeopardy (or once
     /// expired) the lock may already belong to someone else.
+    ///
+    /// Ask before every action, and keep each action short: one that began while this
+    /// said yes may still be running when the lease falls into doubt (the local lease ends
+    /// only a little before the cell's), so every write must also carry the fencing token
+    /// ([`LockGuard::token`]). The loop:
+    ///
+    /// ```no_run
+    /// # async fn demo(session: client_sdk::Session) -> Result<(), client_sdk::Error> {
+    /// use client_sdk::{Lock, SessionState};
+    /// use std::time::Duration;
+    /// let guard = Lock::exclusive(&session, "/locks/db").acquire().await?;
+    /// let mut state = session.subscribe();
+    /// for step in 0..1_000 {
+    ///     while !guard.may_act() {
+    ///         if session.state() == SessionState::Expired {
+    ///             // The lock is gone (someone else may hold it): start again with a new
+    ///             // session and a new token.
+    ///             return Ok(());
+    ///         }
+    ///         // In jeopardy: act on nothing until the session is safe again or expired.
+    ///         let _ = tokio::time::timeout(Duration::from_millis(100), state.changed()).await;
+    ///     }
+    ///     // One short step of the work, its writes checked against guard.token().
+    ///     println!("step {step} under token {}", guard.token());
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn may_act(&self) -> bool {
         self.session.lease_valid()
     }

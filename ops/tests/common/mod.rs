@@ -93,8 +93,8 @@ pub fn start_dev_of(
     (dev, out)
 }
 
-/// A three-replica `lockctl dev` cell in its own temporary directory, stopped on drop: the
-/// preamble of most tests here.
+/// A `lockctl dev` cell (three replicas unless told) in its own temporary directory,
+/// stopped on drop: the preamble of most tests here.
 pub struct DevCell {
     /// The temporary directory; the cell's data is in `cell/`, tests may add files.
     pub dir: tempfile::TempDir,
@@ -114,12 +114,19 @@ pub struct DevCell {
 impl DevCell {
     /// Starts `lockctl dev --replicas 3` with `extra` arguments on free ports.
     pub fn start(extra: &[&str]) -> DevCell {
+        DevCell::start_of(3, extra)
+    }
+
+    /// Starts `lockctl dev --replicas N` with `extra` arguments on free ports.
+    pub fn start_of(replicas: u16, extra: &[&str]) -> DevCell {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("cell");
-        let base = free_base(3);
-        let (dev, out) = start_dev(&data, base, extra);
+        let base = free_base(replicas);
+        let (dev, out) = start_dev_of(&data, base, replicas, extra);
         DevCell {
-            endpoints: (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect(),
+            endpoints: (0..replicas)
+                .map(|i| format!("127.0.0.1:{}", base + i))
+                .collect(),
             ca: data.join("tls/ca.pem"),
             data,
             dir,
@@ -289,4 +296,172 @@ pub fn cache_checker(data: &Path, readers: &[String], writer: &str, kill: bool) 
         writes.len()
     );
     (reads, writes.len())
+}
+
+/// What a [`Relay`] lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Link {
+    /// Everything, both ways.
+    Open = 0,
+    /// Nothing, either way: the client is cut off from the cell.
+    Cut = 1,
+    /// The client's datagrams reach the cell; none of the cell's reach the client (its
+    /// KeepAlives renew the session at the leader, but it never hears so).
+    RepliesLost = 2,
+}
+
+/// A UDP relay on loopback between clients and one server, which the test can cut (both
+/// ways, or only the server's replies) and heal. Each client address gets an upstream
+/// socket of its own. Threads, not tasks: the tests here are synchronous. Stopped on drop.
+pub struct Relay {
+    /// Where clients send.
+    pub addr: std::net::SocketAddr,
+    link: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    /// A relay to `target`, open.
+    pub fn start(target: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+        use std::sync::Arc;
+        let listen = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        listen
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let addr = listen.local_addr().unwrap();
+        let link = Arc::new(AtomicU8::new(Link::Open as u8));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (link2, stop2) = (link.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut upstream = std::collections::HashMap::new();
+            let mut back = Vec::new();
+            let mut buf = vec![0u8; 65_536];
+            while !stop2.load(Ordering::SeqCst) {
+                let Ok((n, from)) = listen.recv_from(&mut buf) else {
+                    continue;
+                };
+                let up: &mut std::net::UdpSocket = upstream.entry(from).or_insert_with(|| {
+                    let up = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                    up.connect(target).unwrap();
+                    up.set_read_timeout(Some(Duration::from_millis(50)))
+                        .unwrap();
+                    let (up2, listen2) = (up.try_clone().unwrap(), listen.try_clone().unwrap());
+                    let (link3, stop3) = (link2.clone(), stop2.clone());
+                    back.push(std::thread::spawn(move || {
+                        let mut b = vec![0u8; 65_536];
+                        while !stop3.load(Ordering::SeqCst) {
+                            let Ok(n) = up2.recv(&mut b) else { continue };
+                            if link3.load(Ordering::SeqCst) == Link::Open as u8 {
+                                let _ = listen2.send_to(&b[..n], from);
+                            }
+                        }
+                    }));
+                    up
+                });
+                if link2.load(Ordering::SeqCst) != Link::Cut as u8 {
+                    let _ = up.send(&buf[..n]);
+                }
+            }
+            for t in back {
+                let _ = t.join();
+            }
+        });
+        Relay {
+            addr,
+            link,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Lets through what `link` says, from now on.
+    pub fn set(&self, link: Link) {
+        self.link
+            .store(link as u8, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Microseconds since the epoch, now.
+pub fn now_us() -> u128 {
+    wall_us()
+}
+
+/// The lines a child writes to one of its pipes, each with when this process read it
+/// (µs since the epoch), collected by a thread.
+#[derive(Clone, Default)]
+pub struct Lines(pub std::sync::Arc<std::sync::Mutex<Vec<(u128, String)>>>);
+
+impl Lines {
+    /// Starts collecting the lines of `from`.
+    pub fn collect(from: impl std::io::Read + Send + 'static) -> Lines {
+        let lines = Lines::default();
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(from).lines() {
+                let Ok(line) = line else { break };
+                l.0.lock().unwrap().push((wall_us(), line));
+            }
+        });
+        lines
+    }
+
+    /// The first line containing `what`, with when it was read.
+    pub fn find(&self, what: &str) -> Option<(u128, String)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, l)| l.contains(what))
+            .cloned()
+    }
+
+    /// Waits until a line contains `what`, for at most `within`.
+    pub fn wait_for(&self, what: &str, within: Duration) -> Option<(u128, String)> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(l) = self.find(what) {
+                return Some(l);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Everything so far, one line each.
+    pub fn text(&self) -> String {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(at, l)| format!("[{at}] {l}\n"))
+            .collect()
+    }
+}
+
+/// Waits until `cond` holds, for at most `within`; whether it did.
+pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
