@@ -432,15 +432,7 @@ fn checker_nodes_removed_by_session_ends() {
     let _g = serial();
     rt().block_on(async {
         let lease_ms = 3_000;
-        let cell = TestCell::start(Opts {
-            replicas: 3,
-            lease_ms,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None).await;
-        let setup = client.open_session().await.unwrap();
-        setup.create("/eph", Vec::new(), CreateMode::default()).await.unwrap();
+        let (_cell, client, _setup) = three_replicas_with(lease_ms, "/eph", b"").await;
         let paths: Arc<Mutex<Vec<String>>> = Arc::default();
         let reads: Arc<Mutex<Vec<PresenceRead>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
@@ -722,6 +714,29 @@ async fn raw_session(client: &client_sdk::Client) -> u64 {
     }
 }
 
+/// Three replicas with `lease_ms` leases, a client, and a session that created `node`
+/// (with `data`): the start of the issue-22 tests.
+async fn three_replicas_with(
+    lease_ms: u64,
+    node: &str,
+    data: &[u8],
+) -> (TestCell, client_sdk::Client, client_sdk::Session) {
+    let cell = TestCell::start(Opts {
+        replicas: 3,
+        lease_ms,
+        ..Opts::default()
+    });
+    let client = cell.client().await;
+    cell.wait_leader(&client, Duration::from_secs(20), None)
+        .await;
+    let writer = client.open_session().await.unwrap();
+    writer
+        .create(node, data.to_vec(), CreateMode::default())
+        .await
+        .unwrap();
+    (cell, client, writer)
+}
+
 /// Issue 22, item 1: a node removed by a session's end (its expiry, or its close) is
 /// never served from a cache after the removal. The interleaving the review found: S's
 /// lease runs out at the leader (or S asks to close) and its end holds S's ephemerals as
@@ -745,19 +760,7 @@ fn an_ephemeral_created_while_its_session_closes_is_not_served_from_a_cache_afte
 
 async fn ephemeral_created_while_its_session_ends(close: bool) {
     let lease_ms = 3_000;
-    let cell = TestCell::start(Opts {
-        replicas: 3,
-        lease_ms,
-        ..Opts::default()
-    });
-    let client = cell.client().await;
-    cell.wait_leader(&client, Duration::from_secs(20), None)
-        .await;
-    let owner = client.open_session().await.unwrap();
-    owner
-        .create("/svc", Vec::new(), CreateMode::default())
-        .await
-        .unwrap();
+    let (_cell, client, _owner) = three_replicas_with(lease_ms, "/svc", b"").await;
     let ephemeral = CreateMode {
         ephemeral: true,
         sequential: false,
@@ -921,18 +924,7 @@ fn a_cacher_that_renews_but_never_acknowledges_loses_its_session_and_the_write_g
 fn a_cached_absence_of_a_predictable_sequential_name_does_not_go_stale() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None)
-            .await;
-        let writer = client.open_session().await.unwrap();
-        writer
-            .create("/q", Vec::new(), CreateMode::default())
-            .await
-            .unwrap();
+        let (_cell, client, writer) = three_replicas_with(12_000, "/q", b"").await;
         let reader = client.open_session().await.unwrap();
         let name = "/q/lock-0000000000";
         assert_eq!(reader.get_cached(name).await.unwrap(), None);
@@ -964,18 +956,7 @@ fn a_cached_absence_of_a_predictable_sequential_name_does_not_go_stale() {
 fn a_cached_parent_does_not_serve_stale_children_counts() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None)
-            .await;
-        let writer = client.open_session().await.unwrap();
-        writer
-            .create("/p", b"x".to_vec(), CreateMode::default())
-            .await
-            .unwrap();
+        let (_cell, client, writer) = three_replicas_with(12_000, "/p", b"x").await;
         writer
             .create("/p/c", Vec::new(), CreateMode::default())
             .await

@@ -338,46 +338,12 @@ fn a_blocking_acquire_whose_answer_is_lost_holds_its_one_node() {
 #[test]
 fn a_lock_attempt_cancelled_during_its_create_leaves_nothing_in_the_queue() {
     let _g = serial();
-    rt().block_on(async {
-        let Setup {
-            cell: _cell,
-            relay,
-            a,
-            b,
-            ..
-        } = setup(&["/locks", "/locks/x"]).await;
-
-        relay.deafen();
-        let attempt = tokio::spawn({
-            let a = a.clone();
-            async move { Lock::exclusive(&a, "/locks/x").acquire().await }
-        });
-        let node = wait_created(&b, "/locks/x", &a, None).await;
-        attempt.abort();
-        assert!(attempt.await.unwrap_err().is_cancelled());
-        relay.hear();
-        let t = Instant::now();
-        let Some(gb) = Lock::exclusive(&b, "/locks/x")
-            .acquire_timeout(BOUND)
-            .await
-            .unwrap()
-        else {
-            panic!(
-                "another session waited {BOUND:?} behind the cancelled attempt's node {node}: {:?}",
-                b.children("/locks/x").await.unwrap()
-            );
-        };
-        println!(
-            "exclusive: another session got the lock {} ms after the cancelled attempt",
-            t.elapsed().as_millis()
-        );
-        assert_eq!(
-            a.state(),
-            SessionState::Healthy,
-            "the first session lives on"
-        );
-        gb.release().await.unwrap();
-    });
+    rt().block_on(a_cancelled_attempt_does_not_block(
+        "/locks/x",
+        Lock::exclusive,
+        Lock::exclusive,
+        "exclusive: another session",
+    ));
 }
 
 /// The writer of a shared lock dropped while its create is in flight leaves no node: a
@@ -385,45 +351,56 @@ fn a_lock_attempt_cancelled_during_its_create_leaves_nothing_in_the_queue() {
 #[test]
 fn a_writer_cancelled_during_its_create_does_not_block_readers() {
     let _g = serial();
-    rt().block_on(async {
-        let Setup {
-            cell: _cell,
-            relay,
-            a,
-            b,
-            ..
-        } = setup(&["/locks", "/locks/rw"]).await;
-        relay.deafen();
-        let attempt = tokio::spawn({
-            let a = a.clone();
-            async move { Lock::write(&a, "/locks/rw").acquire().await }
-        });
-        let node = wait_created(&b, "/locks/rw", &a, None).await;
-        attempt.abort();
-        assert!(attempt.await.unwrap_err().is_cancelled());
-        relay.hear();
-        let t = Instant::now();
-        let Some(gr) = Lock::read(&b, "/locks/rw")
-            .acquire_timeout(BOUND)
-            .await
-            .unwrap()
-        else {
-            panic!(
-                "a reader waited {BOUND:?} behind the cancelled writer's node {node}: {:?}",
-                b.children("/locks/rw").await.unwrap()
-            );
-        };
-        println!(
-            "shared: a reader got the lock {} ms after the cancelled writer",
-            t.elapsed().as_millis()
-        );
-        assert_eq!(
-            a.state(),
-            SessionState::Healthy,
-            "the first session lives on"
-        );
-        gr.release().await.unwrap();
+    rt().block_on(a_cancelled_attempt_does_not_block(
+        "/locks/rw",
+        Lock::write,
+        Lock::read,
+        "shared: a reader",
+    ));
+}
+
+/// Session a's `first` attempt on the lock at `dir` is dropped once its create has
+/// committed (its answer held back); `who`, session b's `second`, must then get the lock
+/// within [`BOUND`], while a lives on.
+async fn a_cancelled_attempt_does_not_block(
+    dir: &'static str,
+    first: fn(&Session, &str) -> Lock,
+    second: fn(&Session, &str) -> Lock,
+    who: &str,
+) {
+    let Setup {
+        cell: _cell,
+        relay,
+        a,
+        b,
+        ..
+    } = setup(&["/locks", dir]).await;
+    relay.deafen();
+    let attempt = tokio::spawn({
+        let a = a.clone();
+        async move { first(&a, dir).acquire().await }
     });
+    let node = wait_created(&b, dir, &a, None).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    relay.hear();
+    let t = Instant::now();
+    let Some(g) = second(&b, dir).acquire_timeout(BOUND).await.unwrap() else {
+        panic!(
+            "{who} waited {BOUND:?} behind the cancelled attempt's node {node}: {:?}",
+            b.children(dir).await.unwrap()
+        );
+    };
+    println!(
+        "{who} got the lock {} ms after the cancelled attempt",
+        t.elapsed().as_millis()
+    );
+    assert_eq!(
+        a.state(),
+        SessionState::Healthy,
+        "the first session lives on"
+    );
+    g.release().await.unwrap();
 }
 
 /// A campaign dropped while its create is in flight leaves no candidate in the queue:

@@ -918,6 +918,14 @@ mod tests {
         r
     }
 
+    /// Opens a session in `state` (as an applied `CreateSession`).
+    fn open_session(state: &SharedState) -> SessionId {
+        match apply(state, Command::CreateSession).0 {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// A leader whose earlier cacher confirmed its flush (so holds wait only for cachers
     /// recorded here).
     async fn settled_leader() -> (SharedState, SessionId, Addr<CacherListActor>) {
@@ -975,14 +983,7 @@ mod tests {
     #[actix_rt::test]
     async fn an_ending_sessions_ephemerals_are_held_or_uncachable() {
         let (state, _old, list) = settled_leader().await;
-        let owner = match apply(&state, Command::CreateSession).0 {
-            Ok(Reply::SessionCreated { session, .. }) => session,
-            other => panic!("{other:?}"),
-        };
-        let reader = match apply(&state, Command::CreateSession).0 {
-            Ok(Reply::SessionCreated { session, .. }) => session,
-            other => panic!("{other:?}"),
-        };
+        let (owner, reader) = (open_session(&state), open_session(&state));
         let create = |path: &str, request_id| Command::Write {
             session: owner,
             request_id,
@@ -1104,11 +1105,7 @@ mod tests {
     #[actix_rt::test]
     async fn a_record_of_a_node_deleted_since_the_read_is_refused() {
         let (state, _old, list) = settled_leader().await;
-        let new_session = || match apply(&state, Command::CreateSession).0 {
-            Ok(Reply::SessionCreated { session, .. }) => session,
-            other => panic!("{other:?}"),
-        };
-        let (owner, reader) = (new_session(), new_session());
+        let (owner, reader) = (open_session(&state), open_session(&state));
         let held = list
             .send(HoldEnd {
                 sessions: vec![owner],
