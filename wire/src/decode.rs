@@ -166,6 +166,15 @@ struct Limited<'s, D> {
     st: &'s State,
 }
 
+/// `visitor`, wrapped to charge what it builds to the limits of the decode `st` tracks.
+fn limited<V>(st: &State, visitor: V, counted: bool) -> LimitedVisitor<'_, V> {
+    LimitedVisitor {
+        v: visitor,
+        st,
+        counted,
+    }
+}
+
 /// `counted`: the value is a sequence or map whose elements are charged (not a struct or
 /// tuple, which postcard also visits as a sequence, of fields inside their parent's size).
 struct LimitedVisitor<'s, V> {
@@ -246,11 +255,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_unit_struct(name, v)
     }
 
@@ -259,11 +264,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         name: &'static str,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_newtype_struct(name, v)
     }
 
@@ -272,11 +273,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_tuple(len, v)
     }
 
@@ -286,11 +283,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         len: usize,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_tuple_struct(name, len, v)
     }
 
@@ -300,11 +293,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_struct(name, fields, v)
     }
 
@@ -314,11 +303,7 @@ impl<'de, 's, D: Deserializer<'de>> Deserializer<'de> for Limited<'s, D> {
         variants: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.de.deserialize_enum(name, variants, v)
     }
 
@@ -502,11 +487,7 @@ impl<'de, 's, A: VariantAccess<'de>> VariantAccess<'de> for LimitedVariant<'s, A
         len: usize,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.a.tuple_variant(len, v)
     }
 
@@ -515,11 +496,7 @@ impl<'de, 's, A: VariantAccess<'de>> VariantAccess<'de> for LimitedVariant<'s, A
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        let v = LimitedVisitor {
-            v: visitor,
-            st: self.st,
-            counted: false,
-        };
+        let v = limited(self.st, visitor, false);
         self.a.struct_variant(fields, v)
     }
 }
