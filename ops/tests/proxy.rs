@@ -1824,7 +1824,13 @@ fn a_proxy_client_that_renews_but_never_acknowledges_loses_its_session() {
         Ok(())
     });
     let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
-    let logs = format!("proxy log:\n{}", log("proxy-1.log"));
+    let logs = format!(
+        "proxy log:\n{}\nreplica logs:\n{}\n{}\n{}",
+        log("proxy-1.log"),
+        log("replica-1.log"),
+        log("replica-2.log"),
+        log("replica-3.log")
+    );
     cell.stop();
     if let Err(e) = outcome {
         panic!("{e}; {logs}");

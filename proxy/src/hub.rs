@@ -370,8 +370,13 @@ impl Hub {
     }
 
     /// A session was opened through this proxy by a request received at `received`: the
-    /// leader started its lease after that.
-    pub fn opened(&self, session: SessionId, received: Instant) {
+    /// leader started its lease of `lease_ms` (from its answer) after that. The answer's
+    /// lease is recorded first: a client's session can be opened before the proxy's own
+    /// (whose answer tells the proxy the lease otherwise), and a default taken in its place
+    /// would make the proxy wait for the client too long (a shorter lease) or, with a
+    /// longer one, stop waiting for it while its cache may still be valid.
+    pub fn opened(&self, session: SessionId, received: Instant, lease_ms: u64) {
+        self.set_lease_ms(lease_ms);
         self.renewed(session, received);
     }
 
@@ -1361,6 +1366,39 @@ mod tests {
         // Client 2 never answers: its lease as seen here runs out.
         let acks = hub.tick(Instant::now() + Duration::from_secs(13));
         assert_eq!(acks, vec![(99, 5)]);
+    }
+
+    /// A client's session opened before the proxy's own (so before any answer told the
+    /// proxy the cell's lease): the proxy waits for it as long as the lease its open's
+    /// answer named, not the 12 s default. Shorter: the write held for a silent client
+    /// went on 12 s later instead of 3 s (the flaky
+    /// `a_proxy_client_that_renews_but_never_acknowledges_loses_its_session`). Longer:
+    /// the proxy stopped waiting while the client's cache was still valid.
+    #[test]
+    fn a_client_is_waited_for_as_long_as_the_lease_its_open_named() {
+        for (lease_ms, waits_at, done_at) in
+            [(3_000u64, 2_500u64, 3_500u64), (30_000, 13_000, 30_500)]
+        {
+            let hub = Hub::new();
+            hub.set_ready(true);
+            let opened = Instant::now();
+            hub.opened(1, opened, lease_ms);
+            hub.set_own_session(Some(opened));
+            let snap = hub.cache_lookup(1, "/c").unwrap_err();
+            let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+            assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
+            assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
+            let at = |ms| opened + Duration::from_millis(ms);
+            assert!(
+                hub.tick(at(waits_at)).is_empty(),
+                "lease {lease_ms} ms: stopped waiting after {waits_at} ms"
+            );
+            assert_eq!(
+                hub.tick(at(done_at)),
+                vec![(99, 5)],
+                "lease {lease_ms} ms: still waiting after {done_at} ms"
+            );
+        }
     }
 
     #[test]

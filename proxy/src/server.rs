@@ -341,8 +341,12 @@ impl Proxy {
             Op::CreateSession => {
                 counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
                 let r = self.up.forward(req).await;
-                if let Ok(Reply::SessionCreated { session, .. }) = &r {
-                    self.hub.opened(*session, received);
+                if let Ok(Reply::SessionCreated {
+                    session,
+                    session_lease_ms,
+                }) = &r
+                {
+                    self.hub.opened(*session, received, *session_lease_ms);
                 }
                 r
             }
