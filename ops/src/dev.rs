@@ -73,6 +73,7 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             },
             request_timeout_ms: 5_000,
             limits: Default::default(),
+            faults: Default::default(),
         };
         cfg.validate()?;
         let path = args.data.join(format!("replica-{}.toml", m.id));

@@ -646,6 +646,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             },
             request_timeout_ms: 5_000,
             limits: Default::default(),
+            faults: Default::default(),
         };
         cfg.validate()?;
         let slot = Arc::new(Mutex::new(Slot {

@@ -244,6 +244,7 @@ impl Cell {
             },
             request_timeout_ms: 5_000,
             limits: Default::default(),
+            faults: Default::default(),
         };
         cfg.validate()?;
         std::fs::write(self.config_path(id), toml::to_string(&cfg)?)?;

@@ -108,6 +108,18 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Faults injected on purpose, for tests that show the replica keeps its promises while
+/// something is slow. Leave every field at its default (0: no fault) in production.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FaultsConfig {
+    /// Extra time each snapshot build spends where it serializes the state (after taking
+    /// its copy, before writing the file): stands for the serialization of a state far
+    /// larger than a test can write. Sessions must still expire, and reads, writes and
+    /// KeepAlives go on, while it lasts.
+    pub snapshot_build_delay_ms: u64,
+}
+
 /// The least a connection's budget may be: its largest frame and what that may decode to.
 fn connection_bytes_min(frame_bytes_max: usize) -> usize {
     frame_bytes_max + wire::decode::Limits::for_frame(frame_bytes_max).element_bytes_max
@@ -147,6 +159,9 @@ pub struct ReplicaConfig {
     /// Bounds on connections and on the bytes their requests hold.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Faults injected for tests (none by default).
+    #[serde(default)]
+    pub faults: FaultsConfig,
 }
 
 fn default_request_timeout_ms() -> u64 {

@@ -106,7 +106,8 @@ pub async fn run_on(
         SnapshotSink::Actor(SyncArbiter::start(1, move || Snapshotter::new(dir.clone())))
     };
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
-    let sm_store = SmStore::open(&snap_dir, sink, Some(applied_tx))?;
+    let mut sm_store = SmStore::open(&snap_dir, sink, Some(applied_tx))?;
+    sm_store.set_build_delay(Duration::from_millis(cfg.faults.snapshot_build_delay_ms));
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);

@@ -1,6 +1,7 @@
 //! Scenario 9: leaders change faster than the session lease for longer than a lease; a dead
 //! client's session still expires (the lease checkpoints carry its silence across leaders),
-//! and a live client's session does not.
+//! and a live client's session does not. Also: a dead client's session expires while a long
+//! snapshot is being built.
 
 mod common;
 
@@ -56,5 +57,100 @@ fn dead_session_expires_under_leader_churn() {
         assert!(client.exists("/members/live").await.unwrap().is_some(), "live session's ephemeral survives");
         assert_ne!(live.state(), SessionState::Expired);
         live.create("/members/live-2", vec![], eph).await.unwrap();
+    });
+}
+
+/// Issue 22, item 5: a dead client's session expires while the leader builds a long
+/// snapshot, and writes, reads and KeepAlives go on meanwhile. The build serialized the
+/// state under its read lock; the expiry's apply then waited for the whole serialization
+/// and every reader waited behind that apply, so nothing expired (and no linearizable read
+/// was answered) until the snapshot was done. `faults.snapshot_build_delay_ms` makes the
+/// serialization 10 s longer, standing for a state larger than a test writes.
+#[test]
+fn dead_session_expires_during_a_long_snapshot() {
+    let _g = serial();
+    rt().block_on(async {
+        let (lease_ms, delay_ms) = (3_000u64, 10_000u64);
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            lease_ms,
+            snapshot_build_delay_ms: delay_ms,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        let leader_addr: std::net::SocketAddr = cell.addr(leader).parse().unwrap();
+        let live = client.open_session().await.unwrap();
+        live.create("/members", vec![], CreateMode::default()).await.unwrap();
+        // Something for the copy to walk: 64 nodes of 16 KiB.
+        for i in 0..64 {
+            live.create(&format!("/members/data-{i}"), vec![7; 16 * 1024], CreateMode::default())
+                .await
+                .unwrap();
+        }
+        let eph = CreateMode { ephemeral: true, sequential: false };
+        let dead = client.open_session().await.unwrap();
+        dead.create("/members/dead", vec![], eph).await.unwrap();
+        dead.stop_keepalives();
+        let silent_from = Instant::now();
+        // The leader's status: it must answer throughout (no fail-over hides a stall).
+        let leader_status = |c: &client_sdk::Client| {
+            let c = c.clone();
+            async move { c.status_of(leader_addr).await.expect("the leader answers its status") }
+        };
+        let snapshot_index = |c: &client_sdk::Client| {
+            let s = leader_status(c);
+            async move { s.await.snapshot_index }
+        };
+        let term = leader_status(&client).await.term;
+        assert_eq!(snapshot_index(&client).await, None, "no snapshot before the test's");
+        let snap = {
+            let c = client.clone();
+            let req = wire::types::Request { session: 0, request_id: 0, ack_below: 0, op: wire::types::Op::Snapshot };
+            tokio::spawn(async move { c.call_at(leader_addr, &req).await })
+        };
+        // While the snapshot is being built: the dead session expires within its lease
+        // (plus the scan and a commit), and the live one writes and stays healthy.
+        let bound = Duration::from_millis(lease_ms + 3_000);
+        let mut slowest_write = Duration::ZERO;
+        let gone_after = loop {
+            let t = Instant::now();
+            live.set_data("/members", b"tick".to_vec(), None).await.unwrap();
+            slowest_write = slowest_write.max(t.elapsed());
+            if client.exists("/members/dead").await.unwrap().is_none() {
+                break silent_from.elapsed();
+            }
+            assert!(
+                silent_from.elapsed() < bound,
+                "the dead session's ephemeral still exists {:?} after it went silent (lease {lease_ms} ms)",
+                silent_from.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            snapshot_index(&client).await,
+            None,
+            "the snapshot (10 s longer) was already done when the session expired"
+        );
+        assert!(gone_after >= Duration::from_millis(lease_ms / 2), "expired too early: {gone_after:?}");
+        let st = leader_status(&client).await;
+        assert_eq!((st.role.as_str(), st.term), ("Leader", term), "the leader stayed in office");
+        assert_eq!(live.state(), SessionState::Healthy);
+        println!(
+            "FIGURE snapshot: a dead session expired {} ms after it went silent (lease {lease_ms} ms) while a snapshot was being built; slowest write meanwhile {} ms",
+            gone_after.as_millis(),
+            slowest_write.as_millis()
+        );
+        // The snapshot completes afterwards and covers the expiry.
+        let deadline = Instant::now() + Duration::from_millis(delay_ms + 30_000);
+        while snapshot_index(&client).await.is_none() {
+            assert!(Instant::now() < deadline, "the snapshot never completed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = snap.await;
+        let st = leader_status(&client).await;
+        assert_eq!((st.role.as_str(), st.term), ("Leader", term), "the leader stayed in office");
+        assert_eq!(live.state(), SessionState::Healthy);
+        live.create("/members/after", vec![], eph).await.unwrap();
     });
 }

@@ -104,6 +104,7 @@ pub struct SmStore {
     applied_tx: Option<mpsc::UnboundedSender<Applied>>,
     snapshot_counter: u64,
     stats: Arc<SnapshotStats>,
+    build_delay: std::time::Duration,
 }
 
 fn sm_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
@@ -134,7 +135,14 @@ impl SmStore {
             applied_tx,
             snapshot_counter: 0,
             stats: Arc::default(),
+            build_delay: std::time::Duration::ZERO,
         })
+    }
+
+    /// Makes every snapshot build take `delay` longer where it serializes
+    /// (`faults.snapshot_build_delay_ms`, for tests).
+    pub fn set_build_delay(&mut self, delay: std::time::Duration) {
+        self.build_delay = delay;
     }
 
     /// A store that writes snapshots itself and publishes nothing (storage tests).
@@ -159,27 +167,46 @@ pub struct SmSnapshotBuilder {
     sink: SnapshotSink,
     counter: u64,
     stats: Arc<SnapshotStats>,
+    build_delay: std::time::Duration,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let started = tokio::time::Instant::now();
-        let (data, meta) = {
-            let s = self.state.read().expect("state lock");
-            let data = postcard::to_allocvec(&*s).map_err(sm_err)?;
-            let last = s.last_applied;
-            let meta = SnapshotMeta {
-                last_log_id: last,
-                last_membership: s.membership.clone(),
-                snapshot_id: format!(
-                    "{}-{}-{}",
-                    last.map(|l| l.leader_id.term).unwrap_or(0),
-                    last.map(|l| l.index).unwrap_or(0),
-                    self.counter
-                ),
-            };
-            (data, meta)
+        // A copy taken under the read lock and serialized without it. Serializing under
+        // the lock held every apply back for as long as it took (std's `RwLock` then held
+        // every reader behind the waiting apply too): no session could expire, no write
+        // commit, no KeepAlive be checked while a large state was serialized. The copy
+        // costs the lock a walk that allocates instead of one that encodes, and memory the
+        // size of the state until the snapshot is written (docs/operations.md).
+        let copy: SmState = self.state.read().expect("state lock").clone();
+        let lock_ms = started.elapsed().as_millis() as u64;
+        let last = copy.last_applied;
+        let meta = SnapshotMeta {
+            last_log_id: last,
+            last_membership: copy.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{}",
+                last.map(|l| l.leader_id.term).unwrap_or(0),
+                last.map(|l| l.index).unwrap_or(0),
+                self.counter
+            ),
         };
+        // Serialized on a blocking thread: a large state takes CPU for a while, which on a
+        // runtime worker would hold back the tasks queued behind it (heartbeats among them).
+        let delay = self.build_delay;
+        let data = tokio::task::spawn_blocking(move || {
+            let data = postcard::to_allocvec(&copy);
+            drop(copy);
+            if !delay.is_zero() {
+                // `faults.snapshot_build_delay_ms`: a longer serialization, for tests.
+                std::thread::sleep(delay);
+            }
+            data
+        })
+        .await
+        .map_err(sm_err)?
+        .map_err(sm_err)?;
         let serialize_ms = started.elapsed().as_millis() as u64;
         self.sink.write(&meta, data.clone()).await?;
         let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
@@ -187,6 +214,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
         tracing::info!(
             index,
             bytes = data.len(),
+            lock_ms,
             serialize_ms,
             ms = total_ms,
             "snapshot written"
@@ -267,6 +295,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             sink: self.sink.clone(),
             counter: self.snapshot_counter,
             stats: self.stats.clone(),
+            build_delay: self.build_delay,
         }
     }
 

@@ -30,6 +30,8 @@ pub struct Opts {
     pub checkpoint_interval_ms: u64,
     pub raft: RaftConfig,
     pub request_timeout_ms: u64,
+    /// `faults.snapshot_build_delay_ms` of every replica.
+    pub snapshot_build_delay_ms: u64,
 }
 
 impl Default for Opts {
@@ -40,6 +42,7 @@ impl Default for Opts {
             checkpoint_interval_ms: 1_000,
             raft: RaftConfig::default(),
             request_timeout_ms: 5_000,
+            snapshot_build_delay_ms: 0,
         }
     }
 }
@@ -110,6 +113,9 @@ impl TestCell {
             },
             request_timeout_ms: self.opts.request_timeout_ms,
             limits: Default::default(),
+            faults: replica::config::FaultsConfig {
+                snapshot_build_delay_ms: self.opts.snapshot_build_delay_ms,
+            },
         };
         let path = self.dir.path().join(format!("replica-{id}.toml"));
         std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");
