@@ -356,9 +356,10 @@ impl Hub {
         t.last_index = t.last_index.max(index);
     }
 
-    /// A KeepAlive of `session` received at `received` was renewed by the leader.
-    pub fn renewed(&self, session: SessionId, received: Instant) {
-        let lease = self.lease();
+    /// A KeepAlive of `session` received at `received` was renewed by the leader for
+    /// `lease` (the lease the client is told: the same value, so that the proxy never
+    /// takes a shorter one than the client's own clock runs on).
+    pub fn renewed(&self, session: SessionId, received: Instant, lease: Duration) {
         let mut t = lock(&self.t);
         let c = t.client(session, lease);
         c.lease_until = if c.renewed {
@@ -370,14 +371,14 @@ impl Hub {
     }
 
     /// A session was opened through this proxy by a request received at `received`: the
-    /// leader started its lease of `lease_ms` (from its answer) after that. The answer's
-    /// lease is recorded first: a client's session can be opened before the proxy's own
-    /// (whose answer tells the proxy the lease otherwise), and a default taken in its place
-    /// would make the proxy wait for the client too long (a shorter lease) or, with a
-    /// longer one, stop waiting for it while its cache may still be valid.
+    /// leader started its lease of `lease_ms` (its answer, which the client is told) after
+    /// that. A client's session can be opened before the proxy's own, whose answer tells
+    /// the proxy the cell's lease; the proxy's default taken in its place made it wait
+    /// for the client too long (a shorter cell lease) or, with a longer one, stop waiting
+    /// for it while its cache was still valid. The hub-wide lease (the proxy's own
+    /// session's) is left alone: only answers to the proxy's own requests set it.
     pub fn opened(&self, session: SessionId, received: Instant, lease_ms: u64) {
-        self.set_lease_ms(lease_ms);
-        self.renewed(session, received);
+        self.renewed(session, received, Duration::from_millis(lease_ms));
     }
 
     /// Sessions this proxy currently knows of.
@@ -1070,7 +1071,7 @@ mod tests {
                     Step::End(c) => {
                         hub.session_ended(c);
                     }
-                    Step::Renew(c) => hub.renewed(c, Instant::now()),
+                    Step::Renew(c) => hub.renewed(c, Instant::now(), hub.lease()),
                     Step::Attach(c) => {
                         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
                         hub.attach_stream(c, tx);
@@ -1149,7 +1150,7 @@ mod tests {
         hub.set_ready(true);
         hub.set_own_session(Some(Instant::now()));
         for c in clients {
-            hub.renewed(*c, Instant::now());
+            hub.renewed(*c, Instant::now(), hub.lease());
         }
         hub
     }

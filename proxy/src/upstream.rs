@@ -494,7 +494,8 @@ impl Upstream {
             }
             let unacknowledged = overdue.remove(&s).unwrap_or_default();
             for w in replies.drain(..) {
-                self.hub.renewed(s, w.received);
+                self.hub
+                    .renewed(s, w.received, Duration::from_millis(lease_ms));
                 let _ = w.tx.send(Ok(Reply::KeepAlive {
                     session_lease_ms: lease_ms,
                     unacknowledged: unacknowledged.clone(),
