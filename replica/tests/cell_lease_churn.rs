@@ -70,10 +70,18 @@ fn dead_session_expires_under_leader_churn() {
 fn dead_session_expires_during_a_long_snapshot() {
     let _g = serial();
     rt().block_on(async {
-        let (lease_ms, delay_ms) = (3_000u64, 10_000u64);
+        let (lease_ms, delay_ms) = (4_000u64, 10_000u64);
+        // Elections slower than the default, so that a loaded machine does not change the
+        // leader during the 10 s this test needs it in office.
+        let raft = replica::config::RaftConfig {
+            election_timeout_min_ms: 1_500,
+            election_timeout_max_ms: 3_000,
+            ..Default::default()
+        };
         let cell = TestCell::start(Opts {
             replicas: 3,
             lease_ms,
+            raft,
             snapshot_build_delay_ms: delay_ms,
             ..Opts::default()
         });
@@ -93,10 +101,21 @@ fn dead_session_expires_during_a_long_snapshot() {
         dead.create("/members/dead", vec![], eph).await.unwrap();
         dead.stop_keepalives();
         let silent_from = Instant::now();
-        // The leader's status: it must answer throughout (no fail-over hides a stall).
+        // The leader's status: it must answer throughout (no fail-over hides a stall); a
+        // few tries, so that one lost handshake on a loaded machine is not taken for one.
         let leader_status = |c: &client_sdk::Client| {
             let c = c.clone();
-            async move { c.status_of(leader_addr).await.expect("the leader answers its status") }
+            async move {
+                let mut last = None;
+                for _ in 0..4 {
+                    match c.status_of(leader_addr).await {
+                        Ok(s) => return s,
+                        Err(e) => last = Some(e),
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                panic!("the leader does not answer its status: {last:?}")
+            }
         };
         let snapshot_index = |c: &client_sdk::Client| {
             let s = leader_status(c);
@@ -113,13 +132,17 @@ fn dead_session_expires_during_a_long_snapshot() {
         // (plus the scan and a commit), and the live one writes and stays healthy.
         let bound = Duration::from_millis(lease_ms + 3_000);
         let mut slowest_write = Duration::ZERO;
+        // The index of a write applied before a read that still saw the dead session's
+        // node: the expiry's entry comes after it.
+        let mut before_expiry = None;
         let gone_after = loop {
             let t = Instant::now();
-            live.set_data("/members", b"tick".to_vec(), None).await.unwrap();
+            let written = live.set_data("/members", b"tick".to_vec(), None).await.unwrap();
             slowest_write = slowest_write.max(t.elapsed());
             if client.exists("/members/dead").await.unwrap().is_none() {
                 break silent_from.elapsed();
             }
+            before_expiry = Some(written.mod_index);
             assert!(
                 silent_from.elapsed() < bound,
                 "the dead session's ephemeral still exists {:?} after it went silent (lease {lease_ms} ms)",
@@ -148,6 +171,10 @@ fn dead_session_expires_during_a_long_snapshot() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let _ = snap.await;
+        // The snapshot's copy was taken before the expiry applied, and the snapshot was not
+        // done when it had: the build spanned the expiry.
+        let (built, before) = (snapshot_index(&client).await.unwrap(), before_expiry.unwrap());
+        assert!(built <= before, "the snapshot (index {built}) was taken after the expiry (after index {before})");
         let st = leader_status(&client).await;
         assert_eq!((st.role.as_str(), st.term), ("Leader", term), "the leader stayed in office");
         assert_eq!(live.state(), SessionState::Healthy);

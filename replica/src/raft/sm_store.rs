@@ -90,7 +90,8 @@ pub struct SnapshotStats {
     pub last_index: AtomicU64,
     /// Its size in bytes.
     pub last_bytes: AtomicU64,
-    /// Milliseconds to serialize it (the state is read-locked meanwhile: applies wait).
+    /// Milliseconds to copy the state (under its read lock: applies wait meanwhile) and
+    /// serialize the copy (without the lock).
     pub last_serialize_ms: AtomicU64,
     /// Milliseconds to serialize and write it durably.
     pub last_total_ms: AtomicU64,
@@ -170,6 +171,23 @@ pub struct SmSnapshotBuilder {
     build_delay: std::time::Duration,
 }
 
+/// Serializes `state` for a snapshot. `delay` (`faults.snapshot_build_delay_ms`, tests
+/// only) is spent inside the serialization itself, so a test that makes it long also
+/// shows whatever the serialization holds while it runs (the state lock, a runtime
+/// worker) wherever the code calls it from.
+fn encode(state: &SmState, delay: std::time::Duration) -> postcard::Result<Vec<u8>> {
+    struct Slow<'a>(&'a SmState, std::time::Duration);
+    impl Serialize for Slow<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if !self.1.is_zero() {
+                std::thread::sleep(self.1);
+            }
+            self.0.serialize(s)
+        }
+    }
+    postcard::to_allocvec(&Slow(state, delay))
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let started = tokio::time::Instant::now();
@@ -178,7 +196,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
         // every reader behind the waiting apply too): no session could expire, no write
         // commit, no KeepAlive be checked while a large state was serialized. The copy
         // costs the lock a walk that allocates instead of one that encodes, and memory the
-        // size of the state until the snapshot is written (docs/operations.md).
+        // size of the state until the copy is serialized (docs/operations.md).
         let copy: SmState = self.state.read().expect("state lock").clone();
         let lock_ms = started.elapsed().as_millis() as u64;
         let last = copy.last_applied;
@@ -194,18 +212,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
         };
         // Serialized on a blocking thread: a large state takes CPU for a while, which on a
         // runtime worker would hold back the tasks queued behind it (heartbeats among them).
+        // Inline when the sink is direct (storage tests and the simulation, whose replay
+        // covers only what runs on its own runtime).
         let delay = self.build_delay;
-        let data = tokio::task::spawn_blocking(move || {
-            let data = postcard::to_allocvec(&copy);
-            drop(copy);
-            if !delay.is_zero() {
-                // `faults.snapshot_build_delay_ms`: a longer serialization, for tests.
-                std::thread::sleep(delay);
-            }
-            data
-        })
-        .await
-        .map_err(sm_err)?
+        let data = if matches!(self.sink, SnapshotSink::Direct(_)) {
+            encode(&copy, delay)
+        } else {
+            tokio::task::spawn_blocking(move || encode(&copy, delay))
+                .await
+                .map_err(sm_err)?
+        }
         .map_err(sm_err)?;
         let serialize_ms = started.elapsed().as_millis() as u64;
         self.sink.write(&meta, data.clone()).await?;
