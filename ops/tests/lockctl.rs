@@ -413,11 +413,24 @@ struct Heartbeating {
 
 impl Heartbeating {
     fn start(dir: &std::path::Path, endpoints: &str, ca: &std::path::Path) -> Heartbeating {
+        Heartbeating::start_with(dir, endpoints, ca, &[], HEARTBEAT)
+    }
+
+    /// [`Heartbeating::start`] with more `lockctl lock` options and another script.
+    fn start_with(
+        dir: &std::path::Path,
+        endpoints: &str,
+        ca: &std::path::Path,
+        lock_args: &[&str],
+        script: &str,
+    ) -> Heartbeating {
         use std::os::unix::process::CommandExt;
         let mut lockctl = Command::new(LOCKCTL)
             .args(["--endpoints", endpoints, "--ca"])
             .arg(ca)
-            .args(["lock", "/locks/job", "--", "sh", "-c", HEARTBEAT])
+            .args(["lock", "/locks/job"])
+            .args(lock_args)
+            .args(["--", "sh", "-c", script])
             .env("HB", dir.join("heartbeats"))
             .env("PIDFILE", dir.join("command.pid"))
             .env("DONE", dir.join("done"))
@@ -760,6 +773,77 @@ fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
         ms(cut, healed),
         ms(cut, safe),
         ms(cut, resumed)
+    );
+    drop(holder);
+    assert!(cell.stop().success());
+}
+
+/// Issue 22, item 7, `--on-jeopardy term`: a holder whose answers are lost has its
+/// command sent SIGTERM on jeopardy; a command that ignores SIGTERM is killed
+/// `--kill-after-secs` later, and `lockctl` exits with status 4 (the command was ended).
+#[test]
+fn on_jeopardy_term_ends_the_command_and_kills_one_that_ignores_it() {
+    let _g = serial();
+    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
+    let (ca, direct) = (cell.ca.clone(), cell.eps());
+    let o = lockctl(&direct, &ca, &["create", "/locks"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let relay = Relay::start(cell.endpoints[0].parse().unwrap());
+    let deaf = format!("trap '' TERM\n{HEARTBEAT}");
+    let kill_after_s = 2u64;
+    let kill_after = kill_after_s.to_string();
+    let mut holder = Heartbeating::start_with(
+        cell.dir.path(),
+        &relay.addr.to_string(),
+        &ca,
+        &["--on-jeopardy", "term", "--kill-after-secs", &kill_after],
+        &deaf,
+    );
+    holder
+        .out
+        .wait_for("acquired /locks/job", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
+    assert!(
+        wait_until(Duration::from_secs(10), || holder.beats().len() >= 5),
+        "the command wrote no heartbeats:\n{}",
+        holder.output()
+    );
+    let cut = now_us();
+    relay.set(Link::RepliesLost);
+    let (jeopardy, _) = holder
+        .err
+        .wait_for("lockctl: session in jeopardy", Duration::from_secs(9 + 5))
+        .unwrap_or_else(|| panic!("no jeopardy:\n{}", holder.output()));
+    let status = holder.wait(Duration::from_secs(kill_after_s + 20));
+    assert_eq!(status.code(), Some(4), "{}", holder.output());
+    let out = holder.output();
+    assert!(out.contains("ending the command (SIGTERM"), "{out}");
+    assert!(
+        out.contains("the command was ended because the session fell into jeopardy"),
+        "{out}"
+    );
+    let after: Vec<u128> = holder
+        .beats()
+        .into_iter()
+        .filter(|&b| b > jeopardy)
+        .collect();
+    let last = after.last().copied().unwrap_or(jeopardy);
+    // It ignored SIGTERM and went on until the SIGKILL, and not after it.
+    assert!(
+        after.iter().any(|&b| b > jeopardy + 500_000),
+        "the command stopped before the SIGKILL although it ignores SIGTERM:\n{out}"
+    );
+    assert!(
+        last < jeopardy + (kill_after_s as u128 * 1_000_000) + 700_000,
+        "the command acted {:.0} ms after the jeopardy (SIGKILL due after {kill_after_s} s):\n{out}",
+        ms(jeopardy, last)
+    );
+    println!(
+        "FIGURE lockctl lock --on-jeopardy term, answers lost (lease 9000 ms), ms from the cut: \
+         jeopardy and SIGTERM {:.0}, last heartbeat of a command ignoring SIGTERM {:.0} \
+         (SIGKILL after {kill_after_s} s)",
+        ms(cut, jeopardy),
+        ms(cut, last)
     );
     drop(holder);
     assert!(cell.stop().success());
