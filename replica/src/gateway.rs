@@ -25,7 +25,7 @@ use crate::actors::cacher_list::{
 use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
 use crate::actors::session_manager::{KeepAliveMany, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
-use crate::leader::read_gate::ReadGate;
+use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SharedState, SnapshotStats};
 use crate::raft::Raft;
 

@@ -5,10 +5,12 @@
 //! - [`state_machine`]: the replicated namespace, sessions and dedup record. Plain,
 //!   deterministic, no I/O.
 //! - [`raft`]: openraft glue: the fjall log store with group commit, the state-machine
-//!   store with checksummed snapshot files, and Raft RPCs over QUIC.
-//! - [`actors`]: the Raft node, the session manager and the snapshotter (actix).
-//! - [`leader`]: leader-local volatile state: lease deadlines and coalesced leadership
-//!   checks (later: the watch table and the cacher list).
+//!   store with checksummed snapshot files, Raft RPCs over QUIC, and the coalesced
+//!   leadership checks (the read gate).
+//! - [`leader`]: leader-local volatile state, plain logic over `wire` and std: lease
+//!   deadlines, the watch table, the cacher list's holds.
+//! - [`actors`]: the Raft node, the session manager, the watch table, the cacher list and
+//!   the snapshotter (actix), each driving its logic from [`leader`].
 //! - [`gateway`]: the QUIC listener for clients and peers.
 //! - [`server`]: [`server::run`] starts everything and stops on a shutdown future.
 //! - [`config`]: the documented configuration.

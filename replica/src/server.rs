@@ -12,16 +12,17 @@ use wire::hello::{ALPN_CLIENT, ALPN_PEER};
 use wire::quic::Sockets;
 
 use crate::actors::cacher_list::CacherListActor;
+use crate::actors::messages::AppliedMsg;
 use crate::actors::raft_node::RaftNode;
-use crate::actors::session_manager::{AppliedMsg, SessionManager};
+use crate::actors::session_manager::SessionManager;
 use crate::actors::snapshotter::Snapshotter;
 use crate::actors::watch_table::WatchTableActor;
 use crate::config::ReplicaConfig;
 use crate::gateway::Gateway;
-use crate::leader::read_gate::ReadGate;
 use crate::raft::log_store::LogStore;
 use crate::raft::mem_log::MemLog;
 use crate::raft::network::PeerNetworkFactory;
+use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SmStore, SnapshotSink};
 use crate::raft::Raft;
 
@@ -103,7 +104,9 @@ pub async fn run_on(
         SnapshotSink::Direct(snap_dir.clone())
     } else {
         let dir = snap_dir.clone();
-        SnapshotSink::Actor(SyncArbiter::start(1, move || Snapshotter::new(dir.clone())))
+        SnapshotSink::Actor(
+            SyncArbiter::start(1, move || Snapshotter::new(dir.clone())).recipient(),
+        )
     };
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
     let mut sm_store = SmStore::open(&snap_dir, sink, Some(applied_tx))?;

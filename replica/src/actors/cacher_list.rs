@@ -11,8 +11,7 @@ use wire::command::Effect;
 use wire::types::{Reply, SessionId};
 use wire::Error;
 
-use crate::actors::raft_node::LeadershipChanged;
-use crate::actors::session_manager::AppliedMsg;
+use crate::actors::messages::{AppliedMsg, LeadershipChanged};
 use crate::actors::watch_table::{Push, WatchTableActor};
 use crate::leader::cachers::Cachers;
 use crate::raft::sm_store::{Applied, SharedState};

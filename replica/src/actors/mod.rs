@@ -12,8 +12,12 @@
 //! - [`cacher_list::CacherListActor`]: who caches which node; holds writes to cached nodes
 //!   until every cacher dropped the value. Fed by the same
 //!   [`crate::raft::sm_store::Applied`] stream.
+//!
+//! [`messages`] holds what more than one of them handles (leadership changes, applied
+//! effects), so that none imports another for it.
 
 pub mod cacher_list;
+pub mod messages;
 pub mod raft_node;
 pub mod session_manager;
 pub mod snapshotter;

@@ -10,6 +10,7 @@ use wire::raft::NodeId;
 use wire::types::{MemberInfo, Reply};
 use wire::Error;
 
+use crate::actors::messages::LeadershipChanged;
 use crate::raft::Raft;
 
 /// Propose a command and wait for its result (applied on this leader).
@@ -38,19 +39,6 @@ pub enum ChangeMembership {
         /// Its id.
         id: NodeId,
     },
-}
-
-/// Sent to subscribers when this replica starts or stops leading.
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct LeadershipChanged {
-    /// True when this replica now leads.
-    pub leading: bool,
-    /// The term.
-    pub term: u64,
-    /// This replica's last log index when the change was seen: every session created by an
-    /// earlier leader was opened by an entry at or below it ([`wire::types::session_index`]).
-    pub last_log_index: u64,
 }
 
 /// The actor.

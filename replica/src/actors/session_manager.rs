@@ -23,10 +23,11 @@ use wire::types::{Reply, SessionId};
 use wire::Error;
 
 use crate::actors::cacher_list::{CacherListActor, HoldEnd, Release};
-use crate::actors::raft_node::{LeadershipChanged, Propose, RaftNode};
+use crate::actors::messages::{AppliedMsg, LeadershipChanged};
+use crate::actors::raft_node::{Propose, RaftNode};
 use crate::leader::confirm_watch::ConfirmWatch;
 use crate::leader::leases::{KeepAliveStep, Leases, Renewal};
-use crate::leader::read_gate::ReadGate;
+use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{Applied, SharedState};
 
 /// How long to wait before retrying to load the lease table after a failed check.
@@ -45,11 +46,6 @@ pub struct KeepAliveMany {
     /// When the replica received them (the leases run from here).
     pub received: Instant,
 }
-
-/// Effects of applied entries (from the state-machine store's channel).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct AppliedMsg(pub Applied);
 
 /// Number of sessions with a lease here (0 when not leading).
 #[derive(Message)]

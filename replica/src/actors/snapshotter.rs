@@ -6,20 +6,10 @@
 
 use std::path::PathBuf;
 
-use actix::{Actor, Handler, Message, SyncContext};
-use wire::raft::SnapshotMeta;
+use actix::{Actor, Handler, SyncContext};
 
+use crate::raft::sm_store::WriteSnapshot;
 use crate::raft::snapshot_file;
-
-/// Write one snapshot.
-#[derive(Message)]
-#[rtype(result = "Result<(), String>")]
-pub struct WriteSnapshot {
-    /// Its metadata.
-    pub meta: SnapshotMeta,
-    /// The serialized state.
-    pub data: Vec<u8>,
-}
 
 /// The snapshotter actor (a sync actor on its own arbiter thread).
 pub struct Snapshotter {

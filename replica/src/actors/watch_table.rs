@@ -11,8 +11,7 @@ use tokio::sync::mpsc;
 use wire::command::Effect;
 use wire::types::{LogIndex, Reply, SessionId, WatchEvent, WatchKind};
 
-use crate::actors::raft_node::LeadershipChanged;
-use crate::actors::session_manager::AppliedMsg;
+use crate::actors::messages::{AppliedMsg, LeadershipChanged};
 use crate::leader::watch_table::WatchTable;
 use crate::raft::sm_store::{Applied, SharedState};
 

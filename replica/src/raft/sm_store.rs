@@ -56,8 +56,18 @@ pub enum Applied {
 pub enum SnapshotSink {
     /// Write the file from the calling task (tests).
     Direct(PathBuf),
-    /// Ask the snapshotter actor.
-    Actor(actix::Addr<crate::actors::snapshotter::Snapshotter>),
+    /// Ask whoever handles [`WriteSnapshot`] (the snapshotter actor, on its own thread).
+    Actor(actix::Recipient<WriteSnapshot>),
+}
+
+/// Write one snapshot (what [`SnapshotSink::Actor`] asks).
+#[derive(actix::Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct WriteSnapshot {
+    /// Its metadata.
+    pub meta: SnapshotMeta,
+    /// The serialized state.
+    pub data: Vec<u8>,
 }
 
 impl SnapshotSink {
@@ -67,7 +77,7 @@ impl SnapshotSink {
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             SnapshotSink::Actor(addr) => addr
-                .send(crate::actors::snapshotter::WriteSnapshot {
+                .send(WriteSnapshot {
                     meta: meta.clone(),
                     data,
                 })
