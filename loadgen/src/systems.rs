@@ -2,10 +2,14 @@
 //!
 //! - **ours**: the SDK's `Lock` (ephemeral sequential node; the grant names its
 //!   predecessor, a waiter watches only that one; the token is the create index).
-//! - **etcd**: `concurrency.Mutex`'s algorithm: a lease kept alive every third of its TTL,
-//!   a key `<prefix>/<lease>` created with it, then wait for every key of the prefix with a
-//!   lower create revision to be deleted, watching the latest one; the token is the create
-//!   revision.
+//! - **etcd**: clientv3 3.4's `concurrency.Mutex`, step for step: a lease kept alive every
+//!   third of its TTL; `tryAcquire` is one txn, `If(CreateRevision(<prefix>/<lease>) == 0)
+//!   Then(Put(key, lease), Get(prefix, WithFirstCreate)) Else(Get(key), Get(prefix,
+//!   WithFirstCreate))`, so an uncontended acquire is one RPC (the lock is held when the
+//!   prefix's oldest key is ours or there is none); contended, `waitDeletes`: get the
+//!   latest key of the prefix created before ours, watch it for its delete, repeat. The
+//!   token is the key's create revision. (3.5 adds a `Get` of the own key after the wait,
+//!   on the contended path only; Debian's etcd here is 3.4.)
 //! - **ZooKeeper**: the lock recipe: an ephemeral sequential child, list the children,
 //!   watch the one just below; the token is the node's creation zxid.
 
@@ -355,14 +359,28 @@ impl Sess {
             Sess::Etcd(c, lease, _) => {
                 let mut c = (**c).clone();
                 let key = format!("{dir}/{lease:x}");
+                let prefix = format!("{dir}/");
+                // clientv3's `WithFirstCreate`: the prefix's oldest key (the owner).
+                let owner = || {
+                    TxnOp::get(
+                        prefix.clone(),
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_limit(1),
+                        ),
+                    )
+                };
+                // One RPC, as `Mutex.tryAcquire`: create the key unless it exists (then
+                // read it), and read the owner in the same txn.
                 let txn = Txn::new()
                     .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        "",
-                        Some(PutOptions::new().with_lease(*lease)),
-                    )])
-                    .or_else([TxnOp::get(key.clone(), None)]);
+                    .and_then([
+                        TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(*lease))),
+                        owner(),
+                    ])
+                    .or_else([TxnOp::get(key.clone(), None), owner()]);
                 let r = c.txn(txn).await?;
                 let my_rev = if r.succeeded() {
                     r.header().context("header")?.revision()
@@ -374,13 +392,21 @@ impl Sess {
                         _ => return Err(anyhow!("unexpected txn answer")),
                     }
                 };
+                let owner_rev = match r.op_responses().get(1) {
+                    Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()),
+                    _ => return Err(anyhow!("unexpected txn answer (no owner read)")),
+                };
+                if owner_rev.is_none_or(|rev| rev == my_rev) {
+                    return Ok((Held::Etcd(key), my_rev as u64));
+                }
+                // Contended: `waitDeletes`, as clientv3 3.4.
                 loop {
                     let opts = GetOptions::new()
                         .with_prefix()
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_max_create_revision(my_rev - 1)
                         .with_limit(1);
-                    let g = c.get(format!("{dir}/"), Some(opts)).await?;
+                    let g = c.get(prefix.clone(), Some(opts)).await?;
                     let Some(kv) = g.kvs().first() else {
                         return Ok((Held::Etcd(key), my_rev as u64));
                     };
