@@ -211,6 +211,11 @@ async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
         };
         m.all_due();
         drop(m);
+        // One timer per stream, polled in the select: a sleep made inside the select
+        // would start over after every reply, and no renewal would go out while
+        // replies kept coming.
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 r = replies.recv() => match r {
@@ -223,7 +228,7 @@ async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
                     },
                     None => break,
                 },
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                _ = tick.tick() => {
                     let Some(m) = mux.upgrade() else {
                         reader.abort();
                         return;
