@@ -42,7 +42,9 @@ struct Lease {
     renewed: Instant,
     /// The last renewal answered and its round trip.
     last: Option<(Instant, Duration)>,
-    /// Known to be over (answered with TTL 0, or not renewed for a whole TTL).
+    /// Known to be over: the server answered a renewal with TTL 0 (its answer for a lease
+    /// it does not have). Only the server decides: a lease not renewed for a while is
+    /// still renewed, as clientv3's keep-alive loop does.
     gone: bool,
 }
 
@@ -102,7 +104,17 @@ impl LeaseMux {
             .is_none_or(|l| l.gone)
     }
 
-    /// The leases due now, marked sent; leases not renewed for a whole TTL are marked gone.
+    /// True while lease `id` was renewed (or granted) less than a TTL ago, as the client
+    /// sees it (longer is jeopardy, as for ours).
+    pub fn valid(&self, id: i64) -> bool {
+        self.leases
+            .lock()
+            .expect("leases")
+            .get(&id)
+            .is_some_and(|l| !l.gone && l.renewed.elapsed() <= self.ttl)
+    }
+
+    /// The leases due now, marked sent.
     fn due(&self) -> Vec<i64> {
         let now = Instant::now();
         let every = self.ttl / 3;
@@ -111,9 +123,7 @@ impl LeaseMux {
             if l.gone {
                 continue;
             }
-            if now.duration_since(l.renewed) > self.ttl {
-                l.gone = true;
-            } else if l.due <= now {
+            if l.due <= now {
                 l.sent = Some(now);
                 l.due = now + every.mul_f64(0.9 + 0.1 * rand::random::<f64>());
                 out.push(*id);
@@ -194,8 +204,9 @@ async fn open_stream(
     Ok((tx, reply_rx, reader))
 }
 
-/// Renews the mux's leases until it is dropped: one stream at a time; when it fails, the
-/// next endpoint after 200 ms (leases not renewed for a whole TTL are given up).
+/// Renews the mux's leases until it is dropped: one stream at a time; when it fails (or
+/// leaves renewals unanswered for a third of the TTL), the next endpoint after 200 ms. A
+/// lease is given up only when the server answers its renewal with TTL 0.
 async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
     let mut at = 0usize;
     loop {
@@ -204,13 +215,16 @@ async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
         let opened = open_stream(endpoint).await;
         let Some(m) = mux.upgrade() else { return };
         let Ok((tx, mut replies, reader)) = opened else {
-            m.due(); // only marks leases gone that ran out meanwhile
             drop(m);
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
         m.all_due();
+        let silent_max = m.ttl / 3;
         drop(m);
+        // Since when renewals sent on this stream have gone unanswered: a stream silent
+        // for a third of the TTL (a frozen member) is given up for the next endpoint.
+        let mut unanswered_since: Option<Instant> = None;
         // One timer per stream, polled in the select: a sleep made inside the select
         // would start over after every reply, and no renewal would go out while
         // replies kept coming.
@@ -220,7 +234,10 @@ async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
             tokio::select! {
                 r = replies.recv() => match r {
                     Some(r) => match mux.upgrade() {
-                        Some(m) => m.answered(&r),
+                        Some(m) => {
+                            unanswered_since = None;
+                            m.answered(&r);
+                        }
                         None => {
                             reader.abort();
                             return;
@@ -235,12 +252,13 @@ async fn run(mux: Weak<LeaseMux>, endpoints: Vec<String>) {
                     };
                     let mut failed = false;
                     for id in m.due() {
+                        unanswered_since.get_or_insert_with(Instant::now);
                         if tx.try_send(KeepAliveRequest { id }).is_err() {
                             failed = true;
                             break;
                         }
                     }
-                    if failed {
+                    if failed || unanswered_since.is_some_and(|t| t.elapsed() > silent_max) {
                         break;
                     }
                 }

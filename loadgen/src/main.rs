@@ -8,6 +8,7 @@ mod profile;
 mod profile_peers;
 mod report;
 mod scenarios;
+mod server_sessions;
 mod state;
 mod state_peers;
 mod systems;

@@ -471,6 +471,15 @@ pub async fn profile(
     let p1s = proxies_each(&direct, &proxies).await;
     let p1 = proxies_total(&p1s);
     join_tasks(tasks, &errors).await;
+    // The server's count, before a frozen leader resumes (it would answer as leader for a
+    // moment) and before any session ends: the proxies' own sessions are not loadgen's.
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    let proxy_sessions = proxies_each(&direct, &proxies)
+        .await
+        .iter()
+        .flatten()
+        .filter(|p| p.session != 0)
+        .count() as u64;
     if let Some(i) = &injected {
         i.resume(ctx);
     }
@@ -536,6 +545,14 @@ pub async fn profile(
     r.latency(LATENESS, &late.lock().expect("lat"));
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure("sessions lost", lost as f64);
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        n as u64 + 1,
+        "the run's sessions, churned ones replaced, and the admin session",
+        proxy_sessions,
+        "the proxies' own sessions",
+    );
     r.figure("long-held locks still held", held_long as f64);
     r.figure(
         "config reads per s (at clients)",

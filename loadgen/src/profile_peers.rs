@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::System;
 use crate::profile::{
-    each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_keepalive_sampler,
-    spawn_lateness_probe, Fault, Injected, CONFIG_KEYS,
+    each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_jeopardy_sampler,
+    spawn_keepalive_sampler, spawn_lateness_probe, Fault, Injected, JeopardyStats, CONFIG_KEYS,
 };
 use crate::report::{proc_cost, Lat, LatPart, ProcCost, Report};
 use crate::scenarios::Ctx;
@@ -93,6 +93,13 @@ pub struct Measured {
     elapsed: f64,
     renewed: u64,
     lost: usize,
+    /// Sessions loadgen should still hold: the run's (churned ones replaced) and the
+    /// admin session.
+    should_hold: usize,
+    /// Sessions seen in jeopardy at least once, and the most at once
+    /// ([`Sess::lease_valid`]).
+    jeopardy_ever: usize,
+    jeopardy_most: usize,
     held_long: usize,
     acq: LatPart,
     ka: LatPart,
@@ -118,6 +125,7 @@ struct Running {
     wr: Arc<Mutex<Lat>>,
     late: Arc<Mutex<Lat>>,
     writes_ok: Arc<Mutex<Vec<Instant>>>,
+    jeopardy: Arc<Mutex<JeopardyStats>>,
     errors: Arc<AtomicU64>,
     reads: Arc<AtomicU64>,
     churned: Arc<AtomicU64>,
@@ -386,6 +394,20 @@ async fn start(
     let late = lat(start);
     tasks.push(spawn_lateness_probe(deadline, stop.clone(), late.clone()));
 
+    // Sessions in jeopardy, defined as ours (no renewal answered for longer than the
+    // lease; ZooKeeper: its client not connected).
+    let jeopardy = Arc::new(Mutex::new(JeopardyStats::default()));
+    tasks.push(spawn_jeopardy_sampler(
+        slots.len(),
+        {
+            let slots = slots.clone();
+            move |i| slots[i].lock().expect("slot").lease_valid(lease)
+        },
+        deadline,
+        stop.clone(),
+        jeopardy.clone(),
+    ));
+
     Ok(Running {
         start,
         deadline,
@@ -397,6 +419,7 @@ async fn start(
         wr,
         late,
         writes_ok,
+        jeopardy,
         errors,
         reads,
         churned,
@@ -472,9 +495,9 @@ impl Running {
         join_tasks(std::mem::take(&mut self.tasks), &self.errors).await;
     }
 
-    /// What was measured, once stopped (and the leader resumed): also counts sessions
-    /// lost and long-held locks still held.
-    async fn measure(self) -> Measured {
+    /// What was measured, once stopped: also counts sessions lost and long-held locks
+    /// still held. The sessions stay open (the server's count comes after).
+    async fn measure(&self) -> Measured {
         let lost = self
             .slots
             .iter()
@@ -491,6 +514,10 @@ impl Running {
         }
         let part = |l: &Arc<Mutex<Lat>>| l.lock().expect("lat").to_part();
         let start = self.start;
+        let (jeopardy_ever, jeopardy_most) = {
+            let j = self.jeopardy.lock().expect("jeopardy");
+            (j.ever, j.most)
+        };
         Measured {
             n: self.n,
             long_locks: self.long_locks,
@@ -506,6 +533,9 @@ impl Running {
             elapsed: self.elapsed,
             renewed: self.renewed,
             lost,
+            should_hold: self.n + 1,
+            jeopardy_ever,
+            jeopardy_most,
             held_long,
             acq: part(&self.acq),
             ka: part(&self.ka),
@@ -543,11 +573,24 @@ pub async fn profile(
     let (begun, deadline) = (run.start, run.deadline);
     let injected = run_with_fault(ctx, begun, deadline, fault).await?;
     run.stop().await;
+    // The server's count while every session is open, before a frozen leader resumes.
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
     if let Some(i) = &injected {
         i.resume(ctx);
     }
     let m = run.measure().await;
-    report(ctx, fault, reads_per_s, &[m], injected, begun, deadline)
+    let r = report(
+        ctx,
+        fault,
+        reads_per_s,
+        &[m],
+        injected,
+        (begun, deadline),
+        at_server,
+    );
+    // Sessions end with the cluster (revoking 50 000 leases would be 50 000 writes).
+    drop(run);
+    r
 }
 
 /// The profile split over `parts` loadgen processes (`loadgen profile-part`, started
@@ -624,14 +667,37 @@ pub async fn profile_parts(
         pb.inc(1);
     }
     pb.finish_and_clear();
+    // Kept open until the server's sessions are counted: a part ends when its stdin
+    // closes, closing its sessions.
+    let mut stdins = Vec::with_capacity(parts);
     for c in children.iter_mut() {
         let mut stdin = c.stdin.take().expect("piped");
         stdin.write_all(b"GO\n").await?;
         stdin.flush().await?;
+        stdins.push(stdin);
     }
     let begun = Instant::now();
     let deadline = begun + dur;
     let injected = run_with_fault(ctx, begun, deadline, fault).await?;
+    // Every part has measured and still holds its sessions: the server's count.
+    for (k, out) in lines.iter_mut().enumerate() {
+        let measured = tokio::time::timeout(Duration::from_secs(300), async {
+            while let Some(l) = out.next_line().await? {
+                if l == "MEASURED" {
+                    return Ok(true);
+                }
+            }
+            Ok::<bool, std::io::Error>(false)
+        })
+        .await;
+        match measured {
+            Ok(Ok(true)) => {}
+            Ok(_) => anyhow::bail!("loadgen part {k} ended before it had measured"),
+            Err(_) => anyhow::bail!("loadgen part {k} did not measure within 5 minutes"),
+        }
+    }
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    drop(stdins);
     let mut measured = Vec::new();
     for (k, c) in children.iter_mut().enumerate() {
         let status = tokio::time::timeout(Duration::from_secs(300), c.wait())
@@ -658,14 +724,15 @@ pub async fn profile_parts(
         reads_per_s,
         &measured,
         injected,
-        begun,
-        deadline,
+        (begun, deadline),
+        at_server,
     )
 }
 
 /// One part of [`profile_parts`] (the hidden `profile-part` command): sets up its share
 /// under `/profile/p<part>`, prints `READY`, starts when a line arrives on stdin, runs for
-/// `secs` and writes what it measured to `result` as JSON.
+/// `secs`, writes what it measured to `result` as JSON and prints `MEASURED`, then holds
+/// its sessions until stdin closes (so the server's sessions can be counted).
 pub async fn part(
     conn: &Conn,
     lease: Duration,
@@ -696,6 +763,18 @@ pub async fn part(
     m.cost = proc_cost(&format!("loadgen part {part}"), std::process::id());
     std::fs::write(result, serde_json::to_vec(&m)?)
         .with_context(|| format!("write {}", result.display()))?;
+    {
+        use std::io::Write;
+        println!("MEASURED");
+        std::io::stdout().flush()?;
+    }
+    // Until the parent has counted the server's sessions (it closes stdin), or 10 minutes.
+    let wait = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(600), wait).await;
+    drop(run);
     Ok(())
 }
 
@@ -706,8 +785,8 @@ fn report(
     reads_per_s: f64,
     parts: &[Measured],
     injected: Option<Injected>,
-    begun: Instant,
-    deadline: Instant,
+    (begun, deadline): (Instant, Instant),
+    at_server: anyhow::Result<u64>,
 ) -> anyhow::Result<Report> {
     let sum = |f: fn(&Measured) -> f64| parts.iter().map(f).sum::<f64>();
     let n = sum(|m| m.n as f64) as usize;
@@ -810,6 +889,33 @@ fn report(
         crate::systems::OPEN_RETRIES.load(Ordering::Relaxed) as f64,
     );
     r.figure("sessions lost", sum(|m| m.lost as f64));
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        sum(|m| m.should_hold as f64) as u64,
+        "the run's sessions, churned ones replaced (a churned session closes once no \
+         reader holds it, within 5 s), and each loadgen process's admin session",
+        0,
+        "none",
+    );
+    r.figure(
+        "sessions in jeopardy at some point",
+        sum(|m| m.jeopardy_ever as f64),
+    );
+    r.figure(
+        "sessions in jeopardy at once (most)",
+        sum(|m| m.jeopardy_most as f64),
+    );
+    r.notes.push(if etcd {
+        "jeopardy: a lease whose last renewal (or grant) was answered longer than the \
+         lease ago, sampled every 200 ms, as ours (its local lease run out)"
+            .into()
+    } else {
+        "jeopardy: a session whose client is not connected (the Java client's \
+         Disconnected, Curator's SUSPENDED), sampled every 200 ms: ZooKeeper's client does \
+         not expose its pings, so this stands for ours' 'local lease run out'"
+            .into()
+    });
     r.figure("long-held locks still held", sum(|m| m.held_long as f64));
     let read_rate = sum(|m| m.reads as f64) / elapsed;
     r.figure("config reads per s (at clients)", read_rate);
@@ -856,6 +962,5 @@ fn report(
     ctx.costs(&mut r);
     r.processes
         .extend(parts.iter().filter_map(|m| m.cost.clone()));
-    // Sessions end with the cluster (revoking 50 000 leases would be 50 000 writes).
     Ok(r)
 }

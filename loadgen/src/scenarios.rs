@@ -309,7 +309,8 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
 }
 
 /// Writers (and their sessions) while the leader is killed (`kill -9`) or frozen
-/// (SIGSTOP): how long writes fail, and whether any session is lost.
+/// (SIGSTOP): how long writes fail, and whether any session is lost, as the clients
+/// declared it and as the server confirms it ([`crate::server_sessions`]).
 pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     let n = ctx.n(16.0, 4);
     let sessions = ctx.sessions(n).await?;
@@ -372,6 +373,10 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     t.abort();
     pb.finish_and_clear();
     let lost = sessions.iter().filter(|s| s.lost()).count();
+    // The server's count while every session is still open, before a frozen leader
+    // resumes (it would answer as leader for a moment).
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    let others = crate::server_sessions::proxy_sessions(&ctx.cluster).await;
     if freeze {
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
@@ -395,6 +400,14 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     r.latency("write", &lat);
     r.figure("writes unavailable (s)", gap.as_secs_f64());
     r.figure("sessions lost", lost as f64);
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        n as u64,
+        "the writers' sessions",
+        others,
+        "our proxies' own sessions, if any",
+    );
     ctx.costs(&mut r);
     Ok(r)
 }

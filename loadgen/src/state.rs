@@ -283,6 +283,16 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
         .filter(|s| s.state() == SessionState::Expired)
         .count();
     r.figure("sessions lost", lost as f64);
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    let others = crate::server_sessions::proxy_sessions(&ctx.cluster).await;
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        (n + writers.len()) as u64,
+        "the sessions and the 8 writers' sessions",
+        others,
+        "the proxies' own sessions",
+    );
     if let Some(i) = snapped {
         r.param("snapshot index (first)", i);
     }

@@ -470,6 +470,15 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
 
     let lost = sessions.iter().filter(|s| s.lost()).count();
     r.figure("sessions lost", lost as f64);
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        n as u64,
+        "the sessions' leases (the writers hold none)",
+        0,
+        "none",
+    );
     ctx.costs(&mut r);
     Ok(r)
 }
@@ -493,7 +502,7 @@ async fn zk_zxid(addr: &str) -> Option<Option<u64>> {
 }
 
 /// One `mntr` value of a ZooKeeper server.
-async fn zk_mntr(addr: &str, key: &str) -> Option<f64> {
+pub(crate) async fn zk_mntr(addr: &str, key: &str) -> Option<f64> {
     four_letter(addr, "mntr")
         .await?
         .lines()
@@ -756,6 +765,16 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
 
     let lost = sessions.lost().await?;
     r.figure("sessions lost", lost as f64);
+    // Before the holders close theirs.
+    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    crate::server_sessions::report(
+        &mut r,
+        at_server,
+        (n + writers.len()) as u64,
+        "the sessions and the 8 writers' sessions",
+        0,
+        "none",
+    );
     if let ZkSessions::Held(h) = sessions {
         h.finish(&mut r).await?;
     }

@@ -52,14 +52,22 @@ pub enum Sess {
 /// What keeps an etcd lease alive.
 pub enum EtcdKeeper {
     /// A task of its own on its own keep-alive stream (a session with its own client, as
-    /// clientv3's `concurrency.Session` on its own client), and its last renewal.
-    Own(
-        tokio::task::JoinHandle<()>,
-        Arc<Mutex<Option<(Instant, Duration)>>>,
-    ),
+    /// clientv3's `concurrency.Session` on its own client), and what it has seen.
+    Own(tokio::task::JoinHandle<()>, Arc<Mutex<KeeperState>>),
     /// A client's shared stream ([`crate::etcd_leases::LeaseMux`]), as clientv3 renews
     /// every lease of one client.
     Shared(Arc<crate::etcd_leases::LeaseMux>, i64),
+}
+
+/// What an etcd lease's own keeper has seen.
+pub struct KeeperState {
+    /// The last renewal answered, and its round trip.
+    last: Option<(Instant, Duration)>,
+    /// When the lease was last renewed (or granted).
+    renewed: Instant,
+    /// The server said the lease is gone (a renewal answered with TTL 0, or "lease not
+    /// found").
+    gone: bool,
 }
 
 /// How [`open_many`] keeps etcd leases alive: false (the default), each lease on its own
@@ -96,15 +104,29 @@ impl EtcdKeeper {
     /// When the last renewal was answered, and its round trip.
     pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
         match self {
-            EtcdKeeper::Own(_, last) => *last.lock().expect("last"),
+            EtcdKeeper::Own(_, st) => st.lock().expect("keeper").last,
             EtcdKeeper::Shared(mux, id) => mux.last_keepalive(*id),
         }
     }
 
+    /// True once the server said the lease is gone (only then: a keeper that hears
+    /// nothing keeps trying, as clientv3's keep-alive loop does).
     fn lost(&self) -> bool {
         match self {
-            EtcdKeeper::Own(task, _) => task.is_finished(),
+            EtcdKeeper::Own(_, st) => st.lock().expect("keeper").gone,
             EtcdKeeper::Shared(mux, id) => mux.lost(*id),
+        }
+    }
+
+    /// True while the lease was renewed (or granted) less than `ttl` ago: the client's
+    /// view, as ours' local lease (no renewal for longer than the lease is jeopardy).
+    fn valid(&self, ttl: Duration) -> bool {
+        match self {
+            EtcdKeeper::Own(_, st) => {
+                let st = st.lock().expect("keeper");
+                !st.gone && st.renewed.elapsed() <= ttl
+            }
+            EtcdKeeper::Shared(mux, id) => mux.valid(*id),
         }
     }
 
@@ -113,6 +135,14 @@ impl EtcdKeeper {
             EtcdKeeper::Own(task, _) => task.abort(),
             EtcdKeeper::Shared(mux, id) => mux.remove(*id),
         }
+    }
+}
+
+impl Drop for EtcdKeeper {
+    /// A session dropped without [`Sess::close`] stops renewing (its lease then runs out at
+    /// the server), so no keeper outlives its session.
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -177,52 +207,78 @@ pub const ETCD_LEASES_PER_CLIENT: usize = 2_000;
 async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Result<Sess> {
     let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
     // Like clientv3's concurrency.Session: keep the lease alive through member failures
-    // (re-open the keep-alive stream, possibly at another member) every third of its TTL
-    // until the lease is over.
+    // (re-open the keep-alive stream, possibly at another member) every third of its TTL,
+    // and keep trying however long nothing answers: the lease is over only when the
+    // server says so (a renewal answered with TTL 0, or "lease not found"), so a stall in
+    // loadgen is not turned into a loss by loadgen.
     let every = lease / 3;
     let mut kc = c.clone();
-    let last: Arc<Mutex<Option<(Instant, Duration)>>> = Arc::default();
-    let last2 = last.clone();
+    let st = Arc::new(Mutex::new(KeeperState {
+        last: None,
+        renewed: Instant::now(),
+        gone: false,
+    }));
+    let st2 = st.clone();
     let task = tokio::spawn(async move {
-        let mut last_ok = Instant::now();
         let mut stream = None;
         loop {
-            if stream.is_none() {
-                if let Ok(s) = kc.lease_keep_alive(id).await {
-                    stream = Some(s);
-                }
-            }
+            let t0 = Instant::now();
             let mut renewed = false;
-            if let Some((keeper, replies)) = stream.as_mut() {
-                let t0 = Instant::now();
+            if stream.is_none() {
+                // Opening the stream sends a renewal and waits for its answer (a member
+                // that does not answer within a third of the TTL is given up for another).
+                match tokio::time::timeout(every, kc.lease_keep_alive(id)).await {
+                    Ok(Ok(s)) => {
+                        stream = Some(s);
+                        renewed = true;
+                    }
+                    Ok(Err(e)) if lease_not_found(&e) => {
+                        st2.lock().expect("keeper").gone = true;
+                        return;
+                    }
+                    _ => {}
+                }
+            } else if let Some((keeper, replies)) = stream.as_mut() {
                 if keeper.keep_alive().await.is_ok() {
-                    match replies.message().await {
-                        Ok(Some(r)) if r.ttl() > 0 => {
-                            renewed = true;
-                            let t1 = Instant::now();
-                            *last2.lock().expect("last") = Some((t1, t1 - t0));
-                            ETCD_RENEWALS.fetch_add(1, Ordering::Relaxed);
+                    match tokio::time::timeout(every, replies.message()).await {
+                        Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = true,
+                        Ok(Ok(Some(_))) => {
+                            // TTL 0: the server no longer has the lease.
+                            st2.lock().expect("keeper").gone = true;
+                            return;
                         }
-                        Ok(Some(_)) => return, // the lease is gone
+                        Ok(Err(e)) if lease_not_found(&e) => {
+                            st2.lock().expect("keeper").gone = true;
+                            return;
+                        }
                         _ => {}
                     }
                 }
             }
             if renewed {
-                last_ok = Instant::now();
+                let t1 = Instant::now();
+                {
+                    let mut st = st2.lock().expect("keeper");
+                    st.last = Some((t1, t1 - t0));
+                    st.renewed = t1;
+                }
+                ETCD_RENEWALS.fetch_add(1, Ordering::Relaxed);
                 // Spread the renewals of leases granted together.
                 tokio::time::sleep(every.mul_f64(0.9 + 0.1 * rand::random::<f64>())).await;
             } else {
                 stream = None;
-                if last_ok.elapsed() > lease {
-                    return;
-                }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     });
-    let keeper = EtcdKeeper::Own(task, last);
+    let keeper = EtcdKeeper::Own(task, st);
     Ok(Sess::Etcd(Box::new(c), id, keeper))
+}
+
+/// True if `e` is etcd's "lease not found" (the `etcd-client` crate's answer to a
+/// keep-alive stream opened for a lease the server no longer has, or the server's own).
+fn lease_not_found(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
 }
 
 /// How many ZooKeeper sessions this process can hold: each is a TCP connection, so the
@@ -571,7 +627,24 @@ impl Sess {
         }
     }
 
-    /// True if the session is known to be over.
+    /// False while the session is in jeopardy (or over), as the client sees it. Ours: its
+    /// local lease ran out. etcd: no renewal answered for longer than the lease (as ours).
+    /// ZooKeeper: its client is not connected (the Java client's Disconnected, Curator's
+    /// SUSPENDED), since its pings are not visible.
+    pub fn lease_valid(&self, lease: Duration) -> bool {
+        match self {
+            Sess::Ours(s) => s.lease_valid(),
+            Sess::Etcd(_, _, k) => k.valid(lease),
+            Sess::Zk(c) => matches!(
+                c.state(),
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+            ),
+        }
+    }
+
+    /// True if the session is known to be over: ours, the cell said so (or its grace
+    /// period ran out); etcd, the server answered a renewal with TTL 0 or "lease not
+    /// found"; ZooKeeper, the client's state.
     pub fn lost(&self) -> bool {
         match self {
             Sess::Ours(s) => s.state() == client_sdk::SessionState::Expired,
