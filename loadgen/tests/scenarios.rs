@@ -80,6 +80,24 @@ fn acquire_herd_and_max_writes() {
     );
 }
 
+/// A mass restart at 1/50 scale: every arrival is a client of its own (its own
+/// connection), timed from its scheduled moment; none fails.
+#[test]
+fn burst_gives_each_arrival_a_client_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(&["burst"], dir.path());
+    assert_eq!(figure(&v, "failed"), 0.0, "{v}");
+    assert!(
+        v["latencies"]["arrival to grant"]["count"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    let per = v["params"]["connection per arrival"].as_str().unwrap();
+    assert!(per.starts_with("a new client each"), "{v}");
+}
+
 #[test]
 fn takeover_and_failover_lose_no_session() {
     let dir = tempfile::tempdir().unwrap();
