@@ -50,6 +50,29 @@ pub(crate) fn record(l: &Mutex<Lat>, d: Duration, at: Instant) {
     l.lock().expect("lat").record(d, at);
 }
 
+/// A profile run's failed operations, by operation, reported next to their latencies.
+#[derive(Default)]
+pub(crate) struct Failures {
+    /// When each short-lock acquire failed (so the windows around a fault get theirs).
+    pub acquires: Mutex<Vec<Instant>>,
+    /// Config reads that failed.
+    pub reads: AtomicU64,
+    /// Config write attempts that failed (each retried after 20 ms).
+    pub writes: AtomicU64,
+}
+
+impl Failures {
+    /// An acquire failed now.
+    pub fn acquire(&self) {
+        self.acquires.lock().expect("failures").push(Instant::now());
+    }
+}
+
+/// How many of `failures` happened at or after `from` and before `to`.
+pub(crate) fn failed_between(failures: &[Instant], from: Instant, to: Instant) -> u64 {
+    failures.iter().filter(|t| **t >= from && **t < to).count() as u64
+}
+
 pub(crate) async fn leader_status(direct: &Client) -> anyhow::Result<Status> {
     for _ in 0..50 {
         for a in direct.endpoints() {
@@ -282,6 +305,7 @@ pub async fn profile(
     let (acq, ka, rd, wr) = (lat(start), lat(start), lat(start), lat(start));
     let writes_ok: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Failures::default());
     let reads = Arc::new(AtomicU64::new(0));
     let churned = Arc::new(AtomicU64::new(0));
     let l0 = leader_status(&direct).await?;
@@ -294,6 +318,7 @@ pub async fn profile(
     for j in 0..short_locks {
         let i = long_locks + j;
         let (slots, acq, stop, errors) = (slots.clone(), acq.clone(), stop.clone(), errors.clone());
+        let failures = failures.clone();
         let offset = short_period.mul_f64(rand::random::<f64>());
         tasks.push(tokio::spawn(async move {
             let mut due = start + offset;
@@ -313,6 +338,7 @@ pub async fn profile(
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        failures.acquire();
                     }
                 }
                 due += short_period;
@@ -334,6 +360,7 @@ pub async fn profile(
             reads.clone(),
             errors.clone(),
         );
+        let failures = failures.clone();
         let offset = read_period.mul_f64(rand::random::<f64>());
         tasks.push(tokio::spawn(async move {
             let mut due = start + offset;
@@ -354,6 +381,7 @@ pub async fn profile(
                         }
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
+                            failures.reads.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
@@ -377,6 +405,7 @@ pub async fn profile(
         stop.clone(),
         wr.clone(),
         writes_ok.clone(),
+        failures.clone(),
     ));
 
     // Churn: sessions that hold no lock are closed and replaced by new ones.
@@ -527,16 +556,38 @@ pub async fn profile(
     r.param("config writes per s", config_writes_per_s);
     r.param("sessions churned per s", churn_per_s);
     r.param("run (s)", format!("{elapsed:.0}"));
-    r.latency("acquire (short locks)", &acq.lock().expect("lat"));
+    let acq_failed = failures.acquires.lock().expect("failures").clone();
+    let far = start + dur * 10;
+    r.latency_failed(
+        "acquire (short locks)",
+        &acq.lock().expect("lat"),
+        acq_failed.len() as u64,
+    );
     // Without the warm-up: every session's first cached read registers it as a cacher
     // (one write each, 50 000 at once at full scale) in the run's first seconds.
-    r.latency(
+    r.latency_failed(
         &format!("acquire after the first {} s", WARM_UP.as_secs()),
         &acq.lock().expect("lat").since(WARM_UP),
+        failed_between(&acq_failed, start + WARM_UP, far),
     );
     r.latency("KeepAlive round trip", &ka.lock().expect("lat"));
-    r.latency("config read (cached)", &rd.lock().expect("lat"));
-    r.latency("config write", &wr.lock().expect("lat"));
+    r.latency_failed(
+        "config read (cached)",
+        &rd.lock().expect("lat"),
+        failures.reads.load(Ordering::Relaxed),
+    );
+    r.latency_failed(
+        "config write",
+        &wr.lock().expect("lat"),
+        failures.writes.load(Ordering::Relaxed),
+    );
+    r.notes.push(
+        "failed: next to each client operation's latency (whose percentiles are over the \
+         successes); a config write's are failed attempts, each retried after 20 ms; a \
+         KeepAlive the SDK retries itself is not counted (see jeopardy and the server-side \
+         session check)"
+            .into(),
+    );
     server_latencies(&mut r, (&l0, &l1), (&p0s, &p1s));
     r.latency(
         "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
@@ -601,7 +652,7 @@ pub async fn profile(
         i.report(
             &mut r,
             &writes_ok.lock().expect("ok"),
-            &acq.lock().expect("lat"),
+            (&acq.lock().expect("lat"), &acq_failed),
             start,
             deadline,
         );
@@ -613,8 +664,8 @@ pub async fn profile(
 
 /// The config writer of both profiles: writes a value every `1/per_s` s until `deadline`
 /// (or `stop`), retrying a failed write every 20 ms (its failures are the
-/// unavailability); every success goes into `wr` and `ok`. `write(key, value)` says
-/// whether the write succeeded.
+/// unavailability); every success goes into `wr` and `ok`, every failed attempt is
+/// counted in `failures.writes`. `write(key, value)` says whether the write succeeded.
 pub(crate) fn spawn_config_writer<F, Fut>(
     write: F,
     per_s: f64,
@@ -622,6 +673,7 @@ pub(crate) fn spawn_config_writer<F, Fut>(
     stop: Arc<AtomicBool>,
     wr: Arc<Mutex<Lat>>,
     ok: Arc<Mutex<Vec<Instant>>>,
+    failures: Arc<Failures>,
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn(String, Vec<u8>) -> Fut + Send + 'static,
@@ -646,6 +698,7 @@ where
                 v += 1;
                 tokio::time::sleep_until(t0 + every).await;
             } else {
+                failures.writes.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -864,29 +917,37 @@ impl Injected {
 
     /// Adds the fault, how long config writes were unavailable after it, and the short
     /// locks' acquire latency in the [`AROUND_FAULT`] before it and after it (by when each
-    /// acquire ended) from `acq`.
+    /// acquire ended) from `acq`, with the acquires that failed in each (`acq.1`, when
+    /// each failed).
     pub(crate) fn report(
         &self,
         r: &mut Report,
         writes_ok: &[Instant],
-        acq: &Lat,
+        acq: (&Lat, &[Instant]),
         start: Instant,
         deadline: Instant,
     ) {
+        let (acq, acq_failed) = acq;
         let at = self.at.saturating_duration_since(acq.start());
-        r.latency(
+        r.latency_failed(
             &format!(
                 "acquire in the {} s before the fault",
                 AROUND_FAULT.as_secs()
             ),
             &acq.between(at.saturating_sub(AROUND_FAULT), at),
+            failed_between(
+                acq_failed,
+                self.at.checked_sub(AROUND_FAULT).unwrap_or(start),
+                self.at,
+            ),
         );
-        r.latency(
+        r.latency_failed(
             &format!(
                 "acquire in the {} s after the fault",
                 AROUND_FAULT.as_secs()
             ),
             &acq.between(at, at + AROUND_FAULT),
+            failed_between(acq_failed, self.at, self.at + AROUND_FAULT),
         );
         let gap = crate::scenarios::unavailable(
             writes_ok,

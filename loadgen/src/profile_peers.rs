@@ -39,7 +39,8 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::System;
 use crate::profile::{
     each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_jeopardy_sampler,
-    spawn_keepalive_sampler, spawn_lateness_probe, Fault, Injected, JeopardyStats, CONFIG_KEYS,
+    spawn_keepalive_sampler, spawn_lateness_probe, Failures, Fault, Injected, JeopardyStats,
+    CONFIG_KEYS,
 };
 use crate::report::{proc_cost, Lat, LatPart, ProcCost, Report};
 use crate::scenarios::Ctx;
@@ -109,6 +110,11 @@ pub struct Measured {
     late: LatPart,
     /// When config writes succeeded, seconds from the run's start.
     writes_ok: Vec<f64>,
+    /// When short-lock acquires failed, seconds from the run's start.
+    acq_failed: Vec<f64>,
+    /// Config reads that failed, and config write attempts that failed.
+    reads_failed: u64,
+    writes_failed: u64,
     /// A part's own CPU and memory.
     cost: Option<ProcCost>,
 }
@@ -125,6 +131,7 @@ struct Running {
     wr: Arc<Mutex<Lat>>,
     late: Arc<Mutex<Lat>>,
     writes_ok: Arc<Mutex<Vec<Instant>>>,
+    failures: Arc<Failures>,
     jeopardy: Arc<Mutex<JeopardyStats>>,
     errors: Arc<AtomicU64>,
     reads: Arc<AtomicU64>,
@@ -215,6 +222,7 @@ async fn start(
     let (acq, ka, rd, wr) = (lat(start), lat(start), lat(start), lat(start));
     let writes_ok: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let errors = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Failures::default());
     let reads = Arc::new(AtomicU64::new(0));
     let churned = Arc::new(AtomicU64::new(0));
     let renewals0 = ETCD_RENEWALS.load(Ordering::Relaxed);
@@ -224,6 +232,7 @@ async fn start(
     for j in 0..short_locks {
         let i = long_locks + j;
         let (slots, acq, stop, errors) = (slots.clone(), acq.clone(), stop.clone(), errors.clone());
+        let failures = failures.clone();
         let offset = short_period.mul_f64(rand::random::<f64>());
         let dir = format!("{lock_dir}/l{i}");
         tasks.push(tokio::spawn(async move {
@@ -243,6 +252,7 @@ async fn start(
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        failures.acquire();
                     }
                 }
                 due += short_period;
@@ -262,6 +272,7 @@ async fn start(
                 reads.clone(),
                 errors.clone(),
             );
+            let failures = failures.clone();
             let offset = period.mul_f64(rand::random::<f64>());
             let config_dir = config_dir.clone();
             tasks.push(tokio::spawn(async move {
@@ -283,6 +294,7 @@ async fn start(
                             }
                             Err(_) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
+                                failures.reads.fetch_add(1, Ordering::Relaxed);
                             }
                         }
                     }
@@ -323,6 +335,7 @@ async fn start(
         stop.clone(),
         wr.clone(),
         writes_ok.clone(),
+        failures.clone(),
     ));
 
     // Churn: sessions that hold no lock are closed and replaced by new ones.
@@ -419,6 +432,7 @@ async fn start(
         wr,
         late,
         writes_ok,
+        failures,
         jeopardy,
         errors,
         reads,
@@ -549,6 +563,16 @@ impl Running {
                 .iter()
                 .map(|t| t.duration_since(start).as_secs_f64())
                 .collect(),
+            acq_failed: self
+                .failures
+                .acquires
+                .lock()
+                .expect("failures")
+                .iter()
+                .map(|t| t.saturating_duration_since(start).as_secs_f64())
+                .collect(),
+            reads_failed: self.failures.reads.load(Ordering::Relaxed),
+            writes_failed: self.failures.writes.load(Ordering::Relaxed),
             cost: None,
         }
     }
@@ -803,7 +827,13 @@ fn report(
         Lat::new(begun),
     );
     let mut writes_ok = Vec::new();
+    let mut acq_failed = Vec::new();
     for m in parts {
+        acq_failed.extend(
+            m.acq_failed
+                .iter()
+                .map(|s| begun + Duration::from_secs_f64(*s)),
+        );
         acq.merge(&Lat::from_part(&m.acq, begun)?);
         ka.merge(&Lat::from_part(&m.ka, begun)?);
         rd.merge(&Lat::from_part(&m.rd, begun)?);
@@ -874,14 +904,25 @@ fn report(
     r.param("config writes per s", sum(|m| m.writes_per_s));
     r.param("sessions churned per s", sum(|m| m.churn_per_s));
     r.param("run (s)", format!("{elapsed:.0}"));
-    r.latency("acquire (short locks)", &acq);
+    r.latency_failed("acquire (short locks)", &acq, acq_failed.len() as u64);
     if ka.count() > 0 {
         r.latency("KeepAlive round trip", &ka);
     }
     if reads_per_s > 0.0 {
-        r.latency("config read (uncached)", &rd);
+        r.latency_failed(
+            "config read (uncached)",
+            &rd,
+            sum(|m| m.reads_failed as f64) as u64,
+        );
     }
-    r.latency("config write", &wr);
+    r.latency_failed("config write", &wr, sum(|m| m.writes_failed as f64) as u64);
+    r.notes.push(
+        "failed: next to each client operation's latency (whose percentiles are over the \
+         successes); a config write's are failed attempts, each retried after 20 ms; a \
+         renewal the keeper retries itself is not counted (see jeopardy and the \
+         server-side session check)"
+            .into(),
+    );
     r.latency(crate::profile::LATENESS, &late);
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure(
@@ -957,7 +998,7 @@ fn report(
         n as f64 * reads_per_s
     ));
     if let Some(i) = &injected {
-        i.report(&mut r, &writes_ok, &acq, begun, deadline);
+        i.report(&mut r, &writes_ok, (&acq, &acq_failed), begun, deadline);
     }
     ctx.costs(&mut r);
     r.processes

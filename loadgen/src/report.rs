@@ -23,15 +23,20 @@ pub struct LatPart {
     series: Vec<(f64, f64)>,
 }
 
-/// Percentiles of a [`Lat`], in milliseconds.
+/// Percentiles of a [`Lat`], in milliseconds, and how many of the operation failed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// Operations that succeeded (the percentiles are over these).
     pub count: u64,
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
+    /// Operations that failed, not in the percentiles (absent where loadgen does not
+    /// count them: a server's own timings, a probe, a renewal the client retries itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<u64>,
 }
 
 impl Lat {
@@ -134,6 +139,7 @@ pub fn summary_of(hist: &Histogram<u64>) -> Summary {
         p99: q(0.99),
         p999: q(0.999),
         max: hist.max() as f64 / 1e3,
+        failed: None,
     }
 }
 
@@ -270,6 +276,15 @@ impl Report {
         self.series.insert(k.into(), bucketed(&lat.series));
     }
 
+    /// Adds a latency distribution of an operation and how many of it failed (next to
+    /// the count of those that succeeded, which the percentiles are over).
+    pub fn latency_failed(&mut self, k: &str, lat: &Lat, failed: u64) {
+        self.latency(k, lat);
+        if let Some(s) = self.latencies.get_mut(k) {
+            s.failed = Some(failed);
+        }
+    }
+
     /// Adds a latency distribution measured by a server (a histogram of microseconds from
     /// its status): in the table and the JSON, not in the chart.
     pub fn server_latency(&mut self, k: &str, hist: &Histogram<u64>) {
@@ -287,13 +302,14 @@ impl Report {
         }
         if !self.latencies.is_empty() {
             println!(
-                "  {:<22} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}  (ms)",
-                "latency", "count", "p50", "p90", "p99", "p99.9", "max"
+                "  {:<22} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}  (ms)",
+                "latency", "count", "failed", "p50", "p90", "p99", "p99.9", "max"
             );
             for (k, s) in &self.latencies {
+                let failed = s.failed.map_or("-".to_string(), |n| n.to_string());
                 println!(
-                    "  {:<22} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
-                    k, s.count, s.p50, s.p90, s.p99, s.p999, s.max
+                    "  {:<22} {:>8} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+                    k, s.count, failed, s.p50, s.p90, s.p99, s.p999, s.max
                 );
             }
         }
@@ -411,6 +427,16 @@ pub fn compare(reports: &[Report]) {
                 })
                 .collect();
             rows.push((format!("{k} {label} (ms)"), vals));
+        }
+        if reports
+            .iter()
+            .any(|r| r.latencies.get(k).is_some_and(|s| s.failed.is_some()))
+        {
+            let vals = reports
+                .iter()
+                .map(|r| r.latencies.get(k)?.failed.map(|n| n as f64))
+                .collect();
+            rows.push((format!("{k} failed"), vals));
         }
     }
     for k in fig_keys {

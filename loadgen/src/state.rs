@@ -212,8 +212,8 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::SeqCst);
-    let lat = writer.await?;
-    r.latency("write while snapshotting", &lat);
+    let (lat, failed) = writer.await?;
+    r.latency_failed("write while snapshotting", &lat, failed);
     rss_of(ctx, &mut r, "after snapshots");
 
     // A follower killed and restarted: it loads its snapshot and replays its log.
@@ -301,28 +301,31 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
 }
 
 /// The writer that measures a snapshot's stall: writes value `v` (0, 1, ...) every 5 ms
-/// until `stop`, timing each write that succeeded.
+/// until `stop`, timing each write that succeeded and counting those that failed.
 pub(crate) fn spawn_stall_writer<F, Fut>(
     start: Instant,
     stop: Arc<AtomicBool>,
     write: F,
-) -> tokio::task::JoinHandle<Lat>
+) -> tokio::task::JoinHandle<(Lat, u64)>
 where
     F: Fn(u64) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     tokio::spawn(async move {
         let mut lat = Lat::new(start);
+        let mut failed = 0u64;
         let mut v = 0u64;
         while !stop.load(Ordering::SeqCst) {
             let t0 = Instant::now();
             if write(v).await {
                 let t1 = Instant::now();
                 lat.record(t1 - t0, t1);
+            } else {
+                failed += 1;
             }
             v += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        lat
+        (lat, failed)
     })
 }

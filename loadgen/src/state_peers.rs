@@ -347,7 +347,7 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::SeqCst);
-    let lat = writer.await?;
+    let (lat, failed) = writer.await?;
     let _ = std::fs::remove_file(&path);
     let (bytes, streamed, total) = saved
         .map_err(|_| anyhow!("the leader's snapshot did not finish within {WAIT:?}"))?
@@ -361,7 +361,7 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
         "leader snapshot streamed + saved (ms)",
         total.as_secs_f64() * 1e3,
     );
-    r.latency("write while snapshotting", &lat);
+    r.latency_failed("write while snapshotting", &lat, failed);
     r.notes.push(
         "snapshot: etcd's maintenance Snapshot at the leader, as `etcdctl snapshot save`: a \
          copy of its bbolt backend (the whole keyspace, with its MVCC revisions) streamed \

@@ -71,6 +71,20 @@ fn figure(v: &serde_json::Value, k: &str) -> f64 {
         .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
 }
 
+/// The server was asked for its sessions (etcd: leases) at the end, and lost none of
+/// loadgen's.
+fn server_confirms_none_lost(v: &serde_json::Value) {
+    assert!(figure(v, "sessions at the server at the end") > 0.0, "{v}");
+    assert_eq!(figure(v, "sessions the server confirms lost"), 0.0, "{v}");
+}
+
+/// The latency `k` has its failures counted next to it.
+fn failed(v: &serde_json::Value, k: &str) -> u64 {
+    v["latencies"][k]["failed"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no failure count next to latency {k:?} in {v}"))
+}
+
 fn count(v: &serde_json::Value, k: &str) -> u64 {
     v["latencies"][k]["count"]
         .as_u64()
@@ -88,7 +102,23 @@ fn profile_on(system: &str, extra: &[&str]) -> Option<serde_json::Value> {
     args.extend(["profile", "--secs", "10"]);
     let v = run(system, &args, "profile", dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    // Asked at the server before any session closed (with --processes, while the parts
+    // still hold theirs).
+    server_confirms_none_lost(&v);
+    assert!(
+        figure(&v, "sessions at the server at the end") >= 1_001.0,
+        "{v}"
+    );
+    // Jeopardy, defined as ours, is reported for the peers too.
+    figure(&v, "sessions in jeopardy at some point");
     assert_eq!(figure(&v, "operation errors"), 0.0, "{v}");
+    for k in [
+        "acquire (short locks)",
+        "config write",
+        "config read (uncached)",
+    ] {
+        assert_eq!(failed(&v, k), 0, "{k}: {v}");
+    }
     assert_eq!(figure(&v, "setup errors (long-held locks not taken)"), 0.0);
     assert_eq!(
         figure(&v, "long-held locks still held"),
@@ -163,6 +193,7 @@ fn state_on(system: &str, extra: &[&str]) -> Option<serde_json::Value> {
     args.push("state");
     let v = run(system, &args, "state", dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    server_confirms_none_lost(&v);
     assert!(figure(&v, "nodes in the cell") >= 2_000.0, "{v}");
     assert!(figure(&v, "restart: caught up after (s)") < 60.0, "{v}");
     assert!(figure(&v, "learner: caught up after (s)") < 60.0, "{v}");

@@ -46,6 +46,19 @@ fn figure(v: &serde_json::Value, k: &str) -> f64 {
         .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
 }
 
+/// The server was asked for its sessions at the end, and lost none of loadgen's.
+fn server_confirms_none_lost(v: &serde_json::Value) {
+    assert!(figure(v, "sessions at the server at the end") > 0.0, "{v}");
+    assert_eq!(figure(v, "sessions the server confirms lost"), 0.0, "{v}");
+}
+
+/// The latency `k` has its failures counted next to it.
+fn failed(v: &serde_json::Value, k: &str) -> u64 {
+    v["latencies"][k]["failed"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no failure count next to latency {k:?} in {v}"))
+}
+
 #[test]
 fn acquire_herd_and_max_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -96,6 +109,8 @@ fn burst_gives_each_arrival_a_client_of_its_own() {
     );
     let per = v["params"]["connection per arrival"].as_str().unwrap();
     assert!(per.starts_with("a new client each"), "{v}");
+    assert_eq!(failed(&v, "arrival to grant"), 0, "{v}");
+    assert_eq!(failed(&v, "acquire"), 0, "{v}");
 }
 
 #[test]
@@ -108,6 +123,10 @@ fn takeover_and_failover_lose_no_session() {
     // ~1.8 s, dead-connection probe ~2 s); before the probe it was 9.5 s. Generous margin.
     let v = run(&["failover"], dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0);
+    server_confirms_none_lost(&v);
+    // Failed attempts are counted next to the write latency (some fail during the
+    // fail-over, so no exact figure).
+    failed(&v, "write");
     let gap = figure(&v, "writes unavailable (s)");
     assert!(
         gap < 6.0,
@@ -115,6 +134,8 @@ fn takeover_and_failover_lose_no_session() {
     );
     let v = run(&["failover", "--freeze"], dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0);
+    server_confirms_none_lost(&v);
+    failed(&v, "write");
     let gap = figure(&v, "writes unavailable (s)");
     assert!(
         gap < 6.0,
@@ -131,7 +152,22 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
     let dir = tempfile::tempdir().unwrap();
     let v = run_named(&["profile", "--secs", "20"], "profile", dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    // The cell holds every session loadgen opened (1 000, the admin's, the proxy's own).
+    server_confirms_none_lost(&v);
+    assert!(
+        figure(&v, "sessions at the server at the end") >= 1_001.0,
+        "{v}"
+    );
     assert_eq!(figure(&v, "operation errors"), 0.0, "{v}");
+    // Failures next to every client operation's latency.
+    for k in [
+        "acquire (short locks)",
+        "acquire after the first 10 s",
+        "config read (cached)",
+        "config write",
+    ] {
+        assert_eq!(failed(&v, k), 0, "{k}: {v}");
+    }
     assert_eq!(figure(&v, "setup errors (long-held locks not taken)"), 0.0);
     // Without a fault every KeepAlive comes back well within the local lease.
     assert_eq!(figure(&v, "sessions in jeopardy at some point"), 0.0, "{v}");
@@ -177,6 +213,9 @@ fn profile_loses_no_session_even_across_a_leader_kill() {
         dir.path(),
     );
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    server_confirms_none_lost(&v);
+    failed(&v, "acquire in the 10 s after the fault");
+    failed(&v, "config write");
     let gap = figure(&v, "config writes unavailable (s)");
     assert!(
         gap < 8.0,
@@ -202,6 +241,8 @@ fn state_snapshots_restart_and_learner() {
     let dir = tempfile::tempdir().unwrap();
     let v = run(&["state"], dir.path());
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
+    server_confirms_none_lost(&v);
+    failed(&v, "write while snapshotting");
     assert!(figure(&v, "leader snapshot size (MB)") > 0.5, "{v}");
     assert!(figure(&v, "restart: caught up after (s)") < 60.0, "{v}");
     assert!(figure(&v, "learner: caught up after (s)") < 60.0, "{v}");
