@@ -11,4 +11,10 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261201}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk -q
+# A client compiles neither the replica's consensus and storage nor the dev CA's rcgen:
+# `wire` keeps them behind its `raft` and `dev-ca` features (docs/architecture.md).
+if cargo tree -p client-sdk -e normal --prefix none | grep -E '^(openraft|fjall|rcgen) '; then
+  echo "client-sdk must not depend on openraft, fjall or rcgen (see above)" >&2
+  exit 1
+fi
 cargo test --workspace -- --nocapture

@@ -85,6 +85,7 @@ pub fn from_bytes<'a, T: Deserialize<'a>>(
         elements: Cell::new(0),
         exceeded: Cell::new(None),
     };
+    #[cfg(feature = "raft")]
     crate::command::nesting_reset();
     let mut de = postcard::Deserializer::from_bytes(bytes);
     let r = T::deserialize(Limited {
@@ -97,6 +98,7 @@ pub fn from_bytes<'a, T: Deserialize<'a>>(
             if let Some((bound, limit)) = state.exceeded.get() {
                 return Err(Error::LimitExceeded { bound, limit });
             }
+            #[cfg(feature = "raft")]
             if let Some(limit) = crate::command::nesting_exceeded() {
                 return Err(Error::LimitExceeded {
                     bound: Bound::CommandNesting,
@@ -547,6 +549,7 @@ mod tests {
 
     /// A sequence of one-byte elements that are large in memory stops at the element
     /// bound, and its announced length (a billion) preallocates nothing near it.
+    #[cfg(feature = "raft")]
     #[test]
     fn element_bytes_are_bounded() {
         let mut bytes = vec![0x80, 0x94, 0xeb, 0xdc, 0x03]; // varint 1_000_000_000

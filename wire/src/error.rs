@@ -218,7 +218,7 @@ pub enum Bound {
     /// Bytes of sequence elements a decoded message may build
     /// ([`crate::decode::Limits::element_bytes_max`]).
     DecodedBytes,
-    /// Commands nested in commands ([`crate::command::COMMAND_NESTING_MAX`]).
+    /// Commands nested in commands (`command::COMMAND_NESTING_MAX`).
     CommandNesting,
     /// Milliseconds from a connection's handshake to its hello
     /// ([`crate::frame::HELLO_DEADLINE_MS`]).

@@ -10,15 +10,17 @@
 //! - [`error`]: [`Error`], the typed errors a client can receive. Each variant names the
 //!   problem; none is ever returned for a request that changed state, except where the
 //!   variant says so.
-//! - [`command`]: [`command::Command`], the entries of the replicated log.
-//! - [`raft`]: the openraft type configuration and the replica↔replica RPC messages.
+//! - `command` (feature `raft`): `command::Command`, the entries of the replicated log.
+//! - `raft` (feature `raft`): the openraft type configuration and the replica↔replica
+//!   RPC messages. Only replicas enable the feature, so clients and proxies do not
+//!   compile openraft.
 //! - [`frame`]: length-prefixed postcard frames, read within bounds (size, time, bytes per
 //!   connection); [`decode`]: postcard decoding bounded in depth and in what it builds.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
-//! - [`tls`] and [`quic`]: certificates (a development CA built with rcgen) and QUIC
-//!   endpoint construction shared by every process.
+//! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
+//!   with rcgen) and QUIC endpoint construction shared by every process.
 //!
 //! # Encoding rules
 //!
@@ -27,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "raft")]
 pub mod command;
 pub mod decode;
 pub mod error;
@@ -37,6 +40,7 @@ pub mod latency;
 pub mod limits;
 pub mod path;
 pub mod quic;
+#[cfg(feature = "raft")]
 pub mod raft;
 pub mod rt;
 pub mod tls;

@@ -1,8 +1,8 @@
 //! Where the service's background tasks run.
 //!
 //! Every task a replica, a proxy or the client SDK starts goes through [`spawn`], and the
-//! tasks openraft and quinn start go through [`RaftRuntime`] and [`quic_runtime`], which
-//! delegate to it. In a normal process that is `tokio::spawn`. The fault suite's
+//! tasks openraft and quinn start go through `RaftRuntime` (feature `raft`) and
+//! [`quic_runtime`], which delegate to it. In a normal process that is `tokio::spawn`. The fault suite's
 //! simulation calls [`spawn_on_local_sets`] first: from then on every task is a local task
 //! of the innermost `tokio::task::LocalSet` being driven. The simulation runs each host's
 //! software on a `LocalSet` of its own and can stop driving it: the whole host then stands
@@ -14,9 +14,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+#[cfg(feature = "raft")]
 use std::time::Duration;
 
+#[cfg(feature = "raft")]
 use openraft::async_runtime::TokioOneShotSender;
+#[cfg(feature = "raft")]
 use openraft::{AsyncRuntime, OptionalSend, TokioInstant};
 
 static LOCAL: AtomicBool = AtomicBool::new(false);
@@ -49,9 +52,11 @@ where
 }
 
 /// openraft's runtime: tokio's, with its tasks spawned by [`spawn`].
+#[cfg(feature = "raft")]
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct RaftRuntime;
 
+#[cfg(feature = "raft")]
 impl AsyncRuntime for RaftRuntime {
     type JoinError = tokio::task::JoinError;
     type JoinHandle<T: OptionalSend + 'static> = tokio::task::JoinHandle<T>;

@@ -2,8 +2,8 @@
 //!
 //! A cell runs with a CA of its own: every replica (and later every proxy) presents a
 //! certificate signed by it for the DNS name [`SERVER_NAME`], and clients trust only that
-//! CA. [`DevCa`] makes such a CA and certificates with rcgen for local cells and tests;
-//! production operators bring their own PEM files.
+//! CA. `DevCa` (feature `dev-ca`) makes such a CA and certificates with rcgen for local
+//! cells and tests; production operators bring their own PEM files.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// A server's TLS files, as replicas and proxies configure them. Every server of a cell
 /// presents a certificate signed by the cell's CA for the DNS name [`SERVER_NAME`];
-/// `lockctl dev` generates such a set ([`DevCa`]).
+/// `lockctl dev` generates such a set (`DevCa`, feature `dev-ca`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TlsConfig {
     /// The cell's CA certificate (PEM), trusted when dialing replicas.
@@ -25,7 +25,8 @@ pub struct TlsConfig {
 }
 
 impl TlsConfig {
-    /// The files [`DevCa::write_to`] writes into `dir`.
+    /// The files `DevCa::write_to` writes into `dir` ([`CA_FILE`], [`CERT_FILE`],
+    /// [`KEY_FILE`]).
     pub fn in_dir(dir: &Path) -> TlsConfig {
         TlsConfig {
             ca: dir.join(CA_FILE),
@@ -38,7 +39,7 @@ impl TlsConfig {
 /// The DNS name every server certificate carries and every client checks.
 pub const SERVER_NAME: &str = "lockservice";
 
-/// File names used inside a TLS directory (see [`DevCa::write_to`]).
+/// File names used inside a TLS directory (see `DevCa::write_to`).
 pub const CA_FILE: &str = "ca.pem";
 /// Server certificate file name.
 pub const CERT_FILE: &str = "server.pem";
@@ -46,6 +47,7 @@ pub const CERT_FILE: &str = "server.pem";
 pub const KEY_FILE: &str = "server.key";
 
 /// A development certificate authority with one server certificate.
+#[cfg(feature = "dev-ca")]
 pub struct DevCa {
     /// CA certificate, PEM.
     pub ca_pem: String,
@@ -55,6 +57,7 @@ pub struct DevCa {
     pub key_pem: String,
 }
 
+#[cfg(feature = "dev-ca")]
 impl DevCa {
     /// Makes a fresh CA and a server certificate signed by it (ECDSA P-256 keys).
     pub fn generate() -> Result<DevCa, String> {
