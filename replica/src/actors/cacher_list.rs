@@ -164,9 +164,7 @@ struct Failover {
     since: tokio::time::Instant,
 }
 
-/// openraft's metrics, as `Raft::metrics` hands them out.
-pub type Metrics =
-    tokio::sync::watch::Receiver<openraft::RaftMetrics<wire::raft::NodeId, openraft::BasicNode>>;
+pub use crate::raft::Metrics;
 
 /// The actor.
 pub struct CacherListActor {
@@ -217,10 +215,7 @@ impl CacherListActor {
     fn leading_term(&self) -> Option<u64> {
         let term = self.term?;
         match &self.metrics {
-            Some(m) => {
-                let m = m.borrow();
-                (m.state == openraft::ServerState::Leader && m.current_term == term).then_some(term)
-            }
+            Some(m) => crate::raft::leading_term(m).filter(|t| *t == term),
             None => Some(term),
         }
     }

@@ -83,9 +83,7 @@ pub struct SessionManager {
     confirms: ConfirmWatch,
 }
 
-type QuorumWatch = tokio::sync::watch::Receiver<
-    openraft::RaftMetrics<wire::types::ReplicaId, openraft::BasicNode>,
->;
+type QuorumWatch = crate::raft::Metrics;
 
 impl SessionManager {
     /// A session manager proposing through `raft_node`.

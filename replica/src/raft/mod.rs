@@ -1,6 +1,13 @@
 //! openraft glue: the log store on fjall, the state-machine store with snapshot files, the
-//! QUIC network, and the read gate (coalesced leadership checks). Everything that depends on openraft's API lives here (and in
-//! `wire::raft`), so a port to another openraft line stays contained.
+//! QUIC network, the read gate (coalesced leadership checks), and the one alias and
+//! helper for openraft's metrics ([`Metrics`], [`leading_term`]).
+//!
+//! openraft's API is used here, in `wire::raft` (its type configuration and RPC
+//! messages), and in three places above: the Raft node actor (`actors/raft_node.rs`:
+//! membership changes, leadership announcements), the server's start (`server.rs`:
+//! openraft's `Config`) and `errors.rs` (openraft's errors as the wire's). A port to
+//! another openraft line touches those and nothing else (the actors' tests build
+//! openraft values too).
 
 pub mod log_store;
 pub mod mem_log;
@@ -11,3 +18,13 @@ pub mod snapshot_file;
 
 /// The Raft handle (`Clone + Send`).
 pub type Raft = openraft::Raft<wire::raft::TypeConfig>;
+
+/// openraft's metrics, as [`openraft::Raft::metrics`] hands them out (a watch).
+pub type Metrics =
+    tokio::sync::watch::Receiver<openraft::RaftMetrics<wire::raft::NodeId, openraft::BasicNode>>;
+
+/// The term this replica leads in now by openraft's own view, if it leads.
+pub fn leading_term(metrics: &Metrics) -> Option<u64> {
+    let m = metrics.borrow();
+    (m.state == openraft::ServerState::Leader).then_some(m.current_term)
+}
