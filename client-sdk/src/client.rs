@@ -12,6 +12,10 @@ use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
 use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId, Status};
 use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
 
+/// The default grace period: how long a session in jeopardy keeps trying before it gives
+/// up (see [`ClientConfig::grace_period`]).
+pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
+
 /// How to reach a cell.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -81,7 +85,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),
             connect_timeout: Duration::from_secs(1),
-            grace_period: crate::session::GRACE_PERIOD,
+            grace_period: GRACE_PERIOD,
             cache_entries_max: 10_000,
             cache_bytes_max: 64 * 1024 * 1024,
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),

@@ -60,10 +60,6 @@ pub struct Created {
     pub predecessor: Option<Predecessor>,
 }
 
-/// The default grace period: how long a session in jeopardy keeps trying before it gives
-/// up (see [`crate::ClientConfig::grace_period`]).
-pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
-
 /// Widest spread of request ids in flight: a new request waits until its id is less than
 /// this far above the oldest unanswered one. Half the cell's dedup window
 /// ([`wire::DEDUP_RESULTS_MAX`]), so the cell always has room for every unacknowledged
