@@ -358,6 +358,13 @@ async fn start(
                 tokio::time::sleep_until(due).await;
                 let i = plain.start + rand::random::<usize>() % plain.len();
                 let old = slots[i].lock().expect("slot").clone();
+                // As ours: only a healthy session is churned out; one lost or in jeopardy
+                // stays in its slot to be counted at the end (replacing it would hide
+                // its loss from the clients' count and the server's).
+                if old.lost() || !old.lease_valid(lease) {
+                    due += every;
+                    continue;
+                }
                 match old.reopen(&conn, lease).await {
                     Ok(fresh) => {
                         *slots[i].lock().expect("slot") = Arc::new(fresh);

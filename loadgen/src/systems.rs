@@ -110,7 +110,10 @@ impl EtcdKeeper {
     }
 
     /// True once the server said the lease is gone (only then: a keeper that hears
-    /// nothing keeps trying, as clientv3's keep-alive loop does).
+    /// nothing keeps trying). This is loadgen's definition, the same for all three
+    /// systems, not clientv3's: clientv3 3.4 closes a lease's keep-alive when nothing
+    /// answers within its TTL and `concurrency.Session` then ends; what such an
+    /// application would see is the jeopardy figure (no renewal for longer than the lease).
     fn lost(&self) -> bool {
         match self {
             EtcdKeeper::Own(_, st) => st.lock().expect("keeper").gone,
@@ -207,10 +210,11 @@ pub const ETCD_LEASES_PER_CLIENT: usize = 2_000;
 async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Result<Sess> {
     let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
     // Like clientv3's concurrency.Session: keep the lease alive through member failures
-    // (re-open the keep-alive stream, possibly at another member) every third of its TTL,
-    // and keep trying however long nothing answers: the lease is over only when the
-    // server says so (a renewal answered with TTL 0, or "lease not found"), so a stall in
-    // loadgen is not turned into a loss by loadgen.
+    // (re-open the keep-alive stream, possibly at another member) every third of its TTL.
+    // Unlike it, keep trying however long nothing answers (clientv3 3.4 gives up after a
+    // TTL without an answer): the lease is over only when the server says so (a renewal
+    // answered with TTL 0, or "lease not found"), so a stall in loadgen is not turned
+    // into a loss by loadgen; the jeopardy figure is what clientv3 would have seen.
     let every = lease / 3;
     let mut kc = c.clone();
     let st = Arc::new(Mutex::new(KeeperState {
@@ -326,17 +330,36 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
     }
     let mut etcd_clients = Vec::new();
     if let Conn::Etcd(eps) = conn {
-        let eps = if ETCD_LEADER_ONLY.load(Ordering::Relaxed) {
-            vec![etcd_leader(eps).await?]
+        let leader_only = ETCD_LEADER_ONLY.load(Ordering::Relaxed);
+        let eps = if leader_only {
+            // The leader first, the others after it: requests go to the leader (the gRPC
+            // client is given it alone: etcd-client balances over every endpoint it is
+            // given), while the shared keep-alive streams start there and can still
+            // move on (with the leader alone, a fault on it would lose leases for want of
+            // another member to renew at: loadgen's doing, not etcd's). A lease's own
+            // keep-alive stream (without `--etcd-shared-keepalive`) uses the client's
+            // connection, so stays at the leader.
+            let leader = etcd_leader(eps).await?;
+            let mut v = vec![leader.clone()];
+            v.extend(eps.iter().filter(|e| **e != leader).cloned());
+            v
         } else {
             eps.clone()
         };
         for i in 0..n.div_ceil(ETCD_LEASES_PER_CLIENT) {
-            // Each client starts at another member, so clients spread over members.
+            // Each client starts at another member, so clients spread over members
+            // (all at the leader with `--etcd-leader-only`).
             let mut eps = eps.clone();
-            let at = i % eps.len().max(1);
-            eps.rotate_left(at);
-            let client = etcd_client::Client::connect(eps.clone(), None).await?;
+            if !leader_only {
+                let at = i % eps.len().max(1);
+                eps.rotate_left(at);
+            }
+            let client_eps = if leader_only {
+                eps[..1].to_vec()
+            } else {
+                eps.clone()
+            };
+            let client = etcd_client::Client::connect(client_eps, None).await?;
             let mux = ETCD_SHARED_KEEPALIVE
                 .load(Ordering::Relaxed)
                 .then(|| crate::etcd_leases::LeaseMux::start(eps, lease));
