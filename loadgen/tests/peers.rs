@@ -6,6 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+use common::{failed, figure, server_confirms_none_lost};
+
 const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
 
 /// One run at a time (two cores).
@@ -63,26 +66,6 @@ fn assert_split_over_two(v: &serde_json::Value, other: &str) {
             "{names:?}"
         );
     }
-}
-
-fn figure(v: &serde_json::Value, k: &str) -> f64 {
-    v["figures"][k]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
-}
-
-/// The server was asked for its sessions (etcd: leases) at the end, and lost none of
-/// loadgen's.
-fn server_confirms_none_lost(v: &serde_json::Value) {
-    assert!(figure(v, "sessions at the server at the end") > 0.0, "{v}");
-    assert_eq!(figure(v, "sessions the server confirms lost"), 0.0, "{v}");
-}
-
-/// The latency `k` has its failures counted next to it.
-fn failed(v: &serde_json::Value, k: &str) -> u64 {
-    v["latencies"][k]["failed"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no failure count next to latency {k:?} in {v}"))
 }
 
 fn count(v: &serde_json::Value, k: &str) -> u64 {

@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::process::Command;
 
+mod common;
+use common::{failed, figure, server_confirms_none_lost};
+
 const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
 
 /// One scenario at a time (two cores).
@@ -38,25 +41,6 @@ fn run_named(args: &[&str], name: &str, out: &Path) -> serde_json::Value {
     let json = out.join(format!("{name}-ours.json"));
     assert!(out.join(format!("{name}-ours.svg")).exists());
     serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
-}
-
-fn figure(v: &serde_json::Value, k: &str) -> f64 {
-    v["figures"][k]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no figure {k:?} in {v}"))
-}
-
-/// The server was asked for its sessions at the end, and lost none of loadgen's.
-fn server_confirms_none_lost(v: &serde_json::Value) {
-    assert!(figure(v, "sessions at the server at the end") > 0.0, "{v}");
-    assert_eq!(figure(v, "sessions the server confirms lost"), 0.0, "{v}");
-}
-
-/// The latency `k` has its failures counted next to it.
-fn failed(v: &serde_json::Value, k: &str) -> u64 {
-    v["latencies"][k]["failed"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no failure count next to latency {k:?} in {v}"))
 }
 
 #[test]

@@ -692,15 +692,22 @@ fn a_cut_off_holder_stops_its_command_before_its_lease_ends() {
 /// keeps the answers lost for another 300 ms (no heartbeat in it), then heals the link: the session is confirmed (Safe),
 /// lockctl continues the command, its heartbeats resume, and it ends normally with the
 /// lock still held (lockctl exits 0). Before the fix the heartbeats went on throughout.
-#[test]
-fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
-    let _g = serial();
-    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
+/// A one-replica cell (9 s lease) and a `lockctl lock /locks/job` holder running `script`
+/// with `lock_args`, reaching the cell through a relay the test controls; returned once it
+/// holds the lock and its command has written five heartbeats.
+fn relayed_holder(lock_args: &[&str], script: &str) -> (DevCell, Relay, Heartbeating) {
+    let cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
     let (ca, direct) = (cell.ca.clone(), cell.eps());
     let o = lockctl(&direct, &ca, &["create", "/locks"]);
     assert!(o.status.success(), "{}", text(&o));
     let relay = Relay::start(cell.endpoints[0].parse().unwrap());
-    let mut holder = Heartbeating::start(cell.dir.path(), &relay.addr.to_string(), &ca);
+    let holder = Heartbeating::start_with(
+        cell.dir.path(),
+        &relay.addr.to_string(),
+        &ca,
+        lock_args,
+        script,
+    );
     holder
         .out
         .wait_for("acquired /locks/job", Duration::from_secs(20))
@@ -710,6 +717,13 @@ fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
         "the command wrote no heartbeats:\n{}",
         holder.output()
     );
+    (cell, relay, holder)
+}
+
+#[test]
+fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
+    let _g = serial();
+    let (mut cell, relay, mut holder) = relayed_holder(&[], HEARTBEAT);
 
     let cut = now_us();
     relay.set(Link::RepliesLost);
@@ -784,29 +798,12 @@ fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
 #[test]
 fn on_jeopardy_term_ends_the_command_and_kills_one_that_ignores_it() {
     let _g = serial();
-    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
-    let (ca, direct) = (cell.ca.clone(), cell.eps());
-    let o = lockctl(&direct, &ca, &["create", "/locks"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let relay = Relay::start(cell.endpoints[0].parse().unwrap());
     let deaf = format!("trap '' TERM\n{HEARTBEAT}");
     let kill_after_s = 2u64;
     let kill_after = kill_after_s.to_string();
-    let mut holder = Heartbeating::start_with(
-        cell.dir.path(),
-        &relay.addr.to_string(),
-        &ca,
+    let (mut cell, relay, mut holder) = relayed_holder(
         &["--on-jeopardy", "term", "--kill-after-secs", &kill_after],
         &deaf,
-    );
-    holder
-        .out
-        .wait_for("acquired /locks/job", Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
-    assert!(
-        wait_until(Duration::from_secs(10), || holder.beats().len() >= 5),
-        "the command wrote no heartbeats:\n{}",
-        holder.output()
     );
     let cut = now_us();
     relay.set(Link::RepliesLost);

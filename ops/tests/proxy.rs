@@ -64,6 +64,18 @@ impl Cell {
             .unwrap()
     }
 
+    /// The first proxy's log and the three replicas' (for a failure's message).
+    fn logs(&self) -> String {
+        let log = |name: &str| std::fs::read_to_string(self.data.join(name)).unwrap_or_default();
+        format!(
+            "proxy log:\n{}\nreplica logs:\n{}\n{}\n{}",
+            log("proxy-1.log"),
+            log("replica-1.log"),
+            log("replica-2.log"),
+            log("replica-3.log")
+        )
+    }
+
     fn stop(mut self) {
         let _ = stop_dev(self.dev.0.take().unwrap());
     }
@@ -1028,14 +1040,7 @@ fn a_stream_reopened_at_a_new_leader_waits_for_a_client_still_owing_an_invalidat
         }
         Ok(())
     });
-    let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
-    let logs = format!(
-        "proxy log:\n{}\nreplica logs:\n{}\n{}\n{}",
-        log("proxy-1.log"),
-        log("replica-1.log"),
-        log("replica-2.log"),
-        log("replica-3.log")
-    );
+    let logs = cell.logs();
     cell.stop();
     if let Err(e) = outcome {
         panic!("{e}; {logs}");
@@ -1823,14 +1828,7 @@ fn a_proxy_client_that_renews_but_never_acknowledges_loses_its_session() {
         );
         Ok(())
     });
-    let log = |name: &str| std::fs::read_to_string(cell.data.join(name)).unwrap_or_default();
-    let logs = format!(
-        "proxy log:\n{}\nreplica logs:\n{}\n{}\n{}",
-        log("proxy-1.log"),
-        log("replica-1.log"),
-        log("replica-2.log"),
-        log("replica-3.log")
-    );
+    let logs = cell.logs();
     cell.stop();
     if let Err(e) = outcome {
         panic!("{e}; {logs}");
