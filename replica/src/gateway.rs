@@ -622,14 +622,7 @@ impl Gateway {
                 if let Ok(Reply::KeepAlive { unacknowledged, .. }) = &mut r {
                     self.keepalive_stats.renewed.fetch_add(1, Ordering::Relaxed);
                     // A cacher whose event stream lost an invalidation hears of it here.
-                    let caches = self
-                        .state
-                        .read()
-                        .expect("state lock")
-                        .sm
-                        .check_session(req.session)
-                        .is_ok_and(|s| s.caches);
-                    if caches {
+                    if !self.cachers_among(&[req.session]).is_empty() {
                         *unacknowledged = self
                             .cachers
                             .send(Unacknowledged(req.session))
@@ -899,14 +892,7 @@ impl Gateway {
             .renewed
             .fetch_add(renewed.len() as u64, Ordering::Relaxed);
         // Cachers among them hear of overdue invalidations here too.
-        let cachers: Vec<SessionId> = {
-            let s = self.state.read().expect("state lock");
-            renewed
-                .iter()
-                .copied()
-                .filter(|id| s.sm.check_session(*id).is_ok_and(|x| x.caches))
-                .collect()
-        };
+        let cachers = self.cachers_among(&renewed);
         let unacknowledged = if cachers.is_empty() {
             Vec::new()
         } else {
@@ -924,6 +910,17 @@ impl Gateway {
         })
     }
 
+    /// Of `sessions`, those open in the state that have cached something (one read of the
+    /// state for them all).
+    fn cachers_among(&self, sessions: &[SessionId]) -> Vec<SessionId> {
+        let s = self.state.read().expect("state lock");
+        sessions
+            .iter()
+            .copied()
+            .filter(|id| s.sm.check_session(*id).is_ok_and(|x| x.caches))
+            .collect()
+    }
+
     /// Of `sessions` (renewing now), the cachers that a hold has waited for (an
     /// unacknowledged invalidation, or after a fail-over an unconfirmed flush) for
     /// [`OVERDUE_LEASES`] leases: they are not renewed (a single KeepAlive is answered
@@ -936,14 +933,7 @@ impl Gateway {
     /// acknowledgement or the end of its lease, and that end comes at most
     /// `OVERDUE_LEASES + 1` leases after the hold began.
     async fn overdue(&self, sessions: &[SessionId]) -> Vec<SessionId> {
-        let cachers: Vec<SessionId> = {
-            let s = self.state.read().expect("state lock");
-            sessions
-                .iter()
-                .copied()
-                .filter(|id| s.sm.check_session(*id).is_ok_and(|x| x.caches))
-                .collect()
-        };
+        let cachers = self.cachers_among(sessions);
         if cachers.is_empty() {
             return Vec::new();
         }
