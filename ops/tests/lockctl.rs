@@ -412,12 +412,9 @@ struct Heartbeating {
 }
 
 impl Heartbeating {
-    fn start(dir: &std::path::Path, endpoints: &str, ca: &std::path::Path) -> Heartbeating {
-        Heartbeating::start_with(dir, endpoints, ca, &[], HEARTBEAT)
-    }
-
-    /// [`Heartbeating::start`] with more `lockctl lock` options and another script.
-    fn start_with(
+    /// `lockctl lock /locks/job` with `lock_args` around `sh -c script` (usually
+    /// [`HEARTBEAT`]).
+    fn start(
         dir: &std::path::Path,
         endpoints: &str,
         ca: &std::path::Path,
@@ -525,21 +522,8 @@ fn a_cut_off_holder_stops_its_command_before_its_lease_ends() {
     const LEASE_MS: u128 = 3_000;
 
     let _g = serial();
-    let mut cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "3000"]);
+    let (mut cell, relay, mut holder) = relayed_holder("3000", &[], HEARTBEAT);
     let (ca, direct) = (cell.ca.clone(), cell.eps());
-    let o = lockctl(&direct, &ca, &["create", "/locks"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let relay = Relay::start(cell.endpoints[0].parse().unwrap());
-    let mut holder = Heartbeating::start(cell.dir.path(), &relay.addr.to_string(), &ca);
-    holder
-        .out
-        .wait_for("acquired /locks/job", Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
-    assert!(
-        wait_until(Duration::from_secs(10), || holder.beats().len() >= 5),
-        "the command wrote no heartbeats:\n{}",
-        holder.output()
-    );
 
     let cut = now_us();
     relay.set(Link::Cut);
@@ -692,16 +676,20 @@ fn a_cut_off_holder_stops_its_command_before_its_lease_ends() {
 /// keeps the answers lost for another 300 ms (no heartbeat in it), then heals the link: the session is confirmed (Safe),
 /// lockctl continues the command, its heartbeats resume, and it ends normally with the
 /// lock still held (lockctl exits 0). Before the fix the heartbeats went on throughout.
-/// A one-replica cell (9 s lease) and a `lockctl lock /locks/job` holder running `script`
-/// with `lock_args`, reaching the cell through a relay the test controls; returned once it
-/// holds the lock and its command has written five heartbeats.
-fn relayed_holder(lock_args: &[&str], script: &str) -> (DevCell, Relay, Heartbeating) {
-    let cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", "9000"]);
+/// A one-replica cell with a lease of `lease_ms` and a `lockctl lock /locks/job` holder
+/// running `script` with `lock_args`, reaching the cell through a relay the test controls;
+/// returned once it holds the lock and its command has written five heartbeats.
+fn relayed_holder(
+    lease_ms: &str,
+    lock_args: &[&str],
+    script: &str,
+) -> (DevCell, Relay, Heartbeating) {
+    let cell = DevCell::start_of(1, &["--no-demo", "--lease-ms", lease_ms]);
     let (ca, direct) = (cell.ca.clone(), cell.eps());
     let o = lockctl(&direct, &ca, &["create", "/locks"]);
     assert!(o.status.success(), "{}", text(&o));
     let relay = Relay::start(cell.endpoints[0].parse().unwrap());
-    let holder = Heartbeating::start_with(
+    let holder = Heartbeating::start(
         cell.dir.path(),
         &relay.addr.to_string(),
         &ca,
@@ -723,7 +711,7 @@ fn relayed_holder(lock_args: &[&str], script: &str) -> (DevCell, Relay, Heartbea
 #[test]
 fn a_holder_that_hears_no_answers_is_stopped_then_continued_when_safe() {
     let _g = serial();
-    let (mut cell, relay, mut holder) = relayed_holder(&[], HEARTBEAT);
+    let (mut cell, relay, mut holder) = relayed_holder("9000", &[], HEARTBEAT);
 
     let cut = now_us();
     relay.set(Link::RepliesLost);
@@ -802,6 +790,7 @@ fn on_jeopardy_term_ends_the_command_and_kills_one_that_ignores_it() {
     let kill_after_s = 2u64;
     let kill_after = kill_after_s.to_string();
     let (mut cell, relay, mut holder) = relayed_holder(
+        "9000",
         &["--on-jeopardy", "term", "--kill-after-secs", &kill_after],
         &deaf,
     );
