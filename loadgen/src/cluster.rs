@@ -204,40 +204,7 @@ impl Cluster {
 
     /// Every server process: (name, pid).
     pub fn processes(&self) -> Vec<(String, u32)> {
-        match self.system {
-            System::Ours => {
-                let mut out = Vec::new();
-                let cell = self.dir.join("cell");
-                for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                    let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                        continue;
-                    };
-                    let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/cmdline")) else {
-                        continue;
-                    };
-                    let args: Vec<&str> = cmd.split('\0').collect();
-                    if args.len() >= 4
-                        && (args[1] == "replica" || args[1] == "proxy")
-                        && args[3].starts_with(cell.to_str().unwrap_or("-"))
-                    {
-                        let name = Path::new(args[3])
-                            .file_stem()
-                            .map_or("?".into(), |s| s.to_string_lossy().into_owned());
-                        out.push((name, pid));
-                    }
-                }
-                out.sort();
-                out
-            }
-            System::Etcd | System::Zk => std::fs::read_to_string(self.dir.join("pids"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    Some((f.first()?.to_string(), f.get(1)?.parse().ok()?))
-                })
-                .collect(),
-        }
+        processes_of(self.system, &self.dir)
     }
 
     /// The pid of the process serving member endpoint `addr`.
@@ -473,6 +440,11 @@ impl Drop for Cluster {
 
 /// A ZooKeeper four-letter command's answer.
 pub async fn four_letter(addr: &str, cmd: &str) -> Option<String> {
+    four_letter_within(addr, cmd, Duration::from_secs(2)).await
+}
+
+/// [`four_letter`] with its own time limit (a leader's `dump` of 50 000 sessions is large).
+pub async fn four_letter_within(addr: &str, cmd: &str, within: Duration) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fut = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -481,8 +453,43 @@ pub async fn four_letter(addr: &str, cmd: &str) -> Option<String> {
         s.read_to_string(&mut out).await.ok()?;
         Some(out)
     };
-    tokio::time::timeout(Duration::from_secs(2), fut)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(within, fut).await.ok().flatten()
+}
+
+/// The server processes of a cluster of `system` in `dir` (see [`Cluster::processes`]).
+pub fn processes_of(system: System, dir: &Path) -> Vec<(String, u32)> {
+    match system {
+        System::Ours => {
+            let mut out = Vec::new();
+            let cell = dir.join("cell");
+            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let Ok(cmd) = std::fs::read_to_string(format!("/proc/{pid}/cmdline")) else {
+                    continue;
+                };
+                let args: Vec<&str> = cmd.split('\0').collect();
+                if args.len() >= 4
+                    && (args[1] == "replica" || args[1] == "proxy")
+                    && args[3].starts_with(cell.to_str().unwrap_or("-"))
+                {
+                    let name = Path::new(args[3])
+                        .file_stem()
+                        .map_or("?".into(), |s| s.to_string_lossy().into_owned());
+                    out.push((name, pid));
+                }
+            }
+            out.sort();
+            out
+        }
+        System::Etcd | System::Zk => std::fs::read_to_string(dir.join("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some((f.first()?.to_string(), f.get(1)?.parse().ok()?))
+            })
+            .collect(),
+    }
 }

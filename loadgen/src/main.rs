@@ -3,7 +3,9 @@
 //! one's standard lock recipe, so one tool measures all three.
 
 mod cluster;
+mod etcd_conn;
 mod etcd_leases;
+mod pinning;
 mod profile;
 mod profile_peers;
 mod report;
@@ -55,6 +57,12 @@ struct Cli {
     /// (as independent clients would).
     #[arg(long, global = true)]
     etcd_shared_keepalive: bool,
+    /// etcd in profile and state: one lease per gRPC client (2 000 sessions), shared by
+    /// all its sessions and their locks, as a clientv3 process holds one
+    /// `concurrency.Session` for all its mutexes, instead of one lease per session. A
+    /// lost lease is then all of its client's sessions lost.
+    #[arg(long, global = true)]
+    etcd_lease_per_client: bool,
     /// etcd in profile and state: connect the lease clients to the leader only, so no
     /// renewal is forwarded by a follower (spread over all members otherwise).
     #[arg(long, global = true)]
@@ -74,6 +82,32 @@ struct Cli {
     /// systems started after the first would inherit it).
     #[arg(long, default_value_t = 0, global = true, value_parser = clap::value_parser!(u8).range(0..=19))]
     client_nice: u8,
+    /// Run each scenario this many times per system (a fresh cluster each time): each
+    /// run's report goes to `<out>/run-<k>/`, and `<out>` gets one whose figures and
+    /// latency percentiles are the runs' medians, with their ranges and every failure.
+    #[arg(long, default_value_t = 1, global = true, value_parser = clap::value_parser!(u16).range(1..=100))]
+    runs: u16,
+    /// Bind every thread of the servers under test (ours: replicas and proxies; etcd's
+    /// members; ZooKeeper's JVMs) to these CPUs, e.g. `0` or `0-1` (re-applied every
+    /// second, so a restarted member is bound too). Use with `--loadgen-cpus` for a split
+    /// that is the same for all three systems.
+    #[arg(long, global = true)]
+    server_cpus: Option<pinning::Cpus>,
+    /// Bind every thread of loadgen (and the processes it starts: takeover holders,
+    /// profile parts) to these CPUs.
+    #[arg(long, global = true)]
+    loadgen_cpus: Option<pinning::Cpus>,
+    /// profile: config reads through each system's own client cache (`cached`: ours, the
+    /// consistent cache; ZooKeeper, getData with a watch as Curator's NodeCache; etcd has
+    /// no Rust client for its leasing KV, so stays uncached) or every read to the servers
+    /// (`uncached`: the like-for-like row).
+    #[arg(long, value_enum, default_value = "cached", global = true)]
+    reads: profile::Reads,
+    /// Test hook: at the end of `profile`, end this many sessions that hold no lock
+    /// behind loadgen's back (ours, etcd: their renewals stop; ZooKeeper: another client
+    /// closes them), so the server-side session check must confirm them lost.
+    #[arg(long, default_value_t = 0, global = true, hide = true)]
+    end_sessions_behind_back: usize,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -206,7 +240,30 @@ fn raise_open_files() {
     }
 }
 
-async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report> {
+/// Runs `cmd` on `system` `--runs` times; prints and writes each run's report, and with
+/// more than one run the median report as well.
+async fn run_repeated(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report> {
+    if cli.runs == 1 {
+        return run_one(cli, system, cmd, &cli.out).await;
+    }
+    let mut runs = Vec::new();
+    for k in 1..=cli.runs {
+        eprintln!("loadgen: run {k} of {} on {}", cli.runs, system.name());
+        runs.push(run_one(cli, system, cmd, &cli.out.join(format!("run-{k}"))).await?);
+    }
+    let r = Report::median_of(&runs);
+    r.print();
+    let (json, svg) = r.write(&cli.out)?;
+    println!("  wrote {} and {}", json.display(), svg.display());
+    Ok(r)
+}
+
+async fn run_one(
+    cli: &Cli,
+    system: System,
+    cmd: &Cmd,
+    out: &std::path::Path,
+) -> anyhow::Result<Report> {
     let lease = Duration::from_secs(cli.lease_secs);
     let proxies = if system == System::Ours {
         match cmd {
@@ -225,6 +282,14 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
     if cli.client_nice > 0 {
         lower_own_priority(cli.client_nice)?;
     }
+    let binding = match &cli.server_cpus {
+        Some(cpus) => Some(pinning::bind_servers(
+            system,
+            cluster.dir().to_path_buf(),
+            cpus.clone(),
+        )?),
+        None => None,
+    };
     let conn = Conn::new(&cluster).await?;
     let ctx = Ctx {
         cluster,
@@ -264,14 +329,34 @@ async fn run_one(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report>
             unreachable!("not a scenario")
         }
     };
+    if let Some(b) = binding {
+        b.abort();
+    }
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
     let mut r = r?;
     if cli.client_nice > 0 {
         r.param("loadgen niceness (servers 0)", cli.client_nice);
     }
+    r.param(
+        "CPU binding (sched_setaffinity, every thread)",
+        match (&cli.server_cpus, &cli.loadgen_cpus) {
+            (None, None) => "none: servers and loadgen share every CPU".to_string(),
+            (s, l) => format!(
+                "servers on CPUs {}, loadgen on CPUs {}",
+                s.as_ref().map_or("any".into(), |c| c.to_string()),
+                l.as_ref().map_or("any".into(), |c| c.to_string())
+            ),
+        },
+    );
+    if system == System::Zk {
+        r.param(
+            "ZooKeeper JVM heap (-Xmx, PEERS_ZK_HEAP)",
+            std::env::var("PEERS_ZK_HEAP").unwrap_or_else(|_| "2g".into()),
+        );
+    }
     r.print();
-    let (json, svg) = r.write(&cli.out)?;
+    let (json, svg) = r.write(out)?;
     println!("  wrote {} and {}", json.display(), svg.display());
     Ok(r)
 }
@@ -326,12 +411,32 @@ fn main() {
         cli.etcd_shared_keepalive,
         std::sync::atomic::Ordering::Relaxed,
     );
+    profile::READS_CACHED.store(
+        cli.reads == profile::Reads::Cached,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    server_sessions::END_BEHIND_BACK.store(
+        cli.end_sessions_behind_back,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     systems::ETCD_LEADER_ONLY.store(cli.etcd_leader_only, std::sync::atomic::Ordering::Relaxed);
+    systems::ETCD_LEASE_PER_CLIENT.store(
+        cli.etcd_lease_per_client,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    // Before any thread of the runtime runs loadgen's work (its threads exist now, and
+    // threads started later inherit the binding).
+    if let Some(cpus) = &cli.loadgen_cpus {
+        if let Err(e) = pinning::bind_self(cpus) {
+            eprintln!("loadgen: {e:#}");
+            std::process::exit(2);
+        }
+    }
     let r: anyhow::Result<()> = rt.block_on(async {
         match &cli.command {
             Cmd::Hold {
@@ -383,7 +488,7 @@ fn main() {
                 let cmd = scenario_cmd(scenario)?;
                 let mut reports = Vec::new();
                 for system in [System::Ours, System::Etcd, System::Zk] {
-                    match run_one(&cli, system, &cmd).await {
+                    match run_repeated(&cli, system, &cmd).await {
                         Ok(r) => reports.push(r),
                         Err(e) => eprintln!("loadgen: {scenario} on {}: {e:#}", system.name()),
                     }
@@ -391,7 +496,7 @@ fn main() {
                 report::compare(&reports);
                 Ok(())
             }
-            cmd => run_one(&cli, cli.system, cmd).await.map(|_| ()),
+            cmd => run_repeated(&cli, cli.system, cmd).await.map(|_| ()),
         }
     });
     if let Err(e) = r {

@@ -33,6 +33,43 @@ pub enum Fault {
     Freeze,
 }
 
+/// How `profile`'s config reads are made (`--reads`; issue 26: reads in both modes for
+/// all three systems).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Reads {
+    /// Each system's own client cache: ours, the consistent cache (the leader invalidates
+    /// a copy before a write to it commits); ZooKeeper, `getData` with a watch, the copy
+    /// served until the watch fires, as Curator's `NodeCache` (eventually consistent);
+    /// etcd, none (its linearizable cache, clientv3's `leasing` KV, has no Rust client,
+    /// so etcd's reads stay uncached).
+    Cached,
+    /// Every read reaches the servers: ours and etcd linearizable reads; ZooKeeper
+    /// `getData` at the connected member (sequentially consistent; a linearizable read
+    /// would need a `sync` first).
+    Uncached,
+}
+
+/// The `--reads` of this process (false: uncached).
+pub static READS_CACHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// This process's `--reads`.
+pub fn reads_mode() -> Reads {
+    if READS_CACHED.load(Ordering::Relaxed) {
+        Reads::Cached
+    } else {
+        Reads::Uncached
+    }
+}
+
+/// The report's name for the config reads' latency.
+pub fn read_row(cached: bool) -> &'static str {
+    if cached {
+        "config read (cached)"
+    } else {
+        "config read (uncached)"
+    }
+}
+
 /// Sessions per QUIC connection (each session keeps one stream open for its events; a
 /// connection carries at most `wire::quic::STREAMS_MAX`).
 pub(crate) const SESSIONS_PER_CONNECTION: usize = 2_000;
@@ -59,12 +96,36 @@ pub(crate) struct Failures {
     pub reads: AtomicU64,
     /// Config write attempts that failed (each retried after 20 ms).
     pub writes: AtomicU64,
+    /// Short-lock acquires started, and those that ended (granted or failed).
+    pub acquires_started: AtomicU64,
+    pub acquires_ended: AtomicU64,
 }
 
 impl Failures {
     /// An acquire failed now.
     pub fn acquire(&self) {
         self.acquires.lock().expect("failures").push(Instant::now());
+    }
+
+    /// Runs `acquire`, noting that it started and, unless it is abandoned (its task given
+    /// up at the end of the run), that it ended.
+    pub async fn acquiring<T>(&self, acquire: impl std::future::Future<Output = T>) -> T {
+        self.acquires_started.fetch_add(1, Ordering::Relaxed);
+        let r = acquire.await;
+        self.acquires_ended.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Once the run's tasks are joined: every acquire that started and never ended (its
+    /// task was given up) counts as failed, now.
+    pub fn count_unfinished(&self) {
+        let started = self.acquires_started.load(Ordering::Relaxed);
+        let ended = self.acquires_ended.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let mut a = self.acquires.lock().expect("failures");
+        for _ in ended..started {
+            a.push(now);
+        }
     }
 }
 
@@ -327,7 +388,10 @@ pub async fn profile(
                 tokio::time::sleep_until(due).await;
                 let s = slots[i].lock().expect("slot").clone();
                 let t0 = Instant::now();
-                match Lock::exclusive(&s, &path).acquire().await {
+                match failures
+                    .acquiring(Lock::exclusive(&s, &path).acquire())
+                    .await
+                {
                     Ok(g) => {
                         let t1 = Instant::now();
                         record(&acq, t1 - t0, t1);
@@ -346,8 +410,9 @@ pub async fn profile(
         }));
     }
 
-    // Readers: every session reads its config value once a second through its cache; one
-    // task per 50 sessions.
+    // Readers: every session reads its config value once a second (through its cache
+    // unless `--reads uncached`); one task per 50 sessions.
+    let cached = reads_mode() == Reads::Cached;
     let read_period = Duration::from_secs_f64(1.0 / reads_per_s.max(1e-9));
     for first in (0..n).step_by(50) {
         if reads_per_s <= 0.0 {
@@ -369,11 +434,14 @@ pub async fn profile(
                 tokio::time::sleep_until(due).await;
                 for i in first..(first + 50).min(slots.len()) {
                     let s = slots[i].lock().expect("slot").clone();
+                    let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
                     let t0 = Instant::now();
-                    match s
-                        .get_cached(&format!("/profile/config/k{}", i % CONFIG_KEYS))
-                        .await
-                    {
+                    let read = if cached {
+                        s.get_cached(&key).await.map(|_| ())
+                    } else {
+                        s.get(&key).await.map(|_| ())
+                    };
+                    match read {
                         Ok(_) => {
                             let t1 = Instant::now();
                             local.record(t1 - t0, t1);
@@ -500,15 +568,31 @@ pub async fn profile(
     let p1s = proxies_each(&direct, &proxies).await;
     let p1 = proxies_total(&p1s);
     join_tasks(tasks, &errors).await;
-    // The server's count, before a frozen leader resumes (it would answer as leader for a
-    // moment) and before any session ends: the proxies' own sessions are not loadgen's.
-    let at_server = crate::server_sessions::count(&ctx.cluster).await;
-    let proxy_sessions = proxies_each(&direct, &proxies)
-        .await
+    failures.count_unfinished();
+    // The test hook: sessions that hold no lock stop renewing behind loadgen's back.
+    let behind = crate::server_sessions::behind_back_share(0, 1);
+    anyhow::ensure!(
+        behind <= n - locks,
+        "cannot end {behind} sessions: {} hold no lock",
+        n - locks
+    );
+    for slot in slots.iter().skip(locks).take(behind) {
+        slot.lock().expect("slot").stop_keepalives();
+    }
+    // The server's check, before a frozen leader resumes (it would answer as leader for a
+    // moment) and before any session ends, a lease after the run (or the fault).
+    let waited = crate::server_sessions::settle(
+        ctx.lease,
+        start + Duration::from_secs_f64(elapsed),
+        injected.as_ref().map(Injected::at),
+    )
+    .await;
+    let ids: Vec<u64> = slots
         .iter()
-        .flatten()
-        .filter(|p| p.session != 0)
-        .count() as u64;
+        .map(|s| s.lock().expect("slot").id())
+        .chain([admin.id()])
+        .collect();
+    let at_server = crate::server_sessions::check(&ctx.cluster, &ids).await;
     if let Some(i) = &injected {
         i.resume(ctx);
     }
@@ -553,6 +637,15 @@ pub async fn profile(
         CONFIG_KEYS,
     );
     r.param("config reads per session per s", reads_per_s);
+    r.param(
+        "config reads",
+        if cached {
+            "cached: the SDK's consistent cache (the leader invalidates a copy before a \
+             write to it commits)"
+        } else {
+            "uncached: linearizable reads at the leader (--reads uncached)"
+        },
+    );
     r.param("config writes per s", config_writes_per_s);
     r.param("sessions churned per s", churn_per_s);
     r.param("run (s)", format!("{elapsed:.0}"));
@@ -572,7 +665,7 @@ pub async fn profile(
     );
     r.latency("KeepAlive round trip", &ka.lock().expect("lat"));
     r.latency_failed(
-        "config read (cached)",
+        read_row(cached),
         &rd.lock().expect("lat"),
         failures.reads.load(Ordering::Relaxed),
     );
@@ -583,7 +676,8 @@ pub async fn profile(
     );
     r.notes.push(
         "failed: next to each client operation's latency (whose percentiles are over the \
-         successes); a config write's are failed attempts, each retried after 20 ms; a \
+         successes); a config write's are failed attempts, each retried after 20 ms; an \
+         acquire still unfinished when its task was given up, 30 s after the run, failed; a \
          KeepAlive the SDK retries itself is not counted (see jeopardy and the server-side \
          session check)"
             .into(),
@@ -596,13 +690,12 @@ pub async fn profile(
     r.latency(LATENESS, &late.lock().expect("lat"));
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure("sessions lost", lost as f64);
+    crate::server_sessions::note_behind_back(&mut r);
     crate::server_sessions::report(
         &mut r,
         at_server,
-        n as u64 + 1,
+        waited,
         "the run's sessions, churned ones replaced, and the admin session",
-        proxy_sessions,
-        "the proxies' own sessions",
     );
     r.figure("long-held locks still held", held_long as f64);
     r.figure(
@@ -898,6 +991,11 @@ pub(crate) async fn run_with_fault(
 
 impl Injected {
     /// Lets a frozen leader go on (SIGCONT) after the run.
+    /// When the fault was injected.
+    pub(crate) fn at(&self) -> Instant {
+        self.at
+    }
+
     pub(crate) fn resume(&self, ctx: &Ctx) {
         if self.fault == Fault::Freeze {
             if let Some(pid) = ctx.cluster.pid_of(&self.leader) {

@@ -223,6 +223,113 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Latency over time per operation: (seconds, worst latency in ms) per time bucket.
     pub series: BTreeMap<String, Vec<(f64, f64)>>,
+    /// How many runs this report summarizes (`--runs`): with more than one, every figure
+    /// and latency percentile is the median of the runs, `failed` the sum, and `ranges`
+    /// holds each one's lowest and highest.
+    #[serde(skip_serializing_if = "is_one")]
+    pub runs: usize,
+    /// Per figure (by name) and per latency statistic (`<latency> p50`, `p99`, `max`,
+    /// `failed`): the lowest and highest of the runs.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ranges: BTreeMap<String, (f64, f64)>,
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `v` is not empty.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The lowest and highest of `v`.
+fn range(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(*x), hi.max(*x))
+        })
+}
+
+impl Report {
+    /// One report for repeated runs of the same scenario on the same system: each figure
+    /// and each latency percentile the median of the runs that have it (with its range
+    /// in [`Report::ranges`]), `failed` summed over the runs (its range per run too),
+    /// the first run's parameters and processes, every run's notes once.
+    pub fn median_of(runs: &[Report]) -> Report {
+        let first = &runs[0];
+        if runs.len() == 1 {
+            return first.clone();
+        }
+        let mut r = Report::new(&first.scenario, &first.system, first.scale);
+        r.params = first.params.clone();
+        r.param("runs", runs.len());
+        r.processes = first.processes.clone();
+        r.series = first.series.clone();
+        r.runs = runs.len();
+        let fig_keys: std::collections::BTreeSet<&String> =
+            runs.iter().flat_map(|x| x.figures.keys()).collect();
+        for k in fig_keys {
+            let mut v: Vec<f64> = runs
+                .iter()
+                .filter_map(|x| x.figures.get(k))
+                .copied()
+                .collect();
+            r.ranges.insert(k.clone(), range(&v));
+            r.figures.insert(k.clone(), median(&mut v));
+        }
+        let lat_keys: std::collections::BTreeSet<&String> =
+            runs.iter().flat_map(|x| x.latencies.keys()).collect();
+        for k in lat_keys {
+            let all: Vec<&Summary> = runs.iter().filter_map(|x| x.latencies.get(k)).collect();
+            let stat = |f: fn(&Summary) -> f64| -> Vec<f64> { all.iter().map(|s| f(s)).collect() };
+            let mut pick = |name: &str, f: fn(&Summary) -> f64| {
+                let mut v = stat(f);
+                r.ranges.insert(format!("{k} {name}"), range(&v));
+                median(&mut v)
+            };
+            let summary = Summary {
+                count: pick("count", |s| s.count as f64) as u64,
+                p50: pick("p50", |s| s.p50),
+                p90: pick("p90", |s| s.p90),
+                p99: pick("p99", |s| s.p99),
+                p999: pick("p99.9", |s| s.p999),
+                max: pick("max", |s| s.max),
+                failed: if all.iter().any(|s| s.failed.is_some()) {
+                    let v: Vec<f64> = all.iter().map(|s| s.failed.unwrap_or(0) as f64).collect();
+                    r.ranges.insert(format!("{k} failed"), range(&v));
+                    Some(v.iter().sum::<f64>() as u64)
+                } else {
+                    None
+                },
+            };
+            r.latencies.insert(k.clone(), summary);
+        }
+        for x in runs {
+            for n in &x.notes {
+                if !r.notes.contains(n) {
+                    r.notes.push(n.clone());
+                }
+            }
+        }
+        r.notes.insert(
+            0,
+            format!(
+                "median of {} runs (each run's report in run-1 ... run-{}); a latency's \
+                 count and percentiles are the runs' medians, its failed the sum over the \
+                 runs; ranges are the lowest and highest run; the chart is the first run's",
+                runs.len(),
+                runs.len()
+            ),
+        );
+        r
+    }
 }
 
 /// Buckets of a chart: enough to show a stall, few enough for a small SVG.
@@ -257,6 +364,8 @@ impl Report {
             processes: Vec::new(),
             notes: Vec::new(),
             series: BTreeMap::new(),
+            runs: 1,
+            ranges: BTreeMap::new(),
         }
     }
 
@@ -311,10 +420,31 @@ impl Report {
                     "  {:<22} {:>8} {:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
                     k, s.count, failed, s.p50, s.p90, s.p99, s.p999, s.max
                 );
+                if self.runs > 1 {
+                    let rg = |stat: &str| {
+                        self.ranges
+                            .get(&format!("{k} {stat}"))
+                            .map_or("-".to_string(), |(lo, hi)| format!("{lo:.2}-{hi:.2}"))
+                    };
+                    println!(
+                        "  {:<22} range over {} runs: p50 {}, p99 {}, max {}, failed per run {}",
+                        "",
+                        self.runs,
+                        rg("p50"),
+                        rg("p99"),
+                        rg("max"),
+                        rg("failed")
+                    );
+                }
             }
         }
         for (k, v) in &self.figures {
-            println!("  {k:<28} {v:.2}");
+            match self.ranges.get(k) {
+                Some((lo, hi)) if self.runs > 1 => {
+                    println!("  {k:<28} {v:.2}   (runs {lo:.2}-{hi:.2})")
+                }
+                _ => println!("  {k:<28} {v:.2}"),
+            }
         }
         for p in &self.processes {
             println!(
@@ -516,5 +646,50 @@ mod tests {
         assert_eq!(after.count(), 10);
         assert!(after.summary().max >= 899.0, "{:?}", after.summary());
         assert_eq!(lat.since(Duration::from_secs(10)).count(), 20);
+    }
+
+    #[test]
+    fn repeated_runs_report_medians_ranges_and_every_failure() {
+        let run = |fig: f64, p99: f64, failed: u64| {
+            let mut r = Report::new("acquire", "etcd", 1.0);
+            r.figure("acquires per s", fig);
+            r.latencies.insert(
+                "acquire".into(),
+                Summary {
+                    count: 100,
+                    p50: 1.0,
+                    p90: 2.0,
+                    p99,
+                    p999: p99,
+                    max: p99,
+                    failed: Some(failed),
+                },
+            );
+            r.notes.push("same note".into());
+            r
+        };
+        let runs = [
+            run(10.0, 5.0, 0),
+            run(30.0, 50.0, 2),
+            run(20.0, 7.0, 1),
+            run(40.0, 6.0, 0),
+            run(25.0, 9.0, 0),
+        ];
+        let m = Report::median_of(&runs);
+        assert_eq!(m.runs, 5);
+        assert_eq!(m.figures["acquires per s"], 25.0);
+        assert_eq!(m.ranges["acquires per s"], (10.0, 40.0));
+        let a = &m.latencies["acquire"];
+        assert_eq!(a.p99, 7.0);
+        assert_eq!(m.ranges["acquire p99"], (5.0, 50.0));
+        // Failures are never hidden by a median: all of them, and the range per run.
+        assert_eq!(a.failed, Some(3));
+        assert_eq!(m.ranges["acquire failed"], (0.0, 2.0));
+        assert_eq!(m.params["runs"], "5");
+        assert_eq!(m.notes.iter().filter(|n| *n == "same note").count(), 1);
+        // An even count takes the middle two's mean; one run is itself.
+        let m = Report::median_of(&runs[..4]);
+        assert_eq!(m.figures["acquires per s"], 25.0);
+        assert_eq!(Report::median_of(&runs[..1]).runs, 1);
     }
 }

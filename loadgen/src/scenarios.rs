@@ -122,6 +122,7 @@ pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
     for (i, s) in sessions.iter().enumerate() {
         s.ensure_dir(&format!("/bench/acq/c{i}")).await?;
     }
+    let rpcs0 = etcd_kv_rpcs(&ctx.cluster).await;
     let start = Instant::now();
     let deadline = start + dur;
     let (pb, t) = ticker(dur, "acquire");
@@ -154,14 +155,70 @@ pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
     }
     t.abort();
     pb.finish_and_clear();
+    let rpcs1 = etcd_kv_rpcs(&ctx.cluster).await;
     let mut r = ctx.report("acquire");
     r.param("clients (sessions, one lock each)", n);
     r.param("duration (s)", dur.as_secs_f64());
-    r.latency("acquire", &acq);
-    r.latency("release", &rel);
+    // Any failed operation ends the run with an error: a report has none.
+    r.latency_failed("acquire", &acq, 0);
+    r.latency_failed("release", &rel, 0);
+    r.notes.push(ALL_OR_NOTHING.into());
+    // etcd: what the lock recipe cost, counted by the servers (every member's
+    // grpc_server_handled_total; a follower answers a KV request itself or forwards it
+    // over raft, not over gRPC, so the sum counts each client request once).
+    if let (Some(a), Some(b)) = (rpcs0, rpcs1) {
+        for m in ["Txn", "Range", "DeleteRange", "Put"] {
+            let n = b.get(m).unwrap_or(&0.0) - a.get(m).unwrap_or(&0.0);
+            r.figure(
+                &format!("etcd {m} RPCs per acquire and release (at the servers)"),
+                n / acq.count().max(1) as f64,
+            );
+        }
+    }
     r.figure("acquires per s", acq.count() as f64 / dur.as_secs_f64());
     ctx.costs(&mut r);
     Ok(r)
+}
+
+/// The note of a scenario that fails as a whole on any failed operation.
+const ALL_OR_NOTHING: &str = "failed: this scenario stops with an error at the first failed \
+     operation (no retry), so a report it writes had none";
+
+/// etcd's KV requests answered so far, by method, summed over the members (each
+/// member's `grpc_server_handled_total` on its client port's `/metrics`); `None` for the
+/// other systems, or if a member did not answer.
+async fn etcd_kv_rpcs(cluster: &Cluster) -> Option<std::collections::BTreeMap<String, f64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if cluster.system != System::Etcd {
+        return None;
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for m in &cluster.members {
+        let addr = m.trim_start_matches("http://");
+        let body = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .await
+                .ok()?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.ok()?;
+            Some(body)
+        })
+        .await
+        .ok()??;
+        for line in body.lines() {
+            let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else {
+                continue;
+            };
+            if !rest.contains("grpc_service=\"etcdserverpb.KV\"") {
+                continue;
+            }
+            let method = rest.split("grpc_method=\"").nth(1)?.split('"').next()?;
+            let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            *out.entry(method.to_string()).or_insert(0.0) += n;
+        }
+    }
+    Some(out)
 }
 
 /// N contenders on one lock: each takes it, then releases it at once. Hand-off latency is
@@ -216,7 +273,8 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     let increasing = tokens.windows(2).all(|w| w[0].1 < w[1].1);
     let mut r = ctx.report("herd");
     r.param("contenders (sessions)", n);
-    r.latency("hand-off", &lat);
+    r.latency_failed("hand-off", &lat, 0);
+    r.notes.push(ALL_OR_NOTHING.into());
     r.figure("total after first release (s)", total.as_secs_f64());
     r.figure("hand-offs per s", (n - 1) as f64 / total.as_secs_f64());
     if let Conn::Ours(_) = ctx.conn {
@@ -378,10 +436,11 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     t.abort();
     pb.finish_and_clear();
     let lost = sessions.iter().filter(|s| s.lost()).count();
-    // The server's count while every session is still open, before a frozen leader
-    // resumes (it would answer as leader for a moment).
-    let at_server = crate::server_sessions::count(&ctx.cluster).await;
-    let others = crate::server_sessions::proxy_sessions(&ctx.cluster).await;
+    // The server's check while every session is still open, a lease after the fault's
+    // election, before a frozen leader resumes (it would answer as leader for a moment).
+    let waited = crate::server_sessions::settle(ctx.lease, Instant::now(), Some(event)).await;
+    let ids: Vec<u64> = sessions.iter().map(|s| s.server_id()).collect();
+    let at_server = crate::server_sessions::check(&ctx.cluster, &ids).await;
     if freeze {
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
@@ -410,14 +469,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     );
     r.figure("writes unavailable (s)", gap.as_secs_f64());
     r.figure("sessions lost", lost as f64);
-    crate::server_sessions::report(
-        &mut r,
-        at_server,
-        n as u64,
-        "the writers' sessions",
-        others,
-        "our proxies' own sessions, if any",
-    );
+    crate::server_sessions::report(&mut r, at_server, waited, "the writers' sessions");
     ctx.costs(&mut r);
     Ok(r)
 }
@@ -524,7 +576,8 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
         format!("{levels:?}"),
     );
     r.param("seconds per level", per.as_secs_f64());
-    r.latency("write (all levels)", &all);
+    r.latency_failed("write (all levels)", &all, 0);
+    r.notes.push(ALL_OR_NOTHING.into());
     r.figure("knee (writers)", knee as f64);
     r.figure("peak writes per s", prev);
     ctx.costs(&mut r);
@@ -583,6 +636,8 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
     let acquires_failed = Arc::new(AtomicU64::new(0));
     // How many arrivals failed with each error (its first line), for the report's notes.
     let reasons: Arc<Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
+    // Ours: the local address of each arrival's connection, to show they are its own.
+    let local_addrs: Arc<Mutex<std::collections::HashSet<std::net::SocketAddr>>> = Arc::default();
     let pb = bar(total, "arrivals");
     let mut tasks = Vec::with_capacity(total as usize);
     for i in 0..total {
@@ -594,6 +649,7 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
         let (endpoints, ca) = (endpoints.clone(), ca.clone());
         let (lease, failed, pb) = (ctx.lease, failed.clone(), pb.clone());
         let (reasons, acquires_failed) = (reasons.clone(), acquires_failed.clone());
+        let local_addrs = local_addrs.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
             // Its scheduled moment: any wait for a place or for loadgen counts.
@@ -601,6 +657,9 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
             let r = async {
                 // A new client process: its own connection (dropped at the end).
                 let conn = Conn::for_endpoints(system, &endpoints, &ca).await?;
+                if let Conn::Ours(c) = &conn {
+                    local_addrs.lock().expect("addrs").insert(c.local_addr()?);
+                }
                 let s = conn.session(lease).await?;
                 let dir = format!("/bench/burst/l{}", i % pool);
                 let t0 = Instant::now();
@@ -665,6 +724,12 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
         total as f64 / offered.as_secs_f64(),
     );
     r.figure("failed", failed as f64);
+    if system == System::Ours {
+        r.figure(
+            "distinct client connections (local UDP ports)",
+            local_addrs.lock().expect("addrs").len() as f64,
+        );
+    }
     for (reason, n) in reasons.lock().expect("reasons").iter() {
         r.notes
             .push(format!("{n} arrivals failed: {reason} (numbers left out)"));

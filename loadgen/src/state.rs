@@ -283,15 +283,18 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
         .filter(|s| s.state() == SessionState::Expired)
         .count();
     r.figure("sessions lost", lost as f64);
-    let at_server = crate::server_sessions::count(&ctx.cluster).await;
-    let others = crate::server_sessions::proxy_sessions(&ctx.cluster).await;
+    let waited = crate::server_sessions::settle(ctx.lease, Instant::now(), None).await;
+    let ids: Vec<u64> = sessions
+        .iter()
+        .map(|s| s.id())
+        .chain(writers.iter().map(|w| w.id()))
+        .collect();
+    let at_server = crate::server_sessions::check(&ctx.cluster, &ids).await;
     crate::server_sessions::report(
         &mut r,
         at_server,
-        (n + writers.len()) as u64,
+        waited,
         "the sessions and the 8 writers' sessions",
-        others,
-        "the proxies' own sessions",
     );
     if let Some(i) = snapped {
         r.param("snapshot index (first)", i);

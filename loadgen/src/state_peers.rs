@@ -470,14 +470,14 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
 
     let lost = sessions.iter().filter(|s| s.lost()).count();
     r.figure("sessions lost", lost as f64);
-    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    let waited = crate::server_sessions::settle(ctx.lease, Instant::now(), None).await;
+    let ids: Vec<u64> = sessions.iter().map(|s| s.server_id()).collect();
+    let at_server = crate::server_sessions::check(&ctx.cluster, &ids).await;
     crate::server_sessions::report(
         &mut r,
         at_server,
-        n as u64,
+        waited,
         "the sessions' leases (the writers hold none)",
-        0,
-        "none",
     );
     ctx.costs(&mut r);
     Ok(r)
@@ -766,14 +766,18 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let lost = sessions.lost().await?;
     r.figure("sessions lost", lost as f64);
     // Before the holders close theirs.
-    let at_server = crate::server_sessions::count(&ctx.cluster).await;
+    let waited = crate::server_sessions::settle(ctx.lease, Instant::now(), None).await;
+    let ids: Vec<u64> = sessions
+        .ids()
+        .into_iter()
+        .chain(writers.iter().map(|w| w.session_id().0 as u64))
+        .collect();
+    let at_server = crate::server_sessions::check(&ctx.cluster, &ids).await;
     crate::server_sessions::report(
         &mut r,
         at_server,
-        (n + writers.len()) as u64,
+        waited,
         "the sessions and the 8 writers' sessions",
-        0,
-        "none",
     );
     if let ZkSessions::Held(h) = sessions {
         h.finish(&mut r).await?;
@@ -789,6 +793,14 @@ enum ZkSessions {
 }
 
 impl ZkSessions {
+    /// The sessions' ids at the server.
+    fn ids(&self) -> Vec<u64> {
+        match self {
+            ZkSessions::Here(s) => s.iter().map(|s| s.server_id()).collect(),
+            ZkSessions::Held(h) => h.ids.clone(),
+        }
+    }
+
     /// How many have ended so far.
     async fn lost(&mut self) -> anyhow::Result<usize> {
         match self {
@@ -800,6 +812,8 @@ impl ZkSessions {
 
 /// Other loadgen processes holding sessions (`loadgen hold-sessions`, [`hold_sessions`]).
 struct Holders {
+    /// The held sessions' ids at the server.
+    ids: Vec<u64>,
     children: Vec<(
         tokio::process::Child,
         tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
@@ -832,15 +846,22 @@ impl Holders {
             children.push((c, out));
         }
         // They open their sessions at the same time, as one process's would be.
+        let mut ids = Vec::with_capacity(n);
         for (k, (_, out)) in children.iter_mut().enumerate() {
             match tokio::time::timeout(WAIT, out.next_line()).await {
-                Ok(Ok(Some(l))) if l == "READY" => {}
-                Ok(Ok(Some(l))) => bail!("session holder {k} said {l:?}, not READY"),
+                Ok(Ok(Some(l))) if l.starts_with("READY") => {
+                    for id in l.trim_start_matches("READY").split_whitespace() {
+                        ids.push(u64::from_str_radix(id, 16).with_context(|| {
+                            format!("session holder {k} named a session {id:?}")
+                        })?);
+                    }
+                }
+                Ok(Ok(Some(l))) => bail!("session holder {k} said {l:.80?}, not READY"),
                 Ok(_) => bail!("session holder {k} ended before its sessions were open"),
                 Err(_) => bail!("session holder {k} did not open its sessions within {WAIT:?}"),
             }
         }
-        Ok(Holders { children })
+        Ok(Holders { ids, children })
     }
 
     /// How many of the held sessions have ended so far.
@@ -885,7 +906,7 @@ impl Holders {
 }
 
 /// A session holder of [`Holders`] (the hidden `hold-sessions` command): opens `count`
-/// sessions, prints `READY`; on each line from stdin prints `LOST <n>` (how many have
+/// sessions, prints `READY` and their ids at the server (hex, space-separated); on each line from stdin prints `LOST <n>` (how many have
 /// ended); closes them and returns when stdin closes.
 pub async fn hold_sessions(
     conn: &crate::systems::Conn,
@@ -894,7 +915,11 @@ pub async fn hold_sessions(
 ) -> anyhow::Result<()> {
     use std::io::Write;
     let sessions = open_many(conn, count, lease).await?;
-    println!("READY");
+    let ids: Vec<String> = sessions
+        .iter()
+        .map(|s| format!("{:x}", s.server_id()))
+        .collect();
+    println!("READY {}", ids.join(" "));
     std::io::stdout().flush()?;
     let read_line = || {
         tokio::task::spawn_blocking(|| {

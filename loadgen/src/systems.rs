@@ -27,6 +27,7 @@ use etcd_client::{
 use zookeeper_client as zk;
 
 use crate::cluster::{Cluster, System};
+use crate::etcd_conn::EtcdConn;
 
 /// A connection factory for one cluster.
 #[derive(Clone)]
@@ -43,8 +44,9 @@ pub enum Conn {
 pub enum Sess {
     /// Ours.
     Ours(Session),
-    /// etcd: client, lease id, what keeps the lease alive.
-    Etcd(Box<etcd_client::Client>, i64, EtcdKeeper),
+    /// etcd: its connection (shared by the sessions of one client), lease id, what keeps
+    /// the lease alive.
+    Etcd(Arc<EtcdConn>, i64, EtcdKeeper),
     /// ZooKeeper.
     Zk(zk::Client),
 }
@@ -57,6 +59,11 @@ pub enum EtcdKeeper {
     /// A client's shared stream ([`crate::etcd_leases::LeaseMux`]), as clientv3 renews
     /// every lease of one client.
     Shared(Arc<crate::etcd_leases::LeaseMux>, i64),
+    /// The one lease of the whole gRPC client, shared by all its sessions
+    /// (`--etcd-lease-per-client`), as a clientv3 process holds one
+    /// `concurrency.Session` for all its mutexes: renewed by its own keeper while any of
+    /// them is open. Closing one of the sessions leaves the lease alone.
+    Client(Arc<EtcdKeeper>),
 }
 
 /// What an etcd lease's own keeper has seen.
@@ -75,6 +82,11 @@ pub struct KeeperState {
 /// of a gRPC client's leases on one stream, as one clientv3 process holding 2 000 leases
 /// would (`--etcd-shared-keepalive`).
 pub static ETCD_SHARED_KEEPALIVE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`open_many`] gives all the sessions of an etcd gRPC client one lease
+/// (`--etcd-lease-per-client`, [`EtcdKeeper::Client`]) rather than one each.
+pub static ETCD_LEASE_PER_CLIENT: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
 /// Whether [`open_many`] connects etcd lease clients to the leader only (found when the
@@ -106,6 +118,7 @@ impl EtcdKeeper {
         match self {
             EtcdKeeper::Own(_, st) => st.lock().expect("keeper").last,
             EtcdKeeper::Shared(mux, id) => mux.last_keepalive(*id),
+            EtcdKeeper::Client(k) => k.last_keepalive(),
         }
     }
 
@@ -118,6 +131,7 @@ impl EtcdKeeper {
         match self {
             EtcdKeeper::Own(_, st) => st.lock().expect("keeper").gone,
             EtcdKeeper::Shared(mux, id) => mux.lost(*id),
+            EtcdKeeper::Client(k) => k.lost(),
         }
     }
 
@@ -130,13 +144,17 @@ impl EtcdKeeper {
                 !st.gone && st.renewed.elapsed() <= ttl
             }
             EtcdKeeper::Shared(mux, id) => mux.valid(*id),
+            EtcdKeeper::Client(k) => k.valid(ttl),
         }
     }
 
+    /// Stops renewing this session's lease (a client's lease: only once its last session
+    /// is dropped, when its keeper is).
     fn stop(&self) {
         match self {
             EtcdKeeper::Own(task, _) => task.abort(),
             EtcdKeeper::Shared(mux, id) => mux.remove(*id),
+            EtcdKeeper::Client(_) => {}
         }
     }
 }
@@ -146,6 +164,27 @@ impl Drop for EtcdKeeper {
     /// the server), so no keeper outlives its session.
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A value read with a watch ([`Sess::read_watched`]): valid until the watch fires.
+pub struct WatchedValue {
+    /// The session that read it (a churned slot's new session has no watch).
+    session: u64,
+    /// Its length.
+    pub len: usize,
+    changed: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    fired: bool,
+}
+
+impl WatchedValue {
+    /// True while the copy may be served to `s`: read by `s` and its watch not fired.
+    pub fn valid_for(&mut self, s: &Sess) -> bool {
+        use futures::FutureExt;
+        if !self.fired && self.changed.as_mut().now_or_never().is_some() {
+            self.fired = true;
+        }
+        !self.fired && self.session == s.server_id()
     }
 }
 
@@ -186,13 +225,9 @@ impl Conn {
     pub async fn session(&self, lease: Duration) -> anyhow::Result<Sess> {
         match self {
             Conn::Ours(c) => Ok(Sess::Ours(c.open_session().await?)),
-            Conn::Etcd(eps) => {
-                let c = etcd_client::Client::connect(eps.clone(), None).await?;
-                etcd_session(c, lease).await
-            }
+            Conn::Etcd(eps) => etcd_session(Arc::new(EtcdConn::new(spread(eps))), lease).await,
             Conn::Zk(cluster) => {
-                let c = zk::Client::connector()
-                    .session_timeout(lease)
+                let c = zk_connector(lease)
                     .connect(cluster)
                     .await
                     .map_err(|e| anyhow!("zookeeper connect: {e}"))?;
@@ -202,13 +237,48 @@ impl Conn {
     }
 }
 
+/// A ZooKeeper client set up as close to the Java client's timings as the Rust client
+/// allows. The Java client, with a session timeout T, pings after about T/4 without a
+/// request (its read timeout, 2/3 T, halved, less a second) and drops a connection that
+/// has heard nothing for 2/3 T, then reconnects until the server answers (it never
+/// declares the session expired itself). `zookeeper-client`'s defaults are harsher: a
+/// ping after 3/20 T, a drop after 2/5 T. Its connection timeout may be set up to 3/5 T
+/// (more is ignored), which gives a ping after 9/40 T and a drop after 3/5 T (with 12 s:
+/// 2.7 s and 7.2 s, against the Java client's about 3 s and 8 s). What cannot be set: it
+/// declares the session expired itself 7/5 T after it last heard from a server, where
+/// the Java client would keep trying; loadgen's server-side check counts a session as
+/// lost only if the server no longer holds it.
+pub fn zk_connector(lease: Duration) -> zk::Connector {
+    let mut c = zk::Client::connector();
+    c.session_timeout(lease).connection_timeout(lease * 3 / 5);
+    c
+}
+
 /// Sessions per etcd gRPC client when many are opened at once ([`open_many`]), as many
 /// as ours put on one QUIC connection.
 pub const ETCD_LEASES_PER_CLIENT: usize = 2_000;
 
+/// `eps` rotated so that successive calls start at successive members: clients spread
+/// over the members, as etcd's own do.
+fn spread(eps: &[String]) -> Vec<String> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut eps = eps.to_vec();
+    if !eps.is_empty() {
+        let at = NEXT.fetch_add(1, Ordering::Relaxed) as usize % eps.len();
+        eps.rotate_left(at);
+    }
+    eps
+}
+
 /// A lease on `c` kept alive like clientv3's `concurrency.Session`.
-async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Result<Sess> {
-    let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
+async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess> {
+    let ttl = lease.as_secs() as i64;
+    let id = c
+        .call("LeaseGrant", |mut c| async move {
+            c.lease_grant(ttl, None).await
+        })
+        .await?
+        .id();
     // Like clientv3's concurrency.Session: keep the lease alive through member failures
     // (re-open the keep-alive stream, possibly at another member) every third of its TTL.
     // Unlike it, keep trying however long nothing answers (clientv3 3.4 gives up after a
@@ -216,7 +286,7 @@ async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Re
     // answered with TTL 0, or "lease not found"), so a stall in loadgen is not turned
     // into a loss by loadgen; the jeopardy figure is what clientv3 would have seen.
     let every = lease / 3;
-    let mut kc = c.clone();
+    let kc = c.clone();
     let st = Arc::new(Mutex::new(KeeperState {
         last: None,
         renewed: Instant::now(),
@@ -225,22 +295,26 @@ async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Re
     let st2 = st.clone();
     let task = tokio::spawn(async move {
         let mut stream = None;
+        let mut turn = 0;
         loop {
             let t0 = Instant::now();
             let mut renewed = false;
             if stream.is_none() {
                 // Opening the stream sends a renewal and waits for its answer (a member
                 // that does not answer within a third of the TTL is given up for another).
-                match tokio::time::timeout(every, kc.lease_keep_alive(id)).await {
-                    Ok(Ok(s)) => {
-                        stream = Some(s);
-                        renewed = true;
+                if let Ok((mut c, t)) = kc.client().await {
+                    turn = t;
+                    match tokio::time::timeout(every, c.lease_keep_alive(id)).await {
+                        Ok(Ok(s)) => {
+                            stream = Some(s);
+                            renewed = true;
+                        }
+                        Ok(Err(e)) if lease_not_found(&e) => {
+                            st2.lock().expect("keeper").gone = true;
+                            return;
+                        }
+                        _ => kc.failed(turn),
                     }
-                    Ok(Err(e)) if lease_not_found(&e) => {
-                        st2.lock().expect("keeper").gone = true;
-                        return;
-                    }
-                    _ => {}
                 }
             } else if let Some((keeper, replies)) = stream.as_mut() {
                 if keeper.keep_alive().await.is_ok() {
@@ -255,7 +329,7 @@ async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Re
                             st2.lock().expect("keeper").gone = true;
                             return;
                         }
-                        _ => {}
+                        _ => kc.failed(turn),
                     }
                 }
             }
@@ -276,7 +350,7 @@ async fn etcd_session(mut c: etcd_client::Client, lease: Duration) -> anyhow::Re
         }
     });
     let keeper = EtcdKeeper::Own(task, st);
-    Ok(Sess::Etcd(Box::new(c), id, keeper))
+    Ok(Sess::Etcd(c, id, keeper))
 }
 
 /// True if `e` is etcd's "lease not found" (the `etcd-client` crate's answer to a
@@ -302,13 +376,19 @@ pub fn zk_session_cap() -> usize {
 
 /// A lease on `c` renewed on the client's shared keep-alive stream `mux`.
 async fn shared_etcd_session(
-    mut c: etcd_client::Client,
+    c: Arc<EtcdConn>,
     mux: Arc<crate::etcd_leases::LeaseMux>,
     lease: Duration,
 ) -> anyhow::Result<Sess> {
-    let id = c.lease_grant(lease.as_secs() as i64, None).await?.id();
+    let ttl = lease.as_secs() as i64;
+    let id = c
+        .call("LeaseGrant", |mut c| async move {
+            c.lease_grant(ttl, None).await
+        })
+        .await?
+        .id();
     mux.add(id);
-    Ok(Sess::Etcd(Box::new(c), id, EtcdKeeper::Shared(mux, id)))
+    Ok(Sess::Etcd(c, id, EtcdKeeper::Shared(mux, id)))
 }
 
 /// Session opens retried by [`open_many`] in this process.
@@ -332,13 +412,10 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
     if let Conn::Etcd(eps) = conn {
         let leader_only = ETCD_LEADER_ONLY.load(Ordering::Relaxed);
         let eps = if leader_only {
-            // The leader first, the others after it: requests go to the leader (the gRPC
-            // client is given it alone: etcd-client balances over every endpoint it is
-            // given), while the shared keep-alive streams start there and can still
-            // move on (with the leader alone, a fault on it would lose leases for want of
-            // another member to renew at: loadgen's doing, not etcd's). A lease's own
-            // keep-alive stream (without `--etcd-shared-keepalive`) uses the client's
-            // connection, so stays at the leader.
+            // The leader first, the others after it: requests and keep-alive streams go
+            // to the leader and move on to another member only when it fails (with the
+            // leader alone, a fault on it would lose leases for want of another member
+            // to renew at: loadgen's doing, not etcd's).
             let leader = etcd_leader(eps).await?;
             let mut v = vec![leader.clone()];
             v.extend(eps.iter().filter(|e| **e != leader).cloned());
@@ -354,16 +431,21 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
                 let at = i % eps.len().max(1);
                 eps.rotate_left(at);
             }
-            let client_eps = if leader_only {
-                eps[..1].to_vec()
-            } else {
-                eps.clone()
-            };
-            let client = etcd_client::Client::connect(client_eps, None).await?;
+            // Requests start at the client's first member (the leader with
+            // `--etcd-leader-only`) and move on only when it fails.
+            let client = Arc::new(EtcdConn::new(eps.clone()));
             let mux = ETCD_SHARED_KEEPALIVE
                 .load(Ordering::Relaxed)
                 .then(|| crate::etcd_leases::LeaseMux::start(eps, lease));
-            etcd_clients.push((client, mux));
+            let client_lease = if ETCD_LEASE_PER_CLIENT.load(Ordering::Relaxed) {
+                match etcd_session(client.clone(), lease).await? {
+                    Sess::Etcd(_, id, keeper) => Some((id, Arc::new(keeper))),
+                    _ => unreachable!("an etcd session"),
+                }
+            } else {
+                None
+            };
+            etcd_clients.push((client, mux, client_lease));
         }
     }
     crate::scenarios::open_batched(n, 200, |i| {
@@ -374,10 +456,13 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
             let mut tries = 0;
             loop {
                 let r = match &etcd {
-                    Some((c, Some(mux))) => {
+                    Some((c, _, Some((id, k)))) => {
+                        Ok(Sess::Etcd(c.clone(), *id, EtcdKeeper::Client(k.clone())))
+                    }
+                    Some((c, Some(mux), None)) => {
                         shared_etcd_session(c.clone(), mux.clone(), lease).await
                     }
-                    Some((c, None)) => etcd_session(c.clone(), lease).await,
+                    Some((c, None, None)) => etcd_session(c.clone(), lease).await,
                     None => conn.session(lease).await,
                 };
                 tries += 1;
@@ -436,7 +521,6 @@ impl Sess {
                 Ok((Held::Ours(g), t))
             }
             Sess::Etcd(c, lease, _) => {
-                let mut c = (**c).clone();
                 let key = format!("{dir}/{lease:x}");
                 let prefix = format!("{dir}/");
                 // clientv3's `WithFirstCreate`: the prefix's oldest key (the owner).
@@ -460,7 +544,9 @@ impl Sess {
                         owner(),
                     ])
                     .or_else([TxnOp::get(key.clone(), None), owner()]);
-                let r = c.txn(txn).await?;
+                let r = c
+                    .call("Txn", |mut c| async move { c.txn(txn).await })
+                    .await?;
                 let my_rev = if r.succeeded() {
                     r.header().context("header")?.revision()
                 } else {
@@ -485,16 +571,22 @@ impl Sess {
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_max_create_revision(my_rev - 1)
                         .with_limit(1);
-                    let g = c.get(prefix.clone(), Some(opts)).await?;
+                    let p = prefix.clone();
+                    let g = c
+                        .call("Range", |mut c| async move { c.get(p, Some(opts)).await })
+                        .await?;
                     let Some(kv) = g.kvs().first() else {
                         return Ok((Held::Etcd(key), my_rev as u64));
                     };
                     let waited = kv.key().to_vec();
                     let rev = g.header().context("header")?.revision();
+                    // A stream: no request timeout, as in clientv3 (the connection's
+                    // keep-alive pings end it if the member goes silent).
+                    let opts = WatchOptions::new().with_start_revision(rev + 1);
                     let (_w, mut stream) = c
-                        .watch(
-                            waited,
-                            Some(WatchOptions::new().with_start_revision(rev + 1)),
+                        .call(
+                            "Watch",
+                            |mut c| async move { c.watch(waited, Some(opts)).await },
                         )
                         .await?;
                     'watch: loop {
@@ -543,7 +635,11 @@ impl Sess {
         match (self, h) {
             (_, Held::Ours(g)) => Ok(g.release().await?),
             (Sess::Etcd(c, ..), Held::Etcd(key)) => {
-                c.clone().delete(key, None).await?;
+                c.call(
+                    "DeleteRange",
+                    |mut c| async move { c.delete(key, None).await },
+                )
+                .await?;
                 Ok(())
             }
             (Sess::Zk(c), Held::Zk(node)) => c.delete(&node, None).await.map_err(zk_err),
@@ -559,7 +655,9 @@ impl Sess {
                 Ok(())
             }
             Sess::Etcd(c, ..) => {
-                c.clone().put(key, value, None).await?;
+                let key = key.to_string();
+                c.call("Put", |mut c| async move { c.put(key, value, None).await })
+                    .await?;
                 Ok(())
             }
             Sess::Zk(c) => {
@@ -593,9 +691,16 @@ impl Sess {
             Sess::Ours(s) => {
                 let _ = s.close().await;
             }
-            Sess::Etcd(mut c, lease, keeper) => {
+            // One of a client's sessions: its keys go with its releases; the lease stays.
+            Sess::Etcd(_, _, EtcdKeeper::Client(_)) => {}
+            Sess::Etcd(c, lease, keeper) => {
                 keeper.stop();
-                let _ = c.lease_revoke(lease).await;
+                let _ = c
+                    .call(
+                        "LeaseRevoke",
+                        |mut c| async move { c.lease_revoke(lease).await },
+                    )
+                    .await;
             }
             Sess::Zk(c) => drop(c),
         }
@@ -607,10 +712,33 @@ impl Sess {
         match self {
             Sess::Ours(s) => Ok(s.get(key).await?.0.len()),
             Sess::Etcd(c, ..) => {
-                let r = c.clone().get(key, None).await?;
+                let key = key.to_string();
+                let r = c
+                    .call("Range", |mut c| async move { c.get(key, None).await })
+                    .await?;
                 Ok(r.kvs().first().map_or(0, |kv| kv.value().len()))
             }
             Sess::Zk(c) => Ok(c.get_data(key).await.map_err(zk_err)?.0.len()),
+        }
+    }
+
+    /// Reads `key` and leaves a watch on it (ZooKeeper only): what Curator's `NodeCache`
+    /// does, a copy kept until the watch fires (or the session breaks), then read again.
+    /// Eventually consistent: between a write and its watch event the copy is stale.
+    pub async fn read_watched(&self, key: &str) -> anyhow::Result<WatchedValue> {
+        match self {
+            Sess::Zk(c) => {
+                let (data, _, w) = c.get_and_watch_data(key).await.map_err(zk_err)?;
+                Ok(WatchedValue {
+                    session: self.server_id(),
+                    len: data.len(),
+                    changed: Box::pin(async move {
+                        w.changed().await;
+                    }),
+                    fired: false,
+                })
+            }
+            _ => anyhow::bail!("a watched read is ZooKeeper's cache; ours has its own"),
         }
     }
 
@@ -619,9 +747,12 @@ impl Sess {
     pub async fn reopen(&self, conn: &Conn, lease: Duration) -> anyhow::Result<Sess> {
         match self {
             Sess::Etcd(c, _, EtcdKeeper::Shared(mux, _)) => {
-                shared_etcd_session((**c).clone(), mux.clone(), lease).await
+                shared_etcd_session(c.clone(), mux.clone(), lease).await
             }
-            Sess::Etcd(c, ..) => etcd_session((**c).clone(), lease).await,
+            Sess::Etcd(c, id, EtcdKeeper::Client(k)) => {
+                Ok(Sess::Etcd(c.clone(), *id, EtcdKeeper::Client(k.clone())))
+            }
+            Sess::Etcd(c, ..) => etcd_session(c.clone(), lease).await,
             _ => conn.session(lease).await,
         }
     }
@@ -631,13 +762,54 @@ impl Sess {
         match (self, h) {
             (Sess::Ours(_), Held::Ours(g)) => Ok(g.may_act()),
             (Sess::Etcd(c, ..), Held::Etcd(key)) => {
-                Ok(c.clone().get(key.as_str(), None).await?.count() > 0)
+                let key = key.clone();
+                let r = c
+                    .call("Range", |mut c| async move { c.get(key, None).await })
+                    .await?;
+                Ok(r.count() > 0)
             }
             (Sess::Zk(c), Held::Zk(node)) => {
                 Ok(c.check_stat(node).await.map_err(zk_err)?.is_some())
             }
             _ => Err(anyhow!("lock held through another system")),
         }
+    }
+
+    /// The session's id at its server, for the server-side check
+    /// ([`crate::server_sessions`]): ours, the session id; etcd, the lease id; ZooKeeper,
+    /// the session id.
+    pub fn server_id(&self) -> u64 {
+        match self {
+            Sess::Ours(s) => s.id(),
+            Sess::Etcd(_, lease, _) => *lease as u64,
+            Sess::Zk(c) => c.session_id().0 as u64,
+        }
+    }
+
+    /// Test hook (`--end-sessions-behind-back`): ends this session without telling
+    /// loadgen's clients, so the server-side check must find it lost. Ours and etcd stop
+    /// renewing it (the SDK's KeepAlives stop; the lease's keeper stops), so its lease
+    /// runs out at the server a lease later, which a check made too early would miss.
+    /// ZooKeeper's client pings on its own and cannot be silenced, so a second client
+    /// takes the session over (its id and password) and closes it.
+    pub async fn end_behind_back(&self, conn: &Conn) -> anyhow::Result<()> {
+        match (self, conn) {
+            (Sess::Ours(s), _) => s.stop_keepalives(),
+            // A client's lease stops for all its sessions.
+            (Sess::Etcd(_, _, EtcdKeeper::Client(k)), _) => k.stop(),
+            (Sess::Etcd(_, _, keeper), _) => keeper.stop(),
+            (Sess::Zk(c), Conn::Zk(cluster)) => {
+                let other = zk_connector(c.session_timeout())
+                    .session(c.session().clone())
+                    .connect(cluster)
+                    .await
+                    .map_err(|e| anyhow!("zookeeper connect as session {}: {e}", c.session_id()))?;
+                // Not detached: dropping it closes the session.
+                drop(other);
+            }
+            (Sess::Zk(_), _) => anyhow::bail!("a ZooKeeper session needs a ZooKeeper connection"),
+        }
+        Ok(())
     }
 
     /// The last KeepAlive answered and its round trip (ours, etcd; ZooKeeper's client

@@ -12,8 +12,26 @@ pub fn figure(v: &serde_json::Value, k: &str) -> f64 {
 /// The server was asked for its sessions (etcd: leases) at the end, and lost none of
 /// loadgen's.
 pub fn server_confirms_none_lost(v: &serde_json::Value) {
+    server_confirms_lost(v, 0);
+}
+
+/// The server was asked for loadgen's sessions (etcd: leases) by id, a lease and more
+/// after the run, and no longer holds exactly `k` of them.
+pub fn server_confirms_lost(v: &serde_json::Value, k: u64) {
     assert!(figure(v, "sessions at the server at the end") > 0.0, "{v}");
-    assert_eq!(figure(v, "sessions the server confirms lost"), 0.0, "{v}");
+    assert_eq!(
+        figure(v, "sessions the server confirms lost"),
+        k as f64,
+        "{v}"
+    );
+    let lease: f64 = v["params"]["lease / session timeout (s)"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no lease in {v}"));
+    assert!(
+        figure(v, "server check: waited after the run (s)") >= lease,
+        "the server was asked before a lease had passed: {v}"
+    );
 }
 
 /// The latency `k` has its failures counted next to it.

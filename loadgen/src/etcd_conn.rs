@@ -1,0 +1,128 @@
+//! How loadgen talks to etcd, in every scenario: one member at a time, with the settings
+//! of etcd's own command-line client, and on to the next member when a request fails.
+//!
+//! clientv3 3.4 keeps a gRPC connection per member with HTTP/2 keep-alive, and grpc-go
+//! marks a member ready only once it has answered the HTTP/2 handshake, so a frozen or
+//! killed member is left for the others; applications bound each request with a context
+//! deadline. The Rust `etcd-client` balances each request over every endpoint with
+//! power-of-two-choices and considers a member whose kernel accepts the TCP connection
+//! ready (a SIGSTOPped member's does), so through it alone requests kept going to a
+//! frozen member and hung (issue 26: `failover-freeze` had no request timeout, no
+//! keep-alive and kept choosing the frozen member). [`EtcdConn`] instead:
+//!
+//! - talks to one member at a time (starting at the one it is given first);
+//! - bounds every unary request by [`REQUEST_TIMEOUT`] (etcdctl's `--command-timeout`),
+//!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and pings the connection every
+//!   [`KEEPALIVE_TIME`], giving it up after [`KEEPALIVE_TIMEOUT`] without an answer
+//!   (`--keepalive-time`, `--keepalive-timeout`);
+//! - moves to the next member when a request times out or the member is unavailable,
+//!   as the balancer does with a member it cannot reach.
+//!
+//! Streams (watches, lease keep-alives) carry no request timeout, as in clientv3; the
+//! keep-alive pings find a silent member under them.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::anyhow;
+
+/// etcdctl's `--dial-timeout` default.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+/// etcdctl's `--command-timeout` default: each unary request's deadline.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// etcdctl's `--keepalive-time` default: HTTP/2 pings this often.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(2);
+/// etcdctl's `--keepalive-timeout` default: a connection whose ping is not answered
+/// within this is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// The connection options every etcd client of loadgen uses.
+pub fn options() -> etcd_client::ConnectOptions {
+    etcd_client::ConnectOptions::new()
+        .with_connect_timeout(DIAL_TIMEOUT)
+        .with_keep_alive(KEEPALIVE_TIME, KEEPALIVE_TIMEOUT)
+        .with_keep_alive_while_idle(true)
+}
+
+/// A client of one etcd member at a time, moving on after a failure (see the module).
+pub struct EtcdConn {
+    eps: Vec<String>,
+    /// The member in use (an index into `eps`, growing: taken modulo) and its client.
+    cur: Mutex<(usize, Option<etcd_client::Client>)>,
+}
+
+impl EtcdConn {
+    /// A connection to `eps`, starting at the first.
+    pub fn new(eps: Vec<String>) -> EtcdConn {
+        assert!(!eps.is_empty(), "etcd needs an endpoint");
+        EtcdConn {
+            eps,
+            cur: Mutex::new((0, None)),
+        }
+    }
+
+    /// The client of the member in use, and its turn (for [`EtcdConn::failed`]).
+    pub async fn client(&self) -> anyhow::Result<(etcd_client::Client, usize)> {
+        let turn = {
+            let cur = self.cur.lock().expect("etcd conn");
+            if let Some(c) = &cur.1 {
+                return Ok((c.clone(), cur.0));
+            }
+            cur.0
+        };
+        let ep = self.eps[turn % self.eps.len()].clone();
+        let c = etcd_client::Client::connect([ep], Some(options())).await?;
+        let mut cur = self.cur.lock().expect("etcd conn");
+        if cur.0 == turn && cur.1.is_none() {
+            cur.1 = Some(c.clone());
+        }
+        Ok((c, turn))
+    }
+
+    /// The member of `turn` failed: the next request goes to the next member (unless
+    /// another request already moved on).
+    pub fn failed(&self, turn: usize) {
+        let mut cur = self.cur.lock().expect("etcd conn");
+        if cur.0 == turn {
+            cur.0 += 1;
+            cur.1 = None;
+        }
+    }
+
+    /// One unary request, bounded by [`REQUEST_TIMEOUT`]; a timeout or an unavailable
+    /// member moves the connection on (the request is not retried: the caller decides).
+    pub async fn call<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
+    where
+        F: FnOnce(etcd_client::Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let (c, turn) = self.client().await?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, f(c)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if unreachable(&e) {
+                    self.failed(turn);
+                }
+                Err(anyhow!("etcd {what}: {e}"))
+            }
+            Err(_) => {
+                self.failed(turn);
+                Err(anyhow!("etcd {what}: no answer within {REQUEST_TIMEOUT:?}"))
+            }
+        }
+    }
+}
+
+/// True if `e` says the member could not be reached or could not serve (rather than
+/// answering the request with an error of its own, such as "lease not found").
+fn unreachable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        ),
+        _ => false,
+    }
+}

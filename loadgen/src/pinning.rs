@@ -1,0 +1,175 @@
+//! Keeping the servers and the load generator on separate cores (`--server-cpus`,
+//! `--loadgen-cpus`), the same split for all three systems (issue 26).
+//!
+//! Every thread of every server process (our replicas and proxies, etcd's members,
+//! ZooKeeper's JVMs) is bound to the server CPUs with `sched_setaffinity`, and every thread
+//! of loadgen to its own; processes loadgen starts later (a takeover holder, the parts of a
+//! split profile) inherit loadgen's. The servers' binding is applied again every second,
+//! so a member restarted during a scenario (by `peers.sh restart` or a learner start) is
+//! bound within a second of its start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::cluster::{processes_of, System};
+
+/// A set of CPUs, parsed from a list such as `0`, `0,1` or `0-3`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cpus(pub Vec<usize>);
+
+impl std::str::FromStr for Cpus {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Cpus> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b): (usize, usize) = (
+                        a.parse().with_context(|| format!("CPU {a:?}"))?,
+                        b.parse().with_context(|| format!("CPU {b:?}"))?,
+                    );
+                    if a > b {
+                        bail!("CPU range {part:?} runs backwards");
+                    }
+                    out.extend(a..=b);
+                }
+                None => out.push(part.parse().with_context(|| format!("CPU {part:?}"))?),
+            }
+        }
+        if out.is_empty() {
+            bail!("no CPU in {s:?}");
+        }
+        let online = online_cpus();
+        if let Some(c) = out.iter().find(|c| **c >= online) {
+            bail!("CPU {c} does not exist here (CPUs 0-{})", online - 1);
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(Cpus(out))
+    }
+}
+
+impl std::fmt::Display for Cpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.0.iter().map(usize::to_string).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+fn online_cpus() -> usize {
+    // SAFETY: sysconf reads a value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
+/// Binds the thread (or single-threaded process) `tid` to `cpus`.
+fn bind(tid: i32, cpus: &Cpus) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for CPUs
+    // below CPU_SETSIZE (checked); sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in &cpus.0 {
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+        }
+        if libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Binds every thread of process `pid` to `cpus` (threads that end meanwhile are skipped).
+fn bind_process(pid: u32, cpus: &Cpus) -> anyhow::Result<()> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("threads of process {pid}"))?;
+    for t in tasks.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        match bind(tid, cpus) {
+            Ok(()) => {}
+            // The thread ended between the listing and the call.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => bail!("bind thread {tid} of {pid} to CPUs {cpus}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Binds this process's threads to `cpus`.
+pub fn bind_self(cpus: &Cpus) -> anyhow::Result<()> {
+    bind_process(std::process::id(), cpus)
+}
+
+/// Binds the server processes of the cluster in `dir` to `cpus` now, and again every
+/// second until the returned task is aborted. Fails if no server process is found.
+pub fn bind_servers(
+    system: System,
+    dir: PathBuf,
+    cpus: Cpus,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let procs = processes_of(system, &dir);
+    if procs.is_empty() {
+        bail!("no server process found to bind to CPUs {cpus}");
+    }
+    for (_, pid) in &procs {
+        bind_process(*pid, &cpus)?;
+    }
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            for (_, pid) in processes_of(system, &dir) {
+                // A member being killed or restarted may vanish meanwhile.
+                let _ = bind_process(pid, &cpus);
+            }
+        }
+    }))
+}
+
+/// True if the thread `tid`'s affinity is exactly `cpus` (for the tests).
+#[cfg(test)]
+fn bound_to(tid: i32, cpus: &Cpus) -> bool {
+    // SAFETY: as in `bind`; sched_getaffinity writes within the set it is given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return false;
+        }
+        (0..online_cpus()).all(|c| libc::CPU_ISSET(c, &set) == cpus.0.contains(&c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!("0".parse::<Cpus>().unwrap(), Cpus(vec![0]));
+        if online_cpus() >= 2 {
+            assert_eq!("1,0-1".parse::<Cpus>().unwrap(), Cpus(vec![0, 1]));
+        }
+        assert!("".parse::<Cpus>().is_err());
+        assert!("1-0".parse::<Cpus>().is_err());
+        assert!("x".parse::<Cpus>().is_err());
+        assert!("100000".parse::<Cpus>().is_err());
+    }
+
+    #[test]
+    fn a_child_process_is_bound_with_every_thread() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let cpus = Cpus(vec![0]);
+        bind_process(child.id(), &cpus).unwrap();
+        assert!(bound_to(child.id() as i32, &cpus));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
