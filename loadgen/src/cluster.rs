@@ -251,7 +251,12 @@ impl Cluster {
             }
             System::Etcd => {
                 for m in &self.members {
-                    let Ok(mut c) = etcd_client::Client::connect([m.as_str()], None).await else {
+                    let Ok(mut c) = etcd_client::Client::connect(
+                        [m.as_str()],
+                        Some(crate::etcd_conn::options().with_timeout(Duration::from_secs(2))),
+                    )
+                    .await
+                    else {
                         continue;
                     };
                     if let Ok(s) = c.status().await {

@@ -15,8 +15,16 @@
 //!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and pings the connection every
 //!   [`KEEPALIVE_TIME`], giving it up after [`KEEPALIVE_TIMEOUT`] without an answer
 //!   (`--keepalive-time`, `--keepalive-timeout`);
-//! - moves to the next member when a request times out or the member is unavailable,
-//!   as the balancer does with a member it cannot reach.
+//! - moves to the next member when a request times out or the member is unreachable,
+//!   and tries a read that found its member unreachable again at the next one within
+//!   the same deadline (clientv3 repeats an immutable request on `Unavailable`).
+//!
+//! This is loadgen's own policy, close to clientv3's but not the same: clientv3 3.4
+//! spreads requests round-robin over every member that is ready, and a member that was
+//! connected when it froze stays ready until its keep-alive ping fails (2 s + 6 s), so
+//! some requests still go to it for that long; loadgen uses one member per connection
+//! (connections start at different members, so the load is spread) and leaves a member
+//! at the first timeout.
 //!
 //! Streams (watches, lease keep-alives) carry no request timeout, as in clientv3; the
 //! keep-alive pings find a silent member under them.
@@ -90,33 +98,63 @@ impl EtcdConn {
         }
     }
 
-    /// One unary request, bounded by [`REQUEST_TIMEOUT`]; a timeout or an unavailable
-    /// member moves the connection on (the request is not retried: the caller decides).
+    /// One unary request, bounded by [`REQUEST_TIMEOUT`]; a timeout or an unreachable
+    /// member moves the connection on. Not retried (a write: the caller decides).
     pub async fn call<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
     where
         F: FnOnce(etcd_client::Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let (c, turn) = self.client().await?;
-        match tokio::time::timeout(REQUEST_TIMEOUT, f(c)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                if unreachable(&e) {
+        let mut f = Some(f);
+        self.attempts(what, 1, move |c| (f.take().expect("one attempt"))(c))
+            .await
+    }
+
+    /// A read (`Range`): as [`EtcdConn::call`], but one that found its member
+    /// unreachable is tried again at the next member within the same deadline, as
+    /// clientv3's retry interceptor repeats an immutable request on `Unavailable`.
+    pub async fn read<T, F, Fut>(&self, f: F) -> anyhow::Result<T>
+    where
+        F: FnMut(etcd_client::Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.attempts("Range", self.eps.len().max(1), f).await
+    }
+
+    async fn attempts<T, F, Fut>(&self, what: &str, tries: usize, mut f: F) -> anyhow::Result<T>
+    where
+        F: FnMut(etcd_client::Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let mut last = None;
+        for _ in 0..tries {
+            let (c, turn) = self.client().await?;
+            match tokio::time::timeout_at(deadline, f(c)).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => {
+                    if !unreachable(&e) {
+                        return Err(anyhow!("etcd {what}: {e}"));
+                    }
                     self.failed(turn);
+                    last = Some(e);
                 }
-                Err(anyhow!("etcd {what}: {e}"))
-            }
-            Err(_) => {
-                self.failed(turn);
-                Err(anyhow!("etcd {what}: no answer within {REQUEST_TIMEOUT:?}"))
+                Err(_) => {
+                    self.failed(turn);
+                    return Err(anyhow!("etcd {what}: no answer within {REQUEST_TIMEOUT:?}"));
+                }
             }
         }
+        Err(anyhow!(
+            "etcd {what}: {}",
+            last.map_or("no member".to_string(), |e| e.to_string())
+        ))
     }
 }
 
 /// True if `e` says the member could not be reached or could not serve (rather than
 /// answering the request with an error of its own, such as "lease not found").
-fn unreachable(e: &etcd_client::Error) -> bool {
+pub fn unreachable(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         etcd_client::Error::GRpcStatus(s) => matches!(

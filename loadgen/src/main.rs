@@ -247,11 +247,24 @@ async fn run_repeated(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Re
         return run_one(cli, system, cmd, &cli.out).await;
     }
     let mut runs = Vec::new();
+    let mut failures = Vec::new();
     for k in 1..=cli.runs {
         eprintln!("loadgen: run {k} of {} on {}", cli.runs, system.name());
-        runs.push(run_one(cli, system, cmd, &cli.out.join(format!("run-{k}"))).await?);
+        match run_one(cli, system, cmd, &cli.out.join(format!("run-{k}"))).await {
+            Ok(r) => runs.push(r),
+            // A run that fails is recorded, not dropped: the others still run.
+            Err(e) => {
+                eprintln!("loadgen: run {k} on {} failed: {e:#}", system.name());
+                failures.push(format!("run {k} failed: {e:#}"));
+            }
+        }
     }
-    let r = Report::median_of(&runs);
+    if runs.is_empty() {
+        anyhow::bail!("every run failed: {}", failures.join("; "));
+    }
+    let mut r = Report::median_of(&runs);
+    r.param("runs that failed (not in the medians)", failures.len());
+    r.notes.extend(failures);
     r.print();
     let (json, svg) = r.write(&cli.out)?;
     println!("  wrote {} and {}", json.display(), svg.display());
@@ -332,6 +345,10 @@ async fn run_one(
     if let Some(b) = binding {
         b.abort();
     }
+    let checked = cli
+        .server_cpus
+        .as_ref()
+        .map(|cpus| pinning::check_servers(system, ctx.cluster.dir(), cpus));
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
     let mut r = r?;
@@ -349,6 +366,12 @@ async fn run_one(
             ),
         },
     );
+    if let Some((bound, total)) = checked {
+        r.param(
+            "server threads on the server CPUs at the end",
+            format!("{bound} of {total}"),
+        );
+    }
     if system == System::Zk {
         r.param(
             "ZooKeeper JVM heap (-Xmx, PEERS_ZK_HEAP)",

@@ -131,8 +131,26 @@ pub fn bind_servers(
     }))
 }
 
-/// True if the thread `tid`'s affinity is exactly `cpus` (for the tests).
-#[cfg(test)]
+/// How many threads of the cluster's server processes are bound to exactly `cpus`, of
+/// how many: checked at the end of a run, for the report.
+pub fn check_servers(system: System, dir: &std::path::Path, cpus: &Cpus) -> (usize, usize) {
+    let (mut bound, mut total) = (0, 0);
+    for (_, pid) in processes_of(system, dir) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            total += 1;
+            bound += usize::from(bound_to(tid, cpus));
+        }
+    }
+    (bound, total)
+}
+
+/// True if the thread `tid`'s affinity is exactly `cpus`.
 fn bound_to(tid: i32, cpus: &Cpus) -> bool {
     // SAFETY: as in `bind`; sched_getaffinity writes within the set it is given.
     unsafe {

@@ -569,6 +569,23 @@ pub async fn profile(
     let p1 = proxies_total(&p1s);
     join_tasks(tasks, &errors).await;
     failures.count_unfinished();
+    // What the clients saw at the end of the run, before the test hook and the wait (as
+    // the peers' profile counts it).
+    let sessions: Vec<Session> = slots
+        .iter()
+        .map(|s| s.lock().expect("slot").clone())
+        .collect();
+    let lost = sessions
+        .iter()
+        .filter(|s| s.state() == SessionState::Expired)
+        .count()
+        + usize::from(admin.state() == SessionState::Expired);
+    let held_long = guards
+        .lock()
+        .expect("guards")
+        .iter()
+        .filter(|g| g.may_act())
+        .count();
     // The test hook: sessions that hold no lock stop renewing behind loadgen's back.
     let behind = crate::server_sessions::behind_back_share(0, 1);
     anyhow::ensure!(
@@ -580,10 +597,11 @@ pub async fn profile(
         slot.lock().expect("slot").stop_keepalives();
     }
     // The server's check, before a frozen leader resumes (it would answer as leader for a
-    // moment) and before any session ends, a lease after the run (or the fault).
+    // moment) and before any session ends, a lease after now (the tasks are joined and
+    // the hook applied) or after the fault.
     let waited = crate::server_sessions::settle(
         ctx.lease,
-        start + Duration::from_secs_f64(elapsed),
+        Instant::now(),
         injected.as_ref().map(Injected::at),
     )
     .await;
@@ -598,27 +616,12 @@ pub async fn profile(
     }
 
     // Results.
-    let sessions: Vec<Session> = slots
-        .iter()
-        .map(|s| s.lock().expect("slot").clone())
-        .collect();
-    let lost = sessions
-        .iter()
-        .filter(|s| s.state() == SessionState::Expired)
-        .count()
-        + usize::from(admin.state() == SessionState::Expired);
     let (mut hits, mut misses) = (0u64, 0u64);
     for s in &sessions {
         let c = s.cache_stats();
         hits += c.hits;
         misses += c.misses;
     }
-    let held_long = guards
-        .lock()
-        .expect("guards")
-        .iter()
-        .filter(|g| g.may_act())
-        .count();
     let mut r = ctx.report(Injected::scenario(fault));
     r.param("sessions", n);
     r.param(
@@ -990,12 +993,12 @@ pub(crate) async fn run_with_fault(
 }
 
 impl Injected {
-    /// Lets a frozen leader go on (SIGCONT) after the run.
     /// When the fault was injected.
     pub(crate) fn at(&self) -> Instant {
         self.at
     }
 
+    /// Lets a frozen leader go on (SIGCONT) after the run.
     pub(crate) fn resume(&self, ctx: &Ctx) {
         if self.fault == Fault::Freeze {
             if let Some(pid) = ctx.cluster.pid_of(&self.leader) {

@@ -629,6 +629,9 @@ pub async fn profile(
     let (begun, deadline) = (run.start, run.deadline);
     let injected = run_with_fault(ctx, begun, deadline, fault).await?;
     run.stop().await;
+    // What the clients saw at the end of the run, before the hook and the wait (as each
+    // part of a split run measures it).
+    let m = run.measure().await;
     run.end_behind_back(&ctx.conn, crate::server_sessions::behind_back_share(0, 1))
         .await?;
     // The server's check while every session is open, a lease after the run (or the
@@ -643,7 +646,6 @@ pub async fn profile(
     if let Some(i) = &injected {
         i.resume(ctx);
     }
-    let m = run.measure().await;
     let r = report(
         ctx,
         fault,
@@ -978,6 +980,15 @@ fn report(
     r.param("config reads per session per s", reads_per_s);
     r.param("config writes per s", sum(|m| m.writes_per_s));
     r.param("sessions churned per s", sum(|m| m.churn_per_s));
+    if etcd && crate::systems::ETCD_LEASE_PER_CLIENT.load(Ordering::Relaxed) {
+        r.notes.push(
+            "--etcd-lease-per-client: a churned session is a new user of its client's \
+             lease, so churn costs etcd no LeaseGrant or LeaseRevoke in this row (ours and \
+             ZooKeeper open and close a session at the server); a lost lease is all of \
+             its client's sessions lost"
+                .into(),
+        );
+    }
     r.param("run (s)", format!("{elapsed:.0}"));
     r.latency_failed("acquire (short locks)", &acq, acq_failed.len() as u64);
     if ka.count() > 0 {

@@ -249,6 +249,14 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// True for a figure that counts something that went wrong (sessions lost, errors,
+/// failures): repeated runs report its sum, never a median that could hide one bad run.
+fn counts_harm(name: &str) -> bool {
+    ["lost", "error", "failed", "not taken", "jeopardy"]
+        .iter()
+        .any(|w| name.contains(w))
+}
+
 /// The lowest and highest of `v`.
 fn range(v: &[f64]) -> (f64, f64) {
     v.iter()
@@ -282,7 +290,12 @@ impl Report {
                 .copied()
                 .collect();
             r.ranges.insert(k.clone(), range(&v));
-            r.figures.insert(k.clone(), median(&mut v));
+            let total = if counts_harm(k) {
+                v.iter().sum()
+            } else {
+                median(&mut v)
+            };
+            r.figures.insert(k.clone(), total);
         }
         let lat_keys: std::collections::BTreeSet<&String> =
             runs.iter().flat_map(|x| x.latencies.keys()).collect();
@@ -323,7 +336,10 @@ impl Report {
             format!(
                 "median of {} runs (each run's report in run-1 ... run-{}); a latency's \
                  count and percentiles are the runs' medians, its failed the sum over the \
-                 runs; ranges are the lowest and highest run; the chart is the first run's",
+                 runs; a figure that counts losses, errors or failures (its name has \
+                 'lost', 'error', 'failed', 'not taken' or 'jeopardy') is the sum over the \
+                 runs, every other the median; ranges are the lowest and highest run; the \
+                 chart is the first run's",
                 runs.len(),
                 runs.len()
             ),
@@ -653,6 +669,7 @@ mod tests {
         let run = |fig: f64, p99: f64, failed: u64| {
             let mut r = Report::new("acquire", "etcd", 1.0);
             r.figure("acquires per s", fig);
+            r.figure("sessions lost", failed as f64 * 100.0);
             r.latencies.insert(
                 "acquire".into(),
                 Summary {
@@ -686,6 +703,9 @@ mod tests {
         assert_eq!(a.failed, Some(3));
         assert_eq!(m.ranges["acquire failed"], (0.0, 2.0));
         assert_eq!(m.params["runs"], "5");
+        // One run's lost sessions are not a median's to hide.
+        assert_eq!(m.figures["sessions lost"], 300.0);
+        assert_eq!(m.ranges["sessions lost"], (0.0, 200.0));
         assert_eq!(m.notes.iter().filter(|n| *n == "same note").count(), 1);
         // An even count takes the middle two's mean; one run is itself.
         let m = Report::median_of(&runs[..4]);

@@ -43,8 +43,8 @@ const LOOK: Duration = Duration::from_secs(30);
 const ASK: Duration = Duration::from_secs(3);
 /// How long a fault's election may take, at most, for the wait: ours stand 1.5–2 s after
 /// the last heartbeat, etcd's election timeout is 1 s, ZooKeeper's followers give up on a
-/// frozen leader after `syncLimit` ticks (10 s at most here, but a killed one at once).
-const ELECTION: Duration = Duration::from_secs(5);
+/// frozen leader after `syncLimit` ticks (10 s here; a killed one at once).
+const ELECTION: Duration = Duration::from_secs(12);
 /// Beyond the lease: ZooKeeper expires sessions on a 2 s tick, etcd checks for expired
 /// leases every 500 ms, ours proposes an expiry within a second.
 const MARGIN: Duration = Duration::from_secs(5);
@@ -224,25 +224,51 @@ async fn etcd(m: &str, ids: &[u64]) -> anyhow::Result<Option<u64>> {
     if st.header().is_none_or(|h| h.member_id() != st.leader()) {
         return Ok(None);
     }
-    let answers: Vec<anyhow::Result<bool>> = futures::stream::iter(ids.iter().copied())
+    // Each lease once (with --etcd-lease-per-client many sessions share one).
+    let distinct: HashSet<u64> = ids.iter().copied().collect();
+    let answers: Vec<(u64, anyhow::Result<bool>)> = futures::stream::iter(distinct)
         .map(|id| {
-            let mut c = c.clone();
-            async move {
-                match c.lease_time_to_live(id as i64, None).await {
-                    Ok(r) => Ok(r.ttl() > 0),
-                    Err(e) if e.to_string().contains("lease not found") => Ok(false),
-                    Err(e) => Err(anyhow::anyhow!("LeaseTimeToLive({id:x}) at {m}: {e}")),
-                }
-            }
+            let c = c.clone();
+            async move { (id, lease_alive(c, id, m).await) }
         })
         .buffer_unordered(64)
         .collect()
         .await;
-    let mut held = 0;
-    for a in answers {
-        held += u64::from(a?);
+    let mut alive = HashSet::new();
+    for (id, a) in answers {
+        if a? {
+            alive.insert(id);
+        }
     }
-    Ok(Some(held))
+    Ok(Some(ids.iter().filter(|i| alive.contains(i)).count() as u64))
+}
+
+/// Whether etcd still holds lease `id`: asked up to three times (a failed request again
+/// after a second), and a TTL of 0 or less asked again a second later, since etcd 3.4
+/// answers whole seconds and a live lease with under a second left reads 0.
+async fn lease_alive(c: etcd_client::Client, id: u64, m: &str) -> anyhow::Result<bool> {
+    let mut last = None;
+    let mut low = 0;
+    for _ in 0..3 {
+        match c.clone().lease_time_to_live(id as i64, None).await {
+            Ok(r) if r.ttl() > 0 => return Ok(true),
+            // -1: not found; 0 or less twice: expired (not yet revoked) or about to.
+            Ok(r) if r.ttl() < 0 => return Ok(false),
+            Ok(_) => {
+                low += 1;
+                if low == 2 {
+                    return Ok(false);
+                }
+            }
+            Err(e) if e.to_string().contains("lease not found") => return Ok(false),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    match last {
+        Some(e) => Err(anyhow::anyhow!("LeaseTimeToLive({id:x}) at {m}: {e}")),
+        None => Ok(false),
+    }
 }
 
 /// The session ids a ZooKeeper leader's `dump` lists (its "SessionTracker dump" section,

@@ -269,7 +269,7 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     for i in 0..WRITERS {
         let mut eps = members.clone();
         eps.rotate_left(i % members.len());
-        writers.push(etcd_client::Client::connect(eps, None).await?);
+        writers.push(etcd_client::Client::connect(eps, Some(crate::etcd_conn::options())).await?);
     }
     writers[0].put("/state", "", None).await?;
     let t = Instant::now();
@@ -300,7 +300,8 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     for (i, m) in members.iter().enumerate() {
         etcd_catch_up(&format!("replica-{}", i + 1), m, target, Instant::now()).await?;
     }
-    let mut lc = etcd_client::Client::connect([leader.as_str()], None).await?;
+    let mut lc =
+        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
     let keys = lc
         .get(
             "/state",
@@ -321,7 +322,8 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let writer = {
-        let c = etcd_client::Client::connect([leader.as_str()], None).await?;
+        let c = etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options()))
+            .await?;
         crate::state::spawn_stall_writer(start, stop.clone(), move |v| {
             let mut c = c.clone();
             async move { c.put("/state", v.to_string(), None).await.is_ok() }
@@ -329,7 +331,8 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let path = ctx.cluster.dir().join("leader-snapshot.db");
-    let mut sc = etcd_client::Client::connect([leader.as_str()], None).await?;
+    let mut sc =
+        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
     let t = Instant::now();
     let saved = tokio::time::timeout(WAIT, async {
         use tokio::io::AsyncWriteExt;
@@ -390,7 +393,8 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     let name = member_name(ctx, id);
     let (client_port, peer_port) = ctx.cluster.new_member_ports();
     let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut lc = etcd_client::Client::connect([leader.as_str()], None).await?;
+    let mut lc =
+        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
     // etcd refuses MemberAdd until every voting member has been connected for 5 s (its
     // strict reconfig check), which the follower just restarted may not have been yet.
     let asked = Instant::now();

@@ -97,7 +97,12 @@ pub static ETCD_LEADER_ONLY: std::sync::atomic::AtomicBool =
 /// The endpoint of etcd's leader among `eps`, asked of each member in turn.
 pub async fn etcd_leader(eps: &[String]) -> anyhow::Result<String> {
     for ep in eps {
-        let Ok(mut c) = etcd_client::Client::connect([ep.clone()], None).await else {
+        let Ok(mut c) = etcd_client::Client::connect(
+            [ep.clone()],
+            Some(crate::etcd_conn::options().with_timeout(Duration::from_secs(2))),
+        )
+        .await
+        else {
             continue;
         };
         if let Ok(st) = c.status().await {
@@ -295,15 +300,13 @@ async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess>
     let st2 = st.clone();
     let task = tokio::spawn(async move {
         let mut stream = None;
-        let mut turn = 0;
         loop {
             let t0 = Instant::now();
             let mut renewed = false;
             if stream.is_none() {
                 // Opening the stream sends a renewal and waits for its answer (a member
                 // that does not answer within a third of the TTL is given up for another).
-                if let Ok((mut c, t)) = kc.client().await {
-                    turn = t;
+                if let Ok((mut c, turn)) = kc.client().await {
                     match tokio::time::timeout(every, c.lease_keep_alive(id)).await {
                         Ok(Ok(s)) => {
                             stream = Some(s);
@@ -313,7 +316,11 @@ async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess>
                             st2.lock().expect("keeper").gone = true;
                             return;
                         }
-                        _ => kc.failed(turn),
+                        // Only a member that cannot be reached moves the connection on
+                        // (clientv3 does not leave a member for being slow; a frozen
+                        // one's connection fails its keep-alive pings within 8 s).
+                        Ok(Err(e)) if crate::etcd_conn::unreachable(&e) => kc.failed(turn),
+                        _ => {}
                     }
                 }
             } else if let Some((keeper, replies)) = stream.as_mut() {
@@ -329,7 +336,10 @@ async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess>
                             st2.lock().expect("keeper").gone = true;
                             return;
                         }
-                        _ => kc.failed(turn),
+                        // A slow or broken stream is opened again, at the same member:
+                        // only a member that cannot be reached moves the connection on
+                        // (as clientv3 does not leave a member for being slow).
+                        _ => {}
                     }
                 }
             }
@@ -571,9 +581,11 @@ impl Sess {
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_max_create_revision(my_rev - 1)
                         .with_limit(1);
-                    let p = prefix.clone();
                     let g = c
-                        .call("Range", |mut c| async move { c.get(p, Some(opts)).await })
+                        .read(|mut c| {
+                            let (p, opts) = (prefix.clone(), opts.clone());
+                            async move { c.get(p, Some(opts)).await }
+                        })
                         .await?;
                     let Some(kv) = g.kvs().first() else {
                         return Ok((Held::Etcd(key), my_rev as u64));
@@ -714,7 +726,10 @@ impl Sess {
             Sess::Etcd(c, ..) => {
                 let key = key.to_string();
                 let r = c
-                    .call("Range", |mut c| async move { c.get(key, None).await })
+                    .read(|mut c| {
+                        let key = key.clone();
+                        async move { c.get(key, None).await }
+                    })
                     .await?;
                 Ok(r.kvs().first().map_or(0, |kv| kv.value().len()))
             }
@@ -764,7 +779,10 @@ impl Sess {
             (Sess::Etcd(c, ..), Held::Etcd(key)) => {
                 let key = key.clone();
                 let r = c
-                    .call("Range", |mut c| async move { c.get(key, None).await })
+                    .read(|mut c| {
+                        let key = key.clone();
+                        async move { c.get(key, None).await }
+                    })
                     .await?;
                 Ok(r.count() > 0)
             }
@@ -795,17 +813,42 @@ impl Sess {
     pub async fn end_behind_back(&self, conn: &Conn) -> anyhow::Result<()> {
         match (self, conn) {
             (Sess::Ours(s), _) => s.stop_keepalives(),
-            // A client's lease stops for all its sessions.
-            (Sess::Etcd(_, _, EtcdKeeper::Client(k)), _) => k.stop(),
+            (Sess::Etcd(_, _, EtcdKeeper::Client(_)), _) => anyhow::bail!(
+                "with --etcd-lease-per-client a session has no lease of its own to end"
+            ),
             (Sess::Etcd(_, _, keeper), _) => keeper.stop(),
             (Sess::Zk(c), Conn::Zk(cluster)) => {
-                let other = zk_connector(c.session_timeout())
-                    .session(c.session().clone())
-                    .connect(cluster)
-                    .await
-                    .map_err(|e| anyhow!("zookeeper connect as session {}: {e}", c.session_id()))?;
-                // Not detached: dropping it closes the session.
-                drop(other);
+                // Not detached: dropping the other client closes the session. Until the
+                // close is applied, this client may reconnect and take the session back
+                // (the close then fails as "session moved"), so this waits for it to see
+                // the session end, and tries again if it does not.
+                for _ in 0..3 {
+                    let mut states = c.state_watcher();
+                    let other = zk_connector(c.session_timeout())
+                        .session(c.session().clone())
+                        .connect(cluster)
+                        .await
+                        .map_err(|e| {
+                            anyhow!("zookeeper connect as session {}: {e}", c.session_id())
+                        })?;
+                    drop(other);
+                    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+                        loop {
+                            if matches!(
+                                c.state(),
+                                zk::SessionState::Expired | zk::SessionState::Closed
+                            ) {
+                                return;
+                            }
+                            states.changed().await;
+                        }
+                    })
+                    .await;
+                    if ended.is_ok() {
+                        return Ok(());
+                    }
+                }
+                anyhow::bail!("ZooKeeper session {} did not end", c.session_id());
             }
             (Sess::Zk(_), _) => anyhow::bail!("a ZooKeeper session needs a ZooKeeper connection"),
         }

@@ -105,19 +105,47 @@ fn repeated_runs_on_separate_cpus_report_medians_and_ranges() {
     }
     assert_eq!(v["params"]["runs"], "2", "{v}");
     assert_eq!(v["runs"], 2, "{v}");
-    let (lo, hi) = (
-        v["ranges"]["acquire p99"][0].as_f64().unwrap(),
-        v["ranges"]["acquire p99"][1].as_f64().unwrap(),
+    // The ranges are the two runs' own lowest and highest.
+    let runs: Vec<serde_json::Value> = (1..=2)
+        .map(|k| {
+            let f = dir.path().join(format!("run-{k}/acquire-ours.json"));
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()
+        })
+        .collect();
+    let each: Vec<f64> = runs
+        .iter()
+        .map(|r| r["latencies"]["acquire"]["p99"].as_f64().unwrap())
+        .collect();
+    let range = |k: &str| {
+        (
+            v["ranges"][k][0].as_f64().unwrap(),
+            v["ranges"][k][1].as_f64().unwrap(),
+        )
+    };
+    assert_eq!(
+        range("acquire p99"),
+        (each[0].min(each[1]), each[0].max(each[1])),
+        "{v}"
     );
-    let p99 = v["latencies"]["acquire"]["p99"].as_f64().unwrap();
-    assert!(lo <= p99 && p99 <= hi, "{v}");
-    assert!(v["ranges"]["acquires per s"].is_array(), "{v}");
+    let rates: Vec<f64> = runs.iter().map(|r| figure(r, "acquires per s")).collect();
+    assert_eq!(
+        figure(&v, "acquires per s"),
+        (rates[0] + rates[1]) / 2.0,
+        "{v}"
+    );
     if two_cpus {
         assert_eq!(
             v["params"]["CPU binding (sched_setaffinity, every thread)"],
             "servers on CPUs 0, loadgen on CPUs 1",
             "{v}"
         );
+        // Every thread of every server was found bound at the end of the run.
+        let checked = v["params"]["server threads on the server CPUs at the end"]
+            .as_str()
+            .unwrap();
+        let (bound, total) = checked.split_once(" of ").unwrap();
+        assert!(total.parse::<u32>().unwrap() > 3, "{v}");
+        assert_eq!(bound, total, "{v}");
     }
 }
 
