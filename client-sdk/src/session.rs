@@ -1047,3 +1047,11 @@ pub(crate) fn outcome_unknown(e: &Error) -> bool {
             | Error::Internal { .. }
     )
 }
+
+impl Client {
+    /// Opens a session and starts its KeepAlives.
+    pub async fn open_session(&self) -> Result<Session, Error> {
+        let slot = self.session_slot()?;
+        Session::open(self.clone(), slot).await
+    }
+}

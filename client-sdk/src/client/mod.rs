@@ -1,7 +1,24 @@
-//! Connections, leader discovery and retries.
+//! A client's connections to a cell: one QUIC connection per endpoint, leader discovery,
+//! and retries of requests whose outcome is unknown.
+//!
+//! A [`Client`] is a handle (cheap to clone) on one QUIC endpoint and the connections it
+//! dials lazily, one per replica or proxy address it was given. Everything a session does
+//! goes through [`Client::call`]: try the leader it last reached, follow `NotLeader`
+//! redirects, move to the next endpoint when one fails at the connection level, and retry
+//! with the same request id until the operation's deadline, so the cell's dedup makes a
+//! retry safe. The pieces around it live in submodules:
+//!
+//! - [`config`]: [`ClientConfig`], its defaults and limits.
+//! - `batchers`: KeepAlives and invalidation acknowledgements of a client's sessions that
+//!   fall due together travel as one RPC (`KeepAliveBatch`, `AckInvalidationsBatch`).
+//! - `liveness`: when each connection last heard anything, and the probe that gives a
+//!   silent peer up after two seconds instead of QUIC's idle timeout.
+//!
+//! Sessions are built on a client (see `crate::session`, which opens them); this module
+//! knows nothing of sessions beyond counting their places (`SessionSlot`). A client
+//! talks to one cell: routing a path to one of several cells belongs above it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -12,88 +29,13 @@ use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
 use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId, Status};
 use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
 
-/// The default grace period: how long a session in jeopardy keeps trying before it gives
-/// up (see [`ClientConfig::grace_period`]).
-pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
+mod batchers;
+pub mod config;
+mod liveness;
 
-/// How to reach a cell.
-#[derive(Debug, Clone)]
-pub struct ClientConfig {
-    /// Replica and/or proxy addresses, `host:port` (a proxy speaks the same protocol; the
-    /// client moves to the next endpoint when one fails).
-    pub endpoints: Vec<String>,
-    /// The cell's CA certificate (PEM).
-    pub ca: PathBuf,
-    /// How long one operation may take, retries included, before it fails with
-    /// [`Error::Timeout`] (default 15 s).
-    pub request_timeout: Duration,
-    /// How long one attempt waits for an answer (default 6 s, above the replicas' own
-    /// 5 s commit timeout).
-    pub attempt_timeout: Duration,
-    /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
-    /// dead replica is skipped quickly instead of holding up the request.
-    pub connect_timeout: Duration,
-    /// How long a session in jeopardy keeps trying to reach the cell before it gives up
-    /// and reports itself expired (Chubby's grace period; default 45 s).
-    pub grace_period: Duration,
-    /// Most values one session caches (default 10 000).
-    pub cache_entries_max: usize,
-    /// Most bytes of data one session caches (default 64 MiB).
-    pub cache_bytes_max: usize,
-    /// Agent string sent in the hello.
-    pub agent: String,
-    /// Most sessions this client holds open at once (default and upper bound
-    /// [`SESSIONS_PER_CLIENT_MAX`]); opening one more fails with
-    /// [`Error::TooManySessions`].
-    pub sessions_max: usize,
-    /// The UDP sockets the client's QUIC endpoint runs on (default: the operating
-    /// system's; the fault suite's simulation passes simulated ones).
-    pub sockets: wire::quic::Sockets,
-}
-
-/// Most sessions one client holds open: each keeps an event stream open on the client's
-/// connection, which has [`wire::quic::STREAMS_MAX`] (4 096) streams in all, and the rest
-/// (1 024) stay free for requests. With every stream taken by event streams no request
-/// could be sent, not even the sessions' KeepAlives, and they would all expire.
-pub const SESSIONS_PER_CLIENT_MAX: usize = wire::quic::STREAMS_MAX as usize - 1_024;
-
-/// The endpoints of a local `lockctl dev` cell.
-pub const DEV_ENDPOINTS: &str =
-    "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105";
-
-impl ClientConfig {
-    /// From the environment shared with `lockctl`: `LOCKCTL_ENDPOINTS` (comma-separated,
-    /// default: the local dev cell) and `LOCKCTL_CA` (default `cell-data/tls/ca.pem`).
-    pub fn from_env() -> ClientConfig {
-        let endpoints = std::env::var("LOCKCTL_ENDPOINTS").unwrap_or_else(|_| DEV_ENDPOINTS.into());
-        let ca = std::env::var("LOCKCTL_CA").unwrap_or_else(|_| "cell-data/tls/ca.pem".into());
-        ClientConfig::new(
-            endpoints
-                .split(',')
-                .map(|e| e.trim().to_string())
-                .filter(|e| !e.is_empty())
-                .collect(),
-            ca.into(),
-        )
-    }
-
-    /// Defaults for the given endpoints and CA file.
-    pub fn new(endpoints: Vec<String>, ca: PathBuf) -> ClientConfig {
-        ClientConfig {
-            endpoints,
-            ca,
-            request_timeout: Duration::from_secs(15),
-            attempt_timeout: Duration::from_secs(6),
-            connect_timeout: Duration::from_secs(1),
-            grace_period: GRACE_PERIOD,
-            cache_entries_max: 10_000,
-            cache_bytes_max: 64 * 1024 * 1024,
-            agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
-            sessions_max: SESSIONS_PER_CLIENT_MAX,
-            sockets: wire::quic::Sockets::Os,
-        }
-    }
-}
+use batchers::{ack_batcher, keepalive_batcher, KeepAliveWaiter, PendingAck};
+pub use config::{ClientConfig, SESSIONS_PER_CLIENT_MAX};
+use liveness::{presumed_dead, watch_heard, Heard, SILENCES_QUEUED};
 
 struct Inner {
     cfg: ClientConfig,
@@ -127,117 +69,11 @@ impl Drop for SessionSlot {
     }
 }
 
-/// Acknowledgements of this client's sessions that arrive within this window of the first
-/// one go out together, one `AckInvalidationsBatch` RPC per server.
-const ACK_COALESCE: Duration = Duration::from_millis(5);
-
-/// One invalidation to acknowledge to the server that sent it.
-struct PendingAck {
-    addr: SocketAddr,
-    session: SessionId,
-    id: u64,
-    /// Retried until then (a lease): the server has stopped waiting for us by then.
-    give_up: Instant,
-}
-
-/// Collects acknowledgements and sends them grouped by server; ends with the client.
-async fn ack_batcher(
-    client: std::sync::Weak<Inner>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<PendingAck>,
-) {
-    while let Some(first) = rx.recv().await {
-        tokio::time::sleep(ACK_COALESCE).await;
-        let mut by_addr: HashMap<SocketAddr, Vec<PendingAck>> = HashMap::default();
-        by_addr.entry(first.addr).or_default().push(first);
-        // Bounded by what is queued now (each batch at most KEEPALIVE_BATCH_MAX sessions
-        // is split below).
-        while let Ok(a) = rx.try_recv() {
-            by_addr.entry(a.addr).or_default().push(a);
-        }
-        let Some(inner) = client.upgrade() else {
-            return;
-        };
-        for (addr, acks) in by_addr {
-            let client = Client {
-                inner: inner.clone(),
-            };
-            wire::rt::spawn(async move { client.send_acks(addr, acks).await });
-        }
-    }
-}
-
-/// KeepAlives of this client's sessions that fall due within this window of the first one
-/// go out together, as one `KeepAliveBatch` RPC.
-const KEEPALIVE_COALESCE: Duration = Duration::from_millis(20);
-
-/// The answer to one session's KeepAlive, and the server that gave it.
-type KeepAliveResult = Result<(Reply, SocketAddr), Error>;
-
-/// One session's KeepAlive waiting for its batch.
-struct KeepAliveWaiter {
-    session: SessionId,
-    deadline: Instant,
-    tx: tokio::sync::oneshot::Sender<KeepAliveResult>,
-}
-
-/// Collects KeepAlives and sends each group as one RPC; ends with the client.
-async fn keepalive_batcher(
-    client: std::sync::Weak<Inner>,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<KeepAliveWaiter>,
-) {
-    while let Some(first) = rx.recv().await {
-        tokio::time::sleep(KEEPALIVE_COALESCE).await;
-        let mut batch = vec![first];
-        while batch.len() < wire::KEEPALIVE_BATCH_MAX {
-            match rx.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
-            }
-        }
-        let Some(inner) = client.upgrade() else {
-            return;
-        };
-        let client = Client { inner };
-        wire::rt::spawn(async move { client.send_keepalives(batch).await });
-    }
-}
-
 /// An endpoint's connection, or its last failed attempt.
 #[derive(Default)]
 struct Slot {
     conn: Option<(quinn::Connection, Heard)>,
     failed: Option<(Instant, Error)>,
-}
-
-/// When a connection last received anything, as its watcher ([`watch_heard`]) noticed
-/// (at most [`HEARD_POLL`] late, or later if the runtime stalled), and its count of
-/// received datagrams then.
-type Heard = Arc<std::sync::Mutex<(Instant, u64)>>;
-
-/// How often a connection's watcher looks at its received-datagram count.
-const HEARD_POLL: Duration = Duration::from_millis(100);
-
-/// Records in `heard` when `conn` last received a datagram, until the connection closes or
-/// its slot lets go of `heard` (the connection was replaced, or the client dropped).
-async fn watch_heard(
-    conn: quinn::Connection,
-    heard: std::sync::Weak<std::sync::Mutex<(Instant, u64)>>,
-) {
-    let mut seen = conn.stats().udp_rx.datagrams;
-    loop {
-        tokio::time::sleep(HEARD_POLL).await;
-        let Some(heard) = heard.upgrade() else {
-            return;
-        };
-        if conn.close_reason().is_some() {
-            return;
-        }
-        let n = conn.stats().udp_rx.datagrams;
-        if n != seen {
-            seen = n;
-            *heard.lock().expect("heard lock") = (Instant::now(), n);
-        }
-    }
 }
 
 /// A handle to a cell; cheap to clone.
@@ -333,183 +169,6 @@ impl Client {
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
         Ok(Client { inner })
     }
-
-    /// Renews `session`'s lease, trying until `deadline`: the answer (a
-    /// [`Reply::KeepAlive`]) and the server that gave it. KeepAlives of this client's
-    /// sessions that fall due together travel as one `KeepAliveBatch` RPC, so a process
-    /// holding many sessions (a loadgen, a multi-tenant server) sends one RPC per round
-    /// rather than one per session.
-    pub(crate) async fn keepalive(&self, session: SessionId, deadline: Instant) -> KeepAliveResult {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let w = KeepAliveWaiter {
-            session,
-            deadline,
-            tx,
-        };
-        if self.inner.keepalives.send(w).is_err() {
-            return Err(conn_err("the client is shutting down"));
-        }
-        rx.await
-            .unwrap_or_else(|_| Err(conn_err("the KeepAlive batcher stopped")))
-    }
-
-    /// Acknowledges invalidation `id` of `session` to the server `addr` whose event stream
-    /// delivered it, and nowhere else: that server (the leader, or a proxy) is the one
-    /// holding a write until it hears from us; another one would ignore the id.
-    /// Acknowledgements queued together travel as one `AckInvalidationsBatch` per server;
-    /// each is retried until `give_up`.
-    pub(crate) fn ack_invalidation(
-        &self,
-        addr: SocketAddr,
-        session: SessionId,
-        id: u64,
-        give_up: Instant,
-    ) {
-        let _ = self.inner.acks.send(PendingAck {
-            addr,
-            session,
-            id,
-            give_up,
-        });
-    }
-
-    async fn send_acks(&self, addr: SocketAddr, mut acks: Vec<PendingAck>) {
-        let mut backoff = Duration::from_millis(20);
-        loop {
-            acks.retain(|a| Instant::now() < a.give_up);
-            if acks.is_empty() {
-                return;
-            }
-            let mut by_session: std::collections::BTreeMap<SessionId, Vec<u64>> =
-                Default::default();
-            for a in &acks {
-                by_session.entry(a.session).or_default().push(a.id);
-            }
-            let all: Vec<(SessionId, Vec<u64>)> = by_session.into_iter().collect();
-            let mut failed = false;
-            for chunk in all.chunks(wire::KEEPALIVE_BATCH_MAX) {
-                let req = if let [(session, ids)] = chunk {
-                    // One session: the plain form, which every server version knows.
-                    Request {
-                        session: *session,
-                        request_id: 0,
-                        ack_below: 0,
-                        op: Op::AckInvalidations { ids: ids.clone() },
-                    }
-                } else {
-                    Request {
-                        session: 0,
-                        request_id: 0,
-                        ack_below: 0,
-                        op: Op::AckInvalidationsBatch {
-                            acks: chunk.to_vec(),
-                        },
-                    }
-                };
-                match self.call_at(addr, &req).await {
-                    Ok(_) => {
-                        let done: wire::hash::HashSet<SessionId> =
-                            chunk.iter().map(|(s, _)| *s).collect();
-                        acks.retain(|a| !done.contains(&a.session));
-                    }
-                    Err(e) if !e.is_retryable() => {
-                        tracing::debug!(%addr, "invalidation acks refused: {e}");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::debug!(%addr, "invalidation acks failed, retrying: {e}");
-                        failed = true;
-                    }
-                }
-            }
-            if !failed {
-                return;
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
-        }
-    }
-
-    async fn send_keepalives(&self, mut batch: Vec<KeepAliveWaiter>) {
-        // A session whose loop gave up (it retries) is not renewed on its behalf.
-        batch.retain(|w| !w.tx.is_closed());
-        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
-            return;
-        };
-        if batch.len() == 1 {
-            let w = batch.pop().expect("one");
-            let req = Request {
-                session: w.session,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::KeepAlive,
-            };
-            let _ = w.tx.send(self.call_until_from(req, deadline).await);
-            return;
-        }
-        let req = Request {
-            session: 0,
-            request_id: 0,
-            ack_below: 0,
-            op: Op::KeepAliveBatch {
-                sessions: batch.iter().map(|w| w.session).collect(),
-            },
-        };
-        match self.call_until_from(req, deadline).await {
-            Ok((
-                Reply::KeepAliveBatch {
-                    session_lease_ms,
-                    renewed,
-                    expired,
-                    unknown,
-                    unacknowledged,
-                },
-                addr,
-            )) => {
-                let renewed: wire::hash::HashSet<SessionId> = renewed.into_iter().collect();
-                let expired: wire::hash::HashSet<SessionId> = expired.into_iter().collect();
-                let unknown: wire::hash::HashSet<SessionId> = unknown.into_iter().collect();
-                let mut unacked: HashMap<SessionId, Vec<(u64, Vec<String>)>> = HashMap::default();
-                for (s, id, paths) in unacknowledged {
-                    unacked.entry(s).or_default().push((id, paths));
-                }
-                for w in batch {
-                    let s = w.session;
-                    let r = if renewed.contains(&s) {
-                        Ok((
-                            Reply::KeepAlive {
-                                session_lease_ms,
-                                unacknowledged: unacked.remove(&s).unwrap_or_default(),
-                            },
-                            addr,
-                        ))
-                    } else if expired.contains(&s) {
-                        Err(Error::SessionExpired { session: s })
-                    } else if unknown.contains(&s) {
-                        Err(Error::UnknownSession { session: s })
-                    } else {
-                        Err(Error::Unavailable {
-                            reason: "not renewed in this round".into(),
-                        })
-                    };
-                    let _ = w.tx.send(r);
-                }
-            }
-            Ok((other, _)) => {
-                for w in batch {
-                    let _ = w.tx.send(Err(unexpected(&other)));
-                }
-            }
-            Err(e) => {
-                let ids: Vec<SessionId> = batch.iter().map(|w| w.session).collect();
-                tracing::debug!(sessions = %wire::types::IdRanges(&ids), "KeepAliveBatch failed: {e}");
-                for w in batch {
-                    let _ = w.tx.send(Err(e.clone()));
-                }
-            }
-        }
-    }
-
     /// The configured endpoints.
     pub fn endpoints(&self) -> &[SocketAddr] {
         &self.inner.addrs
@@ -898,14 +557,8 @@ impl Client {
         .await
     }
 
-    /// Opens a session and starts its KeepAlives.
-    pub async fn open_session(&self) -> Result<crate::Session, Error> {
-        let slot = self.session_slot()?;
-        crate::Session::open(self.clone(), slot).await
-    }
-
     /// Takes a place for one more session, if the client has one.
-    fn session_slot(&self) -> Result<SessionSlot, Error> {
+    pub(crate) fn session_slot(&self) -> Result<SessionSlot, Error> {
         use std::sync::atomic::Ordering::SeqCst;
         let max = self.inner.cfg.sessions_max.min(SESSIONS_PER_CLIENT_MAX);
         let n = &self.inner.sessions;
@@ -993,76 +646,6 @@ impl Client {
             Reply::Children { children, .. } => Ok(children),
             other => Err(unexpected(&other)),
         }
-    }
-}
-
-/// A request waiting this long makes the client probe its connection.
-const PROBE_AFTER: Duration = Duration::from_secs(1);
-/// A probe unanswered for this long marks the connection dead.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// A request waits at least this long before its connection may be probed (its peer
-/// silent for [`PROBE_AFTER`] by then, counted from the last datagram).
-const PROBE_MIN_WAIT: Duration = Duration::from_millis(300);
-/// Silence announcements kept for a slow receiver of [`Client::silences`].
-const SILENCES_QUEUED: usize = 64;
-
-/// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
-/// legitimately take seconds), the connection is watched. A peer that sent anything at
-/// all in the last second (answers, acknowledgements) is alive, however slow it is under
-/// load. Once the peer has been silent for a second (`heard`: when the connection last
-/// received anything) and the request has waited at least [`PROBE_MIN_WAIT`], it is
-/// probed with a cheap
-/// request (`ProxyStatus`: a proxy answers it itself, a replica refuses it at once; either
-/// answer proves the peer alive); no answer and still nothing received within a second
-/// means the peer is gone (killed or frozen), which QUIC alone would notice only at its
-/// idle timeout. The silence is measured from the last datagram, not in whole seconds
-/// from the request's start: a request sent just before its peer died used to see the
-/// last answers in its first second and probe only after its second (a fail-over's
-/// first second lost). `silent` is called each time a probe is about to be sent.
-async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn()) {
-    let received = || conn.stats().udp_rx.datagrams;
-    let mut since = Instant::now();
-    loop {
-        let (last, count) = *heard.lock().expect("heard lock");
-        // A request sent after its peer fell silent probes once the silence is a second
-        // old (after a short wait of its own), not a second after it was sent: a proxy
-        // whose next batch left after the leader's kill gave it up a second later than
-        // the others, and the new leader's writes waited for it.
-        let due = (since + PROBE_MIN_WAIT).max(last + PROBE_AFTER);
-        if Instant::now() < due {
-            tokio::time::sleep_until(due).await;
-            continue;
-        }
-        let seen = received();
-        if seen != count {
-            // Something arrived that the watcher has not noted yet (it runs every 100 ms,
-            // later if the runtime stalled): not silent; count the second from now.
-            *heard.lock().expect("heard lock") = (Instant::now(), seen);
-            continue;
-        }
-        tracing::debug!(peer = %conn.remote_address(), silent_ms = last.elapsed().as_millis() as u64, "peer silent: probing");
-        silent();
-        let probe = async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-            let req = Request {
-                session: 0,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::ProxyStatus,
-            };
-            frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
-            let _ = send.finish();
-            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
-        };
-        let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)));
-        let now_seen = received();
-        if !answered && now_seen == seen {
-            tracing::debug!(peer = %conn.remote_address(), "probe unanswered: peer presumed dead");
-            return;
-        }
-        tracing::debug!(peer = %conn.remote_address(), answered, datagrams = now_seen - seen, "probe: peer alive");
-        // Alive: a fresh second before the next look.
-        since = Instant::now();
     }
 }
 

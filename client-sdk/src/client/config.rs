@@ -1,0 +1,87 @@
+//! How to reach a cell: endpoints, CA, timeouts, cache and session limits.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The default grace period: how long a session in jeopardy keeps trying before it gives
+/// up (see [`ClientConfig::grace_period`]).
+pub const GRACE_PERIOD: Duration = Duration::from_secs(45);
+
+/// How to reach a cell.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Replica and/or proxy addresses, `host:port` (a proxy speaks the same protocol; the
+    /// client moves to the next endpoint when one fails).
+    pub endpoints: Vec<String>,
+    /// The cell's CA certificate (PEM).
+    pub ca: PathBuf,
+    /// How long one operation may take, retries included, before it fails with
+    /// [`wire::Error::Timeout`] (default 15 s).
+    pub request_timeout: Duration,
+    /// How long one attempt waits for an answer (default 6 s, above the replicas' own
+    /// 5 s commit timeout).
+    pub attempt_timeout: Duration,
+    /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
+    /// dead replica is skipped quickly instead of holding up the request.
+    pub connect_timeout: Duration,
+    /// How long a session in jeopardy keeps trying to reach the cell before it gives up
+    /// and reports itself expired (Chubby's grace period; default 45 s).
+    pub grace_period: Duration,
+    /// Most values one session caches (default 10 000).
+    pub cache_entries_max: usize,
+    /// Most bytes of data one session caches (default 64 MiB).
+    pub cache_bytes_max: usize,
+    /// Agent string sent in the hello.
+    pub agent: String,
+    /// Most sessions this client holds open at once (default and upper bound
+    /// [`SESSIONS_PER_CLIENT_MAX`]); opening one more fails with
+    /// [`wire::Error::TooManySessions`].
+    pub sessions_max: usize,
+    /// The UDP sockets the client's QUIC endpoint runs on (default: the operating
+    /// system's; the fault suite's simulation passes simulated ones).
+    pub sockets: wire::quic::Sockets,
+}
+
+/// Most sessions one client holds open: each keeps an event stream open on the client's
+/// connection, which has [`wire::quic::STREAMS_MAX`] (4 096) streams in all, and the rest
+/// (1 024) stay free for requests. With every stream taken by event streams no request
+/// could be sent, not even the sessions' KeepAlives, and they would all expire.
+pub const SESSIONS_PER_CLIENT_MAX: usize = wire::quic::STREAMS_MAX as usize - 1_024;
+
+/// The endpoints of a local `lockctl dev` cell.
+pub const DEV_ENDPOINTS: &str =
+    "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105";
+
+impl ClientConfig {
+    /// From the environment shared with `lockctl`: `LOCKCTL_ENDPOINTS` (comma-separated,
+    /// default: the local dev cell) and `LOCKCTL_CA` (default `cell-data/tls/ca.pem`).
+    pub fn from_env() -> ClientConfig {
+        let endpoints = std::env::var("LOCKCTL_ENDPOINTS").unwrap_or_else(|_| DEV_ENDPOINTS.into());
+        let ca = std::env::var("LOCKCTL_CA").unwrap_or_else(|_| "cell-data/tls/ca.pem".into());
+        ClientConfig::new(
+            endpoints
+                .split(',')
+                .map(|e| e.trim().to_string())
+                .filter(|e| !e.is_empty())
+                .collect(),
+            ca.into(),
+        )
+    }
+
+    /// Defaults for the given endpoints and CA file.
+    pub fn new(endpoints: Vec<String>, ca: PathBuf) -> ClientConfig {
+        ClientConfig {
+            endpoints,
+            ca,
+            request_timeout: Duration::from_secs(15),
+            attempt_timeout: Duration::from_secs(6),
+            connect_timeout: Duration::from_secs(1),
+            grace_period: GRACE_PERIOD,
+            cache_entries_max: 10_000,
+            cache_bytes_max: 64 * 1024 * 1024,
+            agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
+            sessions_max: SESSIONS_PER_CLIENT_MAX,
+            sockets: wire::quic::Sockets::Os,
+        }
+    }
+}

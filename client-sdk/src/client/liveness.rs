@@ -1,0 +1,114 @@
+//! Is the peer still there? Each connection's watcher notes when it last received a
+//! datagram; a request that has waited a second on a silent peer probes it, and a probe
+//! unanswered for another second gives the connection up (QUIC alone would notice only at
+//! its idle timeout).
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use wire::types::{Op, Request, Response};
+use wire::{frame, CLIENT_FRAME_BYTES_MAX};
+
+use super::conn_err;
+
+/// When a connection last received anything, as its watcher ([`watch_heard`]) noticed
+/// (at most [`HEARD_POLL`] late, or later if the runtime stalled), and its count of
+/// received datagrams then.
+pub(super) type Heard = Arc<std::sync::Mutex<(Instant, u64)>>;
+
+/// How often a connection's watcher looks at its received-datagram count.
+const HEARD_POLL: Duration = Duration::from_millis(100);
+
+/// Records in `heard` when `conn` last received a datagram, until the connection closes or
+/// its slot lets go of `heard` (the connection was replaced, or the client dropped).
+pub(super) async fn watch_heard(
+    conn: quinn::Connection,
+    heard: std::sync::Weak<std::sync::Mutex<(Instant, u64)>>,
+) {
+    let mut seen = conn.stats().udp_rx.datagrams;
+    loop {
+        tokio::time::sleep(HEARD_POLL).await;
+        let Some(heard) = heard.upgrade() else {
+            return;
+        };
+        if conn.close_reason().is_some() {
+            return;
+        }
+        let n = conn.stats().udp_rx.datagrams;
+        if n != seen {
+            seen = n;
+            *heard.lock().expect("heard lock") = (Instant::now(), n);
+        }
+    }
+}
+
+/// A request waiting this long makes the client probe its connection.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A probe unanswered for this long marks the connection dead.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A request waits at least this long before its connection may be probed (its peer
+/// silent for [`PROBE_AFTER`] by then, counted from the last datagram).
+const PROBE_MIN_WAIT: Duration = Duration::from_millis(300);
+/// Silence announcements kept for a slow receiver of [`Client::silences`].
+pub(super) const SILENCES_QUEUED: usize = 64;
+
+/// Completes only if `conn`'s peer looks dead: while a request waits (a held write may
+/// legitimately take seconds), the connection is watched. A peer that sent anything at
+/// all in the last second (answers, acknowledgements) is alive, however slow it is under
+/// load. Once the peer has been silent for a second (`heard`: when the connection last
+/// received anything) and the request has waited at least [`PROBE_MIN_WAIT`], it is
+/// probed with a cheap
+/// request (`ProxyStatus`: a proxy answers it itself, a replica refuses it at once; either
+/// answer proves the peer alive); no answer and still nothing received within a second
+/// means the peer is gone (killed or frozen), which QUIC alone would notice only at its
+/// idle timeout. The silence is measured from the last datagram, not in whole seconds
+/// from the request's start: a request sent just before its peer died used to see the
+/// last answers in its first second and probe only after its second (a fail-over's
+/// first second lost). `silent` is called each time a probe is about to be sent.
+pub(super) async fn presumed_dead(conn: &quinn::Connection, heard: &Heard, silent: impl Fn()) {
+    let received = || conn.stats().udp_rx.datagrams;
+    let mut since = Instant::now();
+    loop {
+        let (last, count) = *heard.lock().expect("heard lock");
+        // A request sent after its peer fell silent probes once the silence is a second
+        // old (after a short wait of its own), not a second after it was sent: a proxy
+        // whose next batch left after the leader's kill gave it up a second later than
+        // the others, and the new leader's writes waited for it.
+        let due = (since + PROBE_MIN_WAIT).max(last + PROBE_AFTER);
+        if Instant::now() < due {
+            tokio::time::sleep_until(due).await;
+            continue;
+        }
+        let seen = received();
+        if seen != count {
+            // Something arrived that the watcher has not noted yet (it runs every 100 ms,
+            // later if the runtime stalled): not silent; count the second from now.
+            *heard.lock().expect("heard lock") = (Instant::now(), seen);
+            continue;
+        }
+        tracing::debug!(peer = %conn.remote_address(), silent_ms = last.elapsed().as_millis() as u64, "peer silent: probing");
+        silent();
+        let probe = async {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+            let req = Request {
+                session: 0,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::ProxyStatus,
+            };
+            frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
+            let _ = send.finish();
+            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
+        };
+        let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)));
+        let now_seen = received();
+        if !answered && now_seen == seen {
+            tracing::debug!(peer = %conn.remote_address(), "probe unanswered: peer presumed dead");
+            return;
+        }
+        tracing::debug!(peer = %conn.remote_address(), answered, datagrams = now_seen - seen, "probe: peer alive");
+        // Alive: a fresh second before the next look.
+        since = Instant::now();
+    }
+}
