@@ -153,105 +153,97 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
                 }
             };
             wire::quic::grant_streams(&conn);
-            serve_client(conn, p).await;
+            let bytes_max = p.cfg.client_connection_bytes_max;
+            wire::serve::serve(conn, p, bytes_max).await;
         });
     }
 }
 
 /// Counts a connection for as long as it lives.
-struct Connected(Arc<Proxy>);
+struct Connected(Arc<Hub>);
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        self.0.hub.counters.clients.fetch_sub(1, Ordering::Relaxed);
+        self.0.counters.clients.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-async fn serve_client(conn: quinn::Connection, p: Arc<Proxy>) {
-    let Some((mut send, hello)) = wire::quic::accept_hello(&conn).await else {
-        return;
-    };
-    let count = p.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
-    let _connected = Connected(p.clone());
-    let reply: HelloReply = match hello {
-        Ok(_) if count as usize > p.cfg.max_clients => Err(Error::Unavailable {
-            reason: format!(
-                "proxy {} is at its limit of {} clients",
-                p.cfg.listen, p.cfg.max_clients
-            ),
-        }),
-        Ok(h) => h.check().map(|_| HelloOk {
-            protocol_version: wire::PROTOCOL_VERSION,
-            replica_id: 0,
-            proxy: true,
-        }),
-        Err(e) => Err(e),
-    };
-    let ok = reply.is_ok();
-    let _ = frame::write(&mut send, &reply, frame::HELLO_BYTES_MAX).await;
-    let _ = send.finish();
-    if !ok {
-        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
-        conn.close(2u32.into(), b"hello refused");
-        return;
-    }
-    let inflight = Arc::new(Semaphore::new(p.cfg.max_inflight_per_client));
-    let budget = frame::Budget::new(p.cfg.client_connection_bytes_max);
-    let exceeded = Arc::new(wire::quic::ExceededLog::default());
-    loop {
-        let (send, mut recv) = match conn.accept_bi().await {
-            Ok(s) => s,
-            Err(_) => return,
+/// What the proxy keeps for one client connection.
+pub struct ClientConnection {
+    _connected: Connected,
+    /// Its requests in flight here, at most `max_inflight_per_client` (KeepAlives,
+    /// acknowledgements and event streams are not counted).
+    inflight: Arc<Semaphore>,
+}
+
+/// The proxy's client protocol: `wire::serve`'s loop (shared with the replicas) around
+/// [`Proxy::handle`], with the proxy's own limits: clients at once (at the hello) and
+/// requests in flight per client.
+impl wire::serve::Handler for Proxy {
+    type Connection = ClientConnection;
+
+    fn hello(
+        &self,
+        _: &wire::serve::Caller,
+        hello: Result<wire::hello::Hello, Error>,
+    ) -> (ClientConnection, HelloReply) {
+        let count = self.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
+        let state = ClientConnection {
+            _connected: Connected(self.hub.clone()),
+            inflight: Arc::new(Semaphore::new(self.cfg.max_inflight_per_client)),
         };
-        let p = p.clone();
-        let conn = conn.clone();
-        let inflight = inflight.clone();
-        let (budget, exceeded) = (budget.clone(), exceeded.clone());
-        wire::rt::spawn(async move {
-            let received = Instant::now();
-            let read =
-                frame::read_request::<_, Request>(&mut recv, CLIENT_FRAME_BYTES_MAX, &budget);
-            // The request's bytes stay reserved from the connection's budget until its
-            // answer is written.
-            let (req, _reserved) = match read.await {
-                Ok((req, reserved)) => (Ok(req), Some(reserved)),
-                Err(e) => {
-                    exceeded.record(conn.remote_address(), &e);
-                    (Err(e), None)
-                }
-            };
-            let resp: Response = match req {
-                // Event streams last as long as their session: bounded by QUIC's stream
-                // limit, not by the in-flight limit.
-                Ok(req) if req.op == Op::Events => {
-                    drop(_reserved);
-                    p.serve_events(req.session, send, conn).await;
-                    return;
-                }
-                // KeepAlives and acknowledgements are never refused: a refused one would
-                // cost a session its lease or hold a write up.
-                Ok(req)
-                    if matches!(
-                        req.op,
-                        Op::KeepAlive
-                            | Op::KeepAliveBatch { .. }
-                            | Op::AckInvalidations { .. }
-                            | Op::AckInvalidationsBatch { .. }
-                    ) =>
-                {
-                    p.handle(req, received).await
-                }
-                Ok(req) => match inflight.try_acquire_owned() {
-                    Ok(_permit) => p.handle(req, received).await,
-                    Err(_) => Err(Error::TooManyRequests {
-                        session: req.session,
-                        max: p.cfg.max_inflight_per_client,
-                    }),
-                },
-                Err(e) => Err(e),
-            };
-            wire::quic::answer(send, &resp, CLIENT_FRAME_BYTES_MAX).await;
-        });
+        let reply: HelloReply = match hello {
+            Ok(_) if count as usize > self.cfg.max_clients => Err(Error::Unavailable {
+                reason: format!(
+                    "proxy {} is at its limit of {} clients",
+                    self.cfg.listen, self.cfg.max_clients
+                ),
+            }),
+            Ok(h) => h.check().map(|_| HelloOk {
+                protocol_version: wire::PROTOCOL_VERSION,
+                replica_id: 0,
+                proxy: true,
+            }),
+            Err(e) => Err(e),
+        };
+        (state, reply)
+    }
+
+    async fn request(
+        &self,
+        connection: &ClientConnection,
+        _: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
+        match req.op {
+            // KeepAlives and acknowledgements are never refused: a refused one would cost
+            // a session its lease or hold a write up.
+            Op::KeepAlive
+            | Op::KeepAliveBatch { .. }
+            | Op::AckInvalidations { .. }
+            | Op::AckInvalidationsBatch { .. } => self.handle(req, received).await,
+            _ => match connection.inflight.clone().try_acquire_owned() {
+                Ok(_permit) => self.handle(req, received).await,
+                Err(_) => Err(Error::TooManyRequests {
+                    session: req.session,
+                    max: self.cfg.max_inflight_per_client,
+                }),
+            },
+        }
+    }
+
+    async fn events(
+        &self,
+        _: &ClientConnection,
+        _: &wire::serve::Caller,
+        session: SessionId,
+        send: quinn::SendStream,
+        quic: quinn::Connection,
+    ) {
+        // Event streams last as long as their session: bounded by QUIC's stream limit,
+        // not by the in-flight limit.
+        self.serve_events(session, send, quic).await
     }
 }
 

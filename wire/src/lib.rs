@@ -18,6 +18,8 @@
 //!   connection); [`decode`]: postcard decoding bounded in depth and in what it builds.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
+//! - [`serve`]: the one request loop of every client-protocol server (replicas and
+//!   proxies), handing each request to a [`serve::Handler`] with its [`serve::Caller`].
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
 //!   with rcgen) and QUIC endpoint construction shared by every process.
@@ -43,6 +45,7 @@ pub mod quic;
 #[cfg(feature = "raft")]
 pub mod raft;
 pub mod rt;
+pub mod serve;
 pub mod tls;
 pub mod types;
 

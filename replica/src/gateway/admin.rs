@@ -1,0 +1,152 @@
+//! The cell itself: status, membership changes, snapshots on demand and state digests.
+
+use super::*;
+
+impl Gateway {
+    /// Adds a learner at `addr` (leader only).
+    pub(super) async fn add_learner(&self, id: u64, addr: String) -> Response {
+        if addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Error::BadRequest {
+                reason: format!("bad address {addr:?}"),
+            });
+        }
+        self.change(ChangeMembership::AddLearner { id, addr }).await
+    }
+
+    /// A digest of the replicated state and the index it reflects, at most one at a time
+    /// and one per [`DIGEST_INTERVAL`].
+    pub(super) fn state_digest(&self) -> Response {
+        // Held while computing: a second request meanwhile is refused too.
+        let Ok(mut last) = self.last_digest.try_lock() else {
+            return Err(Error::Unavailable {
+                reason: "a state digest is being computed; retry".into(),
+            });
+        };
+        if last.is_some_and(|t| t.elapsed() < DIGEST_INTERVAL) {
+            return Err(Error::Unavailable {
+                reason: format!(
+                    "a state digest was computed less than {} ms ago; retry",
+                    DIGEST_INTERVAL.as_millis()
+                ),
+            });
+        }
+        let r = {
+            let s = self.state.read().expect("state lock");
+            Reply::StateDigest {
+                index: s.sm.last_index(),
+                digest: s.sm.digest(),
+            }
+        };
+        *last = Some(Instant::now());
+        Ok(r)
+    }
+
+    /// Builds a snapshot covering at least what is applied now; answers once it is written.
+    pub(super) async fn snapshot(&self) -> Response {
+        let st = &self.snapshot_stats;
+        let applied = self
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map_or(0, |l| l.index);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(120);
+        let mut seen = st.built.load(Ordering::Acquire);
+        let internal = |e: String| Error::Internal {
+            reason: format!("snapshot: {e}"),
+        };
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        loop {
+            let built = st.built.load(Ordering::Acquire);
+            if built != seen {
+                if st.last_index.load(Ordering::Relaxed) >= applied {
+                    return Ok(Reply::SnapshotTaken {
+                        index: st.last_index.load(Ordering::Relaxed),
+                        bytes: st.last_bytes.load(Ordering::Relaxed),
+                        serialize_ms: st.last_serialize_ms.load(Ordering::Relaxed),
+                        total_ms: st.last_total_ms.load(Ordering::Relaxed),
+                    });
+                }
+                // One already under way when asked covered less: ask again.
+                seen = built;
+                self.raft
+                    .trigger()
+                    .snapshot()
+                    .await
+                    .map_err(|e| internal(e.to_string()))?;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("a snapshot covering index {applied}"),
+                    after_ms: started.elapsed().as_millis() as u64,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub(super) async fn change(&self, c: ChangeMembership) -> Response {
+        self.raft_node.send(c).await.unwrap_or_else(|e| {
+            Err(Error::Internal {
+                reason: format!("raft node: {e}"),
+            })
+        })
+    }
+
+    /// This replica's view of the cell.
+    pub async fn status(&self) -> Status {
+        let stats = self.cachers.send(Stats).await.ok();
+        let watches = self
+            .watches
+            .send(WatchCount(String::new()))
+            .await
+            .map_or(0, |c| c.total as u64);
+        let m = self.raft.metrics().borrow().clone();
+        let members = members(&self.raft);
+        let leader = m.current_leader.and_then(|l| {
+            members
+                .iter()
+                .find(|x| x.id == l)
+                .cloned()
+                .or(Some(MemberInfo {
+                    id: l,
+                    addr: String::new(),
+                    voter: true,
+                }))
+        });
+        let (sessions, nodes) = {
+            let s = self.state.read().expect("state lock");
+            (s.sm.session_count() as u64, s.sm.node_count() as u64)
+        };
+        Status {
+            id: self.id,
+            role: format!("{:?}", m.state),
+            term: m.current_term,
+            leader,
+            last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            members,
+            session_count: sessions,
+            node_count: nodes,
+            log_appends: self.log_stats.appends.load(Ordering::Relaxed),
+            log_syncs: self.log_stats.syncs.load(Ordering::Relaxed),
+            cachers: stats.map_or(0, |s| s.cachers),
+            oldest_invalidation_ms: stats.map_or(0, |s| s.oldest_invalidation_ms),
+            keepalive_rpcs: self.keepalive_stats.rpcs.load(Ordering::Relaxed),
+            keepalives_renewed: self.keepalive_stats.renewed.load(Ordering::Relaxed),
+            watches,
+            invalidations_sent: stats.map_or(0, |s| s.invalidations_sent),
+            snapshot_bytes: self.snapshot_stats.last_bytes.load(Ordering::Relaxed),
+            snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
+            request_latency: self.latency.snapshot(),
+            peer_dials: self.peer_dials.load(Ordering::Relaxed),
+        }
+    }
+}

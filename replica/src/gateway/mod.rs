@@ -1,0 +1,346 @@
+//! The gateway: the replica's QUIC listener.
+//!
+//! One endpoint serves both kinds of connection, told apart by ALPN: `lockservice-peer`
+//! connections carry Raft RPCs ([`crate::raft::network::serve_peer`]); `lockservice-client`
+//! connections carry the client protocol. A client connection starts with a hello stream
+//! (protocol version check); then every request is one bidirectional stream: a
+//! [`Request`] frame in, a [`Response`] frame out. A malformed frame gets a typed error on
+//! its own stream and the connection keeps working.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use actix::Addr;
+use wire::command::Command;
+use wire::hello::{HelloOk, HelloReply, ALPN_PEER};
+use wire::types::{IdRanges, MemberInfo, Op, Reply, Request, Response, SessionId, Status, TxnOp};
+use wire::{frame, path, Error, CLIENT_FRAME_BYTES_MAX};
+
+use crate::actors::cacher_list::{
+    Ack, BeginRead, CacherListActor, Hold, HoldEnd, Overdue, Record, Release, Stats,
+    StreamConnected, Unacknowledged, UnacknowledgedMany,
+};
+use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
+use crate::actors::session_manager::{KeepAliveMany, SessionManager};
+use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
+use crate::raft::read_gate::ReadGate;
+use crate::raft::sm_store::{SharedState, SnapshotStats};
+use crate::raft::Raft;
+
+mod admin;
+mod reads;
+mod sessions;
+mod writes;
+
+/// A session that renews while it leaves an invalidation unacknowledged for this many
+/// leases is no longer renewed (see [`Gateway::overdue`]).
+/// Three: a proxy stops relaying the KeepAlives of a client of its own that owes it an
+/// acknowledgement for a lease, whose lease then runs out within one more; the proxy
+/// acknowledges upstream by then, inside the leader's limit, so one bad client costs only
+/// its own session, not the proxy's.
+pub const OVERDUE_LEASES: u32 = 3;
+
+/// Everything a request handler needs.
+pub struct Gateway {
+    /// This replica's id.
+    pub id: u64,
+    /// Raft handle (metrics, peers).
+    pub raft: Raft,
+    /// Where commands are proposed.
+    pub raft_node: Addr<RaftNode>,
+    /// Where KeepAlives go.
+    pub sessions: Addr<SessionManager>,
+    /// Where watches are armed and event streams attached.
+    pub watches: Addr<WatchTableActor>,
+    /// Who caches what; holds writes to cached nodes.
+    pub cachers: Addr<CacherListActor>,
+    /// Leadership checks for linearizable reads.
+    pub gate: ReadGate,
+    /// The applied state, for reads.
+    pub state: SharedState,
+    /// Session lease granted to clients.
+    pub lease_ms: u64,
+    /// Group-commit counters of the log store.
+    pub log_stats: std::sync::Arc<crate::raft::log_store::FlushStats>,
+    /// KeepAlive counters for [`Status`].
+    pub keepalive_stats: KeepAliveStats,
+    /// What the last snapshot cost, for [`Status`] and [`Op::Snapshot`].
+    pub snapshot_stats: Arc<SnapshotStats>,
+    /// Writes being held or proposed here, by (session, request id): a retry of one still
+    /// in flight waits for its answer instead of proposing a second entry.
+    pub in_flight: InFlight,
+    /// How long requests took here, by kind, for [`Status`].
+    pub latency: wire::latency::Recorder,
+    /// Connections dialed to peers (`PeerNetworkFactory::dials`), for [`Status`].
+    pub peer_dials: Arc<std::sync::atomic::AtomicU64>,
+    /// When the last [`Op::StateDigest`] was computed: one at a time, at most one per
+    /// [`DIGEST_INTERVAL`] (each walks the whole state under its read lock, which holds
+    /// applies back).
+    pub last_digest: std::sync::Mutex<Option<Instant>>,
+}
+
+/// The least time between two [`Op::StateDigest`] computations at one replica.
+pub const DIGEST_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Writes in flight at this replica (see [`Gateway::in_flight`]).
+#[derive(Default)]
+pub struct InFlight(
+    std::sync::Mutex<
+        wire::hash::HashMap<
+            (SessionId, wire::types::RequestId),
+            tokio::sync::broadcast::Sender<Response>,
+        >,
+    >,
+);
+
+/// Removes a write from [`InFlight`] when its first caller is done (or gone), telling the
+/// retries that joined it: the answer, or `Unavailable` so they retry themselves.
+struct InFlightGuard<'a> {
+    table: &'a InFlight,
+    key: (SessionId, wire::types::RequestId),
+    answer: Option<Response>,
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        let tx = self
+            .table
+            .0
+            .lock()
+            .expect("in-flight lock")
+            .remove(&self.key);
+        if let Some(tx) = tx {
+            let _ = tx.send(self.answer.take().unwrap_or_else(|| {
+                Err(Error::Unavailable {
+                    reason: "the first attempt of this request was abandoned; retry".into(),
+                })
+            }));
+        }
+    }
+}
+
+/// KeepAlive RPCs answered and leases renewed, since the replica started.
+#[derive(Debug, Default)]
+pub struct KeepAliveStats {
+    rpcs: AtomicU64,
+    renewed: AtomicU64,
+}
+
+/// The nodes a write may change whose cached values must be dropped first: created
+/// (non-sequential: a cached absence), deleted and rewritten nodes. Sequential creates make
+/// names no one can have cached: the absence of a name ending in a sequence number is
+/// never cachable (`Gateway::cached_get`).
+pub fn cached_paths(ops: &[TxnOp]) -> Vec<String> {
+    let mut paths: Vec<String> = ops
+        .iter()
+        .filter_map(|op| match op {
+            TxnOp::Create { path, mode, .. } if !mode.sequential => Some(path.clone()),
+            TxnOp::Delete { path, .. } | TxnOp::SetData { path, .. } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// What [`serve`] bounds for every connection (DESIGN.md, safety rule 8): how many it
+/// accepts ([`wire::quic::ConnectionGate`]), and the bytes each one's requests may hold
+/// at once, by ALPN ([`frame::Budget`]).
+#[derive(Clone)]
+pub struct ServeBounds {
+    /// Connections in total and per source address.
+    pub gate: wire::quic::ConnectionGate,
+    /// Bytes of requests in progress on one client (or proxy) connection.
+    pub client_connection_bytes_max: usize,
+    /// Bytes of RPCs in progress on one peer connection.
+    pub peer_connection_bytes_max: usize,
+}
+
+/// Accepts connections until the endpoint is closed. An incoming connection beyond the
+/// gate's limits is refused before its handshake.
+pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBounds) {
+    while let Some(incoming) = endpoint.accept().await {
+        let Some(admitted) = bounds.gate.admit(incoming.remote_address()) else {
+            incoming.refuse();
+            continue;
+        };
+        let gw = gw.clone();
+        let bounds = bounds.clone();
+        wire::rt::spawn(async move {
+            let _admitted = admitted;
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("handshake failed: {e}");
+                    return;
+                }
+            };
+            wire::quic::grant_streams(&conn);
+            if wire::quic::alpn(&conn).as_deref() == Some(ALPN_PEER) {
+                let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
+                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
+            } else {
+                wire::serve::serve(conn, gw, bounds.client_connection_bytes_max).await;
+            }
+        });
+    }
+}
+
+/// The client protocol of a replica: every request is answered by [`Gateway::handle`];
+/// the loop around it is `wire::serve`'s, shared with the proxies.
+impl wire::serve::Handler for Gateway {
+    type Connection = ();
+
+    fn hello(
+        &self,
+        caller: &wire::serve::Caller,
+        hello: Result<wire::hello::Hello, Error>,
+    ) -> ((), HelloReply) {
+        let reply: HelloReply = match hello {
+            Ok(h) => h.check().map(|_| {
+                tracing::debug!(remote = %caller.peer, agent = %h.agent, "client connected");
+                HelloOk {
+                    protocol_version: wire::PROTOCOL_VERSION,
+                    replica_id: self.id,
+                    proxy: false,
+                }
+            }),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &reply {
+            tracing::info!(remote = %caller.peer, "refused client hello: {e}");
+        }
+        ((), reply)
+    }
+
+    async fn request(
+        &self,
+        _: &(),
+        _: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
+        self.handle(req, received).await
+    }
+
+    async fn events(
+        &self,
+        _: &(),
+        _: &wire::serve::Caller,
+        session: SessionId,
+        send: quinn::SendStream,
+        _: quinn::Connection,
+    ) {
+        self.serve_events(session, send).await
+    }
+}
+
+impl Gateway {
+    /// Answers one request.
+    pub async fn handle(&self, req: Request, received: Instant) -> Response {
+        let op = req.op.name();
+        let r = self.dispatch(req, received).await;
+        self.latency.record(op, received.elapsed());
+        self.with_leader_hint(r)
+    }
+
+    fn with_leader_hint(&self, r: Response) -> Response {
+        match r {
+            Err(Error::NotLeader {
+                leader_id: None, ..
+            }) => {
+                let m = self.raft.metrics().borrow().clone();
+                let leader_id = m.current_leader.filter(|l| *l != self.id);
+                let leader_addr = leader_id.and_then(|l| {
+                    m.membership_config
+                        .membership()
+                        .get_node(&l)
+                        .map(|n| n.addr.clone())
+                });
+                Err(Error::NotLeader {
+                    leader_id,
+                    leader_addr,
+                })
+            }
+            other => other,
+        }
+    }
+
+    async fn propose(&self, cmd: Command) -> Response {
+        self.raft_node.send(Propose(cmd)).await.unwrap_or_else(|e| {
+            Err(Error::Internal {
+                reason: format!("raft node: {e}"),
+            })
+        })
+    }
+
+    async fn dispatch(&self, req: Request, received: Instant) -> Response {
+        match req.op.clone() {
+            // Sessions (sessions.rs).
+            Op::CreateSession => self.create_session().await,
+            Op::KeepAlive => self.keepalive(&req, received).await,
+            Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
+            Op::CloseSession => self.close_session(&req).await,
+            Op::AckInvalidations { ids } => self.ack(&req, ids),
+            Op::AckInvalidationsBatch { acks } => self.ack_batch(acks),
+            Op::Events => Err(Error::BadRequest {
+                reason: "Events needs its own stream".into(),
+            }),
+            // Writes (writes.rs).
+            Op::Create { path, data, mode } => {
+                self.write(&req, vec![TxnOp::Create { path, data, mode }], true)
+                    .await
+            }
+            Op::Delete { path, version } => {
+                self.write(&req, vec![TxnOp::Delete { path, version }], true)
+                    .await
+            }
+            Op::SetData {
+                path,
+                data,
+                version,
+            } => {
+                self.write(
+                    &req,
+                    vec![TxnOp::SetData {
+                        path,
+                        data,
+                        version,
+                    }],
+                    true,
+                )
+                .await
+            }
+            Op::Txn { ops } => self.write(&req, ops, false).await,
+            // Reads (reads.rs).
+            Op::Get { path, watch } => self.read(&req, &path, watch, |sm| sm.get(&path)).await,
+            Op::Exists { path, watch } => {
+                self.read(&req, &path, watch, |sm| sm.exists(&path)).await
+            }
+            Op::Children { path, watch } => {
+                self.read(&req, &path, watch, |sm| sm.children(&path)).await
+            }
+            Op::Rewatch { watches } => self.rewatch(&req, watches).await,
+            Op::Predecessor { path } => self.predecessor(path).await,
+            Op::CheckSequencer {
+                path,
+                token,
+                session,
+            } => self.check_sequencer(path, token, session).await,
+            Op::CachedGet { path } => self.cached_get(&req, &path).await,
+            // The cell itself (admin.rs).
+            Op::Status => Ok(Reply::Status(self.status().await)),
+            Op::ProxyStatus => Err(Error::BadRequest {
+                reason: "ProxyStatus is answered by proxies; this is a replica".into(),
+            }),
+            Op::AddLearner { id, addr } => self.add_learner(id, addr).await,
+            Op::Promote { id } => self.change(ChangeMembership::Promote { id }).await,
+            Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
+            Op::Snapshot => self.snapshot().await,
+            Op::StateDigest => self.state_digest(),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Writes: validated, joined with a retry of the same request still in flight, held
+//! until the cachers of the nodes they touch have dropped their copies, then proposed.
+
+use super::*;
+
+impl Gateway {
+    pub(super) async fn write(&self, req: &Request, ops: Vec<TxnOp>, single: bool) -> Response {
+        if req.session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        crate::state_machine::validate_write(&ops, single)?;
+        if let Err(e @ Error::SessionExpired { .. }) = self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session(req.session)
+            .map(|_| ())
+        {
+            return Err(e);
+        }
+        // A retry (same session and request id) of a write still in flight here joins it:
+        // under load clients and proxies resend while a write is held or queued, and each
+        // resend would otherwise be one more log entry (applied as a duplicate, but paid
+        // for in the log, replication and apply).
+        let key = (req.session, req.request_id);
+        let joined = {
+            let mut m = self.in_flight.0.lock().expect("in-flight lock");
+            match m.get(&key) {
+                Some(tx) => Some(tx.subscribe()),
+                None => {
+                    m.insert(key, tokio::sync::broadcast::channel(1).0);
+                    None
+                }
+            }
+        };
+        if let Some(mut rx) = joined {
+            return rx.recv().await.unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    reason: "the first attempt of this request ended; retry".into(),
+                })
+            });
+        }
+        let mut guard = InFlightGuard {
+            table: &self.in_flight,
+            key,
+            answer: None,
+        };
+        let paths = cached_paths(&ops);
+        let cmd = Command::Write {
+            session: req.session,
+            request_id: req.request_id,
+            ack_below: req.ack_below,
+            ops,
+            single,
+        };
+        let r = self.propose_held(paths, cmd).await;
+        guard.answer = Some(r.clone());
+        r
+    }
+
+    /// Proposes `cmd` after every cacher of `paths` dropped them (Chubby's rule), keeping
+    /// the nodes uncachable until the command is applied.
+    pub async fn propose_held(&self, paths: Vec<String>, cmd: Command) -> Response {
+        if paths.is_empty() {
+            return self.propose(cmd).await;
+        }
+        let (hold, term) =
+            self.cachers
+                .send(Hold(paths))
+                .await
+                .map_err(|e| Error::Internal {
+                    reason: format!("cacher list: {e}"),
+                })??;
+        self.propose_in_hold(Some(hold), term, cmd).await
+    }
+
+    /// Proposes `cmd` as held by the cacher list in `term` (under `hold`, released once
+    /// the command's fate is known).
+    pub(super) async fn propose_in_hold(
+        &self,
+        hold: Option<u64>,
+        term: u64,
+        cmd: Command,
+    ) -> Response {
+        // Applied only if appended in the term whose cacher list held it.
+        let r = self
+            .propose(Command::Held {
+                term,
+                command: Box::new(cmd),
+            })
+            .await;
+        // A proposal that timed out may still commit: its nodes stay uncachable (the
+        // hold kept) until this leadership ends, or a cached read could be recorded with
+        // the old value just before the write applies.
+        if let (Some(hold), true) = (hold, crate::actors::raft_node::releases_hold(&r)) {
+            self.cachers.do_send(Release(hold));
+        }
+        r
+    }
+}
