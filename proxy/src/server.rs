@@ -159,8 +159,8 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
     }
 }
 
-/// Counts a connection for as long as it lives.
-struct Connected(Arc<Hub>);
+/// Counts a connection until it closes (held by its loop, not by its requests).
+pub struct Connected(Arc<Hub>);
 
 impl Drop for Connected {
     fn drop(&mut self) {
@@ -168,9 +168,8 @@ impl Drop for Connected {
     }
 }
 
-/// What the proxy keeps for one client connection.
+/// What the proxy keeps for one client connection, shared with its requests.
 pub struct ClientConnection {
-    _connected: Connected,
     /// Its requests in flight here, at most `max_inflight_per_client` (KeepAlives,
     /// acknowledgements and event streams are not counted).
     inflight: Arc<Semaphore>,
@@ -181,15 +180,16 @@ pub struct ClientConnection {
 /// requests in flight per client.
 impl wire::serve::Handler for Proxy {
     type Connection = ClientConnection;
+    type Held = Connected;
 
     fn hello(
         &self,
         _: &wire::serve::Caller,
         hello: Result<wire::hello::Hello, Error>,
-    ) -> (ClientConnection, HelloReply) {
+    ) -> (ClientConnection, Connected, HelloReply) {
         let count = self.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
+        let connected = Connected(self.hub.clone());
         let state = ClientConnection {
-            _connected: Connected(self.hub.clone()),
             inflight: Arc::new(Semaphore::new(self.cfg.max_inflight_per_client)),
         };
         let reply: HelloReply = match hello {
@@ -206,7 +206,7 @@ impl wire::serve::Handler for Proxy {
             }),
             Err(e) => Err(e),
         };
-        (state, reply)
+        (state, connected, reply)
     }
 
     async fn request(

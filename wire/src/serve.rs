@@ -8,8 +8,10 @@
 //! bytes in progress (a request's bytes stay reserved until its answer is written), the
 //! `Events` request whose stream lasts as long as its session (handed to
 //! [`Handler::events`] with the stream), and the answer or error encoded back. Every
-//! request reaches the handler with its [`Caller`]: the connection's peer now and, once
-//! certificates carry identities, who it is and whom a proxy acts for.
+//! request reaches the handler with the connection's [`Caller`]: its peer now and, once
+//! certificates carry identities, who it is. The caller is the connection's, the same for
+//! all its requests; a handler that accepts requests a proxy forwards for its clients
+//! derives each one's caller with [`Caller::forwarded_for`].
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,14 +27,16 @@ use crate::{Error, CLIENT_FRAME_BYTES_MAX};
 /// Who sent a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    /// The connection's remote address.
+    /// The connection's remote address when its hello arrived (a connection that
+    /// migrates later keeps it).
     pub peer: SocketAddr,
     /// The identity the connection's certificate proves: `None` while certificates carry
     /// no identities.
     pub identity: Option<String>,
-    /// For a request a proxy forwards, the identity of the client it acts for: `None` for
-    /// a client's own request. Only a proxy may act for another identity.
-    pub on_behalf_of: Option<String>,
+    /// For a request a proxy forwards, the identity of the client it acts for (`None`
+    /// for a connection's own requests). Set only by [`Caller::forwarded_for`], which
+    /// refuses it unless the connection is a proxy's.
+    on_behalf_of: Option<String>,
 }
 
 impl Caller {
@@ -50,19 +54,52 @@ impl Caller {
     pub fn acting_as(&self) -> Option<&str> {
         self.on_behalf_of.as_deref().or(self.identity.as_deref())
     }
+
+    /// The client a proxy forwards for.
+    pub fn on_behalf_of(&self) -> Option<&str> {
+        self.on_behalf_of.as_deref()
+    }
+
+    /// The caller of a request this connection forwards for `client`: allowed only when
+    /// `is_proxy` says the connection's own identity is a proxy's (the handler knows which
+    /// identities are); anyone else is refused, so no client can act as another.
+    pub fn forwarded_for(
+        &self,
+        client: String,
+        is_proxy: impl Fn(&str) -> bool,
+    ) -> Result<Caller, Error> {
+        match self.identity.as_deref() {
+            Some(me) if is_proxy(me) => Ok(Caller {
+                on_behalf_of: Some(client),
+                ..self.clone()
+            }),
+            me => Err(Error::BadRequest {
+                reason: format!(
+                    "{} may not act for {client:?}: only a proxy forwards for others",
+                    me.unwrap_or("a connection without an identity")
+                ),
+            }),
+        }
+    }
 }
 
 /// What a server does with its clients' connections and requests.
 pub trait Handler: Send + Sync + 'static {
-    /// What the server keeps for one connection, from its hello until it closes (a
-    /// counter's guard, a limit on its requests in flight).
+    /// What the server keeps for one connection and shares with its requests (a limit on
+    /// its requests in flight): it lives until the last of them ends.
     type Connection: Send + Sync + 'static;
+    /// What the connection's loop holds until the connection closes, and no longer (a
+    /// counter's guard): requests still running do not keep it.
+    type Held: Send + 'static;
 
     /// Decides on a connection's hello (`hello` is the error if it could not be read):
-    /// the connection's state, and the answer. With an error the client is told it and
-    /// the connection closes; the state is kept until then.
-    fn hello(&self, caller: &Caller, hello: Result<Hello, Error>)
-        -> (Self::Connection, HelloReply);
+    /// the connection's state, what its loop holds, and the answer. With an error the
+    /// client is told it and the connection closes; both are kept until then.
+    fn hello(
+        &self,
+        caller: &Caller,
+        hello: Result<Hello, Error>,
+    ) -> (Self::Connection, Self::Held, HelloReply);
 
     /// Answers one request (any but `Events`), received at `received`.
     fn request(
@@ -73,7 +110,7 @@ pub trait Handler: Send + Sync + 'static {
         received: Instant,
     ) -> impl Future<Output = Response> + Send;
 
-    /// Serves `session`'s event stream on `send` until it ends; `connection` is the QUIC
+    /// Serves `session`'s event stream on `send` until it ends; `quic` is the QUIC
     /// connection it came on.
     fn events(
         &self,
@@ -92,7 +129,9 @@ pub async fn serve<H: Handler>(conn: quinn::Connection, handler: Arc<H>, bytes_m
         return;
     };
     let caller = Arc::new(Caller::from_peer(conn.remote_address()));
-    let (state, reply) = handler.hello(&caller, hello);
+    // `_held` is dropped when this loop returns: the connection is closed, whatever its
+    // requests still running hold.
+    let (state, _held, reply) = handler.hello(&caller, hello);
     let ok = reply.is_ok();
     let _ = frame::write(&mut send, &reply, frame::HELLO_BYTES_MAX).await;
     let _ = send.finish();
@@ -147,12 +186,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_forwarded_request_acts_as_the_client_it_is_forwarded_for() {
+    fn only_a_proxy_acts_for_another_identity() {
+        let is_proxy = |id: &str| id.contains("/proxy/");
         let mut c = Caller::from_peer("127.0.0.1:9".parse().unwrap());
         assert_eq!(c.acting_as(), None);
+        // Without an identity, or with a client's, nobody may be acted for.
+        assert!(c
+            .forwarded_for("lock://client/payments".into(), is_proxy)
+            .is_err());
+        c.identity = Some("lock://client/indexer".into());
+        assert_eq!(c.acting_as(), Some("lock://client/indexer"));
+        assert!(c
+            .forwarded_for("lock://client/payments".into(), is_proxy)
+            .is_err());
+        // A proxy's request for its client acts as the client.
         c.identity = Some("lock://cell-a/proxy/1".into());
+        let f = c
+            .forwarded_for("lock://client/payments".into(), is_proxy)
+            .unwrap();
+        assert_eq!(f.acting_as(), Some("lock://client/payments"));
+        assert_eq!(f.on_behalf_of(), Some("lock://client/payments"));
         assert_eq!(c.acting_as(), Some("lock://cell-a/proxy/1"));
-        c.on_behalf_of = Some("lock://client/payments".into());
-        assert_eq!(c.acting_as(), Some("lock://client/payments"));
     }
 }

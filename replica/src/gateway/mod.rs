@@ -193,12 +193,13 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
 /// the loop around it is `wire::serve`'s, shared with the proxies.
 impl wire::serve::Handler for Gateway {
     type Connection = ();
+    type Held = ();
 
     fn hello(
         &self,
         caller: &wire::serve::Caller,
         hello: Result<wire::hello::Hello, Error>,
-    ) -> ((), HelloReply) {
+    ) -> ((), (), HelloReply) {
         let reply: HelloReply = match hello {
             Ok(h) => h.check().map(|_| {
                 tracing::debug!(remote = %caller.peer, agent = %h.agent, "client connected");
@@ -213,7 +214,7 @@ impl wire::serve::Handler for Gateway {
         if let Err(e) = &reply {
             tracing::info!(remote = %caller.peer, "refused client hello: {e}");
         }
-        ((), reply)
+        ((), (), reply)
     }
 
     async fn request(
