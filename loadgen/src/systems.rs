@@ -275,15 +275,20 @@ fn spread(eps: &[String]) -> Vec<String> {
     eps
 }
 
-/// A lease on `c` kept alive like clientv3's `concurrency.Session`.
-async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess> {
+/// A new lease of `lease` on `c`.
+async fn grant(c: &EtcdConn, lease: Duration) -> anyhow::Result<i64> {
     let ttl = lease.as_secs() as i64;
-    let id = c
+    let r = c
         .call("LeaseGrant", |mut c| async move {
             c.lease_grant(ttl, None).await
         })
-        .await?
-        .id();
+        .await?;
+    Ok(r.id())
+}
+
+/// A lease on `c` kept alive like clientv3's `concurrency.Session`.
+async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<Sess> {
+    let id = grant(&c, lease).await?;
     // Like clientv3's concurrency.Session: keep the lease alive through member failures
     // (re-open the keep-alive stream, possibly at another member) every third of its TTL.
     // Unlike it, keep trying however long nothing answers (clientv3 3.4 gives up after a
@@ -390,13 +395,7 @@ async fn shared_etcd_session(
     mux: Arc<crate::etcd_leases::LeaseMux>,
     lease: Duration,
 ) -> anyhow::Result<Sess> {
-    let ttl = lease.as_secs() as i64;
-    let id = c
-        .call("LeaseGrant", |mut c| async move {
-            c.lease_grant(ttl, None).await
-        })
-        .await?
-        .id();
+    let id = grant(&c, lease).await?;
     mux.add(id);
     Ok(Sess::Etcd(c, id, EtcdKeeper::Shared(mux, id)))
 }
