@@ -14,6 +14,7 @@ mod server_sessions;
 mod state;
 mod state_peers;
 mod systems;
+mod zk_sess;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -580,7 +580,7 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let mut writers: Vec<zk::Client> = Vec::with_capacity(WRITERS);
     for _ in 0..WRITERS {
         match ctx.conn.session(ctx.lease).await? {
-            Sess::Zk(c) => writers.push(c),
+            Sess::Zk(z) => writers.push(z.client()),
             _ => bail!("not a ZooKeeper session"),
         }
     }

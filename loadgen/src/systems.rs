@@ -28,6 +28,7 @@ use zookeeper_client as zk;
 
 use crate::cluster::{Cluster, System};
 use crate::etcd_conn::EtcdConn;
+use crate::zk_sess::ZkSess;
 
 /// A connection factory for one cluster.
 #[derive(Clone)]
@@ -47,8 +48,9 @@ pub enum Sess {
     /// etcd: its connection (shared by the sessions of one client), lease id, what keeps
     /// the lease alive.
     Etcd(Arc<EtcdConn>, i64, EtcdKeeper),
-    /// ZooKeeper.
-    Zk(zk::Client),
+    /// ZooKeeper: the session, resumed if its client gives up on it
+    /// ([`crate::zk_sess`]).
+    Zk(ZkSess),
 }
 
 /// What keeps an etcd lease alive.
@@ -203,6 +205,18 @@ pub enum Held {
     Zk(String),
 }
 
+impl Held {
+    /// The same lock again, to retry a release that failed: etcd's key, ZooKeeper's node
+    /// (a delete may be sent again). `None` for ours, whose release retries itself.
+    pub fn again(&self) -> Option<Held> {
+        match self {
+            Held::Ours(_) => None,
+            Held::Etcd(k) => Some(Held::Etcd(k.clone())),
+            Held::Zk(n) => Some(Held::Zk(n.clone())),
+        }
+    }
+}
+
 impl Conn {
     /// A factory for `c`'s sessions.
     pub async fn new(c: &Cluster) -> anyhow::Result<Conn> {
@@ -236,7 +250,7 @@ impl Conn {
                     .connect(cluster)
                     .await
                     .map_err(|e| anyhow!("zookeeper connect: {e}"))?;
-                Ok(Sess::Zk(c))
+                Ok(Sess::Zk(ZkSess::new(c, cluster.clone())))
             }
         }
     }
@@ -506,7 +520,8 @@ impl Sess {
                 Ok(())
             }
             Sess::Etcd(..) => Ok(()),
-            Sess::Zk(c) => {
+            Sess::Zk(z) => {
+                let c = z.client();
                 let mut path = String::new();
                 for part in dir.trim_start_matches('/').split('/') {
                     path = format!("{path}/{part}");
@@ -573,70 +588,103 @@ impl Sess {
                 if owner_rev.is_none_or(|rev| rev == my_rev) {
                     return Ok((Held::Etcd(key), my_rev as u64));
                 }
-                // Contended: `waitDeletes`, as clientv3 3.4.
-                loop {
-                    let opts = GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_max_create_revision(my_rev - 1)
-                        .with_limit(1);
-                    let g = c
-                        .read(|mut c| {
-                            let (p, opts) = (prefix.clone(), opts.clone());
-                            async move { c.get(p, Some(opts)).await }
-                        })
-                        .await?;
-                    let Some(kv) = g.kvs().first() else {
-                        return Ok((Held::Etcd(key), my_rev as u64));
-                    };
-                    let waited = kv.key().to_vec();
-                    let rev = g.header().context("header")?.revision();
-                    // A stream: no request timeout, as in clientv3 (the connection's
-                    // keep-alive pings end it if the member goes silent).
-                    let opts = WatchOptions::new().with_start_revision(rev + 1);
-                    let (_w, mut stream) = c
-                        .call(
-                            "Watch",
-                            |mut c| async move { c.watch(waited, Some(opts)).await },
-                        )
-                        .await?;
-                    'watch: loop {
-                        match stream.message().await? {
-                            Some(m) => {
-                                if m.events()
-                                    .iter()
-                                    .any(|e| e.event_type() == EventType::Delete)
-                                {
-                                    break 'watch;
+                // Contended: `waitDeletes`, as clientv3 3.4; if the wait fails, the key is
+                // deleted (best effort) before the error is returned, as `Mutex.Lock` does.
+                let waited: anyhow::Result<()> = async {
+                    loop {
+                        let opts = GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_max_create_revision(my_rev - 1)
+                            .with_limit(1);
+                        let g = c
+                            .read(|mut c| {
+                                let (p, opts) = (prefix.clone(), opts.clone());
+                                async move { c.get(p, Some(opts)).await }
+                            })
+                            .await?;
+                        let Some(kv) = g.kvs().first() else {
+                            return Ok(());
+                        };
+                        let waited = kv.key().to_vec();
+                        let rev = g.header().context("header")?.revision();
+                        // A stream: no request timeout, as in clientv3 (the connection's
+                        // keep-alive pings end it if the member goes silent).
+                        let opts = WatchOptions::new().with_start_revision(rev + 1);
+                        let (_w, mut stream) = c
+                            .call(
+                                "Watch",
+                                |mut c| async move { c.watch(waited, Some(opts)).await },
+                            )
+                            .await?;
+                        'watch: loop {
+                            match stream.message().await? {
+                                Some(m) => {
+                                    if m.events()
+                                        .iter()
+                                        .any(|e| e.event_type() == EventType::Delete)
+                                    {
+                                        break 'watch;
+                                    }
                                 }
+                                None => break 'watch,
                             }
-                            None => break 'watch,
                         }
                     }
                 }
+                .await;
+                if let Err(e) = waited {
+                    let k = key.clone();
+                    let _ = c
+                        .call(
+                            "DeleteRange",
+                            |mut c| async move { c.delete(k, None).await },
+                        )
+                        .await;
+                    return Err(e);
+                }
+                Ok((Held::Etcd(key), my_rev as u64))
             }
-            Sess::Zk(c) => {
+            Sess::Zk(z) => {
                 let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
                 let prefix = format!("{dir}/lock-");
-                let (stat, seq) = c.create(&prefix, b"", &opts).await.map_err(zk_err)?;
+                let (stat, seq) = z
+                    .client()
+                    .create(&prefix, b"", &opts)
+                    .await
+                    .map_err(zk_err)?;
                 let me = format!("lock-{seq}");
                 let node = format!("{dir}/{me}");
-                loop {
-                    let mut kids = c.list_children(dir).await.map_err(zk_err)?;
-                    kids.sort();
-                    let i = kids
-                        .iter()
-                        .position(|k| *k == me)
-                        .context("own lock node vanished (session expired?)")?;
-                    if i == 0 {
-                        return Ok((Held::Zk(node), stat.czxid as u64));
-                    }
-                    let pred = format!("{dir}/{}", kids[i - 1]);
-                    let (st, w) = c.check_and_watch_stat(&pred).await.map_err(zk_err)?;
-                    if st.is_some() {
-                        w.changed().await;
+                // If the wait fails, the node is deleted (best effort) before the error is
+                // returned, as Curator's lock deletes its path on an error.
+                let waited: anyhow::Result<()> = async {
+                    loop {
+                        // The session's client now: a watch left on a client that gave up
+                        // fires with its end, and the recipe reads again through the resumed
+                        // one (as the Java client reads again after a reconnect).
+                        let c = z.client();
+                        let mut kids = c.list_children(dir).await.map_err(zk_err)?;
+                        kids.sort();
+                        let i = kids
+                            .iter()
+                            .position(|k| *k == me)
+                            .context("own lock node vanished (session expired?)")?;
+                        if i == 0 {
+                            return Ok(());
+                        }
+                        let pred = format!("{dir}/{}", kids[i - 1]);
+                        let (st, w) = c.check_and_watch_stat(&pred).await.map_err(zk_err)?;
+                        if st.is_some() {
+                            w.changed().await;
+                        }
                     }
                 }
+                .await;
+                if let Err(e) = waited {
+                    let _ = z.client().delete(&node, None).await;
+                    return Err(e);
+                }
+                Ok((Held::Zk(node), stat.czxid as u64))
             }
         }
     }
@@ -653,7 +701,7 @@ impl Sess {
                 .await?;
                 Ok(())
             }
-            (Sess::Zk(c), Held::Zk(node)) => c.delete(&node, None).await.map_err(zk_err),
+            (Sess::Zk(z), Held::Zk(node)) => z.client().delete(&node, None).await.map_err(zk_err),
             _ => Err(anyhow!("lock held through another system")),
         }
     }
@@ -671,7 +719,8 @@ impl Sess {
                     .await?;
                 Ok(())
             }
-            Sess::Zk(c) => {
+            Sess::Zk(z) => {
+                let c = z.client();
                 c.set_data(key, &value, None).await.map_err(zk_err)?;
                 Ok(())
             }
@@ -686,7 +735,8 @@ impl Sess {
                 Err(e) => Err(e.into()),
             },
             Sess::Etcd(..) => Ok(()),
-            Sess::Zk(c) => {
+            Sess::Zk(z) => {
+                let c = z.client();
                 let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
                 match c.create(key, b"", &opts).await {
                     Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -713,7 +763,7 @@ impl Sess {
                     )
                     .await;
             }
-            Sess::Zk(c) => drop(c),
+            Sess::Zk(z) => drop(z),
         }
     }
 
@@ -732,7 +782,7 @@ impl Sess {
                     .await?;
                 Ok(r.kvs().first().map_or(0, |kv| kv.value().len()))
             }
-            Sess::Zk(c) => Ok(c.get_data(key).await.map_err(zk_err)?.0.len()),
+            Sess::Zk(z) => Ok(z.client().get_data(key).await.map_err(zk_err)?.0.len()),
         }
     }
 
@@ -741,7 +791,8 @@ impl Sess {
     /// Eventually consistent: between a write and its watch event the copy is stale.
     pub async fn read_watched(&self, key: &str) -> anyhow::Result<WatchedValue> {
         match self {
-            Sess::Zk(c) => {
+            Sess::Zk(z) => {
+                let c = z.client();
                 let (data, _, w) = c.get_and_watch_data(key).await.map_err(zk_err)?;
                 Ok(WatchedValue {
                     session: self.server_id(),
@@ -785,8 +836,8 @@ impl Sess {
                     .await?;
                 Ok(r.count() > 0)
             }
-            (Sess::Zk(c), Held::Zk(node)) => {
-                Ok(c.check_stat(node).await.map_err(zk_err)?.is_some())
+            (Sess::Zk(z), Held::Zk(node)) => {
+                Ok(z.client().check_stat(node).await.map_err(zk_err)?.is_some())
             }
             _ => Err(anyhow!("lock held through another system")),
         }
@@ -799,7 +850,7 @@ impl Sess {
         match self {
             Sess::Ours(s) => s.id(),
             Sess::Etcd(_, lease, _) => *lease as u64,
-            Sess::Zk(c) => c.session_id().0 as u64,
+            Sess::Zk(z) => z.client().session_id().0 as u64,
         }
     }
 
@@ -816,13 +867,14 @@ impl Sess {
                 "with --etcd-lease-per-client a session has no lease of its own to end"
             ),
             (Sess::Etcd(_, _, keeper), _) => keeper.stop(),
-            (Sess::Zk(c), Conn::Zk(cluster)) => {
+            (Sess::Zk(z), Conn::Zk(cluster)) => {
                 // Not detached: dropping the other client closes the session. Until the
-                // close is applied, this client may reconnect and take the session back
-                // (the close then fails as "session moved"), so this waits for it to see
-                // the session end, and tries again if it does not.
+                // close is applied, this session's client (or its resumer) may reconnect
+                // and take the session back (the close then fails as "session moved"), so
+                // this waits for a server to say the session is over, and tries again if
+                // none does.
                 for _ in 0..3 {
-                    let mut states = c.state_watcher();
+                    let c = z.client();
                     let other = zk_connector(c.session_timeout())
                         .session(c.session().clone())
                         .connect(cluster)
@@ -831,27 +883,28 @@ impl Sess {
                             anyhow!("zookeeper connect as session {}: {e}", c.session_id())
                         })?;
                     drop(other);
-                    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-                        loop {
-                            if matches!(
-                                c.state(),
-                                zk::SessionState::Expired | zk::SessionState::Closed
-                            ) {
-                                return;
-                            }
-                            states.changed().await;
+                    drop(c);
+                    for _ in 0..200 {
+                        if z.lost() {
+                            return Ok(());
                         }
-                    })
-                    .await;
-                    if ended.is_ok() {
-                        return Ok(());
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
-                anyhow::bail!("ZooKeeper session {} did not end", c.session_id());
+                anyhow::bail!("ZooKeeper session {} did not end", z.client().session_id());
             }
             (Sess::Zk(_), _) => anyhow::bail!("a ZooKeeper session needs a ZooKeeper connection"),
         }
         Ok(())
+    }
+
+    /// How many times this session was resumed after its client gave up on it
+    /// (ZooKeeper, [`crate::zk_sess`]; 0 for the others, whose clients do not give up).
+    pub fn resumed(&self) -> u64 {
+        match self {
+            Sess::Zk(z) => z.resumed(),
+            _ => 0,
+        }
     }
 
     /// The last KeepAlive answered and its round trip (ours, etcd; ZooKeeper's client
@@ -872,8 +925,8 @@ impl Sess {
         match self {
             Sess::Ours(s) => s.lease_valid(),
             Sess::Etcd(_, _, k) => k.valid(lease),
-            Sess::Zk(c) => matches!(
-                c.state(),
+            Sess::Zk(z) => matches!(
+                z.client().state(),
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
             ),
         }
@@ -886,10 +939,7 @@ impl Sess {
         match self {
             Sess::Ours(s) => s.state() == client_sdk::SessionState::Expired,
             Sess::Etcd(_, _, keeper) => keeper.lost(),
-            Sess::Zk(c) => matches!(
-                c.state(),
-                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
-            ),
+            Sess::Zk(z) => z.lost(),
         }
     }
 }
