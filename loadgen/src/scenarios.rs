@@ -226,12 +226,23 @@ const HERD_PATIENCE: Duration = Duration::from_secs(600);
 
 /// What one herd contender did.
 struct Contender {
-    /// When it was granted the lock, the hand-off time (none for the first grant after
-    /// the first holder), and its fencing token; `None` if it never was.
+    /// When it was granted the lock, the hand-off time (from the previous holder's first
+    /// release call), and its fencing token; `None` if it never was.
     granted: Option<(Instant, Option<Duration>, u64)>,
     acquire_failed: u64,
     release_failed: u64,
     first_error: Option<String>,
+}
+
+/// Aborts its tasks when dropped.
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
 }
 
 /// N contenders on one lock: each takes it, then releases it at once. Hand-off latency is
@@ -259,15 +270,23 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
                     release_failed: 0,
                     first_error: None,
                 };
+                let mut again = false;
                 let (h, token) = loop {
-                    match s.acquire(dir).await {
+                    let tried = if again {
+                        s.acquire_again(dir).await
+                    } else {
+                        s.acquire(dir).await
+                    };
+                    match tried {
                         Ok(got) => break got,
                         Err(e) => {
                             me.acquire_failed += 1;
                             me.first_error.get_or_insert(format!("acquire: {e:#}"));
-                            if Instant::now() >= give_up {
+                            // A session that is over cannot take the lock any more.
+                            if Instant::now() >= give_up || s.lost() {
                                 return me;
                             }
+                            again = true;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     }
@@ -284,7 +303,8 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
                     if let Err(e) = s.release(held).await {
                         me.release_failed += 1;
                         me.first_error.get_or_insert(format!("release: {e:#}"));
-                        if Instant::now() < give_up {
+                        // A session that is over released its locks with it.
+                        if Instant::now() < give_up && !s.lost() {
                             h = again;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
@@ -295,15 +315,30 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
             })
         })
         .collect();
+    // Stops every contender if this returns early.
+    let _stop = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     // Let every contender queue behind the first holder.
     let settle = Duration::from_millis(1000 + n as u64);
     tokio::time::sleep(settle).await;
     let released = Instant::now();
     *last_release.lock().expect("last") = Some(released);
-    sessions[0].release(first).await?;
+    // Retried as the contenders' releases are.
+    let mut h = Some(first);
+    let mut first_release_failed = 0u64;
+    while let Some(held) = h.take() {
+        let again = held.again();
+        if let Err(e) = sessions[0].release(held).await {
+            first_release_failed += 1;
+            if Instant::now() >= give_up || sessions[0].lost() {
+                return Err(e.context("the first holder could not release the lock"));
+            }
+            h = again;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let mut lat = Lat::new(start);
     let mut tokens = Vec::new();
-    let (mut never, mut acquire_failed, mut release_failed) = (0u64, 0u64, 0u64);
+    let (mut never, mut acquire_failed, mut release_failed) = (0u64, 0u64, first_release_failed);
     let mut first_error = None;
     for t in tasks {
         // A contender still running after the patience (and a minute for its last
@@ -340,10 +375,12 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     r.param("contenders (sessions)", n);
     r.latency_failed("hand-off", &lat, never);
     r.notes.push(format!(
-        "hand-off failed: contenders never granted the lock within {} s; a failed acquire \
-         or release is tried again on the same session after 100 ms (etcd's key stays the \
-         session's, as clientv3's Mutex; a failed wait deletes it first, as Mutex.Lock \
-         does, and ZooKeeper's node likewise, as Curator's lock does) and counted below",
+        "hand-off failed: contenders never granted the lock within {} s (or whose session \
+         ended); a failed acquire or release is tried again on the same session after \
+         100 ms and counted below (etcd's key stays the session's, as clientv3's Mutex, \
+         and a failed wait deletes it first, as Mutex.Lock does; ZooKeeper's node is \
+         named with the session id and found again, as Curator's protected mode finds its \
+         GUID, and a failed wait deletes it, as Curator's lock does)",
         HERD_PATIENCE.as_secs()
     ));
     r.figure(

@@ -578,9 +578,14 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
 
     // Load: the nodes, written by 8 sessions (parents first), then the sessions.
     let mut writers: Vec<zk::Client> = Vec::with_capacity(WRITERS);
+    // Their sessions, kept (and resumed if a client gives up) while the writers work.
+    let mut writer_sessions = Vec::with_capacity(WRITERS);
     for _ in 0..WRITERS {
         match ctx.conn.session(ctx.lease).await? {
-            Sess::Zk(z) => writers.push(z.client()),
+            Sess::Zk(z) => {
+                writers.push(z.client());
+                writer_sessions.push(z);
+            }
             _ => bail!("not a ZooKeeper session"),
         }
     }

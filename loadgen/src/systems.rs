@@ -538,6 +538,19 @@ impl Sess {
 
     /// Takes the exclusive lock `dir` (blocking); returns it with its fencing token.
     pub async fn acquire(&self, dir: &str) -> anyhow::Result<(Held, u64)> {
+        self.acquire_as(dir, false).await
+    }
+
+    /// [`Sess::acquire`] again after it failed on this session: ZooKeeper first looks for
+    /// a node of this session left by the failed attempt (a create whose answer was lost)
+    /// and waits with it, as Curator's protected mode finds its node by its GUID (here the
+    /// session id in the name); etcd's key is the lease's anyway, and ours resolves an
+    /// unanswered create itself.
+    pub async fn acquire_again(&self, dir: &str) -> anyhow::Result<(Held, u64)> {
+        self.acquire_as(dir, true).await
+    }
+
+    async fn acquire_as(&self, dir: &str, again: bool) -> anyhow::Result<(Held, u64)> {
         match self {
             Sess::Ours(s) => {
                 let g = Lock::exclusive(s, dir).acquire().await?;
@@ -646,31 +659,56 @@ impl Sess {
                 Ok((Held::Etcd(key), my_rev as u64))
             }
             Sess::Zk(z) => {
-                let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-                let prefix = format!("{dir}/lock-");
-                let (stat, seq) = z
-                    .client()
-                    .create(&prefix, b"", &opts)
-                    .await
-                    .map_err(zk_err)?;
-                let me = format!("lock-{seq}");
+                // The children are `<session id>-lock-<sequence>` (the session id is what
+                // Curator's protected mode puts a GUID for), ordered by their sequence.
+                let mine = format!("{:016x}-lock-", self.server_id());
+                let seq_of = |k: &str| k.rsplit('-').next().unwrap_or("").to_string();
+                let left = if again {
+                    z.client()
+                        .list_children(dir)
+                        .await
+                        .map_err(zk_err)?
+                        .into_iter()
+                        .find(|k| k.starts_with(&mine))
+                } else {
+                    None
+                };
+                // The token is the node's creation zxid, from the create's answer (or read
+                // once, for a node found again).
+                let (me, czxid) = match left {
+                    Some(k) => (k, None),
+                    None => {
+                        let opts =
+                            zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                        let (stat, seq) = z
+                            .client()
+                            .create(&format!("{dir}/{mine}"), b"", &opts)
+                            .await
+                            .map_err(zk_err)?;
+                        (format!("{mine}{seq}"), Some(stat.czxid as u64))
+                    }
+                };
                 let node = format!("{dir}/{me}");
-                // If the wait fails, the node is deleted (best effort) before the error is
-                // returned, as Curator's lock deletes its path on an error.
-                let waited: anyhow::Result<()> = async {
+                // If the wait fails, the node is deleted before the error is returned, as
+                // Curator's lock deletes its path on an error.
+                let waited: anyhow::Result<u64> = async {
                     loop {
                         // The session's client now: a watch left on a client that gave up
                         // fires with its end, and the recipe reads again through the resumed
                         // one (as the Java client reads again after a reconnect).
                         let c = z.client();
                         let mut kids = c.list_children(dir).await.map_err(zk_err)?;
-                        kids.sort();
+                        kids.sort_by_key(|k| seq_of(k));
                         let i = kids
                             .iter()
                             .position(|k| *k == me)
                             .context("own lock node vanished (session expired?)")?;
                         if i == 0 {
-                            return Ok(());
+                            if let Some(t) = czxid {
+                                return Ok(t);
+                            }
+                            let st = c.check_stat(&node).await.map_err(zk_err)?;
+                            return Ok(st.context("own lock node vanished")?.czxid as u64);
                         }
                         let pred = format!("{dir}/{}", kids[i - 1]);
                         let (st, w) = c.check_and_watch_stat(&pred).await.map_err(zk_err)?;
@@ -680,11 +718,13 @@ impl Sess {
                     }
                 }
                 .await;
-                if let Err(e) = waited {
-                    let _ = z.client().delete(&node, None).await;
-                    return Err(e);
+                match waited {
+                    Ok(token) => Ok((Held::Zk(node), token)),
+                    Err(e) => {
+                        z.delete_when_connected(&node).await;
+                        Err(e)
+                    }
                 }
-                Ok((Held::Zk(node), stat.czxid as u64))
             }
         }
     }
@@ -701,7 +741,12 @@ impl Sess {
                 .await?;
                 Ok(())
             }
-            (Sess::Zk(z), Held::Zk(node)) => z.client().delete(&node, None).await.map_err(zk_err),
+            // A node already gone is released (as Curator's release ignores NoNode): a
+            // delete retried after its answer was lost, or a session that ended.
+            (Sess::Zk(z), Held::Zk(node)) => match z.client().delete(&node, None).await {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => Err(zk_err(e)),
+            },
             _ => Err(anyhow!("lock held through another system")),
         }
     }

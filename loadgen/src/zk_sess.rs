@@ -8,8 +8,8 @@
 //! `failover-freeze`) would end, in loadgen, sessions the cell still holds.
 //!
 //! [`ZkSess`] watches its client. When the client gives up, it connects again with the
-//! session's id and password, as the Java client would (one member at a time, round
-//! robin, each given the timeout over the number of members), until a server answers: with the
+//! session's id and password, as the Java client would (once a member serves), until a
+//! server answers: with the
 //! session (resumed: the same session, with its ephemeral nodes; watches left on the old
 //! client fire with its end, and a recipe re-reads) or with "session expired" (lost).
 
@@ -29,7 +29,8 @@ pub struct ZkSess {
     resumer: tokio::task::JoinHandle<()>,
 }
 
-/// How long the resumer keeps trying without any server answering, in session timeouts.
+/// How long the resumer keeps trying without any server answering, in session timeouts
+/// (about: a connect under way is not cut short).
 const PATIENCE_TIMEOUTS: u32 = 5;
 
 impl ZkSess {
@@ -75,6 +76,22 @@ impl ZkSess {
     }
 }
 
+impl ZkSess {
+    /// Deletes `node` (a lock node of this session) once the session can: through the
+    /// session's client now, tried again while a resume may be under way, for at most two
+    /// session timeouts; nothing to do once the session is over (its ephemeral nodes went
+    /// with it) or the node is gone.
+    pub async fn delete_when_connected(&self, node: &str) {
+        let give_up = Instant::now() + self.client().session_timeout() * 2;
+        while Instant::now() < give_up && !self.lost() {
+            match self.client().delete(node, None).await {
+                Ok(()) | Err(zk::Error::NoNode) => return,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
 impl Drop for ZkSess {
     fn drop(&mut self) {
         // Dropping the last client closes the session; the resumer holds none.
@@ -105,44 +122,49 @@ async fn resume(
             states.changed().await;
         }
         let give_up = Instant::now() + timeout * PATIENCE_TIMEOUTS;
-        // As the Java client: one member at a time, round robin, each given the session
-        // timeout over the number of members to answer (its connect timeout), then about
-        // a second's pause after a round. A member that does not answer `srvr` in that
-        // time (frozen, or not serving) is passed over; the session is resumed through
-        // the first that does, with the usual connector (so the resumed client's ping and
-        // drop timings stay those of [`crate::systems::zk_connector`]).
+        // As the Java client, until a server answers: wait for a member to serve (each
+        // given the session timeout over the number of members to answer `srvr`, the Java
+        // client's connect timeout; a frozen member is passed over), then connect with the
+        // whole ensemble, so the resumed client can move between members later as the
+        // first could. The crate's one connection timeout (3/5 T, see
+        // [`crate::systems::zk_connector`]) also bounds a try at a member that froze in
+        // between, where the Java client's is T/n.
         let members: Vec<&str> = cluster.split(',').collect();
         let answer = timeout / members.len().max(1) as u32;
-        'resume: loop {
+        loop {
+            if Instant::now() >= give_up {
+                tracing::warn!(session = %info.id(), "gave up resuming: no member answered");
+                over.store(true, Ordering::SeqCst);
+                return;
+            }
+            let mut serving = false;
             for m in &members {
-                if Instant::now() >= give_up {
-                    tracing::warn!(session = %info.id(), "gave up resuming: no member answered");
-                    over.store(true, Ordering::SeqCst);
-                    return;
-                }
-                let serving = crate::cluster::four_letter_within(m, "srvr", answer)
+                if crate::cluster::four_letter_within(m, "srvr", answer)
                     .await
-                    .is_some_and(|s| s.contains("Mode: "));
-                if !serving {
-                    continue;
+                    .is_some_and(|s| s.contains("Mode: "))
+                {
+                    serving = true;
+                    break;
                 }
+            }
+            if serving {
                 match crate::systems::zk_connector(timeout)
                     .session(info.clone())
-                    .connect(m)
+                    .connect(&cluster)
                     .await
                 {
                     Ok(c) => {
                         let Some(cur) = current.upgrade() else { return };
                         *cur.write().expect("zk client") = c;
                         resumed.fetch_add(1, Ordering::SeqCst);
-                        tracing::info!(session = %info.id(), member = %m, "resumed a ZooKeeper session its client gave up");
-                        break 'resume;
+                        tracing::info!(session = %info.id(), "resumed a ZooKeeper session its client gave up");
+                        break;
                     }
                     Err(zk::Error::SessionExpired) => {
                         over.store(true, Ordering::SeqCst);
                         return;
                     }
-                    Err(e) => tracing::debug!(session = %info.id(), member = %m, "resume: {e}"),
+                    Err(e) => tracing::debug!(session = %info.id(), "resume: {e}"),
                 }
             }
             tokio::time::sleep(Duration::from_millis(500 + rand::random::<u64>() % 500)).await;
