@@ -253,7 +253,10 @@ impl Cluster {
                 for m in &self.members {
                     let Ok(mut c) = etcd_client::Client::connect(
                         [m.as_str()],
-                        Some(crate::etcd_conn::options().with_timeout(Duration::from_secs(2))),
+                        Some(
+                            crate::systems::etcd_conn::options()
+                                .with_timeout(Duration::from_secs(2)),
+                        ),
                     )
                     .await
                     else {

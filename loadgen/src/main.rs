@@ -3,18 +3,15 @@
 //! one's standard lock recipe, so one tool measures all three.
 
 mod cluster;
-mod etcd_conn;
-mod etcd_leases;
 mod pinning;
 mod profile;
-mod profile_peers;
+
 mod report;
 mod scenarios;
 mod server_sessions;
 mod state;
-mod state_peers;
+
 mod systems;
-mod zk_sess;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -329,10 +326,10 @@ async fn run_one(
             secs,
             fault,
             reads_per_session,
-        } => match profile_peers::parts_for(system, cli.scale, cli.processes) {
-            1 => profile_peers::profile(&ctx, *secs, *fault, *reads_per_session).await,
+        } => match profile::peers::parts_for(system, cli.scale, cli.processes) {
+            1 => profile::peers::profile(&ctx, *secs, *fault, *reads_per_session).await,
             parts => {
-                profile_peers::profile_parts(&ctx, *secs, *fault, *reads_per_session, parts).await
+                profile::peers::profile_parts(&ctx, *secs, *fault, *reads_per_session, parts).await
             }
         },
         Cmd::State => state::state(&ctx, cli.processes).await,
@@ -480,7 +477,8 @@ fn main() {
             Cmd::HoldSessions { endpoints, count } => {
                 let eps: Vec<String> = endpoints.split(',').map(String::from).collect();
                 let conn = Conn::for_endpoints(cli.system, &eps, std::path::Path::new("")).await?;
-                state_peers::hold_sessions(&conn, *count, Duration::from_secs(cli.lease_secs)).await
+                state::peers::hold_sessions(&conn, *count, Duration::from_secs(cli.lease_secs))
+                    .await
             }
             Cmd::ProfilePart {
                 endpoints,
@@ -494,7 +492,7 @@ fn main() {
                 let eps: Vec<String> = endpoints.split(',').map(String::from).collect();
                 let ca = ca.as_deref().unwrap_or(std::path::Path::new(""));
                 let conn = Conn::for_endpoints(cli.system, &eps, ca).await?;
-                profile_peers::part(
+                profile::peers::part(
                     &conn,
                     Duration::from_secs(cli.lease_secs),
                     cli.scale,

@@ -9,7 +9,7 @@
 //! What differs is what the peers are:
 //! - **etcd**: a session is a lease renewed every 4 s; 2 000 leases share a gRPC client,
 //!   each renewed on its own keep-alive stream (as independent clients would), or with
-//!   `--etcd-shared-keepalive` all on one ([`crate::etcd_leases`], as one clientv3
+//!   `--etcd-shared-keepalive` all on one ([`crate::systems::etcd_leases`], as one clientv3
 //!   process holding them would). Every renewal goes to the leader (followers forward
 //!   them). Reads are
 //!   linearizable ranges, served by the cluster (etcd's client cache, clientv3's
@@ -39,7 +39,6 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::System;
-use crate::etcd_conn::EtcdConn;
 use crate::profile::Reads;
 use crate::profile::{
     each, join_tasks, lat, record, run_with_fault, spawn_config_writer, spawn_jeopardy_sampler,
@@ -48,6 +47,7 @@ use crate::profile::{
 };
 use crate::report::{proc_cost, Lat, LatPart, ProcCost, Report};
 use crate::scenarios::Ctx;
+use crate::systems::etcd_conn::EtcdConn;
 use crate::systems::{open_many, Conn, Held, Sess, WatchedValue, ETCD_RENEWALS};
 
 /// ZooKeeper sessions one loadgen process takes when the profile is split
@@ -347,7 +347,7 @@ async fn start(
 
     // The config writer: retries a failed write (its failures are the unavailability).
     // etcd: one member at a time, moving on after a failure, as every etcd client here
-    // ([`crate::etcd_conn`]).
+    // ([`crate::systems::etcd_conn`]).
     let pinned = match conn {
         Conn::Etcd(eps) => Some(Arc::new(EtcdConn::new(eps.clone()))),
         _ => None,

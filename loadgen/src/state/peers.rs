@@ -14,7 +14,6 @@
 //! data dir, which the leader sends its whole state (a SNAP): 3.8 cannot add an observer
 //! without dynamic reconfig. Sessions lost must be 0.
 
-use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,29 +24,29 @@ use anyhow::{anyhow, bail, Context};
 use etcd_client::{ConnectOptions, GetOptions, MemberAddOptions, StatusResponse};
 use zookeeper_client as zk;
 
+use super::{catch_up, rss_of, NODE_BYTES, PER_DIR};
 use crate::cluster::{four_letter, System};
 use crate::profile::each;
 use crate::report::{proc_cost, rss_mb, Report};
 use crate::scenarios::Ctx;
-use crate::state::{NODE_BYTES, PER_DIR};
+use crate::systems::zk::zk_err;
 use crate::systems::{open_many, Sess};
 
 /// How long any one wait (a catch-up, a snapshot, a restart) may take.
 const WAIT: Duration = Duration::from_secs(300);
 /// How often a member is polled while catching up (as for ours).
-const POLL: Duration = Duration::from_millis(20);
 /// Writer sessions (or clients) loading the nodes, and how many writes are in flight.
 const WRITERS: usize = 8;
 const IN_FLIGHT: usize = 256;
 
 /// The state scenario against etcd or ZooKeeper; ZooKeeper's sessions are held by
 /// `processes` loadgen processes (0: one per
-/// [`ZK_SESSIONS_PER_PROCESS`](crate::profile_peers::ZK_SESSIONS_PER_PROCESS)).
+/// [`ZK_SESSIONS_PER_PROCESS`](crate::profile::peers::ZK_SESSIONS_PER_PROCESS)).
 pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     match ctx.cluster.system {
         System::Etcd => etcd(ctx).await,
         System::Zk => zookeeper(ctx, processes).await,
-        System::Ours => bail!("state_peers runs against etcd and ZooKeeper (ours: state.rs)"),
+        System::Ours => bail!("state::peers runs against etcd and ZooKeeper (ours: state::ours)"),
     }
 }
 
@@ -67,14 +66,6 @@ fn member_no(ctx: &Ctx, addr: &str) -> anyhow::Result<usize> {
         .position(|m| m == addr)
         .map(|i| i + 1)
         .with_context(|| format!("{addr} is not a member"))
-}
-
-fn rss_of(ctx: &Ctx, r: &mut Report, when: &str) {
-    for (i, m) in ctx.cluster.members.iter().enumerate() {
-        if let Some(mb) = ctx.cluster.pid_of(m).and_then(rss_mb) {
-            r.figure(&format!("replica-{} RSS {when} (MB)", i + 1), mb);
-        }
-    }
 }
 
 /// The followers' endpoints (every member but `leader`), with their numbers.
@@ -106,42 +97,6 @@ async fn kill9(ctx: &Ctx, addr: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     bail!("{addr} (pid {pid}) still running 10 s after kill -9")
-}
-
-/// Polls `probe` every [`POLL`] until it reports `index` applied; returns when the member
-/// first answered and when it had caught up, both from `from`. `probe` gives `None` when
-/// the member does not answer, `Some(None)` when it answers but does not serve yet, and
-/// `Some(Some(applied))` when it serves.
-async fn catch_up<F, Fut>(
-    what: &str,
-    index: u64,
-    from: Instant,
-    within: Duration,
-    mut probe: F,
-) -> anyhow::Result<(Duration, Duration)>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<Option<u64>>>,
-{
-    let mut answered = None;
-    let mut last = None;
-    while from.elapsed() < within {
-        if let Some(applied) = probe().await {
-            answered.get_or_insert(from.elapsed());
-            last = applied.or(last);
-            if applied.is_some_and(|a| a >= index) {
-                return Ok((answered.unwrap_or_default(), from.elapsed()));
-            }
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    match (answered, last) {
-        (None, _) => bail!("{what} did not answer within {within:?}"),
-        (Some(_), None) => bail!("{what} answered but did not serve within {within:?}"),
-        (Some(_), Some(a)) => {
-            bail!("{what} did not reach index {index} within {within:?} (it was at {a})")
-        }
-    }
 }
 
 /// A follower killed (`kill -9`) and restarted: times until it answers and until it has
@@ -269,7 +224,9 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     for i in 0..WRITERS {
         let mut eps = members.clone();
         eps.rotate_left(i % members.len());
-        writers.push(etcd_client::Client::connect(eps, Some(crate::etcd_conn::options())).await?);
+        writers.push(
+            etcd_client::Client::connect(eps, Some(crate::systems::etcd_conn::options())).await?,
+        );
     }
     writers[0].put("/state", "", None).await?;
     let t = Instant::now();
@@ -300,8 +257,11 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     for (i, m) in members.iter().enumerate() {
         etcd_catch_up(&format!("replica-{}", i + 1), m, target, Instant::now()).await?;
     }
-    let mut lc =
-        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
+    let mut lc = etcd_client::Client::connect(
+        [leader.as_str()],
+        Some(crate::systems::etcd_conn::options()),
+    )
+    .await?;
     let keys = lc
         .get(
             "/state",
@@ -322,17 +282,23 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let writer = {
-        let c = etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options()))
-            .await?;
-        crate::state::spawn_stall_writer(start, stop.clone(), move |v| {
+        let c = etcd_client::Client::connect(
+            [leader.as_str()],
+            Some(crate::systems::etcd_conn::options()),
+        )
+        .await?;
+        super::ours::spawn_stall_writer(start, stop.clone(), move |v| {
             let mut c = c.clone();
             async move { c.put("/state", v.to_string(), None).await.is_ok() }
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let path = ctx.cluster.dir().join("leader-snapshot.db");
-    let mut sc =
-        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
+    let mut sc = etcd_client::Client::connect(
+        [leader.as_str()],
+        Some(crate::systems::etcd_conn::options()),
+    )
+    .await?;
     let t = Instant::now();
     let saved = tokio::time::timeout(WAIT, async {
         use tokio::io::AsyncWriteExt;
@@ -393,8 +359,11 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
     let name = member_name(ctx, id);
     let (client_port, peer_port) = ctx.cluster.new_member_ports();
     let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut lc =
-        etcd_client::Client::connect([leader.as_str()], Some(crate::etcd_conn::options())).await?;
+    let mut lc = etcd_client::Client::connect(
+        [leader.as_str()],
+        Some(crate::systems::etcd_conn::options()),
+    )
+    .await?;
     // etcd refuses MemberAdd until every voting member has been connected for 5 s (its
     // strict reconfig check), which the follower just restarted may not have been yet.
     let asked = Instant::now();
@@ -490,10 +459,6 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
 // ---------------------------------------------------------------------------------------
 // ZooKeeper
 
-fn zk_err(e: zk::Error) -> anyhow::Error {
-    anyhow!("zookeeper: {e}")
-}
-
 /// The last zxid a ZooKeeper server has applied (`srvr`'s `Zxid:`): `None` if it does not
 /// answer, `Some(None)` if it answers but does not serve (not synced with a leader).
 async fn zk_zxid(addr: &str) -> Option<Option<u64>> {
@@ -556,7 +521,7 @@ fn zk_newest_snapshot(data: &Path) -> Option<(u64, u64)> {
 async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let nodes = ctx.n(100_000.0, 1_000);
     let n = ctx.n(50_000.0, 100);
-    let parts = crate::profile_peers::parts_for(System::Zk, ctx.scale, processes);
+    let parts = crate::profile::peers::parts_for(System::Zk, ctx.scale, processes);
     let members = ctx.cluster.members.clone();
     let mut r = ctx.report("state");
     r.param("nodes (persistent, 1 000 per parent)", nodes);

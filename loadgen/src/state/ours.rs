@@ -1,12 +1,4 @@
-//! The `state` scenario: a cell holding the seed's large state, and what it costs.
-//!
-//! At full scale: 100 000 nodes of 1 000 bytes (about 100 MB of data) and 50 000 sessions
-//! (kept alive through proxies). Reported: every replica's resident memory before and
-//! after; the snapshot each replica builds on demand (`Op::Snapshot`: size, time, and how
-//! long writes stall while the leader serializes); a follower killed (`kill -9`) and
-//! restarted (time until it answers, time until it has caught up); a new replica added as
-//! a learner (time until `AddLearner` returns, which openraft does once the learner has
-//! caught up, from a snapshot since the log is purged behind it). Sessions lost must be 0.
+//! The `state` scenario on our cell (the scenario: [`super`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,15 +9,10 @@ use anyhow::{bail, Context};
 use client_sdk::{Client, ClientConfig, CreateMode, Session, SessionState};
 use wire::types::{Op, Reply, Request};
 
-use crate::cluster::System;
+use super::{catch_up, rss_of, NODE_BYTES, PER_DIR};
 use crate::profile::{connections, create_ok, each, leader_status, open_all};
 use crate::report::{rss_mb, Lat, Report};
 use crate::scenarios::Ctx;
-
-/// Bytes of data per node.
-pub(crate) const NODE_BYTES: usize = 1_000;
-/// Nodes per directory.
-pub(crate) const PER_DIR: usize = 1_000;
 
 fn admin_req(op: Op) -> Request {
     Request {
@@ -44,26 +31,18 @@ async fn applied_at(direct: &Client, addr: &str) -> Option<u64> {
         .map(|s| s.last_applied)
 }
 
-/// Waits until the replica at `addr` has applied `index`; returns when it first answered
-/// and when it had caught up (both measured from `from`).
-async fn catch_up(
+/// Waits until the replica at `addr` has applied `index` ([`catch_up`]).
+async fn catch_up_at(
     direct: &Client,
     addr: &str,
     index: u64,
     from: Instant,
     within: Duration,
 ) -> anyhow::Result<(Duration, Duration)> {
-    let mut answered = None;
-    while from.elapsed() < within {
-        if let Some(a) = applied_at(direct, addr).await {
-            answered.get_or_insert(from.elapsed());
-            if a >= index {
-                return Ok((answered.unwrap_or_default(), from.elapsed()));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    bail!("{addr} did not apply index {index} within {within:?}")
+    catch_up(addr, index, from, within, || async {
+        applied_at(direct, addr).await.map(Some)
+    })
+    .await
 }
 
 /// A client for one replica that retries its address every 100 ms.
@@ -73,20 +52,8 @@ fn fresh_cfg(ctx: &Ctx, addr: &str) -> ClientConfig {
     cfg
 }
 
-fn rss_of(ctx: &Ctx, r: &mut Report, when: &str) {
-    for i in 1..=ctx.cluster.members.len() {
-        if let Some(mb) = ctx.cluster.replica_pid(i).and_then(rss_mb) {
-            r.figure(&format!("replica-{i} RSS {when} (MB)"), mb);
-        }
-    }
-}
-
-/// The state scenario (etcd and ZooKeeper: [`crate::state_peers::state`], where
-/// ZooKeeper's sessions may be split over `processes` loadgen processes).
-pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
-    if ctx.cluster.system != System::Ours {
-        return crate::state_peers::state(ctx, processes).await;
-    }
+/// The state scenario on our cell.
+pub(super) async fn state(ctx: &Ctx) -> anyhow::Result<Report> {
     let nodes = ctx.n(100_000.0, 1_000);
     let n = ctx.n(50_000.0, 100);
     let members = ctx.cluster.members.clone();
@@ -152,7 +119,7 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let leader = leader_status(&direct).await?;
     let target = leader.last_applied;
     for m in &members {
-        catch_up(&direct, m, target, Instant::now(), Duration::from_secs(120)).await?;
+        catch_up_at(&direct, m, target, Instant::now(), Duration::from_secs(120)).await?;
     }
     r.figure("nodes in the cell", leader.node_count as f64);
     r.figure("sessions in the cell", leader.session_count as f64);
@@ -233,7 +200,7 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     let t = Instant::now();
     ctx.cluster.restart_replica(victim)?;
     let (answered, caught) =
-        catch_up(&fresh, &victim_addr, target, t, Duration::from_secs(300)).await?;
+        catch_up_at(&fresh, &victim_addr, target, t, Duration::from_secs(300)).await?;
     r.param(
         "restarted",
         format!("replica-{victim} (a follower), kill -9"),
@@ -263,7 +230,7 @@ pub async fn state(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
     }
     let added = t.elapsed();
     let target = leader_status(&direct).await?.last_applied;
-    let (_, caught) = catch_up(&direct, &addr, target, t, Duration::from_secs(300)).await?;
+    let (_, caught) = catch_up_at(&direct, &addr, target, t, Duration::from_secs(300)).await?;
     r.param("learner", format!("replica-{id} at {addr}"));
     r.figure(
         "learner: AddLearner returned after (s)",

@@ -1,0 +1,380 @@
+//! One client session per system, with each system's standard lock recipe:
+//!
+//! - **ours**: the SDK's `Lock` (ephemeral sequential node; the grant names its
+//!   predecessor, a waiter watches only that one; the token is the create index).
+//! - **etcd**: clientv3 3.4's `concurrency.Mutex`, step for step: a lease kept alive every
+//!   third of its TTL; `tryAcquire` is one txn, `If(CreateRevision(<prefix>/<lease>) == 0)
+//!   Then(Put(key, lease), Get(prefix, WithFirstCreate)) Else(Get(key), Get(prefix,
+//!   WithFirstCreate))`, so an uncontended acquire is one RPC (the lock is held when the
+//!   prefix's oldest key is ours or there is none); contended, `waitDeletes`: get the
+//!   latest key of the prefix created before ours, watch it for its delete, repeat. The
+//!   token is the key's create revision. (3.5 adds a `Get` of the own key after the wait,
+//!   on the contended path only; Debian's etcd here is 3.4.)
+//! - **ZooKeeper**: the lock recipe: an ephemeral sequential child, list the children,
+//!   watch the one just below; the token is the node's creation zxid.
+//!
+//! Each system's code is in its own file (`ours.rs`, `etcd.rs` with its connection and
+//! shared keep-alive stream in `etcd_conn.rs` and `etcd_leases.rs`, `zk.rs`); this file
+//! holds what the scenarios use ([`Conn`], [`Sess`], [`Held`]) and hands each operation to
+//! the session's system.
+
+pub mod etcd;
+pub mod etcd_conn;
+pub mod etcd_leases;
+mod ours;
+pub mod zk;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use anyhow::anyhow;
+use client_sdk::{Client, ClientConfig, LockGuard, Session};
+
+use crate::cluster::{Cluster, System};
+pub use etcd::{
+    EtcdSess, ETCD_LEADER_ONLY, ETCD_LEASES_PER_CLIENT, ETCD_LEASE_PER_CLIENT, ETCD_RENEWALS,
+    ETCD_SHARED_KEEPALIVE,
+};
+pub use zk::{zk_session_cap, ZkSess};
+
+/// A connection factory for one cluster.
+#[derive(Clone)]
+pub enum Conn {
+    /// Our SDK client (sessions are multiplexed over its connection).
+    Ours(Client),
+    /// etcd endpoints (each session has its own gRPC client).
+    Etcd(Vec<String>),
+    /// ZooKeeper connect string (each session is a connection).
+    Zk(String),
+}
+
+/// A session with a lease (12 s unless configured otherwise).
+pub enum Sess {
+    /// Ours.
+    Ours(Session),
+    /// etcd: a lease, its connection and what keeps it alive.
+    Etcd(EtcdSess),
+    /// ZooKeeper: the session, resumed if its client gives up on it ([`zk`]).
+    Zk(ZkSess),
+}
+
+/// A value read with a watch ([`Sess::read_watched`]): valid until the watch fires.
+pub struct WatchedValue {
+    /// The session that read it (a churned slot's new session has no watch).
+    session: u64,
+    /// Its length.
+    pub len: usize,
+    changed: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    fired: bool,
+}
+
+impl WatchedValue {
+    /// True while the copy may be served to `s`: read by `s` and its watch not fired.
+    pub fn valid_for(&mut self, s: &Sess) -> bool {
+        use futures::FutureExt;
+        if !self.fired && self.changed.as_mut().now_or_never().is_some() {
+            self.fired = true;
+        }
+        !self.fired && self.session == s.server_id()
+    }
+}
+
+/// A held lock.
+pub enum Held {
+    /// Ours.
+    Ours(LockGuard),
+    /// etcd: the key.
+    Etcd(String),
+    /// ZooKeeper: the node.
+    Zk(String),
+}
+
+impl Held {
+    /// The same lock again, to retry a release that failed: etcd's key, ZooKeeper's node
+    /// (a delete may be sent again). `None` for ours, whose release retries itself.
+    pub fn again(&self) -> Option<Held> {
+        match self {
+            Held::Ours(_) => None,
+            Held::Etcd(k) => Some(Held::Etcd(k.clone())),
+            Held::Zk(n) => Some(Held::Zk(n.clone())),
+        }
+    }
+}
+
+impl Conn {
+    /// A factory for `c`'s sessions.
+    pub async fn new(c: &Cluster) -> anyhow::Result<Conn> {
+        Conn::for_endpoints(c.system, &c.endpoints, &c.ca).await
+    }
+
+    /// A factory from endpoints.
+    pub async fn for_endpoints(
+        system: System,
+        endpoints: &[String],
+        ca: &std::path::Path,
+    ) -> anyhow::Result<Conn> {
+        Ok(match system {
+            System::Ours => {
+                let mut cfg = ClientConfig::new(endpoints.to_vec(), ca.to_path_buf());
+                cfg.agent = "loadgen".into();
+                Conn::Ours(Client::connect(cfg).await?)
+            }
+            System::Etcd => Conn::Etcd(endpoints.to_vec()),
+            System::Zk => Conn::Zk(endpoints.join(",")),
+        })
+    }
+
+    /// Opens a session with a lease of `lease`.
+    pub async fn session(&self, lease: Duration) -> anyhow::Result<Sess> {
+        match self {
+            Conn::Ours(c) => Ok(Sess::Ours(c.open_session().await?)),
+            Conn::Etcd(eps) => Ok(Sess::Etcd(etcd::session_on_new_client(eps, lease).await?)),
+            Conn::Zk(cluster) => Ok(Sess::Zk(ZkSess::open(cluster, lease).await?)),
+        }
+    }
+}
+
+/// Session opens retried by [`open_many`] in this process.
+pub static OPEN_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Opens `n` sessions for a large scenario (profile, state), `par` at a time, showing a
+/// progress bar. Ours: over `ours` (clients of many sessions each). etcd: one lease per
+/// session, [`ETCD_LEASES_PER_CLIENT`] per gRPC client, each lease renewed on its own
+/// keep-alive stream, or all of a client's on one ([`ETCD_SHARED_KEEPALIVE`]) ([`etcd::Clients`]).
+/// ZooKeeper: one connection per session (a ZooKeeper session is a connection). A failed
+/// open is retried up to 4 times ([`OPEN_RETRIES`]).
+pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result<Vec<Sess>> {
+    if matches!(conn, Conn::Zk(_)) && n > zk_session_cap() {
+        anyhow::bail!(
+            "{n} ZooKeeper sessions need {n} connections, but this process may hold only \
+             {} (its open-file limit, less 2 000); run with a smaller --scale or raise the \
+             hard limit (needs CAP_SYS_RESOURCE)",
+            zk_session_cap()
+        );
+    }
+    let etcd_clients = match conn {
+        Conn::Etcd(eps) => Some(etcd::Clients::start(eps, n, lease).await?),
+        _ => None,
+    };
+    crate::scenarios::open_batched(n, 200, |i| {
+        let etcd_clients = etcd_clients.as_ref();
+        async move {
+            // A client retries a failed connect (a busy server's handshake can time
+            // out); the retries are counted and reported.
+            let mut tries = 0;
+            loop {
+                let r = match etcd_clients {
+                    Some(clients) => clients.session(i, lease).await.map(Sess::Etcd),
+                    None => conn.session(lease).await,
+                };
+                tries += 1;
+                if r.is_ok() || tries == 5 {
+                    return r;
+                }
+                OPEN_RETRIES.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    })
+    .await
+}
+
+impl Sess {
+    /// Makes sure the lock directory (ours, ZooKeeper) exists.
+    pub async fn ensure_dir(&self, dir: &str) -> anyhow::Result<()> {
+        match self {
+            Sess::Ours(s) => ours::ensure_dir(s, dir).await,
+            Sess::Etcd(_) => Ok(()),
+            Sess::Zk(z) => z.ensure_dir(dir).await,
+        }
+    }
+
+    /// Takes the exclusive lock `dir` (blocking); returns it with its fencing token.
+    pub async fn acquire(&self, dir: &str) -> anyhow::Result<(Held, u64)> {
+        self.acquire_as(dir, false).await
+    }
+
+    /// [`Sess::acquire`] again after it failed on this session: ZooKeeper first looks for
+    /// a node of this session left by the failed attempt (a create whose answer was lost)
+    /// and waits with it, as Curator's protected mode finds its node by its GUID (here the
+    /// session id in the name); etcd's key is the lease's anyway, and ours resolves an
+    /// unanswered create itself.
+    pub async fn acquire_again(&self, dir: &str) -> anyhow::Result<(Held, u64)> {
+        self.acquire_as(dir, true).await
+    }
+
+    async fn acquire_as(&self, dir: &str, again: bool) -> anyhow::Result<(Held, u64)> {
+        match self {
+            Sess::Ours(s) => {
+                let (g, t) = ours::acquire(s, dir).await?;
+                Ok((Held::Ours(g), t))
+            }
+            Sess::Etcd(e) => {
+                let (key, t) = e.acquire(dir).await?;
+                Ok((Held::Etcd(key), t))
+            }
+            Sess::Zk(z) => {
+                let (node, t) = z.acquire(dir, again).await?;
+                Ok((Held::Zk(node), t))
+            }
+        }
+    }
+
+    /// Releases a lock.
+    pub async fn release(&self, h: Held) -> anyhow::Result<()> {
+        match (self, h) {
+            (_, Held::Ours(g)) => Ok(g.release().await?),
+            (Sess::Etcd(e), Held::Etcd(key)) => e.release(key).await,
+            (Sess::Zk(z), Held::Zk(node)) => z.release(&node).await,
+            _ => Err(anyhow!("lock held through another system")),
+        }
+    }
+
+    /// Writes `value` to `key` (created by [`Sess::prepare_key`] for ours and ZooKeeper).
+    pub async fn write(&self, key: &str, value: Vec<u8>) -> anyhow::Result<()> {
+        match self {
+            Sess::Ours(s) => ours::write(s, key, value).await,
+            Sess::Etcd(e) => e.write(key, value).await,
+            Sess::Zk(z) => z.write(key, &value).await,
+        }
+    }
+
+    /// Creates `key` (a persistent node) if the system needs it before `write`.
+    pub async fn prepare_key(&self, key: &str) -> anyhow::Result<()> {
+        match self {
+            Sess::Ours(s) => ours::prepare_key(s, key).await,
+            Sess::Etcd(_) => Ok(()),
+            Sess::Zk(z) => z.prepare_key(key).await,
+        }
+    }
+
+    /// Ends the session (its locks and ephemerals go at once).
+    pub async fn close(self) {
+        match self {
+            Sess::Ours(s) => {
+                let _ = s.close().await;
+            }
+            Sess::Etcd(e) => e.close().await,
+            Sess::Zk(z) => drop(z),
+        }
+    }
+
+    /// Reads `key` at the servers (ours: a linearizable read, no cache; etcd: a
+    /// linearizable range; ZooKeeper: `getData` at the connected member).
+    pub async fn read(&self, key: &str) -> anyhow::Result<usize> {
+        match self {
+            Sess::Ours(s) => Ok(s.get(key).await?.0.len()),
+            Sess::Etcd(e) => e.read(key).await,
+            Sess::Zk(z) => z.read(key).await,
+        }
+    }
+
+    /// Reads `key` and leaves a watch on it (ZooKeeper only): what Curator's `NodeCache`
+    /// does, a copy kept until the watch fires (or the session breaks), then read again.
+    /// Eventually consistent: between a write and its watch event the copy is stale.
+    pub async fn read_watched(&self, key: &str) -> anyhow::Result<WatchedValue> {
+        match self {
+            Sess::Zk(z) => {
+                let (len, changed) = z.read_watched(key).await?;
+                Ok(WatchedValue {
+                    session: self.server_id(),
+                    len,
+                    changed,
+                    fired: false,
+                })
+            }
+            _ => anyhow::bail!("a watched read is ZooKeeper's cache; ours has its own"),
+        }
+    }
+
+    /// A new session opened the way this one was (etcd: a lease on the same gRPC client;
+    /// otherwise through `conn`).
+    pub async fn reopen(&self, conn: &Conn, lease: Duration) -> anyhow::Result<Sess> {
+        match self {
+            Sess::Etcd(e) => Ok(Sess::Etcd(e.reopen(lease).await?)),
+            _ => conn.session(lease).await,
+        }
+    }
+
+    /// True if the lock `h` is still held: its node or key is still there.
+    pub async fn holds(&self, h: &Held) -> anyhow::Result<bool> {
+        match (self, h) {
+            (Sess::Ours(_), Held::Ours(g)) => Ok(g.may_act()),
+            (Sess::Etcd(e), Held::Etcd(key)) => e.holds(key).await,
+            (Sess::Zk(z), Held::Zk(node)) => z.holds(node).await,
+            _ => Err(anyhow!("lock held through another system")),
+        }
+    }
+
+    /// The session's id at its server, for the server-side check
+    /// ([`crate::server_sessions`]): ours, the session id; etcd, the lease id; ZooKeeper,
+    /// the session id.
+    pub fn server_id(&self) -> u64 {
+        match self {
+            Sess::Ours(s) => s.id(),
+            Sess::Etcd(e) => e.server_id(),
+            Sess::Zk(z) => z.server_id(),
+        }
+    }
+
+    /// Test hook (`--end-sessions-behind-back`): ends this session without telling
+    /// loadgen's clients, so the server-side check must find it lost. Ours and etcd stop
+    /// renewing it (the SDK's KeepAlives stop; the lease's keeper stops), so its lease
+    /// runs out at the server a lease later, which a check made too early would miss.
+    /// ZooKeeper's client pings on its own and cannot be silenced, so a second client
+    /// takes the session over (its id and password) and closes it.
+    pub async fn end_behind_back(&self, conn: &Conn) -> anyhow::Result<()> {
+        match (self, conn) {
+            (Sess::Ours(s), _) => {
+                s.stop_keepalives();
+                Ok(())
+            }
+            (Sess::Etcd(e), _) => e.end_behind_back(),
+            (Sess::Zk(z), Conn::Zk(cluster)) => z.end_behind_back(cluster).await,
+            (Sess::Zk(_), _) => anyhow::bail!("a ZooKeeper session needs a ZooKeeper connection"),
+        }
+    }
+
+    /// How many times this session was resumed after its client gave up on it
+    /// (ZooKeeper, [`zk`]; 0 for the others, whose clients do not give up).
+    pub fn resumed(&self) -> u64 {
+        match self {
+            Sess::Zk(z) => z.resumed(),
+            _ => 0,
+        }
+    }
+
+    /// The last KeepAlive answered and its round trip (ours, etcd; ZooKeeper's client
+    /// pings on its own and does not say).
+    pub fn last_keepalive(&self) -> Option<(Instant, Duration)> {
+        match self {
+            Sess::Ours(s) => s.last_keepalive(),
+            Sess::Etcd(e) => e.last_keepalive(),
+            Sess::Zk(_) => None,
+        }
+    }
+
+    /// False while the session is in jeopardy (or over), as the client sees it. Ours: its
+    /// local lease ran out. etcd: no renewal answered for longer than the lease (as ours).
+    /// ZooKeeper: its client is not connected (the Java client's Disconnected, Curator's
+    /// SUSPENDED), since its pings are not visible.
+    pub fn lease_valid(&self, lease: Duration) -> bool {
+        match self {
+            Sess::Ours(s) => s.lease_valid(),
+            Sess::Etcd(e) => e.valid(lease),
+            Sess::Zk(z) => z.connected(),
+        }
+    }
+
+    /// True if the session is known to be over: ours, the cell said so (or its grace
+    /// period ran out); etcd, the server answered a renewal with TTL 0 or "lease not
+    /// found"; ZooKeeper, a server said it expired ([`ZkSess::lost`]).
+    pub fn lost(&self) -> bool {
+        match self {
+            Sess::Ours(s) => s.state() == client_sdk::SessionState::Expired,
+            Sess::Etcd(e) => e.lost(),
+            Sess::Zk(z) => z.lost(),
+        }
+    }
+}
