@@ -251,14 +251,7 @@ impl Drop for AbortOnDrop {
 /// slow request costs its time in the hand-offs instead of ending the run.
 pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     let n = ctx.n(2000.0, 10);
-    // Sessions modelled as in `profile`: ours and etcd's share a connection per 2 000
-    // (etcd: a gRPC client, each lease on its own keep-alive stream); a ZooKeeper
-    // session is a connection.
-    let sessions: Vec<Arc<Sess>> = crate::systems::open_many(&ctx.conn, n, ctx.lease)
-        .await?
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let sessions = ctx.sessions(n).await?;
     let dir = "/bench/herd";
     sessions[0].ensure_dir(dir).await?;
     let (first, _) = sessions[0].acquire(dir).await?;
@@ -380,13 +373,6 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     let increasing = tokens.windows(2).all(|w| w[0].1 < w[1].1);
     let mut r = ctx.report("herd");
     r.param("contenders (sessions)", n);
-    r.param(
-        "connections",
-        match ctx.conn {
-            Conn::Zk(_) => "one per session (a ZooKeeper session is a connection)",
-            _ => "one per 2 000 sessions (ours: a QUIC connection; etcd: a gRPC client)",
-        },
-    );
     r.latency_failed("hand-off", &lat, never);
     r.notes.push(format!(
         "hand-off failed: contenders never granted the lock within {} s (or whose session \
