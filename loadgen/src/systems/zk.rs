@@ -366,13 +366,14 @@ async fn resume(
             states.changed().await;
         }
         let give_up = Instant::now() + timeout * PATIENCE_TIMEOUTS;
-        // As the Java client, until a server answers: wait for a member to serve (each
-        // given the session timeout over the number of members to answer `srvr`, the Java
-        // client's connect timeout; a frozen member is passed over), then connect with the
-        // whole ensemble, so the resumed client can move between members later as the
-        // first could. The crate's one connection timeout (3/5 T, see
-        // [`zk_connector`]) also bounds a try at a member that froze in
-        // between, where the Java client's is T/n.
+        // As the Java client, until a server answers: the session is reached through a
+        // member that answers `srvr` within the session timeout over the number of
+        // members (the Java client's connect timeout; a frozen member is passed over,
+        // where this crate's one connection timeout, 3/5 T, would be spent on it). A
+        // detached client touches the session there (its timeout at the server starts
+        // again) and lets go without closing it; then the session's client connects
+        // through the whole ensemble, so it can move between members later as the first
+        // could, with the touch's fresh timeout to find a member in.
         let members: Vec<&str> = cluster.split(',').collect();
         let answer = timeout / members.len().max(1) as u32;
         loop {
@@ -381,22 +382,23 @@ async fn resume(
                 over.store(true, Ordering::SeqCst);
                 return;
             }
-            let mut serving = false;
-            for m in &members {
-                if crate::cluster::four_letter_within(m, "srvr", answer)
-                    .await
-                    .is_some_and(|s| s.contains("Mode: "))
-                {
-                    serving = true;
-                    break;
-                }
-            }
-            if serving {
-                match zk_connector(timeout)
+            if let Some(m) = serving_member(&members, answer).await {
+                let touched = zk_connector(timeout)
+                    .detached()
                     .session(info.clone())
-                    .connect(&cluster)
-                    .await
-                {
+                    .connect(&m)
+                    .await;
+                let resumed_client = match touched {
+                    Ok(touch) => {
+                        drop(touch);
+                        zk_connector(timeout)
+                            .session(info.clone())
+                            .connect(&cluster)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match resumed_client {
                     Ok(c) => {
                         let Some(cur) = current.upgrade() else { return };
                         *cur.write().expect("zk client") = c;
@@ -414,4 +416,34 @@ async fn resume(
             tokio::time::sleep(Duration::from_millis(500 + rand::random::<u64>() % 500)).await;
         }
     }
+}
+
+/// A member of `members` that serves (answers `srvr` with its mode within `answer`),
+/// asked at most once a second for the whole process: many sessions resuming at once
+/// share one round of probes instead of each making its own.
+async fn serving_member(members: &[&str], answer: Duration) -> Option<String> {
+    static LAST: tokio::sync::Mutex<Option<(Instant, Option<String>)>> =
+        tokio::sync::Mutex::const_new(None);
+    let mut last = LAST.lock().await;
+    if let Some((at, m)) = last.as_ref() {
+        if at.elapsed() < Duration::from_secs(1)
+            && m.as_deref().is_none_or(|m| members.contains(&m))
+        {
+            return m.clone();
+        }
+    }
+    // From a random member on, as the Java client shuffles its list.
+    let at = rand::random::<u64>() as usize % members.len().max(1);
+    let mut serving = None;
+    for m in members[at..].iter().chain(&members[..at]) {
+        if crate::cluster::four_letter_within(m, "srvr", answer)
+            .await
+            .is_some_and(|s| s.contains("Mode: "))
+        {
+            serving = Some(m.to_string());
+            break;
+        }
+    }
+    *last = Some((Instant::now(), serving.clone()));
+    serving
 }
