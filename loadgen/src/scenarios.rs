@@ -270,9 +270,9 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
                     release_failed: 0,
                     first_error: None,
                 };
-                let mut again = false;
+                let mut retry = false;
                 let (h, token) = loop {
-                    let tried = if again {
+                    let tried = if retry {
                         s.acquire_again(dir).await
                     } else {
                         s.acquire(dir).await
@@ -286,7 +286,7 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
                             if Instant::now() >= give_up || s.lost() {
                                 return me;
                             }
-                            again = true;
+                            retry = true;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     }

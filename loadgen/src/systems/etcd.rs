@@ -507,16 +507,21 @@ impl EtcdSess {
             .await;
     }
 
-    /// A linearizable range of `key`: the value's length (0 if none).
-    pub(super) async fn read(&self, key: &str) -> anyhow::Result<usize> {
+    /// A linearizable range of `key` ([`EtcdConn::read`]: tried at the next member if
+    /// its member is unreachable).
+    async fn get(&self, key: &str) -> anyhow::Result<etcd_client::GetResponse> {
         let key = key.to_string();
-        let r = self
-            .conn
+        self.conn
             .read(|mut c| {
                 let key = key.clone();
                 async move { c.get(key, None).await }
             })
-            .await?;
+            .await
+    }
+
+    /// A linearizable range of `key`: the value's length (0 if none).
+    pub(super) async fn read(&self, key: &str) -> anyhow::Result<usize> {
+        let r = self.get(key).await?;
         Ok(r.kvs().first().map_or(0, |kv| kv.value().len()))
     }
 
@@ -538,15 +543,7 @@ impl EtcdSess {
 
     /// True while the lock's key is there.
     pub(super) async fn holds(&self, key: &str) -> anyhow::Result<bool> {
-        let key = key.to_string();
-        let r = self
-            .conn
-            .read(|mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
-            .await?;
-        Ok(r.count() > 0)
+        Ok(self.get(key).await?.count() > 0)
     }
 
     /// The lease id.
