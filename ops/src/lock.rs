@@ -321,12 +321,14 @@ impl Supervisor {
                         .to_string(),
                 };
                 let lease = self.session.lease();
-                let sent = self.session.local_deadline() - wire::local_lease(lease);
+                // One conversion to wall-clock time, so the two stamps are exactly one
+                // lease apart (two conversions can differ by a microsecond).
+                let sent = wall(self.session.local_deadline() - wire::local_lease(lease));
                 crate::say!(
                     "lockctl: session in jeopardy at {}: no renewal since the KeepAlive sent at {}; the cell's lease lasts until {} at the earliest: {what}",
                     now_stamp(),
-                    stamp(wall(sent)),
-                    stamp(wall(sent + lease)),
+                    stamp(sent),
+                    stamp(sent + lease),
                 );
             }
             SessionEvent::Safe => {
