@@ -123,6 +123,10 @@ pub struct Measured {
     writes_failed: u64,
     /// A part's own CPU and memory.
     cost: Option<ProcCost>,
+    /// Session opens retried in setup, and the fewest opens in flight at once after
+    /// backing off ([`crate::systems::open_many`]).
+    open_retries: u64,
+    open_window_least: u64,
 }
 
 /// A share of the load, set up and running.
@@ -606,6 +610,8 @@ impl Running {
             reads_failed: self.failures.reads.load(Ordering::Relaxed),
             writes_failed: self.failures.writes.load(Ordering::Relaxed),
             cost: None,
+            open_retries: crate::systems::OPEN_RETRIES.load(Ordering::Relaxed),
+            open_window_least: crate::systems::OPEN_WINDOW_LEAST.load(Ordering::Relaxed),
         }
     }
 }
@@ -1030,8 +1036,22 @@ fn report(
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure(
         "session opens retried (setup)",
-        crate::systems::OPEN_RETRIES.load(Ordering::Relaxed) as f64,
+        sum(|m| m.open_retries as f64),
     );
+    r.figure(
+        "session opens in flight at once, fewest after backing off (setup)",
+        parts
+            .iter()
+            .map(|m| m.open_window_least)
+            .min()
+            .unwrap_or(crate::systems::OPEN_WINDOW as u64) as f64,
+    );
+    r.notes.push(format!(
+        "setup: sessions are opened up to {} at once; a round with a failed open (a \
+         deadline passed on a busy server) halves that, waits 1 s and tries the failed \
+         ones again, a clean round grows it back (loadgen/src/systems/mod.rs open_many)",
+        crate::systems::OPEN_WINDOW
+    ));
     r.figure("sessions lost", sum(|m| m.lost as f64));
     if etcd {
         let leases: std::collections::HashSet<u64> =

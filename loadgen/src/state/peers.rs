@@ -251,6 +251,10 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
         "sessions opened per s (load)",
         n as f64 / t.elapsed().as_secs_f64(),
     );
+    r.figure(
+        "session opens retried (load)",
+        crate::systems::OPEN_RETRIES.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
 
     // Every member has applied everything.
     let (leader, target) = etcd_leader_index(ctx).await?;

@@ -138,12 +138,28 @@ impl Conn {
 /// Session opens retried by [`open_many`] in this process.
 pub static OPEN_RETRIES: AtomicU64 = AtomicU64::new(0);
 
-/// Opens `n` sessions for a large scenario (profile, state), `par` at a time, showing a
-/// progress bar. Ours: over `ours` (clients of many sessions each). etcd: one lease per
-/// session, [`ETCD_LEASES_PER_CLIENT`] per gRPC client, each lease renewed on its own
-/// keep-alive stream, or all of a client's on one ([`ETCD_SHARED_KEEPALIVE`]) ([`etcd::Clients`]).
-/// ZooKeeper: one connection per session (a ZooKeeper session is a connection). A failed
-/// open is retried up to 4 times ([`OPEN_RETRIES`]).
+/// The fewest session opens [`open_many`] had in flight at once in this process (its
+/// pace after backing off; [`OPEN_WINDOW`] when it never had to).
+pub static OPEN_WINDOW_LEAST: AtomicU64 = AtomicU64::new(OPEN_WINDOW as u64);
+
+/// Session opens in flight at once when nothing has failed.
+pub const OPEN_WINDOW: usize = 200;
+
+/// How many times one session's open is tried before the setup gives up.
+const OPEN_TRIES: u32 = 30;
+
+/// Opens `n` sessions for a large scenario (profile, state), showing a progress bar.
+/// Ours: over `ours` (clients of many sessions each). etcd: one lease per session,
+/// [`ETCD_LEASES_PER_CLIENT`] per gRPC client, each lease renewed on its own keep-alive
+/// stream, or all of a client's on one ([`ETCD_SHARED_KEEPALIVE`]) ([`etcd::Clients`]).
+/// ZooKeeper: one connection per session (a ZooKeeper session is a connection).
+///
+/// Paced as a server takes them ([`open_paced`]): up to [`OPEN_WINDOW`] opens at once;
+/// a round with a failed open (a `LeaseGrant` or a connect past its deadline on a busy
+/// server) halves that, waits a second and tries the failed ones again, and each clean
+/// round grows it back by a quarter of [`OPEN_WINDOW`]. Retries are counted in
+/// [`OPEN_RETRIES`] and the slowest pace in [`OPEN_WINDOW_LEAST`]; one session's open is
+/// given up after [`OPEN_TRIES`] tries.
 pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result<Vec<Sess>> {
     if matches!(conn, Conn::Zk(_)) && n > zk_session_cap() {
         anyhow::bail!(
@@ -157,27 +173,114 @@ pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result
         Conn::Etcd(eps) => Some(etcd::Clients::start(eps, n, lease).await?),
         _ => None,
     };
-    crate::scenarios::open_batched(n, 200, |i| {
+    let pace = Pace::new(OPEN_WINDOW, OPEN_TRIES, Duration::from_secs(1));
+    let (sessions, pace) = open_paced(n, pace, |i| {
         let etcd_clients = etcd_clients.as_ref();
         async move {
-            // A client retries a failed connect (a busy server's handshake can time
-            // out); the retries are counted and reported.
-            let mut tries = 0;
-            loop {
-                let r = match etcd_clients {
-                    Some(clients) => clients.session(i, lease).await.map(Sess::Etcd),
-                    None => conn.session(lease).await,
-                };
-                tries += 1;
-                if r.is_ok() || tries == 5 {
-                    return r;
-                }
-                OPEN_RETRIES.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(500)).await;
+            match etcd_clients {
+                Some(clients) => clients.session(i, lease).await.map(Sess::Etcd),
+                None => conn.session(lease).await,
             }
         }
     })
-    .await
+    .await?;
+    OPEN_RETRIES.fetch_add(pace.retries, Ordering::Relaxed);
+    OPEN_WINDOW_LEAST.fetch_min(pace.least as u64, Ordering::Relaxed);
+    Ok(sessions)
+}
+
+/// The pace of [`open_paced`]: opens in flight at once (the window), its bounds, and
+/// what happened.
+#[derive(Clone, Debug)]
+pub struct Pace {
+    /// The window's ceiling (and its start).
+    pub most: usize,
+    /// Tries per item before giving up.
+    pub tries: u32,
+    /// The wait after a round with a failure.
+    pub backoff: Duration,
+    /// Retries made.
+    pub retries: u64,
+    /// The smallest window used.
+    pub least: usize,
+}
+
+impl Pace {
+    /// A pace starting at (and never above) `most` opens at once.
+    pub fn new(most: usize, tries: u32, backoff: Duration) -> Self {
+        Pace {
+            most: most.max(1),
+            tries: tries.max(1),
+            backoff,
+            retries: 0,
+            least: most.max(1),
+        }
+    }
+}
+
+/// Runs `open(i)` for every `i` in `0..n`, a window of them at a time: a round with any
+/// failure halves the window (down to 1), waits `pace.backoff` and retries the failed
+/// items in the next round; a clean round grows the window by a quarter of `pace.most`.
+/// Fails when one item failed `pace.tries` times. Returns the results in order of `i`.
+pub async fn open_paced<T, F, Fut>(
+    n: usize,
+    mut pace: Pace,
+    open: F,
+) -> anyhow::Result<(Vec<T>, Pace)>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let pb = crate::scenarios::bar(n as u64, "sessions");
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let mut tries = vec![0u32; n];
+    // Items still to open, failed ones first so a retried item does not wait for the rest.
+    let mut todo: std::collections::VecDeque<usize> = (0..n).collect();
+    let mut window = pace.most;
+    let mut done = 0usize;
+    while !todo.is_empty() {
+        let round: Vec<usize> = (0..window.min(todo.len()))
+            .filter_map(|_| todo.pop_front())
+            .collect();
+        let results = futures::future::join_all(round.iter().map(|&i| open(i))).await;
+        let mut failed = Vec::new();
+        for (i, r) in round.into_iter().zip(results) {
+            tries[i] += 1;
+            match r {
+                Ok(v) => {
+                    out[i] = Some(v);
+                    done += 1;
+                }
+                Err(e) if tries[i] >= pace.tries => {
+                    pb.finish_and_clear();
+                    return Err(e.context(format!(
+                        "open a session ({} tries, {} opens at once at the end)",
+                        tries[i], window
+                    )));
+                }
+                Err(_) => failed.push(i),
+            }
+        }
+        pb.set_position(done as u64);
+        if failed.is_empty() {
+            window = (window + pace.most.div_ceil(4)).min(pace.most);
+        } else {
+            pace.retries += failed.len() as u64;
+            window = (window / 2).max(1);
+            pace.least = pace.least.min(window);
+            for i in failed.into_iter().rev() {
+                todo.push_front(i);
+            }
+            tokio::time::sleep(pace.backoff).await;
+        }
+    }
+    pb.finish_and_clear();
+    Ok((
+        out.into_iter()
+            .map(|v| v.expect("every item opened"))
+            .collect(),
+        pace,
+    ))
 }
 
 impl Sess {
@@ -376,5 +479,59 @@ impl Sess {
             Sess::Etcd(e) => e.lost(),
             Sess::Zk(z) => z.lost(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{open_paced, Pace};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// A server that refuses an open while more than `cap` are in flight: the pace backs
+    /// off until every item opens, and the results keep their order.
+    #[tokio::test]
+    async fn paced_opens_back_off_to_what_the_server_takes() {
+        let (in_flight, cap) = (AtomicUsize::new(0), 12);
+        let pace = Pace::new(100, 30, Duration::from_millis(1));
+        let (out, pace) = open_paced(500, pace, |i| {
+            let in_flight = &in_flight;
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::task::yield_now().await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                anyhow::ensure!(now <= cap, "busy: {now} in flight");
+                Ok(i)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, (0..500).collect::<Vec<_>>());
+        assert!(pace.retries > 0, "{pace:?}");
+        assert!(pace.least <= cap, "{pace:?}");
+    }
+
+    /// An item that never opens ends the setup after its tries, with its error.
+    #[tokio::test]
+    async fn an_open_that_always_fails_is_given_up_after_its_tries() {
+        let tries = AtomicUsize::new(0);
+        let pace = Pace::new(10, 4, Duration::from_millis(1));
+        let r = open_paced(20, pace, |i| {
+            let tries = &tries;
+            async move {
+                if i == 7 {
+                    tries.fetch_add(1, Ordering::SeqCst);
+                    anyhow::bail!("LeaseGrant: no answer within 5s");
+                }
+                Ok(i)
+            }
+        })
+        .await;
+        let e = format!("{:#}", r.expect_err("gave up"));
+        assert!(
+            e.contains("4 tries") && e.contains("no answer within 5s"),
+            "{e}"
+        );
+        assert_eq!(tries.load(Ordering::SeqCst), 4);
     }
 }
