@@ -254,7 +254,8 @@ where
                 Err(e) if tries[i] >= pace.tries => {
                     pb.finish_and_clear();
                     return Err(e.context(format!(
-                        "open a session ({} tries, {} opens at once at the end)",
+                        "open a session ({} tries, {} opens at once at the end, {done} of \
+                         {n} open)",
                         tries[i], window
                     )));
                 }
