@@ -251,10 +251,7 @@ async fn etcd(ctx: &Ctx) -> anyhow::Result<Report> {
         "sessions opened per s (load)",
         n as f64 / t.elapsed().as_secs_f64(),
     );
-    r.figure(
-        "session opens retried (load)",
-        crate::systems::OPEN_RETRIES.load(std::sync::atomic::Ordering::Relaxed) as f64,
-    );
+    open_figures(&mut r);
 
     // Every member has applied everything.
     let (leader, target) = etcd_leader_index(ctx).await?;
@@ -592,6 +589,9 @@ async fn zookeeper(ctx: &Ctx, processes: usize) -> anyhow::Result<Report> {
         "sessions opened per s (load)",
         n as f64 / t.elapsed().as_secs_f64(),
     );
+    if parts <= 1 {
+        open_figures(&mut r);
+    }
 
     // Every member has applied everything.
     let (leader, target) = zk_leader_zxid(ctx).await?;
@@ -910,4 +910,17 @@ pub async fn hold_sessions(
         std::io::stdout().flush()?;
     }
     Ok(())
+}
+
+/// How [`open_many`]'s pacing went in this process (its retries and slowest pace).
+fn open_figures(r: &mut Report) {
+    use std::sync::atomic::Ordering::Relaxed;
+    r.figure(
+        "session opens retried (load)",
+        crate::systems::OPEN_RETRIES.load(Relaxed) as f64,
+    );
+    r.figure(
+        "session opens in flight at once, fewest after backing off (load)",
+        crate::systems::OPEN_WINDOW_LEAST.load(Relaxed) as f64,
+    );
 }

@@ -157,7 +157,8 @@ const OPEN_TRIES: u32 = 30;
 /// Paced as a server takes them ([`open_paced`]): up to [`OPEN_WINDOW`] opens at once;
 /// a round with a failed open (a `LeaseGrant` or a connect past its deadline on a busy
 /// server) halves that, waits a second and tries the failed ones again, and each clean
-/// round grows it back by a quarter of [`OPEN_WINDOW`]. Retries are counted in
+/// round grows it back by a quarter (at least one). Rounds run in lockstep: a round
+/// waits for its slowest open. Retries are counted in
 /// [`OPEN_RETRIES`] and the slowest pace in [`OPEN_WINDOW_LEAST`]; one session's open is
 /// given up after [`OPEN_TRIES`] tries.
 pub async fn open_many(conn: &Conn, n: usize, lease: Duration) -> anyhow::Result<Vec<Sess>> {
@@ -203,6 +204,8 @@ pub struct Pace {
     pub retries: u64,
     /// The smallest window used.
     pub least: usize,
+    /// Rounds run.
+    pub rounds: u64,
 }
 
 impl Pace {
@@ -214,14 +217,16 @@ impl Pace {
             backoff,
             retries: 0,
             least: most.max(1),
+            rounds: 0,
         }
     }
 }
 
 /// Runs `open(i)` for every `i` in `0..n`, a window of them at a time: a round with any
 /// failure halves the window (down to 1), waits `pace.backoff` and retries the failed
-/// items in the next round; a clean round grows the window by a quarter of `pace.most`.
-/// Fails when one item failed `pace.tries` times. Returns the results in order of `i`.
+/// items in the next round; a clean round grows the window by a quarter (at least one, at
+/// most to `pace.most`). Fails when one item failed `pace.tries` times (the sessions
+/// opened so far are dropped). Returns the results in order of `i`.
 pub async fn open_paced<T, F, Fut>(
     n: usize,
     mut pace: Pace,
@@ -243,7 +248,9 @@ where
             .filter_map(|_| todo.pop_front())
             .collect();
         let results = futures::future::join_all(round.iter().map(|&i| open(i))).await;
+        pace.rounds += 1;
         let mut failed = Vec::new();
+        let mut given_up = None;
         for (i, r) in round.into_iter().zip(results) {
             tries[i] += 1;
             match r {
@@ -251,20 +258,20 @@ where
                     out[i] = Some(v);
                     done += 1;
                 }
-                Err(e) if tries[i] >= pace.tries => {
-                    pb.finish_and_clear();
-                    return Err(e.context(format!(
-                        "open a session ({} tries, {} opens at once at the end, {done} of \
-                         {n} open)",
-                        tries[i], window
-                    )));
-                }
+                Err(e) if tries[i] >= pace.tries => given_up = given_up.or(Some((e, tries[i]))),
                 Err(_) => failed.push(i),
             }
         }
         pb.set_position(done as u64);
+        if let Some((e, tried)) = given_up {
+            pb.finish_and_clear();
+            return Err(e.context(format!(
+                "open a session ({tried} tries, {window} opens at once at the end, {done} of \
+                 {n} open)"
+            )));
+        }
         if failed.is_empty() {
-            window = (window + pace.most.div_ceil(4)).min(pace.most);
+            window = (window + (window / 4).max(1)).min(pace.most);
         } else {
             pace.retries += failed.len() as u64;
             window = (window / 2).max(1);
@@ -512,6 +519,28 @@ mod tests {
         assert!(pace.least <= cap, "{pace:?}");
     }
 
+    /// One failure halves the window; clean rounds grow it back, so 2 000 items take
+    /// far fewer rounds than at the halved window (40).
+    #[tokio::test]
+    async fn the_window_grows_back_after_a_failure() {
+        let failed_once = std::sync::atomic::AtomicBool::new(false);
+        let pace = Pace::new(100, 30, Duration::from_millis(1));
+        let (out, pace) = open_paced(2_000, pace, |i| {
+            let failed_once = &failed_once;
+            async move {
+                if i == 0 && !failed_once.swap(true, Ordering::SeqCst) {
+                    anyhow::bail!("busy");
+                }
+                Ok(i)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.len(), 2_000);
+        assert_eq!((pace.retries, pace.least), (1, 50), "{pace:?}");
+        assert!(pace.rounds < 30, "{pace:?}");
+    }
+
     /// An item that never opens ends the setup after its tries, with its error.
     #[tokio::test]
     async fn an_open_that_always_fails_is_given_up_after_its_tries() {
@@ -530,7 +559,9 @@ mod tests {
         .await;
         let e = format!("{:#}", r.expect_err("gave up"));
         assert!(
-            e.contains("4 tries") && e.contains("no answer within 5s"),
+            e.contains("4 tries")
+                && e.contains("14 of 20 open")
+                && e.contains("no answer within 5s"),
             "{e}"
         );
         assert_eq!(tries.load(Ordering::SeqCst), 4);
