@@ -88,18 +88,9 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    let pb = bar(n as u64, "sessions");
-    let mut out: Vec<T> = Vec::with_capacity(n);
-    while out.len() < n {
-        let base = out.len();
-        let k = (n - base).min(batch);
-        for s in futures::future::join_all((base..base + k).map(&open)).await {
-            out.push(s.context("open a session")?);
-        }
-        pb.set_position(out.len() as u64);
-    }
-    pb.finish_and_clear();
-    Ok(out)
+    // `batch` at a time, the first failure fatal: the paced opener with one try.
+    let pace = crate::systems::Pace::new(batch, 1, Duration::ZERO);
+    Ok(crate::systems::open_paced(n, pace, open).await?.0)
 }
 
 fn ticker(d: Duration, what: &str) -> (ProgressBar, tokio::task::JoinHandle<()>) {
