@@ -1,9 +1,6 @@
-//! The operations crate's library part: what the fault-injection suite shares between its
-//! tiers (histories and checkers), the network-namespace test hosts and the suite that runs
-//! real processes on them. The `lockctl` binary lives in `main.rs`, `faultsuite` in
-//! `bin/faultsuite.rs`.
+//! The operations crate's library part: the fault-injection suite ([`faults`]), with its
+//! two tiers (network namespaces, simulation), the workloads and checkers they share and
+//! the network-namespace test hosts. The `lockctl` binary lives in `main.rs` beside its
+//! files (`dev.rs`, `lock.rs`, `fenced.rs`), `faultsuite` in `bin/faultsuite.rs`.
 
-pub mod checkers;
-pub mod netns;
-pub mod sim;
-pub mod suite;
+pub mod faults;

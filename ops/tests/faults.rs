@@ -2,7 +2,7 @@
 //! lock on three replica processes, with the leader killed (`kill -9`) and, later, the new
 //! leader frozen (SIGSTOP) under it, and one holder that stops renewing while it holds the
 //! lock (as if its process were paused) and writes with its old token after its lease ran
-//! out. The history is written as JSON lines and checked by `ops::checkers`.
+//! out. The history is written as JSON lines and checked by `ops::faults::checkers`.
 
 mod common;
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use client_sdk::{Client, ClientConfig, Lock};
 use common::*;
-use ops::checkers::{
+use ops::faults::checkers::{
     check_fenced_lock, read_history, write_history, FencedResource, Kind, Op, Recorder,
 };
 

@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use ops::suite::{Fault, Verdict};
+use ops::faults::plan::{Fault, Verdict};
 
 #[test]
 fn faultsuite_finds_no_violation_in_a_bounded_run() {

@@ -23,7 +23,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use ops::suite::{Fault, Verdict};
+use ops::faults::plan::{Fault, Verdict};
 
 /// Runs `faultsuite sim` with `args`, its output under `out`; prints and returns stdout.
 fn sim(args: &[&str], out: &std::path::Path) -> (std::process::Output, String) {
@@ -126,7 +126,7 @@ fn simulated_cell_survives_seeded_faults() {
     // Seed s opens with fault kinds 3s..3s+2 (mod 11), so four consecutive seeds cover
     // all eleven (the schedule is a function of the seed: this holds or fails every time).
     assert!(
-        kinds.len() as u64 >= (3 * seeds).min(ops::sim::SIM_FAULTS.len() as u64),
+        kinds.len() as u64 >= (3 * seeds).min(ops::faults::sim::SIM_FAULTS.len() as u64),
         "kinds injected: {kinds:?}"
     );
     println!(

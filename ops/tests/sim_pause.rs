@@ -1,4 +1,4 @@
-//! The simulation's process pause (`ops::sim::pausable`) on its own: a paused host runs
+//! The simulation's process pause (`ops::faults::sim::pausable`) on its own: a paused host runs
 //! nothing, neither the tasks it spawned (through `wire::rt`, openraft's runtime or
 //! quinn's) nor their timers, while its clock goes on; on resume the missed deadlines are
 //! due at once. Its own process: `wire::rt::spawn_on_local_sets` is process-wide.
@@ -30,7 +30,7 @@ fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
         let (paused, ticks, longest_gap) = (paused.clone(), ticks.clone(), longest_gap.clone());
         sim.host("h", move || {
             let (paused, ticks, longest_gap) = (paused.clone(), ticks.clone(), longest_gap.clone());
-            ops::sim::pausable(paused, async move {
+            ops::faults::sim::pausable(paused, async move {
                 let ticker = |ticks: Arc<AtomicU64>, gap: Arc<Mutex<Duration>>| async move {
                     let mut last = tokio::time::Instant::now();
                     loop {
@@ -82,7 +82,7 @@ fn a_paused_host_runs_nothing_and_finds_its_clock_moved_on() {
 fn a_panic_in_any_task_of_a_pausable_host_fails_the_run() {
     let mut sim = simulation();
     sim.host("h", || {
-        ops::sim::pausable(Arc::new(AtomicBool::new(false)), async {
+        ops::faults::sim::pausable(Arc::new(AtomicBool::new(false)), async {
             // Not the host's main task: one it spawned, as a replica's actors and
             // request handlers are.
             wire::rt::spawn(async { panic!("a task of the host panicked") });

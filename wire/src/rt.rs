@@ -7,7 +7,7 @@
 //! of the innermost `tokio::task::LocalSet` being driven. The simulation runs each host's
 //! software on a `LocalSet` of its own and can stop driving it: the whole host then stands
 //! still, timers and arriving datagrams included, while the clocks go on, as a process
-//! under SIGSTOP does (`ops::sim`, the `pause-leader` fault).
+//! under SIGSTOP does (`ops::faults::sim`, the `pause-leader` fault).
 
 use std::fmt::Debug;
 use std::future::Future;

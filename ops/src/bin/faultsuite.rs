@@ -1,5 +1,5 @@
 //! `faultsuite`: the fault-injection suite on real replica processes in network
-//! namespaces. See `ops::suite` and docs/testing.md.
+//! namespaces. See `ops::faults` and docs/testing.md.
 //!
 //! ```text
 //! faultsuite --time 10m            # ten minutes of faults, a random seed
@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use ops::netns::{self, Hosts};
-use ops::suite::{self, Fault, Plan, Verdict};
+use ops::faults::netns::{self, Hosts};
+use ops::faults::plan::{faketime_library, Fault, Plan, Verdict};
+use ops::faults::{checkers, real, sim, workloads};
 
 /// Run the lock service's fault suite: five replica processes in network namespaces, a
 /// seeded nemesis, fenced-lock / register / session / watch workloads and their checkers.
@@ -154,10 +155,10 @@ fn main() -> ExitCode {
 }
 
 fn check(history: &Path) -> anyhow::Result<ExitCode> {
-    let events = ops::checkers::read_history(std::fs::File::open(history)?)
+    let events = checkers::read_history(std::fs::File::open(history)?)
         .map_err(|e| anyhow::anyhow!("{}: {e}", history.display()))?;
     let mut ok = true;
-    match ops::checkers::check_fenced_lock(&events) {
+    match checkers::check_fenced_lock(&events) {
         Ok(s) => println!(
             "fenced lock: ok ({} grants, {} writes accepted, {} refused, {} lease-only acts)",
             s.grants, s.accepted, s.refused, s.acts
@@ -167,7 +168,7 @@ fn check(history: &Path) -> anyhow::Result<ExitCode> {
             println!("fenced lock: VIOLATION {e}");
         }
     }
-    match ops::checkers::check_register(&events, suite::MAX_OPS_PER_KEY) {
+    match checkers::check_register(&events, workloads::MAX_OPS_PER_KEY) {
         Ok(n) => println!("register: ok ({n} operations linearizable)"),
         Err(e) => {
             ok = false;
@@ -205,7 +206,7 @@ fn clock_seed() -> u64 {
 }
 
 /// A seed's clock rates, for a report: "r1 +1.3 %, r2 +0.2 %, ...".
-fn rates(plan: &ops::sim::SimPlan) -> String {
+fn rates(plan: &sim::SimPlan) -> String {
     plan.clock_rates()
         .iter()
         .map(|(h, x)| format!("{h} +{:.1} %", x * 100.0))
@@ -244,7 +245,7 @@ fn sim(
     for s in first..first.saturating_add(seeds) {
         let dir = out.join(format!("seed-{s}"));
         let _ = std::fs::remove_dir_all(&dir);
-        let plan = ops::sim::SimPlan {
+        let plan = sim::SimPlan {
             seed: s,
             time,
             lease_ms,
@@ -255,7 +256,7 @@ fn sim(
             "faultsuite sim --seed {s} --time {} --lease-ms {lease_ms} --skew {skew}",
             humantime::format_duration(time)
         );
-        match ops::sim::run_seed(&plan, &dir) {
+        match sim::run_seed(&plan, &dir) {
             Ok(v) if v.passed() => {
                 println!(
                     "faultsuite sim: seed {s}: PASS in {:.1} s: {}",
@@ -307,7 +308,7 @@ fn inside(prefix: &str, out: &Path) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let v = rt.block_on(suite::run_inside(plan, prefix, out))?;
+    let v = rt.block_on(real::run_inside(plan, prefix, out))?;
     Ok(if v.passed() {
         ExitCode::SUCCESS
     } else {
@@ -326,7 +327,7 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         !cli.faults.contains(&Fault::KillProxy),
         "kill-proxy runs only in the simulation tier (faultsuite sim): this tier runs no proxy"
     );
-    if skew > 0.0 && suite::faketime_library().is_none() {
+    if skew > 0.0 && faketime_library().is_none() {
         eprintln!("faultsuite: libfaketime not found (apt-get install -y faketime): no clock skew");
         skew = 0.0;
     }
@@ -362,9 +363,9 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         out.display()
     );
     let prefix = format!("fs{}", std::process::id());
-    let hosts = Hosts::up(&prefix, suite::CLIENT_HOST).map_err(anyhow::Error::msg)?;
+    let hosts = Hosts::up(&prefix, real::CLIENT_HOST).map_err(anyhow::Error::msg)?;
     let mut child = hosts
-        .command(suite::CLIENT_HOST, std::env::current_exe()?)
+        .command(real::CLIENT_HOST, std::env::current_exe()?)
         .args(["inside", "--prefix", &prefix, "--out"])
         .arg(&out)
         .spawn()?;

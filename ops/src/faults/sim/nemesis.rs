@@ -1,0 +1,333 @@
+//! The simulation's nemesis: between simulation steps it injects one fault at a time
+//! ([`SIM_FAULTS`]) and heals it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use replica::raft::mem_log::MemLog;
+
+use super::{
+    host, Active, Admin, MemberStep, Pauses, Shared, SimPlan, Slot, CLIENTS, MAX_LATENCY, PROXY,
+    REPLICAS,
+};
+use crate::faults::plan::{Fault, Injected};
+
+/// The faults the simulation injects: the namespace tier's and the proxy's crash.
+pub const SIM_FAULTS: [Fault; 11] = [
+    Fault::KillProxy,
+    Fault::KillLeader,
+    Fault::KillFollower,
+    Fault::PauseLeader,
+    Fault::IsolateLeader,
+    Fault::Split,
+    Fault::OneWay,
+    Fault::Loss,
+    Fault::Slow,
+    Fault::ClientCut,
+    Fault::Member,
+];
+
+/// Every host of the simulation.
+fn all_hosts() -> Vec<String> {
+    let mut v: Vec<String> = (1..=REPLICAS).map(host).collect();
+    v.push(PROXY.into());
+    v.push(CLIENTS.into());
+    v
+}
+
+/// Undoes every network fault: repairs and releases every link, no loss, normal latency.
+fn heal_network(sim: &mut turmoil::Sim<'_>) {
+    let hosts = all_hosts();
+    for a in &hosts {
+        for b in &hosts {
+            if a < b {
+                sim.repair(a.as_str(), b.as_str());
+                sim.release(a.as_str(), b.as_str());
+                sim.set_link_fail_rate(a.as_str(), b.as_str(), 0.0);
+                sim.set_link_max_message_latency(a.as_str(), b.as_str(), MAX_LATENCY);
+            }
+        }
+    }
+}
+
+/// Injects `fault`; returns what it hit and the host it crashed, if any.
+fn inject(
+    sim: &mut turmoil::Sim<'_>,
+    pauses: &mut Pauses,
+    fault: Fault,
+    leader: Option<usize>,
+    rng: &mut StdRng,
+) -> (String, Option<String>, Option<Arc<AtomicBool>>) {
+    let leader = leader.unwrap_or_else(|| rng.gen_range(1..=REPLICAS));
+    let follower = {
+        let others: Vec<usize> = (1..=REPLICAS).filter(|i| *i != leader).collect();
+        *others.choose(rng).expect("four followers")
+    };
+    let replicas: Vec<String> = (1..=REPLICAS).map(host).collect();
+    let (target, crashed) = match fault {
+        Fault::KillLeader | Fault::KillFollower => {
+            let h = host(if fault == Fault::KillLeader {
+                leader
+            } else {
+                follower
+            });
+            sim.crash(h.as_str());
+            (h.clone(), Some(h))
+        }
+        Fault::PauseLeader => {
+            // The leader's whole process stops (its traffic is not touched: the others'
+            // datagrams wait in its sockets, as in a stopped process's socket buffers).
+            let h = host(leader);
+            let switch = pauses.switch(&h);
+            switch.store(true, Ordering::SeqCst);
+            return (h, None, Some(switch));
+        }
+        Fault::IsolateLeader => {
+            let h = host(leader);
+            for other in all_hosts().iter().filter(|o| **o != h) {
+                sim.partition(h.as_str(), other.as_str());
+            }
+            (h, None)
+        }
+        Fault::Split => {
+            let mut order = replicas.clone();
+            order.shuffle(rng);
+            let (minority, majority) = order.split_at(2);
+            for a in minority {
+                for b in majority {
+                    sim.partition(a.as_str(), b.as_str());
+                }
+            }
+            (format!("{minority:?} | {majority:?}"), None)
+        }
+        Fault::OneWay => {
+            let (a, b) = (host(leader), host(follower));
+            sim.partition_oneway(a.as_str(), b.as_str());
+            (format!("{a} -> {b}"), None)
+        }
+        Fault::Loss => {
+            let rate = rng.gen_range(0.05..0.3);
+            for a in &replicas {
+                for b in all_hosts().iter().filter(|b| *b != a) {
+                    sim.set_link_fail_rate(a.as_str(), b.as_str(), rate);
+                }
+            }
+            (format!("{:.0} % of datagrams", rate * 100.0), None)
+        }
+        Fault::Slow => {
+            // The leader's links: each datagram takes up to 100–400 ms, above openraft's
+            // 150 ms RPC timeout, for a lease and a half (see `nemesis`).
+            let h = host(leader);
+            let ms = rng.gen_range(100..400);
+            for other in all_hosts().iter().filter(|o| **o != h) {
+                sim.set_link_max_message_latency(
+                    h.as_str(),
+                    other.as_str(),
+                    Duration::from_millis(ms),
+                );
+            }
+            (format!("{h} up to {ms} ms per datagram"), None)
+        }
+        Fault::ClientCut => {
+            // The proxied clients (both cache readers among them) lose their proxy, which
+            // stays connected to the cell: writes to what they cache must wait for their
+            // leases, while their caches keep answering.
+            sim.partition(CLIENTS, PROXY);
+            (format!("{CLIENTS} | {PROXY}"), None)
+        }
+        Fault::KillProxy => {
+            sim.crash(PROXY);
+            (PROXY.into(), Some(PROXY.into()))
+        }
+        Fault::Member => unreachable!("a membership change is driven by `nemesis`"),
+    };
+    (target, crashed, None)
+}
+
+/// The step loop with the nemesis between steps; returns the faults injected.
+pub(super) fn nemesis(
+    sim: &mut turmoil::Sim<'_>,
+    pauses: &mut Pauses,
+    plan: &SimPlan,
+    shared: &Mutex<Shared>,
+    slots: &[Arc<Mutex<Slot>>],
+    addrs: &[SocketAddr],
+    out: &Path,
+) -> anyhow::Result<Vec<Injected>> {
+    let mut next_id = REPLICAS as u64 + 1;
+    let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6e656d65_73697300);
+    let mut log = Vec::new();
+    let mut active: Option<Active> = None;
+    let mut next_at: Option<Duration> = None;
+    let mut bag: Vec<Fault> = Vec::new();
+    let mut healed = false;
+    loop {
+        let finished = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
+        if finished {
+            break;
+        }
+        let now = sim.elapsed();
+        let (ends_at, leader, zero) = {
+            let s = shared.lock().expect("shared");
+            (s.ends_at, s.leader, s.history_zero)
+        };
+        let Some(ends_at) = ends_at else { continue };
+        if healed {
+            continue;
+        }
+        if now >= ends_at {
+            if let Some(a) = active.take() {
+                let error = a.member.map(|m| format!("unfinished at the end: {m:?}"));
+                log.push(heal(sim, a, now, zero, error));
+            }
+            heal_network(sim);
+            healed = true;
+            continue;
+        }
+        if let Some(a) = &mut active {
+            let mut done: Option<Option<String>> = None;
+            if let Some(step) = a.member {
+                let result = shared.lock().expect("shared").admin_result.take();
+                match (step, result) {
+                    (MemberStep::Removing { host: h, old }, Some(Ok(()))) => {
+                        // Removed: the host starts again as a new, empty replica.
+                        let new = next_id;
+                        next_id += 1;
+                        sim.crash(host(h).as_str());
+                        {
+                            let mut slot = slots[h - 1].lock().expect("slot");
+                            slot.cfg.id = new;
+                            slot.cfg.bootstrap = false;
+                            slot.cfg.data_dir = out.join(format!("data-{new}"));
+                            slot.log = MemLog::new();
+                        }
+                        sim.bounce(host(h).as_str());
+                        a.target = format!("{}: replica {old} replaced by {new}", host(h));
+                        a.member = Some(MemberStep::Adding);
+                        shared.lock().expect("shared").admin = Some(Admin::Add {
+                            id: new,
+                            addr: addrs[h - 1],
+                        });
+                    }
+                    (MemberStep::Adding, Some(Ok(()))) => done = Some(None),
+                    (_, Some(Err(e))) => done = Some(Some(e)),
+                    (_, None) if now >= a.until => {
+                        done = Some(Some(format!("timed out: {step:?}")));
+                    }
+                    (_, None) => {}
+                }
+            } else if now >= a.until {
+                done = Some(None);
+            }
+            if let Some(error) = done {
+                let a = active.take().expect("active");
+                log.push(heal(sim, a, now, zero, error));
+                next_at = Some(now + Duration::from_millis(rng.gen_range(1_000..3_000)));
+            }
+            continue;
+        }
+        let due = *next_at.get_or_insert(now + Duration::from_secs(2));
+        let hold = Duration::from_millis(rng.gen_range(1_000..6_000));
+        if now < due || now + hold + Duration::from_secs(1) >= ends_at {
+            continue;
+        }
+        if bag.is_empty() {
+            // Rounds of every kind in a seeded order. The first round of seed `s` opens
+            // with kinds 3s, 3s+1 and 3s+2 (mod 11, in a seeded order), so any four
+            // consecutive seeds open with every kind between them.
+            bag = SIM_FAULTS.to_vec();
+            bag.shuffle(&mut rng);
+            if log.is_empty() {
+                let n = SIM_FAULTS.len() as u64;
+                let front: Vec<Fault> = (0..3)
+                    .map(|j| SIM_FAULTS[((3 * plan.seed + j) % n) as usize])
+                    .collect();
+                // `pop` takes from the end: the front kinds go last.
+                bag.sort_by_key(|f| front.contains(f));
+            }
+        }
+        let fault = bag.pop().expect("refilled");
+        let hold = match fault {
+            Fault::Slow => hold.max(Duration::from_millis(plan.lease_ms * 3 / 2)),
+            // The longest a membership change may take.
+            Fault::Member => Duration::from_secs(15),
+            // Short enough that the proxied clients' sessions outlive it: they renew
+            // every third of a lease, through the proxy's once-a-second batch, so a cut
+            // longer than about half a lease costs a proxied keeper its session (the
+            // namespace tier's `client-cut` silences the cache readers only).
+            Fault::KillProxy | Fault::ClientCut => {
+                Duration::from_millis(rng.gen_range(300..=plan.lease_ms / 4))
+            }
+            _ => hold,
+        };
+        if now + hold + Duration::from_secs(1) >= ends_at {
+            // Too long for the time left: try another kind first.
+            bag.insert(0, fault);
+            continue;
+        }
+        if fault == Fault::Member {
+            // A follower's replica is removed; `Removing` then restarts its host as a
+            // new replica, which is added as a learner, caught up and promoted.
+            let Some(l) = leader else {
+                bag.insert(0, fault);
+                continue;
+            };
+            let followers: Vec<usize> = (1..=REPLICAS).filter(|h| *h != l).collect();
+            let h = *followers.choose(&mut rng).expect("four followers");
+            let old = slots[h - 1].lock().expect("slot").cfg.id;
+            shared.lock().expect("shared").admin = Some(Admin::Remove(old));
+            active = Some(Active {
+                fault,
+                target: format!("{}: replica {old}", host(h)),
+                from: now,
+                until: now + hold,
+                crashed: None,
+                paused: None,
+                member: Some(MemberStep::Removing { host: h, old }),
+            });
+            continue;
+        }
+
+        let (target, crashed, paused) = inject(sim, pauses, fault, leader, &mut rng);
+        active = Some(Active {
+            fault,
+            target,
+            from: now,
+            until: now + hold,
+            crashed,
+            paused,
+            member: None,
+        });
+    }
+    Ok(log)
+}
+
+/// Heals one fault: restarts the host it crashed, undoes what it did to the network.
+fn heal(
+    sim: &mut turmoil::Sim<'_>,
+    a: Active,
+    now: Duration,
+    zero: Duration,
+    error: Option<String>,
+) -> Injected {
+    if let Some(h) = &a.crashed {
+        sim.bounce(h.as_str());
+    }
+    if let Some(p) = &a.paused {
+        p.store(false, Ordering::SeqCst);
+    }
+    heal_network(sim);
+    Injected {
+        at_ms: a.from.saturating_sub(zero).as_millis() as u64,
+        fault: a.fault,
+        target: a.target,
+        held_ms: (now - a.from).as_millis() as u64,
+        error,
+    }
+}
