@@ -8,6 +8,11 @@
 //! - [`Session`]: one session with its KeepAlive loop, local lease clock and state
 //!   ([`SessionState`]: healthy, jeopardy, expired), and the node operations.
 //!
+//! A [`Client`] and its sessions talk to one cell. Routing a path to the cell that owns
+//! it (the directory of cells) belongs above them: a router that resolves each path's
+//! cell and keeps one client and one session per cell it uses, handing each operation
+//! to that cell's session; nothing below it changes.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), client_sdk::Error> {
 //! use client_sdk::{Client, ClientConfig, CreateMode};

@@ -15,13 +15,19 @@ use tokio::time::Instant;
 use tokio::sync::{broadcast, watch};
 use wire::types::{
     CreateMode, NodeStat, Op, Predecessor, Reply, Request, RequestId, SessionId, TxnOp, TxnResult,
-    WatchKind,
 };
 use wire::Error;
 
 use crate::cache::{Cache, CacheStats, CachedValue};
 use crate::client::{unexpected, Client};
-use crate::watch::{Registry, Watch};
+use crate::watch::Registry;
+
+mod events;
+mod keepalive;
+mod watches;
+
+use events::event_loop;
+use keepalive::keepalive_loop;
 
 /// Something the application should know about its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,135 +443,6 @@ impl Session {
         }
         r
     }
-
-    /// Reads a node and arms a one-shot watch on its data, atomically with the read: the
-    /// watch fires on the next change or delete after what the read returned.
-    pub async fn get_watch(&self, path: &str) -> Result<(Vec<u8>, NodeStat, Watch), Error> {
-        wire::path::validate(path)?;
-        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
-        let (id, w) = self
-            .inner
-            .watches
-            .register(self.inner.id, path, WatchKind::Data);
-        match self
-            .read(Op::Get {
-                path: path.into(),
-                watch: true,
-            })
-            .await
-        {
-            Ok(Reply::Data { data, stat, index }) => {
-                self.bind_watch(
-                    id,
-                    path,
-                    WatchKind::Data,
-                    WatchKind::Data,
-                    index,
-                    generation,
-                );
-                Ok((data, stat, w))
-            }
-            other => {
-                self.inner.watches.cancel(id, path, WatchKind::Data);
-                Err(into_error(other))
-            }
-        }
-    }
-
-    /// Binds a waiter to its read's index. If the event stream reconnected while the read
-    /// was in flight, the watch may be armed at a replica that no longer leads (the
-    /// re-arming at reconnection skipped it, since it was not bound yet): re-arm it here.
-    fn bind_watch(
-        &self,
-        id: u64,
-        path: &str,
-        from: WatchKind,
-        to: WatchKind,
-        index: u64,
-        generation: u64,
-    ) {
-        self.inner.watches.bind(id, path, from, to, index);
-        if self.inner.stream_generation.load(Ordering::SeqCst) != generation {
-            let inner = self.inner.clone();
-            let spec = wire::types::WatchSpec {
-                path: path.to_string(),
-                kind: to,
-                since_index: index,
-            };
-            wire::rt::spawn(async move {
-                rearm(&inner, vec![spec]).await;
-            });
-        }
-    }
-
-    /// A node's metadata, with a one-shot watch: on its data or deletion if it exists, on
-    /// its creation if it does not.
-    pub async fn exists_watch(&self, path: &str) -> Result<(Option<NodeStat>, Watch), Error> {
-        wire::path::validate(path)?;
-        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
-        let (id, w) = self.inner.watches.register_exists(self.inner.id, path);
-        match self
-            .read(Op::Exists {
-                path: path.into(),
-                watch: true,
-            })
-            .await
-        {
-            Ok(Reply::Exists { stat, index }) => {
-                let kind = if stat.is_some() {
-                    WatchKind::Data
-                } else {
-                    WatchKind::Exists
-                };
-                self.bind_watch(id, path, WatchKind::Data, kind, index, generation);
-                Ok((stat, w))
-            }
-            other => {
-                self.inner.watches.cancel(id, path, WatchKind::Data);
-                Err(into_error(other))
-            }
-        }
-    }
-
-    /// A node's children, with a one-shot watch on the set of children (and the node's
-    /// deletion).
-    pub async fn children_watch(
-        &self,
-        path: &str,
-    ) -> Result<(Vec<(String, NodeStat)>, Watch), Error> {
-        wire::path::validate(path)?;
-        let generation = self.inner.stream_generation.load(Ordering::SeqCst);
-        let (id, w) = self
-            .inner
-            .watches
-            .register(self.inner.id, path, WatchKind::Children);
-        match self
-            .read(Op::Children {
-                path: path.into(),
-                watch: true,
-            })
-            .await
-        {
-            Ok(Reply::Children {
-                children, index, ..
-            }) => {
-                self.bind_watch(
-                    id,
-                    path,
-                    WatchKind::Children,
-                    WatchKind::Children,
-                    index,
-                    generation,
-                );
-                Ok((children, w))
-            }
-            other => {
-                self.inner.watches.cancel(id, path, WatchKind::Children);
-                Err(into_error(other))
-            }
-        }
-    }
-
     /// The sequential sibling just below `path` (by sequence number), if any; `NoNode` if
     /// `path` itself is gone. Linearizable.
     pub async fn predecessor(&self, path: &str) -> Result<Option<Predecessor>, Error> {
@@ -723,84 +600,6 @@ impl Session {
     }
 }
 
-async fn keepalive_loop(inner: Arc<Inner>) {
-    let interval = inner.lease / 3;
-    let retry = Duration::from_millis(250).min(interval);
-    let mut next = Instant::now() + interval;
-    loop {
-        // A retry's wait (or a late first KeepAlive) may outlast the local lease: enter
-        // jeopardy when it runs out, not at the next try (up to `retry` later, while the
-        // cell's lease may be ending: the holder must know at once).
-        let local_deadline = inner.local_deadline();
-        if local_deadline < next && inner.state() == SessionState::Healthy {
-            tokio::time::sleep_until(local_deadline).await;
-            if !inner.keepalives_stopped.load(Ordering::SeqCst)
-                && Instant::now() >= inner.local_deadline()
-            {
-                enter_jeopardy(&inner);
-            }
-        }
-        tokio::time::sleep_until(next).await;
-        if inner.keepalives_stopped.load(Ordering::SeqCst) || inner.state() == SessionState::Expired
-        {
-            return;
-        }
-        let sent = Instant::now();
-        let deadline_for_try = sent + interval.max(Duration::from_secs(1));
-        let call = inner.client.keepalive(inner.id, deadline_for_try);
-        tokio::pin!(call);
-        let local_deadline = inner.local_deadline();
-        // The lease may run out while this KeepAlive is in flight: enter jeopardy on time.
-        let r = tokio::select! {
-            r = &mut call => r,
-            _ = tokio::time::sleep_until(local_deadline) => {
-                enter_jeopardy(&inner);
-                call.await
-            }
-        };
-        match r {
-            Ok((
-                Reply::KeepAlive {
-                    session_lease_ms,
-                    unacknowledged,
-                },
-                addr,
-            )) => {
-                // Invalidations our event stream missed (Chubby's piggyback): drop the
-                // nodes, then acknowledge to the server that holds the write.
-                for (id, paths) in unacknowledged {
-                    inner.cache.lock().expect("cache lock").invalidate(&paths);
-                    ack_invalidation(&inner, addr, id);
-                }
-                let now = Instant::now();
-                *inner.last_keepalive.lock().expect("keepalive lock") = Some((now, now - sent));
-                // Shortened for clock drift: it ends before the leader's lease does.
-                inner.set_local_deadline(
-                    sent + wire::local_lease(Duration::from_millis(session_lease_ms)),
-                );
-                inner.set_state(SessionState::Healthy);
-                next = sent + interval;
-            }
-            Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
-                inner.set_state(SessionState::Expired);
-                return;
-            }
-            _ => {
-                let local_deadline = inner.local_deadline();
-                let now = Instant::now();
-                if now >= local_deadline + inner.client.config().grace_period {
-                    inner.set_state(SessionState::Expired);
-                    return;
-                }
-                if now >= local_deadline {
-                    enter_jeopardy(&inner);
-                }
-                next = now + retry;
-            }
-        }
-    }
-}
-
 /// The checks the cell would make of `op` without its namespace.
 fn check_locally(op: &Op) -> Result<(), Error> {
     match op {
@@ -827,10 +626,6 @@ fn into_error(r: Result<Reply, Error>) -> Error {
     }
 }
 
-fn enter_jeopardy(inner: &Inner) {
-    inner.set_state(SessionState::Jeopardy);
-}
-
 /// Asks the cell whether `sequencer` is still the current holder of its lock.
 pub(crate) async fn check_sequencer(
     client: &Client,
@@ -845,172 +640,6 @@ pub(crate) async fn check_sequencer(
         Reply::Sequencer { current } => Ok(current),
         other => Err(unexpected(&other)),
     }
-}
-
-/// Keeps the session's event stream open at the leader, dispatches watch events, and after
-/// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
-/// when the serving replica changed, announces a fail-over.
-async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionSlot) {
-    let mut serving: Option<std::net::SocketAddr> = None;
-    let mut connected_before = false;
-    loop {
-        if inner.state() == SessionState::Expired {
-            inner.watches.clear();
-            return;
-        }
-        if inner.keepalives_stopped.load(Ordering::SeqCst) {
-            // As if the process had died (`stop_keepalives`): it does not reconnect, so it
-            // does not hear from the cell that its session ended either.
-            return;
-        }
-        if connected_before {
-            // The stream broke: invalidations may have been lost with it (and a new leader
-            // knows nothing of what we cached). Drop everything before reconnecting; the
-            // leader treats the reconnection as our confirmation that we did.
-            inner.cache.lock().expect("cache lock").flush();
-        }
-        let req = Request {
-            session: inner.id,
-            request_id: 0,
-            ack_below: 0,
-            op: Op::Events,
-        };
-        let deadline = Instant::now() + inner.lease / 3;
-        let (mut recv, addr) = match inner.client.open_stream(req, deadline).await {
-            Ok((_opened, recv, addr)) => (recv, addr),
-            Err(Error::SessionExpired { .. }) | Err(Error::UnknownSession { .. }) => {
-                inner.set_state(SessionState::Expired);
-                continue;
-            }
-            Err(e) => {
-                tracing::debug!(session = inner.id, "event stream not open: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let failed_over = connected_before && serving != Some(addr);
-        inner.stream_generation.fetch_add(1, Ordering::SeqCst);
-        // Re-arm on every (re)connection: watches armed at another leader, or events
-        // dropped while the stream was down, fire now if their node changed meanwhile.
-        if !rearm(&inner, inner.watches.specs()).await {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        }
-        if failed_over {
-            let _ = inner.events.send(SessionEvent::FailOver);
-        }
-        serving = Some(addr);
-        connected_before = true;
-        // Frames are read by their own task (a frame read is not cancel-safe), so the
-        // leader check below can interrupt the wait without losing bytes.
-        let (frames_tx, mut frames) = tokio::sync::mpsc::channel(256);
-        let reader = wire::rt::spawn(async move {
-            loop {
-                let frame: Result<wire::types::Response, Error> =
-                    wire::frame::read(&mut recv, wire::CLIENT_FRAME_BYTES_MAX).await;
-                let end = !matches!(frame, Ok(Ok(_)));
-                if frames_tx.send(frame).await.is_err() || end {
-                    return;
-                }
-            }
-        });
-        // Requests that find another leader (this one may be deposed without knowing it
-        // yet) move the stream there: woken when the client's leader changes, not by a
-        // timer (a process with 50 000 sessions would wake 50 000 loops twice a second).
-        let mut leader = inner.client.leader_changes();
-        let moved = |l: &Option<std::net::SocketAddr>| l.is_some_and(|l| l != addr);
-        if moved(&leader.borrow_and_update()) {
-            reader.abort();
-            continue;
-        }
-        loop {
-            let frame = tokio::select! {
-                f = frames.recv() => match f {
-                    Some(f) => f,
-                    None => break,
-                },
-                changed = leader.changed() => {
-                    if changed.is_err() || moved(&leader.borrow_and_update()) {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            match frame {
-                Ok(Ok(Reply::Event(ev))) => {
-                    inner.watch_events.fetch_add(1, Ordering::Relaxed);
-                    let later = inner.watches.dispatch(&ev);
-                    if !later.is_empty() && !rearm(&inner, later).await {
-                        break;
-                    }
-                }
-                Ok(Ok(Reply::Invalidate { id, paths })) => {
-                    tracing::debug!(session = inner.id, id, ?paths, "invalidation");
-                    // Drop first, then acknowledge: the write waits for the acknowledgement.
-                    inner.cache.lock().expect("cache lock").invalidate(&paths);
-                    ack_invalidation(&inner, addr, id);
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(session = inner.id, "event stream error: {e}");
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        reader.abort();
-    }
-}
-
-/// Acknowledges invalidation `id` to the server whose event stream delivered it (through
-/// the client's batcher). Retried for up to a lease: after that, the server has stopped
-/// waiting for us anyway unless we kept renewing through it, and then our event stream is
-/// there too and it sends what is unacknowledged again when the stream reconnects.
-fn ack_invalidation(inner: &Inner, addr: std::net::SocketAddr, id: u64) {
-    inner
-        .client
-        .ack_invalidation(addr, inner.id, id, Instant::now() + inner.lease);
-}
-
-/// Re-arms watches at the leader; those that fired in the gap are dispatched at once.
-/// Re-arms watches at the leader, in chunks the cell accepts; those that fired in the gap
-/// are dispatched at once. False if the cell could not be asked (the caller reconnects and
-/// tries again).
-async fn rearm(inner: &Arc<Inner>, specs: Vec<wire::types::WatchSpec>) -> bool {
-    for chunk in wire::types::rewatch_chunks(&specs) {
-        let req = Request {
-            session: inner.id,
-            request_id: 0,
-            ack_below: 0,
-            op: Op::Rewatch {
-                watches: chunk.to_vec(),
-            },
-        };
-        match inner.client.call(req).await {
-            Ok(Reply::Rewatched { fired }) => {
-                for ev in fired {
-                    inner.watch_events.fetch_add(1, Ordering::Relaxed);
-                    let later = inner.watches.dispatch(&ev);
-                    if !later.is_empty() && !Box::pin(rearm(inner, later)).await {
-                        return false;
-                    }
-                }
-            }
-            Ok(other) => {
-                tracing::warn!("unexpected answer to Rewatch: {other:?}");
-                return false;
-            }
-            Err(Error::SessionExpired { .. }) => {
-                inner.set_state(SessionState::Expired);
-                return false;
-            }
-            Err(e) => {
-                tracing::warn!(session = inner.id, "re-arming watches failed: {e}");
-                return false;
-            }
-        }
-    }
-    true
 }
 
 /// A request id of this session, unanswered until the slot is dropped (however the call
