@@ -105,101 +105,120 @@ impl Cluster {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("loadgen-{}-", system.name()))
             .tempdir()?;
-        let dir = tmp.path().to_path_buf();
         match system {
-            System::Ours => {
-                let base = free_base(members + 1, 21_000 + (std::process::id() % 5_000) as u16);
-                let pbase = free_base(proxies.max(1), base + 16);
-                let mut dev = Command::new(sibling("lockctl")?)
-                    .args(["dev", "--no-demo", "--replicas", &members.to_string()])
-                    .args(["--base-port", &base.to_string()])
-                    .args(["--proxies", &proxies.to_string()])
-                    .args(["--proxy-base-port", &pbase.to_string()])
-                    .args(["--lease-ms", &lease_ms.to_string()])
-                    .arg("--data")
-                    .arg(dir.join("cell"))
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .context("start lockctl dev")?;
-                let mut lines = BufReader::new(dev.stdout.take().expect("stdout")).lines();
-                let deadline = Instant::now() + Duration::from_secs(60);
-                let mut up = false;
-                while Instant::now() < deadline {
-                    match lines.next() {
-                        Some(Ok(l)) if l.starts_with("cell running") => {
-                            up = true;
-                            break;
-                        }
-                        Some(Ok(_)) => {}
-                        _ => break,
-                    }
+            System::Ours => Cluster::start_ours(tmp, members, proxies, lease_ms),
+            System::Etcd | System::Zk => Cluster::start_peers(system, tmp, members),
+        }
+    }
+
+    /// Our cell: `lockctl dev` with `members` replicas and `proxies` proxies, on free
+    /// ports, its data in `tmp`; returns once it says it runs.
+    fn start_ours(
+        tmp: tempfile::TempDir,
+        members: u16,
+        proxies: u16,
+        lease_ms: u64,
+    ) -> anyhow::Result<Cluster> {
+        let system = System::Ours;
+        let dir = tmp.path().to_path_buf();
+        let base = free_base(members + 1, 21_000 + (std::process::id() % 5_000) as u16);
+        let pbase = free_base(proxies.max(1), base + 16);
+        let mut dev = Command::new(sibling("lockctl")?)
+            .args(["dev", "--no-demo", "--replicas", &members.to_string()])
+            .args(["--base-port", &base.to_string()])
+            .args(["--proxies", &proxies.to_string()])
+            .args(["--proxy-base-port", &pbase.to_string()])
+            .args(["--lease-ms", &lease_ms.to_string()])
+            .arg("--data")
+            .arg(dir.join("cell"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start lockctl dev")?;
+        let mut lines = BufReader::new(dev.stdout.take().expect("stdout")).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut up = false;
+        while Instant::now() < deadline {
+            match lines.next() {
+                Some(Ok(l)) if l.starts_with("cell running") => {
+                    up = true;
+                    break;
                 }
-                std::thread::spawn(move || for _ in lines {});
-                if !up {
-                    let _ = dev.kill();
-                    bail!("our cell did not start");
-                }
-                let members_v: Vec<String> = (0..members)
-                    .map(|i| format!("127.0.0.1:{}", base + i))
-                    .collect();
-                let proxies_v: Vec<String> = (0..proxies)
-                    .map(|i| format!("127.0.0.1:{}", pbase + i))
-                    .collect();
-                Ok(Cluster {
-                    system,
-                    endpoints: if proxies_v.is_empty() {
-                        members_v.clone()
-                    } else {
-                        proxies_v
-                    },
-                    members: members_v,
-                    ca: dir.join("cell/tls/ca.pem"),
-                    dir,
-                    dev: Some(dev),
-                    spawned: Default::default(),
-                    _tmp: Some(tmp),
-                })
-            }
-            System::Etcd | System::Zk => {
-                let (kind, ports) = match system {
-                    System::Etcd => ("etcd", members * 2),
-                    _ => ("zk", 100 + members * 2),
-                };
-                let base = free_base(ports, 26_000 + (std::process::id() % 4_000) as u16);
-                let out = Command::new(bench_script()?)
-                    .args([
-                        kind,
-                        dir.to_str().context("dir")?,
-                        &members.to_string(),
-                        &base.to_string(),
-                    ])
-                    .output()
-                    .context("run ops/bench/peers.sh")?;
-                if !out.status.success() {
-                    bail!(
-                        "peers.sh {kind} failed: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                let endpoints: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                    .trim()
-                    .split(',')
-                    .map(String::from)
-                    .collect();
-                let c = Cluster {
-                    system,
-                    endpoints: endpoints.clone(),
-                    members: endpoints,
-                    ca: PathBuf::new(),
-                    dir,
-                    dev: None,
-                    spawned: Default::default(),
-                    _tmp: Some(tmp),
-                };
-                Ok(c)
+                Some(Ok(_)) => {}
+                _ => break,
             }
         }
+        std::thread::spawn(move || for _ in lines {});
+        if !up {
+            let _ = dev.kill();
+            bail!("our cell did not start");
+        }
+        let members_v: Vec<String> = (0..members)
+            .map(|i| format!("127.0.0.1:{}", base + i))
+            .collect();
+        let proxies_v: Vec<String> = (0..proxies)
+            .map(|i| format!("127.0.0.1:{}", pbase + i))
+            .collect();
+        Ok(Cluster {
+            system,
+            endpoints: if proxies_v.is_empty() {
+                members_v.clone()
+            } else {
+                proxies_v
+            },
+            members: members_v,
+            ca: dir.join("cell/tls/ca.pem"),
+            dir,
+            dev: Some(dev),
+            spawned: Default::default(),
+            _tmp: Some(tmp),
+        })
+    }
+
+    /// etcd or ZooKeeper: `members` members started by `ops/bench/peers.sh` on free ports,
+    /// their data in `tmp`.
+    fn start_peers(
+        system: System,
+        tmp: tempfile::TempDir,
+        members: u16,
+    ) -> anyhow::Result<Cluster> {
+        let dir = tmp.path().to_path_buf();
+        let (kind, ports) = match system {
+            System::Etcd => ("etcd", members * 2),
+            _ => ("zk", 100 + members * 2),
+        };
+        let base = free_base(ports, 26_000 + (std::process::id() % 4_000) as u16);
+        let out = Command::new(bench_script()?)
+            .args([
+                kind,
+                dir.to_str().context("dir")?,
+                &members.to_string(),
+                &base.to_string(),
+            ])
+            .output()
+            .context("run ops/bench/peers.sh")?;
+        if !out.status.success() {
+            bail!(
+                "peers.sh {kind} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let endpoints: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(',')
+            .map(String::from)
+            .collect();
+        let c = Cluster {
+            system,
+            endpoints: endpoints.clone(),
+            members: endpoints,
+            ca: PathBuf::new(),
+            dir,
+            dev: None,
+            spawned: Default::default(),
+            _tmp: Some(tmp),
+        };
+        Ok(c)
     }
 
     /// Every server process: (name, pid).

@@ -11,8 +11,12 @@ use common::{failed, figure, server_confirms_lost, server_confirms_none_lost};
 
 const LOADGEN: &str = env!("CARGO_BIN_EXE_loadgen");
 
-/// One run at a time (two cores).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One run per system at a time: an etcd run and a ZooKeeper run may overlap (libtest runs
+/// two tests at once on two cores), two of one system may not. Each run starts its own
+/// cluster on ports it finds free, so the two never share a server; what they share is
+/// the CPU, and these tests check behaviour with wide margins, not speed.
+static ETCD_LANE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static ZK_LANE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn installed(system: &str) -> bool {
     let ok = match system {
@@ -30,7 +34,8 @@ fn run(system: &str, args: &[&str], name: &str, out: &Path) -> serde_json::Value
 }
 
 fn run_at(system: &str, scale: &str, args: &[&str], name: &str, out: &Path) -> serde_json::Value {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lane = if system == "zk" { &ZK_LANE } else { &ETCD_LANE };
+    let _g = lane.lock().unwrap_or_else(|e| e.into_inner());
     let o = Command::new(LOADGEN)
         .args(["--scale", scale, "--system", system, "--out"])
         .arg(out)
@@ -320,4 +325,46 @@ fn a_frozen_zookeeper_leader_loses_no_session_its_client_gave_up_on() {
         // Reported, whether or not a client gave up in this run.
         figure(&v, "sessions resumed after their client gave up");
     }
+}
+
+/// etcd's herd as one clientv3 process holds its sessions: the contenders' leases share one
+/// gRPC client, their renewals one keep-alive stream (`--etcd-shared-keepalive`) and their
+/// lock waits one watch stream, as counted by etcd's own servers (a stream per waiter
+/// would be one per contender: 39 here). Every contender is granted the lock once, in
+/// token order.
+#[test]
+fn an_etcd_herd_waits_on_one_watch_stream_per_client() {
+    if !installed("etcd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(
+        "etcd",
+        &["--etcd-shared-keepalive", "herd"],
+        "herd",
+        dir.path(),
+    );
+    let n: u64 = v["params"]["contenders (sessions)"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n >= 20, "{v}");
+    assert_eq!(count(&v, "hand-off"), n - 1, "{v}");
+    assert_eq!(failed(&v, "hand-off"), 0, "{v}");
+    let watch = figure(&v, "etcd Watch streams opened (at the servers)");
+    let keepalive = figure(&v, "etcd LeaseKeepAlive streams opened (at the servers)");
+    assert!((1.0..=3.0).contains(&watch), "{watch} Watch streams: {v}");
+    assert!(
+        (1.0..=3.0).contains(&keepalive),
+        "{keepalive} keep-alive streams: {v}"
+    );
+    assert!(
+        !v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap_or("").contains("did not increase")),
+        "{v}"
+    );
 }

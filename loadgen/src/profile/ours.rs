@@ -94,245 +94,71 @@ pub async fn profile(
     fault: Option<Fault>,
     reads_per_s: f64,
 ) -> anyhow::Result<Report> {
-    let n = ctx.n(50_000.0, 50);
-    let long_locks = ctx.n(15_000.0, 10).min(n);
-    let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);
     let dur = secs.map_or_else(|| ctx.secs(120.0, 20.0), Duration::from_secs_f64);
-    // About once a minute each; a short run takes each short lock at least twice.
-    let short_period = Duration::from_secs(60).min(dur / 3);
     let config_writes_per_s = 10.0;
-    let churn_per_s = (n as f64 / 5_000.0).max(1.0);
     let proxies = ctx.cluster.endpoints.clone();
     if proxies == ctx.cluster.members {
         bail!("profile runs through proxies: start the cell with --proxies N (N >= 1)");
     }
-
-    let clients = connections(ctx, &proxies, n).await?;
-    let conns = clients.len();
+    let set = set_up(ctx, &proxies, dur).await?;
+    let Setup {
+        n,
+        long_locks,
+        short_locks,
+        short_period,
+        churn_per_s,
+        locks,
+        conns,
+        open_secs,
+        ..
+    } = set;
+    let (admin, guards, setup_errors) = (
+        set.admin.clone(),
+        set.guards.clone(),
+        set.setup_errors.clone(),
+    );
     let direct = Client::connect(ClientConfig::new(
         ctx.cluster.members.clone(),
         ctx.cluster.ca.clone(),
     ))
     .await?;
 
-    // Setup: the namespace, then the sessions, then the long-held locks.
-    let admin = clients[0].open_session().await?;
-    for p in ["/profile", "/profile/locks", "/profile/config"] {
-        create_ok(admin.create(p, Vec::new(), CreateMode::default()).await)?;
-    }
-    for k in 0..CONFIG_KEYS {
-        create_ok(
-            admin
-                .create(
-                    &format!("/profile/config/k{k}"),
-                    vec![b'v'; 100],
-                    CreateMode::default(),
-                )
-                .await,
-        )?;
-    }
-    let locks = long_locks + short_locks;
-    each(locks, 128, "lock dirs", |i| {
-        let admin = admin.clone();
-        async move {
-            create_ok(
-                admin
-                    .create(
-                        &format!("/profile/locks/l{i}"),
-                        Vec::new(),
-                        CreateMode::default(),
-                    )
-                    .await,
-            )
-        }
-    })
-    .await?;
-    let opened = Instant::now();
-    let sessions = open_all(&clients, n).await?;
-    let open_secs = opened.elapsed().as_secs_f64();
-    let guards: Arc<Mutex<Vec<client_sdk::LockGuard>>> = Arc::new(Mutex::new(Vec::new()));
-    let setup_errors = Arc::new(AtomicU64::new(0));
-    each(long_locks, 128, "long locks", |i| {
-        let (s, guards, setup_errors) = (sessions[i].clone(), guards.clone(), setup_errors.clone());
-        async move {
-            // A failure is counted (and reported), not fatal: the run shows what follows.
-            match Lock::exclusive(&s, &format!("/profile/locks/l{i}"))
-                .acquire()
-                .await
-            {
-                Ok(g) => guards.lock().expect("guards").push(g),
-                Err(e) => {
-                    if setup_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                        eprintln!("loadgen: a long-held lock was not taken: {e}");
-                    }
-                }
-            }
-            Ok(())
-        }
-    })
-    .await?;
-    let slots: Arc<Vec<Mutex<Session>>> = Arc::new(sessions.into_iter().map(Mutex::new).collect());
-
     // The run.
     let start = Instant::now();
     let deadline = start + dur;
-    let stop = Arc::new(AtomicBool::new(false));
+    let run = RunCtx {
+        slots: set.slots.clone(),
+        start,
+        deadline,
+        stop: Arc::new(AtomicBool::new(false)),
+        errors: Arc::new(AtomicU64::new(0)),
+        failures: Arc::new(Failures::default()),
+    };
+    let (slots, stop, errors, failures) = (
+        run.slots.clone(),
+        run.stop.clone(),
+        run.errors.clone(),
+        run.failures.clone(),
+    );
     let (acq, ka, rd, wr) = (lat(start), lat(start), lat(start), lat(start));
     let writes_ok: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Failures::default());
     let reads = Arc::new(AtomicU64::new(0));
     let churned = Arc::new(AtomicU64::new(0));
     let l0 = leader_status(&direct).await?;
     let p0s = proxies_each(&direct, &proxies).await;
     let p0 = proxies_total(&p0s);
     let mut tasks = Vec::new();
-
-    // Short locks: session long_locks + j takes lock long_locks + j once a period, holding
-    // it 1 s; the first time at a random offset.
-    for j in 0..short_locks {
-        let i = long_locks + j;
-        let (slots, acq, stop, errors) = (slots.clone(), acq.clone(), stop.clone(), errors.clone());
-        let failures = failures.clone();
-        let offset = short_period.mul_f64(rand::random::<f64>());
-        tasks.push(tokio::spawn(async move {
-            let mut due = start + offset;
-            let path = format!("/profile/locks/l{i}");
-            while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due).await;
-                let s = slots[i].lock().expect("slot").clone();
-                let t0 = Instant::now();
-                match failures
-                    .acquiring(Lock::exclusive(&s, &path).acquire())
-                    .await
-                {
-                    Ok(g) => {
-                        let t1 = Instant::now();
-                        record(&acq, t1 - t0, t1);
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        if g.release().await.is_err() {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        failures.acquire();
-                    }
-                }
-                due += short_period;
-            }
-        }));
-    }
-
-    // Readers: every session reads its config value once a second (through its cache
-    // unless `--reads uncached`); one task per 50 sessions.
+    spawn_short_locks(&mut tasks, &run, &set, &acq);
     let cached = reads_mode() == Reads::Cached;
-    let read_period = Duration::from_secs_f64(1.0 / reads_per_s.max(1e-9));
-    for first in (0..n).step_by(50) {
-        if reads_per_s <= 0.0 {
-            break;
-        }
-        let (slots, rd, stop, reads, errors) = (
-            slots.clone(),
-            rd.clone(),
-            stop.clone(),
-            reads.clone(),
-            errors.clone(),
-        );
-        let failures = failures.clone();
-        let offset = read_period.mul_f64(rand::random::<f64>());
-        tasks.push(tokio::spawn(async move {
-            let mut due = start + offset;
-            let mut local = Lat::new(start);
-            while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due).await;
-                for i in first..(first + 50).min(slots.len()) {
-                    let s = slots[i].lock().expect("slot").clone();
-                    let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
-                    let t0 = Instant::now();
-                    let read = if cached {
-                        s.get_cached(&key).await.map(|_| ())
-                    } else {
-                        s.get(&key).await.map(|_| ())
-                    };
-                    match read {
-                        Ok(_) => {
-                            let t1 = Instant::now();
-                            local.record(t1 - t0, t1);
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            failures.reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-                due += read_period;
-            }
-            rd.lock().expect("lat").merge(&local);
-        }));
-    }
-
-    // The config writer: retries a failed write (its failures are the unavailability).
-    tasks.push(spawn_config_writer(
-        {
-            let admin = admin.clone();
-            move |key: String, value: Vec<u8>| {
-                let admin = admin.clone();
-                async move { admin.set_data(&key, value, None).await.is_ok() }
-            }
-        },
+    spawn_readers(&mut tasks, &run, cached, reads_per_s, (&rd, &reads));
+    tasks.push(spawn_writer(
+        &run,
+        &admin,
         config_writes_per_s,
-        deadline,
-        stop.clone(),
-        wr.clone(),
-        writes_ok.clone(),
-        failures.clone(),
+        &wr,
+        &writes_ok,
     ));
-
-    // Churn: sessions that hold no lock are closed and replaced by new ones.
-    {
-        let (slots, clients, stop, churned, errors) = (
-            slots.clone(),
-            clients.clone(),
-            stop.clone(),
-            churned.clone(),
-            errors.clone(),
-        );
-        let plain = locks..n;
-        tasks.push(tokio::spawn(async move {
-            if plain.is_empty() {
-                return;
-            }
-            let every = Duration::from_secs_f64(1.0 / churn_per_s);
-            let mut due = start;
-            while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due).await;
-                let i = plain.start + rand::random::<usize>() % plain.len();
-                // Only a healthy session is churned out: one in jeopardy or expired stays
-                // in its slot to be counted at the end (closing it would hide its loss:
-                // the SDK's close answers Ok for a session the cell has expired).
-                if slots[i].lock().expect("slot").state() != SessionState::Healthy {
-                    due += every;
-                    continue;
-                }
-                let client = &clients[i / SESSIONS_PER_CONNECTION];
-                match client.open_session().await {
-                    Ok(fresh) => {
-                        let old = std::mem::replace(&mut *slots[i].lock().expect("slot"), fresh);
-                        if old.close().await.is_err() {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        churned.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                due += every;
-            }
-        }));
-    }
+    tasks.push(spawn_churn(&run, &set, &churned));
 
     // KeepAlive round trips: every renewal, sampled from each session's last one.
     tasks.push(spawn_keepalive_sampler(
@@ -570,4 +396,299 @@ pub async fn profile(
     ctx.costs(&mut r);
     // The sessions end with the cell (closing 50 000 of them would be 50 000 writes).
     Ok(r)
+}
+
+/// The cell as set up for a run: its sizes, the clients (one QUIC connection per 2 000
+/// sessions, spread over the proxies), the admin session, every session in its slot and
+/// the long-held locks taken.
+struct Setup {
+    n: usize,
+    long_locks: usize,
+    short_locks: usize,
+    short_period: Duration,
+    churn_per_s: f64,
+    locks: usize,
+    conns: usize,
+    open_secs: f64,
+    clients: Vec<Client>,
+    admin: Session,
+    slots: Slots,
+    guards: Arc<Mutex<Vec<client_sdk::LockGuard>>>,
+    setup_errors: Arc<AtomicU64>,
+}
+
+/// Every session of the run, each in its slot (churn replaces a slot's session).
+type Slots = Arc<Vec<Mutex<Session>>>;
+
+/// What every task of a run shares: the sessions, the run's clock and stop switch, and
+/// its error counts.
+struct RunCtx {
+    slots: Slots,
+    start: Instant,
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+    errors: Arc<AtomicU64>,
+    failures: Arc<Failures>,
+}
+
+/// Setup: the clients, the namespace, then the sessions, then the long-held locks.
+async fn set_up(ctx: &Ctx, proxies: &[String], dur: Duration) -> anyhow::Result<Setup> {
+    let n = ctx.n(50_000.0, 50);
+    let long_locks = ctx.n(15_000.0, 10).min(n);
+    let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);
+    // About once a minute each; a short run takes each short lock at least twice.
+    let short_period = Duration::from_secs(60).min(dur / 3);
+    let churn_per_s = (n as f64 / 5_000.0).max(1.0);
+    let clients = connections(ctx, proxies, n).await?;
+    let conns = clients.len();
+
+    let admin = clients[0].open_session().await?;
+    for p in ["/profile", "/profile/locks", "/profile/config"] {
+        create_ok(admin.create(p, Vec::new(), CreateMode::default()).await)?;
+    }
+    for k in 0..CONFIG_KEYS {
+        create_ok(
+            admin
+                .create(
+                    &format!("/profile/config/k{k}"),
+                    vec![b'v'; 100],
+                    CreateMode::default(),
+                )
+                .await,
+        )?;
+    }
+    let locks = long_locks + short_locks;
+    each(locks, 128, "lock dirs", |i| {
+        let admin = admin.clone();
+        async move {
+            create_ok(
+                admin
+                    .create(
+                        &format!("/profile/locks/l{i}"),
+                        Vec::new(),
+                        CreateMode::default(),
+                    )
+                    .await,
+            )
+        }
+    })
+    .await?;
+    let opened = Instant::now();
+    let sessions = open_all(&clients, n).await?;
+    let open_secs = opened.elapsed().as_secs_f64();
+    let guards: Arc<Mutex<Vec<client_sdk::LockGuard>>> = Arc::new(Mutex::new(Vec::new()));
+    let setup_errors = Arc::new(AtomicU64::new(0));
+    each(long_locks, 128, "long locks", |i| {
+        let (s, guards, setup_errors) = (sessions[i].clone(), guards.clone(), setup_errors.clone());
+        async move {
+            // A failure is counted (and reported), not fatal: the run shows what follows.
+            match Lock::exclusive(&s, &format!("/profile/locks/l{i}"))
+                .acquire()
+                .await
+            {
+                Ok(g) => guards.lock().expect("guards").push(g),
+                Err(e) => {
+                    if setup_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!("loadgen: a long-held lock was not taken: {e}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let slots: Slots = Arc::new(sessions.into_iter().map(Mutex::new).collect());
+    Ok(Setup {
+        n,
+        long_locks,
+        short_locks,
+        short_period,
+        churn_per_s,
+        locks,
+        conns,
+        open_secs,
+        clients,
+        admin,
+        slots,
+        guards,
+        setup_errors,
+    })
+}
+
+/// Short locks: session long_locks + j takes lock long_locks + j once a period, holding
+/// it 1 s; the first time at a random offset.
+fn spawn_short_locks(
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    run: &RunCtx,
+    set: &Setup,
+    acq: &Arc<Mutex<Lat>>,
+) {
+    let (start, deadline, short_period) = (run.start, run.deadline, set.short_period);
+    for j in 0..set.short_locks {
+        let i = set.long_locks + j;
+        let (slots, acq, stop, errors) = (
+            run.slots.clone(),
+            acq.clone(),
+            run.stop.clone(),
+            run.errors.clone(),
+        );
+        let failures = run.failures.clone();
+        let offset = short_period.mul_f64(rand::random::<f64>());
+        tasks.push(tokio::spawn(async move {
+            let mut due = start + offset;
+            let path = format!("/profile/locks/l{i}");
+            while due < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep_until(due).await;
+                let s = slots[i].lock().expect("slot").clone();
+                let t0 = Instant::now();
+                match failures
+                    .acquiring(Lock::exclusive(&s, &path).acquire())
+                    .await
+                {
+                    Ok(g) => {
+                        let t1 = Instant::now();
+                        record(&acq, t1 - t0, t1);
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        if g.release().await.is_err() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        failures.acquire();
+                    }
+                }
+                due += short_period;
+            }
+        }));
+    }
+}
+
+/// Readers: every session reads its config value once a period (through its cache if
+/// `cached`, else linearizably); one task per 50 sessions. `counts` are the read
+/// latencies and the reads made.
+fn spawn_readers(
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    run: &RunCtx,
+    cached: bool,
+    reads_per_s: f64,
+    counts: (&Arc<Mutex<Lat>>, &Arc<AtomicU64>),
+) {
+    let (rd, reads) = counts;
+    let (start, deadline) = (run.start, run.deadline);
+    let read_period = Duration::from_secs_f64(1.0 / reads_per_s.max(1e-9));
+    for first in (0..run.slots.len()).step_by(50) {
+        if reads_per_s <= 0.0 {
+            break;
+        }
+        let (slots, rd, stop, reads, errors) = (
+            run.slots.clone(),
+            (*rd).clone(),
+            run.stop.clone(),
+            (*reads).clone(),
+            run.errors.clone(),
+        );
+        let failures = run.failures.clone();
+        let offset = read_period.mul_f64(rand::random::<f64>());
+        tasks.push(tokio::spawn(async move {
+            let mut due = start + offset;
+            let mut local = Lat::new(start);
+            while due < deadline && !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep_until(due).await;
+                for i in first..(first + 50).min(slots.len()) {
+                    let s = slots[i].lock().expect("slot").clone();
+                    let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
+                    let t0 = Instant::now();
+                    let read = if cached {
+                        s.get_cached(&key).await.map(|_| ())
+                    } else {
+                        s.get(&key).await.map(|_| ())
+                    };
+                    match read {
+                        Ok(_) => {
+                            let t1 = Instant::now();
+                            local.record(t1 - t0, t1);
+                            reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            failures.reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                due += read_period;
+            }
+            rd.lock().expect("lat").merge(&local);
+        }));
+    }
+}
+
+/// The config writer: retries a failed write (its failures are the unavailability).
+fn spawn_writer(
+    run: &RunCtx,
+    admin: &Session,
+    writes_per_s: f64,
+    wr: &Arc<Mutex<Lat>>,
+    writes_ok: &Arc<Mutex<Vec<Instant>>>,
+) -> tokio::task::JoinHandle<()> {
+    spawn_config_writer(
+        {
+            let admin = admin.clone();
+            move |key: String, value: Vec<u8>| {
+                let admin = admin.clone();
+                async move { admin.set_data(&key, value, None).await.is_ok() }
+            }
+        },
+        writes_per_s,
+        run.deadline,
+        run.stop.clone(),
+        wr.clone(),
+        writes_ok.clone(),
+        run.failures.clone(),
+    )
+}
+
+/// Churn: sessions that hold no lock are closed and replaced by new ones.
+fn spawn_churn(run: &RunCtx, set: &Setup, churned: &Arc<AtomicU64>) -> tokio::task::JoinHandle<()> {
+    let (slots, clients, stop, churned, errors) = (
+        run.slots.clone(),
+        set.clients.clone(),
+        run.stop.clone(),
+        churned.clone(),
+        run.errors.clone(),
+    );
+    let (start, deadline, churn_per_s) = (run.start, run.deadline, set.churn_per_s);
+    let plain = set.locks..set.n;
+    tokio::spawn(async move {
+        if plain.is_empty() {
+            return;
+        }
+        let every = Duration::from_secs_f64(1.0 / churn_per_s);
+        let mut due = start;
+        while due < deadline && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep_until(due).await;
+            let i = plain.start + rand::random::<usize>() % plain.len();
+            // Only a healthy session is churned out: one in jeopardy or expired stays
+            // in its slot to be counted at the end (closing it would hide its loss:
+            // the SDK's close answers Ok for a session the cell has expired).
+            if slots[i].lock().expect("slot").state() != SessionState::Healthy {
+                due += every;
+                continue;
+            }
+            let client = &clients[i / SESSIONS_PER_CONNECTION];
+            match client.open_session().await {
+                Ok(fresh) => {
+                    let old = std::mem::replace(&mut *slots[i].lock().expect("slot"), fresh);
+                    if old.close().await.is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    churned.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            due += every;
+        }
+    })
 }

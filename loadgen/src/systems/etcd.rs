@@ -9,8 +9,7 @@ use tokio::time::Instant;
 
 use anyhow::{anyhow, Context};
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
 use super::etcd_conn::EtcdConn;
@@ -429,28 +428,9 @@ impl EtcdSess {
                 };
                 let waited = kv.key().to_vec();
                 let rev = g.header().context("header")?.revision();
-                // A stream: no request timeout, as in clientv3 (the connection's
-                // keep-alive pings end it if the member goes silent).
-                let opts = WatchOptions::new().with_start_revision(rev + 1);
-                let (_w, mut stream) = c
-                    .call(
-                        "Watch",
-                        |mut c| async move { c.watch(waited, Some(opts)).await },
-                    )
-                    .await?;
-                'watch: loop {
-                    match stream.message().await? {
-                        Some(m) => {
-                            if m.events()
-                                .iter()
-                                .any(|e| e.event_type() == EventType::Delete)
-                            {
-                                break 'watch;
-                            }
-                        }
-                        None => break 'watch,
-                    }
-                }
+                // A watch on the client's one stream: no request timeout, as in clientv3
+                // (the connection's keep-alive pings end it if the member goes silent).
+                c.wait_deleted(waited, rev + 1).await?;
             }
         }
         .await;

@@ -27,7 +27,8 @@
 //! at the first timeout.
 //!
 //! Streams (watches, lease keep-alives) carry no request timeout, as in clientv3; the
-//! keep-alive pings find a silent member under them.
+//! keep-alive pings find a silent member under them. A client's lock waits share one
+//! watch stream ([`EtcdConn::wait_deleted`]), as clientv3's watches do.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -58,6 +59,8 @@ pub struct EtcdConn {
     eps: Vec<String>,
     /// The member in use (an index into `eps`, growing: taken modulo) and its client.
     cur: Mutex<(usize, Option<etcd_client::Client>)>,
+    /// This client's one watch stream, shared by all its lock waits.
+    watches: super::etcd_watches::WatchMux,
 }
 
 impl EtcdConn {
@@ -67,7 +70,14 @@ impl EtcdConn {
         EtcdConn {
             eps,
             cur: Mutex::new((0, None)),
+            watches: Default::default(),
         }
+    }
+
+    /// Waits until `key` is deleted at a revision from `from_rev` on, over this client's
+    /// one watch stream ([`super::etcd_watches`]).
+    pub async fn wait_deleted(&self, key: Vec<u8>, from_rev: i64) -> anyhow::Result<()> {
+        self.watches.wait_deleted(self, key, from_rev).await
     }
 
     /// The client of the member in use, and its turn (for [`EtcdConn::failed`]).

@@ -13,14 +13,16 @@
 //! - **ZooKeeper**: the lock recipe: an ephemeral sequential child, list the children,
 //!   watch the one just below; the token is the node's creation zxid.
 //!
-//! Each system's code is in its own file (`ours.rs`, `etcd.rs` with its connection and
-//! shared keep-alive stream in `etcd_conn.rs` and `etcd_leases.rs`, `zk.rs`); this file
+//! Each system's code is in its own file (`ours.rs`, `etcd.rs` with its connection, its
+//! shared keep-alive stream and its shared watch stream in `etcd_conn.rs`,
+//! `etcd_leases.rs` and `etcd_watches.rs`, `zk.rs`); this file
 //! holds what the scenarios use ([`Conn`], [`Sess`], [`Held`]) and hands each operation to
 //! the session's system.
 
 pub mod etcd;
 pub mod etcd_conn;
 pub mod etcd_leases;
+pub mod etcd_watches;
 mod ours;
 pub mod zk;
 

@@ -1,0 +1,184 @@
+//! The scenarios. Each starts from a running cluster, drives it through one [`Conn`], and
+//! returns a [`Report`]: [`acquire`], [`herd`], [`takeover`] and [`failover`],
+//! [`max_writes`], [`burst`] here (a file each); `profile` and `state` in their own
+//! folders. What they share (the context, progress bars, paced opens, the unavailability
+//! measure) is in this file.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cluster::{Cluster, System};
+use crate::report::{proc_cost, Report};
+use crate::systems::{Conn, Sess};
+
+/// What every scenario gets.
+pub struct Ctx {
+    pub cluster: Cluster,
+    pub conn: Conn,
+    pub scale: f64,
+    pub lease: Duration,
+}
+
+impl Ctx {
+    pub(crate) fn n(&self, full: f64, min: usize) -> usize {
+        ((full * self.scale).round() as usize).max(min)
+    }
+
+    pub(crate) fn secs(&self, full: f64, min: f64) -> Duration {
+        Duration::from_secs_f64((full * self.scale).max(min))
+    }
+
+    pub(crate) fn report(&self, scenario: &str) -> Report {
+        let mut r = Report::new(scenario, self.cluster.system.name(), self.scale);
+        r.param("members", self.cluster.members.len());
+        r.param("client endpoints", self.cluster.endpoints.join(","));
+        r.param("lease / session timeout (s)", self.lease.as_secs());
+        r
+    }
+
+    pub(crate) fn costs(&self, r: &mut Report) {
+        for (name, pid) in self.cluster.processes() {
+            if let Some(c) = proc_cost(&name, pid) {
+                r.processes.push(c);
+            }
+        }
+        if let Some(c) = proc_cost("loadgen", std::process::id()) {
+            r.processes.push(c);
+        }
+    }
+
+    async fn sessions(&self, n: usize) -> anyhow::Result<Vec<Arc<Sess>>> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let k = (n - out.len()).min(100);
+            let got =
+                futures::future::join_all((0..k).map(|_| self.conn.session(self.lease))).await;
+            for s in got {
+                out.push(Arc::new(s?));
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
+    // A profile's parts (other loadgen processes) would draw over their parent's bars.
+    if std::env::var_os("LOADGEN_NO_PROGRESS").is_some() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Opens `n` sessions, `batch` at a time, with a progress bar; `open(i)` opens the i-th.
+pub(crate) async fn open_batched<T, F, Fut>(
+    n: usize,
+    batch: usize,
+    open: F,
+) -> anyhow::Result<Vec<T>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    // `batch` at a time, the first failure fatal: the paced opener with one try.
+    let pace = crate::systems::Pace::new(batch, 1, Duration::ZERO);
+    Ok(crate::systems::open_paced(n, pace, open).await?.0)
+}
+
+pub(crate) fn ticker(d: Duration, what: &str) -> (ProgressBar, tokio::task::JoinHandle<()>) {
+    let pb = bar(d.as_secs().max(1), what);
+    let p = pb.clone();
+    let h = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            p.inc(1);
+        }
+    });
+    (pb, h)
+}
+mod acquire;
+mod burst;
+mod failover;
+mod herd;
+mod max_writes;
+
+pub use acquire::acquire;
+pub use burst::burst;
+pub use failover::{failover, takeover};
+pub use herd::herd;
+pub use max_writes::max_writes;
+
+/// Unavailability after `event`: from it to the first success after it, or the longest
+/// gap between successes after it if that is longer; `none` if nothing succeeded.
+pub(crate) fn unavailable(successes: &[Instant], event: Instant, none: Duration) -> Duration {
+    let mut times: Vec<Instant> = successes.iter().copied().filter(|t| *t > event).collect();
+    times.sort();
+    let mut gap = Duration::ZERO;
+    let mut prev = event;
+    for t in times {
+        gap = gap.max(t - prev);
+        prev = t;
+    }
+    if prev == event {
+        none
+    } else {
+        gap
+    }
+}
+
+/// The note of a scenario that fails as a whole on any failed operation.
+pub(crate) const ALL_OR_NOTHING: &str =
+    "failed: this scenario stops with an error at the first failed \
+     operation (no retry), so a report it writes had none";
+
+/// etcd's gRPC counter `metric` (e.g. `grpc_server_handled_total`, requests answered, or
+/// `grpc_server_started_total`, streams and requests begun) for the service `service`
+/// (e.g. `etcdserverpb.KV`), by method, summed over the members (each member's
+/// `/metrics` on its client port); `None` for the other systems, or if a member did not
+/// answer.
+pub(crate) async fn etcd_grpc_counts(
+    cluster: &Cluster,
+    metric: &str,
+    service: &str,
+) -> Option<std::collections::BTreeMap<String, f64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if cluster.system != System::Etcd {
+        return None;
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for m in &cluster.members {
+        let addr = m.trim_start_matches("http://");
+        let body = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .await
+                .ok()?;
+            let mut body = String::new();
+            s.read_to_string(&mut body).await.ok()?;
+            Some(body)
+        })
+        .await
+        .ok()??;
+        for line in body.lines() {
+            let Some(rest) = line.strip_prefix(metric).and_then(|l| l.strip_prefix('{')) else {
+                continue;
+            };
+            if !rest.contains(&format!("grpc_service=\"{service}\"")) {
+                continue;
+            }
+            let method = rest.split("grpc_method=\"").nth(1)?.split('"').next()?;
+            let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            *out.entry(method.to_string()).or_insert(0.0) += n;
+        }
+    }
+    Some(out)
+}

@@ -1,0 +1,204 @@
+//! Many watches over one `Watch` stream per client, as Go's clientv3 does: its watcher
+//! multiplexes every `Watch` call of one client (with the same context metadata) onto a
+//! single bidirectional gRPC stream, and matches each `created` answer to its request by
+//! order (etcd answers the creates of one stream in the order they were sent). The Rust
+//! `etcd-client` crate opens a new stream for every `Client::watch` call, so 2 000 lock
+//! waiters of one client cost etcd 2 000 streams where clientv3's cost it one; loadgen's
+//! lock waits (`waitDeletes`, [`super::etcd::EtcdSess`]) go through a [`WatchMux`]
+//! instead, one per [`EtcdConn`].
+//!
+//! A wait is one watch: created at the revision after the read that found the key, ended
+//! by the key's delete (then cancelled at the server, as clientv3 cancels a watch whose
+//! context ends), or failed by a cancel or compaction of the watch, or by the stream's
+//! failure. A stream the server ends sends its waits back to look again; a failed one
+//! fails every wait on it; the next wait opens a new one (through
+//! [`EtcdConn::call`], so at the next member if this one timed out). clientv3 would
+//! re-create its watchers on a new stream itself; here the lock's acquire fails and its
+//! caller counts the failure and tries again, as for any other failed request.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use anyhow::anyhow;
+use etcd_client::{EventType, WatchOptions, WatchStream, Watcher};
+use tokio::sync::oneshot;
+
+use super::etcd_conn::EtcdConn;
+
+/// Where a wait hears its outcome: `Ok` when the key was deleted, `Err` with the reason
+/// when its watch or the stream failed.
+type Waiter = oneshot::Sender<Result<(), String>>;
+
+/// The waits of one stream.
+#[derive(Default)]
+struct Table {
+    /// Waits whose watch was asked for but not yet created, oldest first.
+    pending: VecDeque<Waiter>,
+    /// Waits by watch id.
+    watching: HashMap<i64, Waiter>,
+    /// Why the stream ended, once it did: no new watch goes on it.
+    ended: Option<String>,
+}
+
+impl Table {
+    /// The stream is over: every wait hears `outcome` (`Ok` to look again, as after a
+    /// delete; `Err` to fail).
+    fn end(&mut self, why: &str, outcome: Result<(), String>) {
+        self.ended = Some(why.to_string());
+        for w in self.pending.drain(..) {
+            let _ = w.send(outcome.clone());
+        }
+        for (_, w) in self.watching.drain() {
+            let _ = w.send(outcome.clone());
+        }
+    }
+}
+
+/// A stream in use: its request side, its waits and the task reading its answers.
+struct Live {
+    watcher: Arc<tokio::sync::Mutex<Watcher>>,
+    table: Arc<Mutex<Table>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// One client's watch stream, shared by all its waits (see the module).
+#[derive(Default)]
+pub struct WatchMux {
+    /// The stream in use. Held while a watch is asked for, so the requests go out in the
+    /// order their waits were queued.
+    live: tokio::sync::Mutex<Option<Live>>,
+}
+
+impl Drop for WatchMux {
+    fn drop(&mut self) {
+        if let Some(l) = self.live.get_mut().take() {
+            l.reader.abort();
+        }
+    }
+}
+
+impl WatchMux {
+    /// Waits until `key` is deleted at a revision from `from_rev` on, over this client's
+    /// stream (opened on `conn` if there is none or it ended).
+    pub async fn wait_deleted(
+        &self,
+        conn: &EtcdConn,
+        key: Vec<u8>,
+        from_rev: i64,
+    ) -> anyhow::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        let opts = WatchOptions::new().with_start_revision(from_rev);
+        {
+            let mut live = self.live.lock().await;
+            // Queued under the table's lock only while the stream is not over: a wait
+            // queued after the reader ended the table would never hear anything.
+            let mut tx = Some(tx);
+            if let Some(l) = live.as_ref() {
+                let mut t = l.table.lock().expect("watches");
+                if t.ended.is_none() {
+                    t.pending.push_back(tx.take().expect("not queued yet"));
+                }
+            }
+            if tx.is_none() {
+                let l = live.as_ref().expect("an open stream");
+                let sent = l.watcher.lock().await.watch(key, Some(opts)).await;
+                if let Err(e) = sent {
+                    // The request side is gone: the stream is over for every wait.
+                    let why = format!("the watch stream failed: {e}");
+                    l.table.lock().expect("watches").end(&why, Err(why.clone()));
+                }
+            } else {
+                if let Some(old) = live.take() {
+                    old.reader.abort();
+                    let why = "the watch stream was replaced";
+                    old.table.lock().expect("watches").end(why, Err(why.into()));
+                }
+                // A new stream; etcd-client creates its first watch with it and waits
+                // for that watch's `created` answer (within the request timeout).
+                let (watcher, stream) = conn
+                    .call(
+                        "Watch",
+                        |mut c| async move { c.watch(key, Some(opts)).await },
+                    )
+                    .await?;
+                let table = Arc::new(Mutex::new(Table::default()));
+                table
+                    .lock()
+                    .expect("watches")
+                    .watching
+                    .insert(watcher.watch_id(), tx.take().expect("not queued"));
+                let watcher = Arc::new(tokio::sync::Mutex::new(watcher));
+                let reader = tokio::spawn(read_answers(stream, table.clone(), watcher.clone()));
+                *live = Some(Live {
+                    watcher,
+                    table,
+                    reader,
+                });
+            }
+        }
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(anyhow!("watch: {why}")),
+            Err(_) => Err(anyhow!("watch: the stream was dropped")),
+        }
+    }
+}
+
+/// Reads a stream's answers until it ends: a `created` answer gives the oldest pending
+/// wait its watch id; a delete ends the wait of its watch (and the watch is cancelled);
+/// a cancelled or compacted watch fails its wait.
+async fn read_answers(
+    mut stream: WatchStream,
+    table: Arc<Mutex<Table>>,
+    watcher: Arc<tokio::sync::Mutex<Watcher>>,
+) {
+    let (why, outcome) = loop {
+        let m = match stream.message().await {
+            // Ended by the server: the waits look again (as loadgen's waits did on a
+            // stream of their own), and watch again on a new stream if the key is there.
+            Ok(None) => break ("the watch stream ended".to_string(), Ok(())),
+            Ok(Some(m)) => m,
+            Err(e) => {
+                let why = format!("the watch stream failed: {e}");
+                break (why.clone(), Err(why));
+            }
+        };
+        let id = m.watch_id();
+        let deleted = {
+            let mut t = table.lock().expect("watches");
+            if m.created() {
+                if let Some(w) = t.pending.pop_front() {
+                    if m.canceled() {
+                        let _ = w.send(Err(format!("not created: {}", m.cancel_reason())));
+                    } else {
+                        t.watching.insert(id, w);
+                    }
+                }
+                continue;
+            }
+            if m.canceled() || m.compact_revision() > 0 {
+                if let Some(w) = t.watching.remove(&id) {
+                    let _ = w.send(Err(format!(
+                        "cancelled by the server (compacted at {}): {}",
+                        m.compact_revision(),
+                        m.cancel_reason()
+                    )));
+                }
+                continue;
+            }
+            if m.events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                t.watching.remove(&id)
+            } else {
+                None
+            }
+        };
+        if let Some(w) = deleted {
+            let _ = w.send(Ok(()));
+            let _ = watcher.lock().await.cancel_by_id(id).await;
+        }
+    };
+    table.lock().expect("watches").end(&why, outcome);
+}
