@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 /// Latencies of one kind of operation, and when each happened.
@@ -616,6 +617,22 @@ pub fn compare(reports: &[Report]) {
         }
         println!("{line}");
     }
+}
+
+/// A progress bar on stderr (hidden in a profile's parts: other loadgen processes would
+/// draw over their parent's bars).
+pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
+    if std::env::var_os("LOADGEN_NO_PROGRESS").is_some() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
 }
 
 #[cfg(test)]

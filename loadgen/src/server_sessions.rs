@@ -86,7 +86,7 @@ pub async fn settle(lease: Duration, end: Instant, fault: Option<Instant>) -> Du
     let from = fault.map_or(end, |f| end.max(f + ELECTION));
     let until = from + lease + MARGIN;
     let now = Instant::now();
-    let pb = crate::scenarios::bar(
+    let pb = crate::report::bar(
         until.saturating_duration_since(now).as_secs(),
         "waiting a lease before asking the server",
     );

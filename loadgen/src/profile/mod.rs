@@ -29,8 +29,9 @@ pub mod peers;
 
 pub use ours::profile;
 
+use crate::report::bar;
 use crate::report::{Lat, Report};
-use crate::scenarios::{bar, Ctx};
+use crate::scenarios::Ctx;
 
 /// A fault injected into the leader during the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

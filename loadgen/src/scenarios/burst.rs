@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::{bar, Ctx};
+use super::Ctx;
 use crate::cluster::System;
+use crate::report::bar;
 use crate::report::{Lat, Report};
 use crate::systems::Conn;
 

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::{bar, etcd_grpc_counts, Ctx};
+use super::{etcd_grpc_counts, Ctx};
 use crate::cluster::Cluster;
+use crate::report::bar;
 use crate::report::{Lat, Report};
 use crate::systems::{
     open_many, Conn, Sess, ETCD_LEASES_PER_CLIENT, ETCD_LEASE_PER_CLIENT, ETCD_SHARED_KEEPALIVE,

@@ -2,7 +2,8 @@
 
 use tokio::time::Instant;
 
-use super::{bar, Ctx, ALL_OR_NOTHING};
+use super::{Ctx, ALL_OR_NOTHING};
+use crate::report::bar;
 use crate::report::{Lat, Report};
 use crate::systems::Conn;
 

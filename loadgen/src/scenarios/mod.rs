@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 use crate::cluster::{Cluster, System};
-use crate::report::{proc_cost, Report};
+use crate::report::{bar, proc_cost, Report};
 use crate::systems::{Conn, Sess};
 
 /// What every scenario gets.
@@ -62,21 +62,6 @@ impl Ctx {
         }
         Ok(out)
     }
-}
-
-pub(crate) fn bar(len: u64, what: &str) -> ProgressBar {
-    // A profile's parts (other loadgen processes) would draw over their parent's bars.
-    if std::env::var_os("LOADGEN_NO_PROGRESS").is_some() {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} {elapsed}")
-            .expect("template")
-            .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
 }
 
 /// Opens `n` sessions, `batch` at a time, with a progress bar; `open(i)` opens the i-th.

@@ -77,7 +77,14 @@ impl EtcdConn {
     /// Waits until `key` is deleted at a revision from `from_rev` on, over this client's
     /// one watch stream ([`super::etcd_watches`]).
     pub async fn wait_deleted(&self, key: Vec<u8>, from_rev: i64) -> anyhow::Result<()> {
-        self.watches.wait_deleted(self, key, from_rev).await
+        self.watches
+            .wait_deleted(key, from_rev, |key, opts| {
+                self.call(
+                    "Watch",
+                    |mut c| async move { c.watch(key, Some(opts)).await },
+                )
+            })
+            .await
     }
 
     /// The client of the member in use, and its turn (for [`EtcdConn::failed`]).

@@ -4,26 +4,25 @@
 //! order (etcd answers the creates of one stream in the order they were sent). The Rust
 //! `etcd-client` crate opens a new stream for every `Client::watch` call, so 2 000 lock
 //! waiters of one client cost etcd 2 000 streams where clientv3's cost it one; loadgen's
-//! lock waits (`waitDeletes`, [`super::etcd::EtcdSess`]) go through a [`WatchMux`]
-//! instead, one per [`EtcdConn`].
+//! lock waits (`waitDeletes` in `EtcdSess::acquire`) go through a [`WatchMux`] instead,
+//! one per gRPC client (`EtcdConn`, which opens the streams: this module only uses them).
 //!
 //! A wait is one watch: created at the revision after the read that found the key, ended
 //! by the key's delete (then cancelled at the server, as clientv3 cancels a watch whose
 //! context ends), or failed by a cancel or compaction of the watch, or by the stream's
 //! failure. A stream the server ends sends its waits back to look again; a failed one
-//! fails every wait on it; the next wait opens a new one (through
-//! [`EtcdConn::call`], so at the next member if this one timed out). clientv3 would
+//! fails every wait on it; the next wait opens a new one (through `EtcdConn::call`, so at
+//! the next member if this one timed out). clientv3 would
 //! re-create its watchers on a new stream itself; here the lock's acquire fails and its
 //! caller counts the failure and tries again, as for any other failed request.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use anyhow::anyhow;
 use etcd_client::{EventType, WatchOptions, WatchStream, Watcher};
 use tokio::sync::oneshot;
-
-use super::etcd_conn::EtcdConn;
 
 /// Where a wait hears its outcome: `Ok` when the key was deleted, `Err` with the reason
 /// when its watch or the stream failed.
@@ -79,13 +78,19 @@ impl Drop for WatchMux {
 
 impl WatchMux {
     /// Waits until `key` is deleted at a revision from `from_rev` on, over this client's
-    /// stream (opened on `conn` if there is none or it ended).
-    pub async fn wait_deleted(
+    /// stream; if there is none or it ended, `open` opens one with this wait's watch as
+    /// its first (etcd-client's `Client::watch`, which returns once that watch is
+    /// created).
+    pub async fn wait_deleted<Open, Fut>(
         &self,
-        conn: &EtcdConn,
         key: Vec<u8>,
         from_rev: i64,
-    ) -> anyhow::Result<()> {
+        open: Open,
+    ) -> anyhow::Result<()>
+    where
+        Open: FnOnce(Vec<u8>, WatchOptions) -> Fut,
+        Fut: Future<Output = anyhow::Result<(Watcher, WatchStream)>>,
+    {
         let (tx, rx) = oneshot::channel();
         let opts = WatchOptions::new().with_start_revision(from_rev);
         {
@@ -115,12 +120,7 @@ impl WatchMux {
                 }
                 // A new stream; etcd-client creates its first watch with it and waits
                 // for that watch's `created` answer (within the request timeout).
-                let (watcher, stream) = conn
-                    .call(
-                        "Watch",
-                        |mut c| async move { c.watch(key, Some(opts)).await },
-                    )
-                    .await?;
+                let (watcher, stream) = open(key, opts).await?;
                 let table = Arc::new(Mutex::new(Table::default()));
                 table
                     .lock()

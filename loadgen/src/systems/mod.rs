@@ -238,7 +238,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    let pb = crate::scenarios::bar(n as u64, "sessions");
+    let pb = crate::report::bar(n as u64, "sessions");
     let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut tries = vec![0u32; n];
     // Items still to open, failed ones first so a retried item does not wait for the rest.

@@ -242,7 +242,7 @@ pub async fn profile_parts(
         children.push(cmd.spawn().context("start a loadgen part")?);
     }
     // Every part set up (sessions open, long locks held), then all start at once.
-    let pb = crate::scenarios::bar(parts as u64, "parts ready");
+    let pb = crate::report::bar(parts as u64, "parts ready");
     let mut lines = Vec::new();
     for (k, c) in children.iter_mut().enumerate() {
         let out = c.stdout.take().expect("piped");
