@@ -1,5 +1,8 @@
 //! The proxy's side toward the cell: its own session, the KeepAlive batcher, and its event
 //! stream (invalidations and watch events for everything its clients cache and watch).
+//!
+//! One file of about 800 lines with its tests, on purpose: the three share the state of
+//! the one upstream session (its id, lease and stream generation) and are read together.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,7 @@
 //! Identifiers, node metadata, client operations and their replies.
+//!
+//! One file of about 800 lines with its tests, on purpose: the client protocol's whole
+//! vocabulary, read side by side (a request's `Op` next to its `Reply`).
 
 use serde::{Deserialize, Serialize};
 
