@@ -17,4 +17,27 @@ if cargo tree -p client-sdk -e normal --prefix none | grep -E '^(openraft|fjall|
   echo "client-sdk must not depend on openraft, fjall or rcgen (see above)" >&2
   exit 1
 fi
-cargo test --workspace -- --nocapture
+# Every test but loadgen's two run binaries, one binary after another.
+cargo test --workspace --exclude loadgen -- --nocapture
+cargo test -p loadgen --bin loadgen -- --nocapture
+# loadgen's runs against our cell (tests/scenarios.rs) and against etcd and ZooKeeper
+# (tests/peers.rs) side by side: each run starts its own cluster on ports it finds free,
+# most of their time is spent waiting out leases, and they check behaviour with wide
+# margins, not speed. Together they take about as long as the longer of the two
+# (docs/testing.md, "How long the test command takes").
+cargo test -p loadgen --no-run
+logs=$(mktemp -d)
+cargo test -p loadgen --test scenarios -- --nocapture >"$logs/scenarios.log" 2>&1 &
+ours=$!
+cargo test -p loadgen --test peers -- --nocapture >"$logs/peers.log" 2>&1 &
+peers=$!
+ours_rc=0
+peers_rc=0
+wait "$ours" || ours_rc=$?
+wait "$peers" || peers_rc=$?
+cat "$logs/scenarios.log" "$logs/peers.log"
+rm -rf "$logs"
+if [ "$ours_rc" != 0 ] || [ "$peers_rc" != 0 ]; then
+  echo "loadgen's runs failed: tests/scenarios.rs exit $ours_rc, tests/peers.rs exit $peers_rc" >&2
+  exit 1
+fi

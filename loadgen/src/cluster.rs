@@ -63,6 +63,42 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Where each kind of server searches for free ports: disjoint regions, so that two
+/// loadgen processes at once (the test command runs an etcd, a ZooKeeper and one of our
+/// cells side by side) never pick the same ports. A port is only known free when it is
+/// checked; a server binds it later (ZooKeeper's JVMs bind their quorum ports seconds
+/// after they start, its leader's only once elected), so another process searching the
+/// same region in between could take it. Within its region a process starts at an
+/// offset from its pid, so two runs of one kind are unlikely to collide either (the
+/// tests run one of each kind at a time). All below Linux's ephemeral range (32 768).
+#[derive(Clone, Copy)]
+enum Ports {
+    /// Our cell's replicas and proxies (`lockctl dev`).
+    Ours,
+    /// An etcd cluster: a client and a peer port per member.
+    Etcd,
+    /// A ZooKeeper ensemble: client ports at the base, quorum and election ports 100 up.
+    Zk,
+    /// A replica started later (a learner).
+    NewReplica,
+    /// An etcd member added later.
+    NewEtcdMember,
+}
+
+impl Ports {
+    /// Where this kind's search starts.
+    fn from(self) -> u16 {
+        let (start, width) = match self {
+            Ports::Ours => (20_000, 4_000),
+            Ports::Etcd => (24_100, 1_900),
+            Ports::Zk => (26_100, 1_800),
+            Ports::NewReplica => (28_100, 1_900),
+            Ports::NewEtcdMember => (30_100, 1_900),
+        };
+        start + (std::process::id() % width) as u16
+    }
+}
+
 /// The first of `n` consecutive free loopback ports (TCP and UDP), searching from `from`
 /// up to 60 000, then from 10 000. Servers' ports are best kept below Linux's ephemeral
 /// range (32 768 and up): after a run with many short connections, tens of thousands of
@@ -121,7 +157,7 @@ impl Cluster {
     ) -> anyhow::Result<Cluster> {
         let system = System::Ours;
         let dir = tmp.path().to_path_buf();
-        let base = free_base(members + 1, 21_000 + (std::process::id() % 5_000) as u16);
+        let base = free_base(members + 1, Ports::Ours.from());
         let pbase = free_base(proxies.max(1), base + 16);
         let mut dev = Command::new(sibling("lockctl")?)
             .args(["dev", "--no-demo", "--replicas", &members.to_string()])
@@ -183,11 +219,11 @@ impl Cluster {
         members: u16,
     ) -> anyhow::Result<Cluster> {
         let dir = tmp.path().to_path_buf();
-        let (kind, ports) = match system {
-            System::Etcd => ("etcd", members * 2),
-            _ => ("zk", 100 + members * 2),
+        let (kind, ports, region) = match system {
+            System::Etcd => ("etcd", members * 2, Ports::Etcd),
+            _ => ("zk", 100 + members * 2, Ports::Zk),
         };
-        let base = free_base(ports, 26_000 + (std::process::id() % 4_000) as u16);
+        let base = free_base(ports, region.from());
         let out = Command::new(bench_script()?)
             .args([
                 kind,
@@ -247,7 +283,29 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        bail!("no leader found")
+        bail!(
+            "no leader found in 30 s{}",
+            self.member_logs()
+                .map(|l| format!("; the members' last log lines:\n{l}"))
+                .unwrap_or_default()
+        )
+    }
+
+    /// The last lines of each etcd or ZooKeeper member's log (`peers.sh` writes
+    /// `<name>.log` in the cluster's directory), to say why a cluster did not come up.
+    fn member_logs(&self) -> Option<String> {
+        if self.system == System::Ours {
+            return None;
+        }
+        let mut out = String::new();
+        for (name, _) in self.processes() {
+            let text = std::fs::read_to_string(self.dir.join(format!("{name}.log"))).ok()?;
+            let lines: Vec<&str> = text.lines().collect();
+            for l in &lines[lines.len().saturating_sub(15)..] {
+                out.push_str(&format!("  {name}: {l}\n"));
+            }
+        }
+        Some(out)
     }
 
     async fn leader_once(&self) -> Option<String> {
@@ -330,7 +388,7 @@ impl Cluster {
         let cell = self.dir.join("cell");
         let text = std::fs::read_to_string(cell.join("replica-1.toml"))?;
         let mut cfg: toml::Table = text.parse().context("replica-1.toml")?;
-        let port = free_base(1, 30_000 + (std::process::id() % 2_000) as u16);
+        let port = free_base(1, Ports::NewReplica.from());
         let addr = format!("127.0.0.1:{port}");
         cfg.insert("id".into(), toml::Value::Integer(id as i64));
         cfg.insert("listen".into(), toml::Value::String(addr.clone()));
@@ -386,7 +444,7 @@ impl Cluster {
 
     /// Two loopback ports, free now, for a new etcd member: (client, peer).
     pub fn new_member_ports(&self) -> (u16, u16) {
-        let base = free_base(2, 30_500 + (std::process::id() % 2_000) as u16);
+        let base = free_base(2, Ports::NewEtcdMember.from());
         (base, base + 1)
     }
 
