@@ -15,6 +15,11 @@
 //! the next member if this one timed out). clientv3 would
 //! re-create its watchers on a new stream itself; here the lock's acquire fails and its
 //! caller counts the failure and tries again, as for any other failed request.
+//!
+//! A stream stays at the member it was opened at until it ends, as a clientv3 watch stream
+//! stays on its connection: when the client moves its requests to another member, waits
+//! still go to the old member's stream until that fails (its connection's keep-alive
+//! gives a silent member up within 8 s).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -49,6 +54,25 @@ impl Table {
         }
         for (_, w) in self.watching.drain() {
             let _ = w.send(outcome.clone());
+        }
+    }
+}
+
+/// Ends its stream's waits when dropped armed: a wait queued whose watch request never
+/// went out (its future dropped meanwhile).
+struct Unsent<'a>(Option<&'a Mutex<Table>>);
+
+impl Unsent<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.0 {
+            let why = "a wait was dropped before its watch was asked for";
+            t.lock().expect("watches").end(why, Err(why.into()));
         }
     }
 }
@@ -106,7 +130,12 @@ impl WatchMux {
             }
             if tx.is_none() {
                 let l = live.as_ref().expect("an open stream");
+                // Queued, not yet asked for: were this future dropped before the request
+                // went out, every later `created` answer would go to the wait queued
+                // before its own. The guard then ends the stream for all its waits.
+                let unsent = Unsent(Some(l.table.as_ref()));
                 let sent = l.watcher.lock().await.watch(key, Some(opts)).await;
+                unsent.disarm();
                 if let Err(e) = sent {
                     // The request side is gone: the stream is over for every wait.
                     let why = format!("the watch stream failed: {e}");
@@ -121,6 +150,13 @@ impl WatchMux {
                 // A new stream; etcd-client creates its first watch with it and waits
                 // for that watch's `created` answer (within the request timeout).
                 let (watcher, stream) = open(key, opts).await?;
+                // etcd-client returns once the first watch's answer says `created`; a
+                // create the server refused says so too, with watch id -1.
+                anyhow::ensure!(
+                    watcher.watch_id() >= 0,
+                    "watch: the server refused the watch (id {})",
+                    watcher.watch_id()
+                );
                 let table = Arc::new(Mutex::new(Table::default()));
                 table
                     .lock()
@@ -197,7 +233,12 @@ async fn read_answers(
         };
         if let Some(w) = deleted {
             let _ = w.send(Ok(()));
-            let _ = watcher.lock().await.cancel_by_id(id).await;
+            // Sent from a task of its own: this task is the stream's only reader, and
+            // must not wait on the request side while answers pile up.
+            let watcher = watcher.clone();
+            tokio::spawn(async move {
+                let _ = watcher.lock().await.cancel_by_id(id).await;
+            });
         }
     };
     table.lock().expect("watches").end(&why, outcome);
