@@ -50,7 +50,7 @@ struct Cli {
     /// Session lease / etcd lease TTL / ZooKeeper session timeout, in seconds.
     #[arg(long, default_value_t = 12, global = true)]
     lease_secs: u64,
-    /// etcd in profile and state: renew all 2 000 leases of a gRPC client on one
+    /// etcd in profile, state and herd: renew all 2 000 leases of a gRPC client on one
     /// keep-alive stream (as one clientv3 process would) instead of one stream per lease
     /// (as independent clients would).
     #[arg(long, global = true)]
