@@ -291,6 +291,37 @@ impl Cluster {
         )
     }
 
+    /// Copies each etcd or ZooKeeper member's log (`<name>.log`, the last 4 MiB of each)
+    /// into `dir`, which it creates; `None` for our cell, whose replicas log elsewhere
+    /// (`lockctl dev` keeps their logs with the cell's data).
+    pub fn keep_member_logs(&self, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+        const KEEP: u64 = 4 << 20;
+        if self.system == System::Ours {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        for name in self.member_names()? {
+            let from = self.dir.join(format!("{name}.log"));
+            let mut f =
+                std::fs::File::open(&from).with_context(|| format!("open {}", from.display()))?;
+            let len = f.metadata()?.len();
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(len.saturating_sub(KEEP)))?;
+            let mut to = std::fs::File::create(dir.join(format!("{name}.log")))?;
+            std::io::copy(&mut f, &mut to)?;
+        }
+        Ok(Some(dir.to_path_buf()))
+    }
+
+    /// The names of the etcd or ZooKeeper members `peers.sh` started, from its pid list:
+    /// a member that has exited (or was stopped) is still named.
+    fn member_names(&self) -> anyhow::Result<Vec<String>> {
+        let pids = std::fs::read_to_string(self.dir.join("pids")).context("the pid list")?;
+        Ok(pids
+            .lines()
+            .filter_map(|l| Some(l.split_whitespace().next()?.to_string()))
+            .collect())
+    }
+
     /// The last lines of each etcd or ZooKeeper member's log (`peers.sh` writes
     /// `<name>.log` in the cluster's directory), to say why a cluster did not come up.
     fn member_logs(&self) -> Option<String> {
@@ -298,7 +329,7 @@ impl Cluster {
             return None;
         }
         let mut out = String::new();
-        for (name, _) in self.processes() {
+        for name in self.member_names().ok()? {
             let text = std::fs::read_to_string(self.dir.join(format!("{name}.log"))).ok()?;
             let lines: Vec<&str> = text.lines().collect();
             for l in &lines[lines.len().saturating_sub(15)..] {

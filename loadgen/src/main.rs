@@ -347,9 +347,31 @@ async fn run_one(
         .server_cpus
         .as_ref()
         .map(|cpus| pinning::check_servers(system, ctx.cluster.dir(), cpus));
+    // The cluster's directory goes with it: when the server confirmed sessions lost,
+    // keep what its members logged (before they are stopped), to find out why.
+    let lost_at_server = r.as_ref().is_ok_and(|r| {
+        r.figures
+            .get(server_sessions::CONFIRMED_LOST)
+            .is_some_and(|n| *n > 0.0)
+    });
+    let kept = lost_at_server.then(|| {
+        let system = r.as_ref().map_or("", |r| r.system.as_str());
+        ctx.cluster
+            .keep_member_logs(&out.join(format!("{system}-member-logs")))
+    });
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
     let mut r = r?;
+    match kept {
+        Some(Ok(Some(dir))) => r.notes.push(format!(
+            "the server confirmed sessions lost: its members' logs are kept in {}",
+            dir.display()
+        )),
+        Some(Err(e)) => r
+            .notes
+            .push(format!("could not keep the members' logs: {e:#}")),
+        Some(Ok(None)) | None => {}
+    }
     if cli.client_nice > 0 {
         r.param("loadgen niceness (servers 0)", cli.client_nice);
     }

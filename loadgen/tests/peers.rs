@@ -101,12 +101,27 @@ fn profile_on(system: &str, extra: &[&str], behind: u64) -> Option<serde_json::V
     let v = run(system, &args, "profile", dir.path());
     // Asked at the server before any session closed (with --processes, while the parts
     // still hold theirs).
+    // The members' logs are kept next to the report when, and only when, the server
+    // confirmed sessions lost (the cluster's own directory goes with it).
+    let kept = dir
+        .path()
+        .join(format!("{}-member-logs", v["system"].as_str().unwrap()));
     if behind == 0 {
         assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
         server_confirms_none_lost(&v);
+        assert!(!kept.exists(), "{} kept without a loss", kept.display());
     } else {
         assert!(figure(&v, "sessions lost") <= behind as f64, "{v}");
         server_confirms_lost(&v, behind);
+        let logs: Vec<_> = std::fs::read_dir(&kept)
+            .unwrap_or_else(|e| panic!("{}: {e}", kept.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(logs.len(), 3, "one log per member: {logs:?}");
+        assert!(
+            logs.iter().all(|l| std::fs::metadata(l).unwrap().len() > 0),
+            "{logs:?}"
+        );
     }
     // 1 000 sessions and each loadgen process's admin session were asked for by id.
     let processes = extra
