@@ -349,16 +349,18 @@ async fn run_one(
         .map(|cpus| pinning::check_servers(system, ctx.cluster.dir(), cpus));
     // The cluster's directory goes with it: when the server confirmed sessions lost,
     // keep what its members logged (before they are stopped), to find out why.
-    let lost_at_server = r.as_ref().is_ok_and(|r| {
-        r.figures
-            .get(server_sessions::CONFIRMED_LOST)
-            .is_some_and(|n| *n > 0.0)
-    });
-    let kept = lost_at_server.then(|| {
-        let system = r.as_ref().map_or("", |r| r.system.as_str());
-        ctx.cluster
-            .keep_member_logs(&out.join(format!("{system}-member-logs")))
-    });
+    let kept = r
+        .as_ref()
+        .ok()
+        .filter(|r| {
+            r.figures
+                .get(server_sessions::CONFIRMED_LOST)
+                .is_some_and(|n| *n > 0.0)
+        })
+        .map(|r| {
+            ctx.cluster
+                .keep_member_logs(&out.join(format!("{}-member-logs", r.system)))
+        });
     let mut cluster = ctx.cluster;
     tokio::task::block_in_place(|| cluster.stop());
     let mut r = r?;
