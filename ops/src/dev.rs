@@ -44,7 +44,7 @@ pub struct DevArgs {
 /// Writes the configuration files of a dev cell and returns their paths.
 pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
     let tls_dir = args.data.join("tls");
-    if !tls_dir.join(wire::tls::CA_FILE).exists() {
+    if !wire::tls::DevCa::complete_in(&tls_dir) {
         wire::tls::DevCa::generate()
             .map_err(anyhow::Error::msg)?
             .write_to(&tls_dir)?;
@@ -65,7 +65,7 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             data_dir: abs.join(format!("replica-{}", m.id)),
             bootstrap: m.id == 1,
             members: members.clone(),
-            tls: TlsConfig::in_dir(&abs.join("tls")),
+            tls: TlsConfig::replica_in_dir(&abs.join("tls")),
             raft: RaftConfig::default(),
             session: SessionConfig {
                 lease_ms: args.lease_ms,
@@ -102,7 +102,7 @@ pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
         let cfg = proxy::ProxyConfig::new(
             listen.parse()?,
             replicas.clone(),
-            proxy::config::TlsConfig::in_dir(&abs.join("tls")),
+            proxy::config::TlsConfig::proxy_in_dir(&abs.join("tls")),
         );
         cfg.validate()?;
         let path = args.data.join(format!("proxy-{}.toml", i + 1));

@@ -4,6 +4,7 @@
 //!   and stops them cleanly on Ctrl-C.
 //! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
 
+mod certs;
 mod dev;
 mod fenced;
 mod lock;
@@ -42,6 +43,13 @@ struct Cli {
         global = true
     )]
     ca: PathBuf,
+    /// This client's certificate (every connection is mutual TLS). Default: client.pem
+    /// next to the CA.
+    #[arg(long = "cert", env = "LOCKCTL_CERT", global = true)]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's key. Default: client.key next to the CA.
+    #[arg(long = "key", env = "LOCKCTL_KEY", global = true)]
+    tls_key: Option<PathBuf>,
     /// Give up on a request after this many seconds.
     #[arg(long, default_value_t = 15, global = true)]
     timeout_secs: u64,
@@ -181,6 +189,9 @@ enum Command {
     /// Make each replica build a snapshot now and purge its log behind it (before
     /// maintenance, or to measure); prints each one's index, size and time.
     Snapshot,
+    /// Make a CA and certificates with identities for replicas, proxies and clients.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
     /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
     #[command(hide = true)]
     Proxy {
@@ -242,6 +253,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Replica { config } => return dev::run_replica(config),
         Command::Proxy { config } => return dev::run_proxy(config),
+        Command::Certs(cmd) => return certs::run(cmd),
         Command::FencedWrite {
             store,
             lock,
@@ -278,24 +290,43 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
-            other => command(&cli.endpoints, &cli.ca, cli.timeout_secs, other).await,
+            other => {
+                let tls = ClientTls {
+                    ca: cli.ca.clone(),
+                    cert: cli.tls_cert.clone(),
+                    key: cli.tls_key.clone(),
+                };
+                command(&cli.endpoints, &tls, cli.timeout_secs, other).await
+            }
         }
     })
 }
 
-async fn connect(
-    endpoints: &str,
-    ca: &std::path::Path,
-    timeout_secs: u64,
-) -> anyhow::Result<Client> {
+/// The client's TLS files from the command line (certificate and key default to the
+/// SDK's: next to the CA).
+#[derive(Debug, Clone)]
+struct ClientTls {
+    ca: PathBuf,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+async fn connect(endpoints: &str, tls: &ClientTls, timeout_secs: u64) -> anyhow::Result<Client> {
     let mut cfg = ClientConfig::new(
         endpoints
             .split(',')
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect(),
-        ca.to_path_buf(),
+        tls.ca.clone(),
     );
+    if let Some(cert) = &tls.cert {
+        cfg.cert = cert.clone();
+    }
+    if let Some(key) = &tls.key {
+        cfg.key = key.clone();
+    }
+    let ca = &tls.ca;
     cfg.request_timeout = Duration::from_secs(timeout_secs);
     // Admin operations (a snapshot, a learner catching up) may take one long answer; a
     // dead replica is still detected by the connection probe within seconds.
@@ -308,11 +339,11 @@ async fn connect(
 
 async fn command(
     endpoints: &str,
-    ca: &std::path::Path,
+    tls: &ClientTls,
     timeout_secs: u64,
     cmd: Command,
 ) -> anyhow::Result<()> {
-    let client = connect(endpoints, ca, timeout_secs).await?;
+    let client = connect(endpoints, tls, timeout_secs).await?;
     match cmd {
         Command::Status { full: false } => dev::print_status(&client).await,
         Command::Status { full: true } => {
@@ -565,11 +596,42 @@ async fn command(
             Ok(())
         }
         Command::Dev(_)
+        | Command::Certs(_)
         | Command::Proxy { .. }
         | Command::Replica { .. }
         | Command::FencedWrite { .. }
         | Command::FencedGet { .. } => {
             unreachable!("handled above")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own consistency checks over every command and argument (a global option
+    /// must not share its id with a subcommand's argument, for one).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        // `--key` is global and `fenced-write` has a KEY argument: both parse.
+        let cli = Cli::try_parse_from([
+            "lockctl",
+            "--key",
+            "c.key",
+            "fenced-write",
+            "--store",
+            "s",
+            "--lock",
+            "/l",
+            "--token",
+            "1",
+            "k",
+            "v",
+        ])
+        .unwrap();
+        assert_eq!(cli.tls_key, Some(PathBuf::from("c.key")));
     }
 }

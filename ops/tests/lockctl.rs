@@ -834,3 +834,173 @@ fn on_jeopardy_term_ends_the_command_and_kills_one_that_ignores_it() {
     drop(holder);
     assert!(cell.stop().success());
 }
+
+/// `lockctl certs`: a CA and certificates made with it run a real replica, and a client
+/// with the client certificate reaches it; the wrong role, a second CA in one place and
+/// malformed names are refused with the reason.
+#[test]
+fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let p = |s: &str| dir.path().join(s);
+    let certs = |args: &[&str]| {
+        Command::new(LOCKCTL)
+            .arg("certs")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let o = certs(&["init", "ca", "--name", "test CA"]);
+    assert!(o.status.success(), "{}", text(&o));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(p("ca/ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "the CA key is readable by others: {mode:o}"
+        );
+    }
+    let o = certs(&["init", "ca"]);
+    assert!(
+        !o.status.success() && text(&o).contains("already holds a CA"),
+        "{}",
+        text(&o)
+    );
+    let issue = |extra: &[&str]| {
+        let mut a = vec!["issue", "--ca-dir", "ca"];
+        a.extend_from_slice(extra);
+        certs(&a)
+    };
+    for (args, why) in [
+        (
+            &["--role", "replica", "--name", "r1", "--out", "x"][..],
+            "add --cell",
+        ),
+        (
+            &[
+                "--role", "client", "--cell", "c1", "--name", "x", "--out", "x",
+            ][..],
+            "drop --cell",
+        ),
+        (
+            &["--role", "client", "--name", "a b", "--out", "x"][..],
+            "may hold only",
+        ),
+        (
+            &["--role", "client", "--name", "Upper", "--out", "x"][..],
+            "lowercase",
+        ),
+        (
+            &["--role", "auditor", "--name", "x", "--out", "x"][..],
+            "invalid value",
+        ),
+        (&["--role", "client", "--name", "x"][..], "--out"),
+        (
+            &["--role", "client", "--name", "x", "--out", "ca"][..],
+            "holds a CA key",
+        ),
+        (
+            &[
+                "--role", "client", "--name", "x", "--out", "x", "--days", "0",
+            ][..],
+            "1 to 36500",
+        ),
+    ] {
+        let o = issue(args);
+        assert!(
+            !o.status.success() && text(&o).contains(why),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = issue(&[
+        "--role", "replica", "--cell", "c1", "--name", "r1", "--out", "node",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = issue(&["--role", "client", "--name", "payments-api", "--out", "app"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = issue(&["--role", "client", "--name", "again", "--out", "app"]);
+    assert!(
+        !o.status.success() && text(&o).contains("--force"),
+        "{}",
+        text(&o)
+    );
+    let o = certs(&["show", "node/replica.pem"]);
+    let s = text(&o);
+    assert!(o.status.success(), "{s}");
+    for line in [
+        "lock://c1/replica/r1",
+        "role:       replica",
+        "cell:       c1",
+        "expires in",
+    ] {
+        assert!(s.contains(line), "{line}: {s}");
+    }
+    let o = certs(&["show", "ca/ca.pem"]);
+    assert!(text(&o).contains("a CA certificate"), "{}", text(&o));
+
+    // A one-replica cell on the replica's files, reached with the client's.
+    let port = free_base(1);
+    let addr = format!("127.0.0.1:{port}");
+    let cfg = replica::config::ReplicaConfig {
+        id: 1,
+        listen: addr.parse().unwrap(),
+        advertise: None,
+        data_dir: p("data"),
+        bootstrap: true,
+        members: vec![replica::config::Member {
+            id: 1,
+            addr: addr.clone(),
+        }],
+        tls: replica::config::TlsConfig::replica_in_dir(&p("node")),
+        raft: Default::default(),
+        session: Default::default(),
+        request_timeout_ms: 5_000,
+        limits: Default::default(),
+        faults: Default::default(),
+    };
+    std::fs::write(p("replica.toml"), toml::to_string(&cfg).unwrap()).unwrap();
+    let mut replica = DevGuard(Some(
+        Command::new(LOCKCTL)
+            .args(["replica", "--config"])
+            .arg(p("replica.toml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(p("replica.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    ));
+    let ok = wait_until(Duration::from_secs(30), || {
+        let o = lockctl(&addr, &p("app/ca.pem"), &["status"]);
+        o.status.success() && text(&o).contains("Leader")
+    });
+    assert!(
+        ok,
+        "no answer from the replica: {}",
+        std::fs::read_to_string(p("replica.log")).unwrap_or_default()
+    );
+    // The replica's own certificate is not a client's.
+    let o = Command::new(LOCKCTL)
+        .args(["--endpoints", &addr, "--ca"])
+        .arg(p("node/ca.pem"))
+        .arg("--cert")
+        .arg(p("node/replica.pem"))
+        .arg("--key")
+        .arg(p("node/replica.key"))
+        .args(["--timeout-secs", "5", "status"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("a replica's"),
+        "{}",
+        text(&o)
+    );
+    if let Some(mut c) = replica.0.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

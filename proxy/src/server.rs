@@ -19,6 +19,8 @@ use crate::upstream::Upstream;
 
 /// A running proxy.
 pub struct Proxy {
+    /// The cell this proxy serves (from its certificate's identity).
+    cell: String,
     cfg: ProxyConfig,
     up: Arc<Upstream>,
     hub: Arc<Hub>,
@@ -39,8 +41,19 @@ pub async fn run_on(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     cfg.validate()?;
-    let tls = wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT])
-        .map_err(anyhow::Error::msg)?;
+    // Mutual TLS: the certificate must be a proxy's; its cell is the one this proxy
+    // serves, and it is also what the proxy presents to the cell's replicas.
+    let (tls, me) = wire::tls::server_config(&cfg.tls, &[ALPN_CLIENT])
+        .map_err(|e| anyhow::anyhow!("the proxy's TLS files: {e}"))?;
+    let cell = match &me {
+        wire::identity::Identity::Proxy { cell, .. } => cell.clone(),
+        other => anyhow::bail!(
+            "the certificate in {} is {other}, a {}'s; a proxy needs one for \
+             lock://<cell>/proxy/<name> (lockctl certs issue --role proxy)",
+            cfg.tls.cert.display(),
+            other.role()
+        ),
+    };
     // Stateless resets that survive a restart (see `wire::quic::StableReset`): a
     // restarted proxy's clients learn at once that their old connection is gone.
     let reset =
@@ -49,6 +62,8 @@ pub async fn run_on(
     let endpoint = wire::quic::server_endpoint_on(&sockets, cfg.listen, tls, None, Some(reset))
         .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
+    ccfg.cert = cfg.tls.cert.clone();
+    ccfg.key = cfg.tls.key.clone();
     ccfg.sockets = sockets;
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
     ccfg.attempt_timeout = Duration::from_millis(cfg.forward_timeout_ms);
@@ -62,7 +77,9 @@ pub async fn run_on(
         Duration::from_millis(cfg.keepalive_interval_ms),
         Duration::from_millis(cfg.forward_timeout_ms),
     ));
+    tracing::info!(identity = %me, "proxy's certificate checked");
     let proxy = Arc::new(Proxy {
+        cell,
         cfg: cfg.clone(),
         up: up.clone(),
         hub,
@@ -152,6 +169,11 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
                     return;
                 }
             };
+            // Clients only, checked before the first frame.
+            let listener = wire::identity::Listener::Proxy { cell: &p.cell };
+            if wire::identity::check_accepted(&conn, listener, false).is_err() {
+                return;
+            }
             wire::quic::grant_streams(&conn);
             let bytes_max = p.cfg.client_connection_bytes_max;
             wire::serve::serve(conn, p, bytes_max).await;

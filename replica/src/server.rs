@@ -76,13 +76,23 @@ pub async fn run_on(
     std::fs::create_dir_all(&log_dir)?;
     std::fs::create_dir_all(&snap_dir)?;
 
-    let server_tls =
-        wire::tls::server_config(&cfg.tls.cert, &cfg.tls.key, &[ALPN_CLIENT, ALPN_PEER])
-            .map_err(anyhow::Error::msg)?;
-    let peer_tls = wire::quic::client_config(
-        wire::tls::client_config(&cfg.tls.ca, ALPN_PEER).map_err(anyhow::Error::msg)?,
-    )
-    .map_err(anyhow::Error::msg)?;
+    // Mutual TLS on both protocols; the certificate must be a replica's, and its cell is
+    // this replica's cell.
+    let (server_tls, me) = wire::tls::server_config(&cfg.tls, &[ALPN_CLIENT, ALPN_PEER])
+        .map_err(|e| anyhow::anyhow!("replica {}'s TLS files: {e}", cfg.id))?;
+    let cell = match &me {
+        wire::identity::Identity::Replica { cell, .. } => cell.clone(),
+        other => anyhow::bail!(
+            "replica {}: the certificate in {} is {other}, a {}'s; a replica needs one for \
+             lock://<cell>/replica/<name> (lockctl certs issue --role replica)",
+            cfg.id,
+            cfg.tls.cert.display(),
+            other.role()
+        ),
+    };
+    let (peer_tls, _) =
+        wire::tls::client_config(&cfg.tls, ALPN_PEER).map_err(anyhow::Error::msg)?;
+    let peer_tls = wire::quic::client_config(peer_tls).map_err(anyhow::Error::msg)?;
     // Stateless resets signed with a key derived from our TLS key and identity: after a
     // kill and restart, peers and clients still sending on a connection to the old process
     // are told at once rather than after their idle timeout.
@@ -113,7 +123,7 @@ pub async fn run_on(
     sm_store.set_build_delay(Duration::from_millis(cfg.faults.snapshot_build_delay_ms));
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
-    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id);
+    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell);
     let peer_dials = network.dials();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {
@@ -188,8 +198,10 @@ pub async fn run_on(
         }
     });
 
+    tracing::info!(identity = %me, "replica's certificate checked");
     let gw = Arc::new(Gateway {
         id: cfg.id,
+        cell,
         raft: raft.clone(),
         raft_node,
         sessions: session_manager,

@@ -48,7 +48,14 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 async fn connect(cell: &TestCell, addr: SocketAddr, alpn: &[u8]) -> quinn::Connection {
-    let tls = wire::tls::client_config(&cell.ca, alpn).expect("tls");
+    // The peer protocol takes replicas' certificates only: the attacker holds one.
+    let dir = cell.ca.parent().unwrap();
+    let files = if alpn == wire::hello::ALPN_PEER {
+        wire::tls::TlsConfig::replica_in_dir(dir)
+    } else {
+        wire::tls::TlsConfig::client_in_dir(dir)
+    };
+    let (tls, _) = wire::tls::client_config(&files, alpn).expect("tls");
     let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).expect("endpoint");
     let conn = ep
         .connect(addr, wire::tls::SERVER_NAME)

@@ -357,7 +357,8 @@ fn dedup_and_bad_input() {
             .wait_leader(&client, Duration::from_secs(5), None)
             .await;
         let addr: std::net::SocketAddr = cell.addr(leader).parse().unwrap();
-        let tls = wire::tls::client_config(&cell.ca, wire::hello::ALPN_CLIENT).unwrap();
+        let files = wire::tls::TlsConfig::client_in_dir(cell.ca.parent().unwrap());
+        let (tls, _) = wire::tls::client_config(&files, wire::hello::ALPN_CLIENT).unwrap();
         let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).unwrap();
         let conn = ep
             .connect(addr, wire::tls::SERVER_NAME)

@@ -22,7 +22,8 @@
 //!   proxies), handing each request to a [`serve::Handler`] with its [`serve::Caller`].
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
-//!   with rcgen) and QUIC endpoint construction shared by every process.
+//!   with rcgen) and QUIC endpoint construction shared by every process; [`identity`]:
+//!   the identity a certificate proves, and which roles may use which connection.
 //!
 //! # Encoding rules
 //!
@@ -38,6 +39,7 @@ pub mod error;
 pub mod frame;
 pub mod hash;
 pub mod hello;
+pub mod identity;
 pub mod latency;
 pub mod limits;
 pub mod path;

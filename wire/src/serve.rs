@@ -8,9 +8,10 @@
 //! bytes in progress (a request's bytes stay reserved until its answer is written), the
 //! `Events` request whose stream lasts as long as its session (handed to
 //! [`Handler::events`] with the stream), and the answer or error encoded back. Every
-//! request reaches the handler with the connection's [`Caller`]: its peer now and, once
-//! certificates carry identities, who it is. The caller is the connection's, the same for
-//! all its requests; a handler that accepts requests a proxy forwards for its clients
+//! request reaches the handler with the connection's [`Caller`]: its peer and the
+//! identity its certificate proves (the server checked before calling [`serve`] that the
+//! identity may use the connection: [`crate::identity::check_accepted`]). The caller is
+//! the connection's, the same for all its requests; a handler that accepts requests a proxy forwards for its clients
 //! derives each one's caller with [`Caller::forwarded_for`].
 
 use std::future::Future;
@@ -30,8 +31,8 @@ pub struct Caller {
     /// The connection's remote address when its hello arrived (a connection that
     /// migrates later keeps it).
     pub peer: SocketAddr,
-    /// The identity the connection's certificate proves: `None` while certificates carry
-    /// no identities.
+    /// The identity the connection's certificate proves (its `lock://` URI); `None` only
+    /// for a caller made with [`Caller::from_peer`], which no server connection is.
     pub identity: Option<String>,
     /// For a request a proxy forwards, the identity of the client it acts for (`None`
     /// for a connection's own requests). Set only by [`Caller::forwarded_for`], which
@@ -128,7 +129,11 @@ pub async fn serve<H: Handler>(conn: quinn::Connection, handler: Arc<H>, bytes_m
     let Some((mut send, hello)) = crate::quic::accept_hello(&conn).await else {
         return;
     };
-    let caller = Arc::new(Caller::from_peer(conn.remote_address()));
+    let mut caller = Caller::from_peer(conn.remote_address());
+    caller.identity = crate::identity::Identity::of_connection(&conn)
+        .ok()
+        .map(|i| i.to_string());
+    let caller = Arc::new(caller);
     // `_held` is dropped when this loop returns: the connection is closed, whatever its
     // requests still running hold.
     let (state, _held, reply) = handler.hello(&caller, hello);

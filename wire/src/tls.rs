@@ -1,37 +1,65 @@
 //! Certificates and rustls configuration.
 //!
-//! A cell runs with a CA of its own: every replica (and later every proxy) presents a
-//! certificate signed by it for the DNS name [`SERVER_NAME`], and clients trust only that
-//! CA. `DevCa` (feature `dev-ca`) makes such a CA and certificates with rcgen for local
-//! cells and tests; production operators bring their own PEM files.
+//! Every hop is mutual TLS. A cell runs with a CA of its own: every replica and proxy
+//! presents a certificate signed by it for the DNS name [`SERVER_NAME`], and every
+//! connection's other end presents one too, checked against the same CA. Each
+//! certificate carries one identity ([`crate::identity`]) that says its role: only a
+//! replica of the cell may speak the peer protocol, only a proxy of the cell may forward
+//! for its clients. There is no plain-text listener, and no listener that takes a
+//! connection without a certificate.
+//!
+//! `DevCa` (feature `dev-ca`) makes such a CA, and a certificate for each role, with
+//! rcgen for local cells and tests; `lockctl certs` makes them for real cells.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 
-/// A server's TLS files, as replicas and proxies configure them. Every server of a cell
-/// presents a certificate signed by the cell's CA for the DNS name [`SERVER_NAME`];
-/// `lockctl dev` generates such a set (`DevCa`, feature `dev-ca`).
+use crate::identity::Identity;
+
+/// A process's TLS files: the CA it trusts for the other end of every connection, and
+/// its own certificate and key, whose identity says its role (a replica's, a proxy's or
+/// a client's; [`crate::identity`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TlsConfig {
-    /// The cell's CA certificate (PEM), trusted when dialing replicas.
+    /// The cell's CA certificate (PEM): every certificate the other end of a connection
+    /// presents must chain to it.
     pub ca: PathBuf,
-    /// This server's certificate chain (PEM).
+    /// This process's certificate chain (PEM), the leaf first.
     pub cert: PathBuf,
     /// Its private key (PEM).
     pub key: PathBuf,
 }
 
 impl TlsConfig {
-    /// The files `DevCa::write_to` writes into `dir` ([`CA_FILE`], [`CERT_FILE`],
-    /// [`KEY_FILE`]).
-    pub fn in_dir(dir: &Path) -> TlsConfig {
+    /// A replica's files in a TLS directory as `DevCa::write_to` and `lockctl certs`
+    /// write it ([`CA_FILE`], [`REPLICA_CERT_FILE`], [`REPLICA_KEY_FILE`]).
+    pub fn replica_in_dir(dir: &Path) -> TlsConfig {
         TlsConfig {
             ca: dir.join(CA_FILE),
-            cert: dir.join(CERT_FILE),
-            key: dir.join(KEY_FILE),
+            cert: dir.join(REPLICA_CERT_FILE),
+            key: dir.join(REPLICA_KEY_FILE),
+        }
+    }
+
+    /// A proxy's files in a TLS directory ([`PROXY_CERT_FILE`], [`PROXY_KEY_FILE`]).
+    pub fn proxy_in_dir(dir: &Path) -> TlsConfig {
+        TlsConfig {
+            ca: dir.join(CA_FILE),
+            cert: dir.join(PROXY_CERT_FILE),
+            key: dir.join(PROXY_KEY_FILE),
+        }
+    }
+
+    /// A client's files in a TLS directory ([`CLIENT_CERT_FILE`], [`CLIENT_KEY_FILE`]).
+    pub fn client_in_dir(dir: &Path) -> TlsConfig {
+        TlsConfig {
+            ca: dir.join(CA_FILE),
+            cert: dir.join(CLIENT_CERT_FILE),
+            key: dir.join(CLIENT_KEY_FILE),
         }
     }
 }
@@ -39,29 +67,67 @@ impl TlsConfig {
 /// The DNS name every server certificate carries and every client checks.
 pub const SERVER_NAME: &str = "lockservice";
 
-/// File names used inside a TLS directory (see `DevCa::write_to`).
+/// The CA certificate's file name in a TLS directory.
 pub const CA_FILE: &str = "ca.pem";
-/// Server certificate file name.
-pub const CERT_FILE: &str = "server.pem";
-/// Server key file name.
-pub const KEY_FILE: &str = "server.key";
+/// The CA's private key file name (`lockctl certs`; `DevCa` writes one too).
+pub const CA_KEY_FILE: &str = "ca.key";
+/// The replicas' certificate file name in a TLS directory.
+pub const REPLICA_CERT_FILE: &str = "replica.pem";
+/// The replicas' key file name.
+pub const REPLICA_KEY_FILE: &str = "replica.key";
+/// The proxies' certificate file name in a TLS directory.
+pub const PROXY_CERT_FILE: &str = "proxy.pem";
+/// The proxies' key file name.
+pub const PROXY_KEY_FILE: &str = "proxy.key";
+/// A client's certificate file name in a TLS directory (the SDK's default next to the CA
+/// it is given).
+pub const CLIENT_CERT_FILE: &str = "client.pem";
+/// A client's key file name.
+pub const CLIENT_KEY_FILE: &str = "client.key";
 
-/// A development certificate authority with one server certificate.
+/// The cell name `DevCa` issues its certificates for.
+pub const DEV_CELL: &str = "dev";
+
+/// A certificate and its key, PEM.
+#[derive(Clone)]
+pub struct CertAndKey {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for CertAndKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CertAndKey(..)")
+    }
+}
+
+/// A development certificate authority with a certificate for each role, all of cell
+/// [`DEV_CELL`]: `lock://dev/replica/dev` (shared by the replicas of a dev cell),
+/// `lock://dev/proxy/dev` and `lock://client/dev`.
 #[cfg(feature = "dev-ca")]
 pub struct DevCa {
     /// CA certificate, PEM.
     pub ca_pem: String,
-    /// Server certificate for [`SERVER_NAME`], `localhost` and `127.0.0.1`, PEM.
-    pub cert_pem: String,
-    /// The server certificate's private key, PEM.
-    pub key_pem: String,
+    /// The CA's private key, PEM (written as `ca.key`, so `lockctl certs issue --ca-dir`
+    /// can issue more for a dev cell).
+    pub ca_key_pem: String,
+    /// The replicas' certificate (also for [`SERVER_NAME`], `localhost` and `127.0.0.1`).
+    pub replica: CertAndKey,
+    /// The proxies' certificate (the same names).
+    pub proxy: CertAndKey,
+    /// A client's certificate.
+    pub client: CertAndKey,
 }
 
 #[cfg(feature = "dev-ca")]
 impl DevCa {
-    /// Makes a fresh CA and a server certificate signed by it (ECDSA P-256 keys).
+    /// Makes a fresh CA and a certificate for each role signed by it (ECDSA P-256 keys).
     pub fn generate() -> Result<DevCa, String> {
-        DevCa::generate_with(&rcgen::PKCS_ECDSA_P256_SHA256)
+        let e = |e: rcgen::Error| e.to_string();
+        let key = |_: u64| rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(e);
+        DevCa::build(key, false)
     }
 
     /// Like [`DevCa::generate`], with Ed25519 keys (every signature the same length; an
@@ -85,21 +151,12 @@ impl DevCa {
             }
             rcgen::KeyPair::try_from(der.as_slice()).map_err(e)
         };
-        DevCa::build(key(0)?, key(1)?, true)
+        DevCa::build(key, true)
     }
 
-    fn generate_with(alg: &'static rcgen::SignatureAlgorithm) -> Result<DevCa, String> {
-        let e = |e: rcgen::Error| e.to_string();
-        DevCa::build(
-            rcgen::KeyPair::generate_for(alg).map_err(e)?,
-            rcgen::KeyPair::generate_for(alg).map_err(e)?,
-            false,
-        )
-    }
-
+    /// `key(n)` gives the n-th key: 0 the CA's, then the replicas', proxies' and client's.
     fn build(
-        ca_key: rcgen::KeyPair,
-        key: rcgen::KeyPair,
+        key: impl Fn(u64) -> Result<rcgen::KeyPair, String>,
         fixed_serials: bool,
     ) -> Result<DevCa, String> {
         let e = |e: rcgen::Error| e.to_string();
@@ -108,36 +165,251 @@ impl DevCa {
         ca_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "lockservice dev CA");
-        if fixed_serials {
-            ca_params.serial_number = Some(rcgen::SerialNumber::from(1u64));
-        }
+        ca_params.serial_number = Some(serial(fixed_serials, 1));
+        let ca_key = key(0)?;
+        let ca_key_pem = ca_key.serialize_pem();
         let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(e)?;
-
-        let mut params = rcgen::CertificateParams::new(vec![
-            SERVER_NAME.to_string(),
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ])
-        .map_err(e)?;
-        if fixed_serials {
-            params.serial_number = Some(rcgen::SerialNumber::from(2u64));
-        }
-        let cert = params.signed_by(&key, &ca).map_err(e)?;
+        let issue = |n: u64, identity: &Identity| -> Result<CertAndKey, String> {
+            let k = key(n)?;
+            let params = leaf_params(identity, serial(fixed_serials, n + 1))?;
+            let cert = params.signed_by(&k, &ca).map_err(e)?;
+            Ok(CertAndKey {
+                cert_pem: cert.pem(),
+                key_pem: k.serialize_pem(),
+            })
+        };
+        let (cell, name) = (DEV_CELL.to_string(), "dev".to_string());
         Ok(DevCa {
+            replica: issue(
+                1,
+                &Identity::Replica {
+                    cell: cell.clone(),
+                    name: name.clone(),
+                },
+            )?,
+            proxy: issue(
+                2,
+                &Identity::Proxy {
+                    cell,
+                    name: name.clone(),
+                },
+            )?,
+            client: issue(3, &Identity::Client { name })?,
             ca_pem: ca.pem(),
+            ca_key_pem,
+        })
+    }
+
+    /// The CA, to issue more certificates with.
+    pub fn ca(&self) -> Result<Ca, String> {
+        Ca::from_pem(&self.ca_pem, &self.ca_key_pem)
+    }
+
+    /// Writes the CA and every role's certificate and key into `dir` (created if
+    /// missing): [`CA_FILE`], [`REPLICA_CERT_FILE`] and the others; keys readable by the
+    /// owner only.
+    pub fn write_to(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(CA_FILE), &self.ca_pem)?;
+        write_private(&dir.join(CA_KEY_FILE), &self.ca_key_pem)?;
+        for (pair, cert, key) in [
+            (&self.replica, REPLICA_CERT_FILE, REPLICA_KEY_FILE),
+            (&self.proxy, PROXY_CERT_FILE, PROXY_KEY_FILE),
+            (&self.client, CLIENT_CERT_FILE, CLIENT_KEY_FILE),
+        ] {
+            std::fs::write(dir.join(cert), &pair.cert_pem)?;
+            write_private(&dir.join(key), &pair.key_pem)?;
+        }
+        Ok(())
+    }
+
+    /// True if `dir` holds every file [`DevCa::write_to`] writes.
+    pub fn complete_in(dir: &Path) -> bool {
+        [
+            CA_FILE,
+            REPLICA_CERT_FILE,
+            REPLICA_KEY_FILE,
+            PROXY_CERT_FILE,
+            PROXY_KEY_FILE,
+            CLIENT_CERT_FILE,
+            CLIENT_KEY_FILE,
+        ]
+        .iter()
+        .all(|f| dir.join(f).exists())
+    }
+}
+
+/// A certificate authority that issues certificates with identities: what
+/// `lockctl certs` keeps in `ca.pem` and `ca.key`.
+#[cfg(feature = "dev-ca")]
+pub struct Ca {
+    cert_pem: String,
+    key_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+#[cfg(feature = "dev-ca")]
+impl Ca {
+    /// A new CA named `name` (its subject's common name), valid for `days` from an hour
+    /// ago (an hour's room for clocks behind), with an ECDSA P-256 key.
+    pub fn generate(name: &str, days: u32) -> Result<Ca, String> {
+        let e = |e: rcgen::Error| e.to_string();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(e)?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        params.serial_number = Some(serial(false, 0));
+        (params.not_before, params.not_after) = validity(days)?;
+        let cert = params.self_signed(&key).map_err(e)?;
+        Ca::from_pem(&cert.pem(), &key.serialize_pem())
+    }
+
+    /// The CA in `cert_pem` with its key `key_pem`.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Ca, String> {
+        let key = rcgen::KeyPair::from_pem(key_pem)
+            .map_err(|e| format!("the CA's key does not parse: {e}"))?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(cert_pem, key)
+            .map_err(|e| format!("the CA's certificate does not parse: {e}"))?;
+        Ok(Ca {
+            cert_pem: cert_pem.to_string(),
+            key_pem: key_pem.to_string(),
+            issuer,
+        })
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The CA's private key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
+    /// A certificate for `identity` with a new key, valid for `days` from an hour ago, a
+    /// random serial, and the server names for replicas and proxies ([`leaf_params`]).
+    /// Checked against the CA before it is returned (a CA key that is not the CA
+    /// certificate's is found here, not at the first handshake).
+    pub fn issue(&self, identity: &Identity, days: u32) -> Result<CertAndKey, String> {
+        let e = |e: rcgen::Error| e.to_string();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(e)?;
+        let mut params = leaf_params(identity, serial(false, 0))?;
+        (params.not_before, params.not_after) = validity(days)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(e)?;
+        let ca = CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+            .map_err(|e| format!("the CA's certificate: {e}"))?;
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(ca)
+            .map_err(|e| format!("the CA's certificate: {e}"))?;
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| e.to_string())?
+            .verify_client_cert(cert.der(), &[], UnixTime::now())
+            .map_err(|e| {
+                format!("the issued certificate does not check against the CA (is ca.key the key of ca.pem?): {e}")
+            })?;
+        Ok(CertAndKey {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
     }
+}
 
-    /// Writes `ca.pem`, `server.pem` and `server.key` into `dir` (created if missing).
-    pub fn write_to(&self, dir: &Path) -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join(CA_FILE), &self.ca_pem)?;
-        std::fs::write(dir.join(CERT_FILE), &self.cert_pem)?;
-        std::fs::write(dir.join(KEY_FILE), &self.key_pem)?;
-        Ok(())
+/// The longest validity `Ca` gives (100 years).
+#[cfg(feature = "dev-ca")]
+pub const DAYS_MAX: u32 = 36_500;
+
+/// From an hour ago to `days` from now.
+#[cfg(feature = "dev-ca")]
+fn validity(days: u32) -> Result<(time::OffsetDateTime, time::OffsetDateTime), String> {
+    if !(1..=DAYS_MAX).contains(&days) {
+        return Err(format!(
+            "a certificate's validity must be 1 to {DAYS_MAX} days, not {days}"
+        ));
     }
+    let now = time::OffsetDateTime::now_utc();
+    Ok((
+        now - time::Duration::hours(1),
+        now + time::Duration::days(days.into()),
+    ))
+}
+
+/// A serial number: `n` when fixed (the simulation's certificates), else 16 random bytes
+/// (rcgen's default is a hash of the public key, so a certificate reissued for the same
+/// key would repeat its serial, and revoking one would revoke both).
+#[cfg(feature = "dev-ca")]
+fn serial(fixed: bool, n: u64) -> rcgen::SerialNumber {
+    if fixed {
+        return rcgen::SerialNumber::from(n);
+    }
+    use rand::RngCore;
+    let mut b = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut b);
+    // Positive: the first bit clear.
+    b[0] &= 0x7f;
+    rcgen::SerialNumber::from_slice(&b)
+}
+
+/// The parameters of a certificate for `identity`: its one SAN URI, and for replicas and
+/// proxies the server names clients check ([`SERVER_NAME`], `localhost`, `127.0.0.1`);
+/// usable for both ends of a connection (a replica dials its peers with it, a proxy the
+/// replicas).
+#[cfg(feature = "dev-ca")]
+pub fn leaf_params(
+    identity: &Identity,
+    serial: rcgen::SerialNumber,
+) -> Result<rcgen::CertificateParams, String> {
+    let e = |e: rcgen::Error| e.to_string();
+    let names = match identity {
+        Identity::Client { .. } => Vec::new(),
+        _ => vec![
+            SERVER_NAME.to_string(),
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+        ],
+    };
+    let mut params = rcgen::CertificateParams::new(names).map_err(e)?;
+    params.subject_alt_names.push(rcgen::SanType::URI(
+        rcgen::string::Ia5String::try_from(identity.to_string()).map_err(e)?,
+    ));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, identity.to_string());
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.serial_number = Some(serial);
+    Ok(params)
+}
+
+/// Writes a private key readable by its owner only.
+#[cfg(feature = "dev-ca")]
+pub fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    o.mode(0o600);
+    let mut f = o.open(path)?;
+    // `mode` applies only to a file created here: a replaced one keeps its old mode.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    f.write_all(pem.as_bytes())
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -199,44 +471,269 @@ pub(crate) fn seeded_bytes(len: usize) -> Option<Vec<u8>> {
     Some(b)
 }
 
-/// A rustls server configuration from PEM files, with the given ALPN protocols.
-pub fn server_config(
-    cert_path: &Path,
-    key_path: &Path,
-    alpns: &[&[u8]],
-) -> Result<rustls::ServerConfig, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .map_err(|e| format!("{}: {e}", cert_path.display()))?
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", cert_path.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key_path)
-        .map_err(|e| format!("{}: {e}", key_path.display()))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())?;
-    cfg.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
-    Ok(cfg)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: holds no certificate", path.display()));
+    }
+    Ok(certs)
 }
 
-/// A rustls client configuration that trusts the CA in `ca_path`, speaking `alpn`.
-pub fn client_config(ca_path: &Path, alpn: &[u8]) -> Result<rustls::ClientConfig, String> {
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn read_roots(ca_path: &Path) -> Result<Arc<rustls::RootCertStore>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        CertificateDer::pem_file_iter(ca_path).map_err(|e| format!("{}: {e}", ca_path.display()))?
-    {
-        let cert = cert.map_err(|e| format!("{}: {e}", ca_path.display()))?;
+    for cert in read_certs(ca_path)? {
         roots
             .add(cert)
             .map_err(|e| format!("{}: {e}", ca_path.display()))?;
     }
+    Ok(Arc::new(roots))
+}
+
+/// The verifier of the certificates connections present to a server: chained to the CA
+/// in `ca_path`, valid now, for client authentication. Every connection must present
+/// one.
+fn client_verifier(
+    roots: &Arc<rustls::RootCertStore>,
+    ca_path: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        .build()
+        .map_err(|e| format!("{}: {e}", ca_path.display()))
+}
+
+/// What [`load_own`] found: this process's chain, key and identity, checked, and the CA
+/// (read once, so the checks and the live verifier use the same one).
+struct Own {
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    identity: Identity,
+    roots: Arc<rustls::RootCertStore>,
+}
+
+/// Loads `tls`'s certificate and key and checks that they fit together: the key is the
+/// certificate's, the certificate chains to the CA and is valid now (the checks the
+/// other end will make), and it carries one identity. Each error says which file to fix.
+fn load_own(tls: &TlsConfig) -> Result<Own, String> {
+    // The CA first: a missing CA file is the likeliest mistake, and the error names it.
+    let roots = read_roots(&tls.ca)?;
+    let certs = read_certs(&tls.cert)?;
+    let key = read_key(&tls.key)?;
+    rustls::sign::CertifiedKey::from_der(certs.clone(), key.clone_key(), &provider()).map_err(
+        |e| {
+            format!(
+                "{} is not the key of the certificate in {}: {e}",
+                tls.key.display(),
+                tls.cert.display()
+            )
+        },
+    )?;
+    client_verifier(&roots, &tls.ca)?
+        .verify_client_cert(&certs[0], &certs[1..], UnixTime::now())
+        .map_err(|e| {
+            format!(
+                "the certificate in {} does not check against the CA in {} (is it signed \
+                 by that CA, valid now, and for client authentication?): {e}",
+                tls.cert.display(),
+                tls.ca.display()
+            )
+        })?;
+    let identity =
+        Identity::of_cert(&certs[0]).map_err(|e| format!("{}: {e}", tls.cert.display()))?;
+    // A replica's or proxy's certificate also serves: for the name clients check, and
+    // for server authentication.
+    if !matches!(identity, Identity::Client { .. }) {
+        let name =
+            rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(|e| e.to_string())?;
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .map_err(|e| format!("{}: {e}", tls.ca.display()))?
+            .verify_server_cert(&certs[0], &certs[1..], &name, &[], UnixTime::now())
+            .map_err(|e| {
+                format!(
+                    "the certificate in {} cannot serve: it must be for the DNS name {SERVER_NAME:?} \
+                     and for server authentication: {e}",
+                    tls.cert.display()
+                )
+            })?;
+    }
+    Ok(Own {
+        certs,
+        key,
+        identity,
+        roots,
+    })
+}
+
+/// The identity in `tls`'s certificate, after the checks a server makes at start: the
+/// key fits the certificate, the CA signed it, it is valid now and carries one identity.
+pub fn own_identity(tls: &TlsConfig) -> Result<Identity, String> {
+    load_own(tls).map(|o| o.identity)
+}
+
+/// A rustls server configuration from `tls`'s files, with the given ALPN protocols, and
+/// the identity it serves as. Every connection must present a certificate chained to
+/// `tls.ca` (mutual TLS); TLS session resumption is off, so every connection's
+/// certificate is verified afresh. Refuses files that do not fit together (see
+/// [`own_identity`]).
+pub fn server_config(
+    tls: &TlsConfig,
+    alpns: &[&[u8]],
+) -> Result<(rustls::ServerConfig, Identity), String> {
+    let own = load_own(tls)?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(client_verifier(&own.roots, &tls.ca)?)
+        .with_single_cert(own.certs, own.key)
+        .map_err(|e| e.to_string())?;
+    // A resumed handshake takes the client's chain from the ticket without verifying it
+    // again: no tickets, no resumption.
+    cfg.send_tls13_tickets = 0;
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
+    Ok((cfg, own.identity))
+}
+
+/// A rustls client configuration that trusts the CA in `tls.ca` and presents `tls`'s
+/// certificate, speaking `alpn`; with the identity it presents. Refuses files that do not
+/// fit together (see [`own_identity`]).
+pub fn client_config(
+    tls: &TlsConfig,
+    alpn: &[u8],
+) -> Result<(rustls::ClientConfig, Identity), String> {
+    let own = load_own(tls)?;
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(own.roots.clone())
+        .with_client_auth_cert(own.certs, own.key)
+        .map_err(|e| format!("{}: {e}", tls.cert.display()))?;
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    Ok(cfg)
+    Ok((cfg, own.identity))
+}
+
+/// What a certificate says, for `lockctl certs show`.
+#[derive(Debug, Clone)]
+pub struct CertInfo {
+    /// Its identity, or why it has none.
+    pub identity: Result<Identity, String>,
+    /// The subject's distinguished name.
+    pub subject: String,
+    /// The issuer's distinguished name.
+    pub issuer: String,
+    /// The serial number, hex.
+    pub serial: String,
+    /// Valid from (RFC 2822).
+    pub not_before: String,
+    /// Valid until (RFC 2822).
+    pub not_after: String,
+    /// Seconds until it expires (negative: expired that long ago).
+    pub expires_in_secs: i64,
+    /// Its DNS names.
+    pub dns_names: Vec<String>,
+    /// True for a CA certificate.
+    pub is_ca: bool,
+}
+
+/// Describes the first certificate in the PEM file `path`.
+pub fn describe(path: &Path) -> Result<CertInfo, String> {
+    let certs = read_certs(path)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&certs[0])
+        .map_err(|e| format!("{}: the certificate does not parse: {e}", path.display()))?;
+    let dns_names = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|s| {
+            s.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let validity = cert.validity();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    Ok(CertInfo {
+        identity: Identity::of_cert(&certs[0]),
+        subject: cert.subject().to_string(),
+        issuer: cert.issuer().to_string(),
+        serial: cert.raw_serial_as_string(),
+        not_before: validity.not_before.to_string(),
+        not_after: validity.not_after.to_string(),
+        expires_in_secs: validity.not_after.timestamp() - now,
+        dns_names,
+        is_ca: cert.is_ca(),
+    })
+}
+
+#[cfg(all(test, feature = "dev-ca"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_require_client_certificates_and_never_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        DevCa::generate().unwrap().write_to(dir.path()).unwrap();
+        let (cfg, me) = server_config(&TlsConfig::replica_in_dir(dir.path()), &[b"x"]).unwrap();
+        assert_eq!(me.to_string(), "lock://dev/replica/dev");
+        assert_eq!(cfg.send_tls13_tickets, 0, "tickets would allow resumption");
+        assert!(
+            !cfg.session_storage.can_cache(),
+            "a session cache allows resumption"
+        );
+        assert_eq!(cfg.max_early_data_size, 0);
+    }
+
+    #[test]
+    fn a_server_certificate_must_carry_the_server_name_and_issued_ones_their_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = DevCa::generate().unwrap();
+        dev.write_to(dir.path()).unwrap();
+        let ca = dev.ca().unwrap();
+        // A proxy's certificate for another DNS name cannot serve: clients check the name.
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["elsewhere".to_string()]).unwrap();
+        params.subject_alt_names.push(rcgen::SanType::URI(
+            rcgen::string::Ia5String::try_from("lock://dev/proxy/x").unwrap(),
+        ));
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &ca.issuer).unwrap();
+        std::fs::write(dir.path().join("elsewhere.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("elsewhere.key"), key.serialize_pem()).unwrap();
+        let files = TlsConfig {
+            cert: dir.path().join("elsewhere.pem"),
+            key: dir.path().join("elsewhere.key"),
+            ..TlsConfig::proxy_in_dir(dir.path())
+        };
+        let e = server_config(&files, &[b"x"]).unwrap_err();
+        assert!(e.contains("cannot serve"), "{e}");
+        let id = Identity::parse("lock://cell-b/proxy/p2").unwrap();
+        let issued = ca.issue(&id, 1).unwrap();
+        let der = CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).unwrap();
+        assert_eq!(Identity::of_cert(&der).unwrap(), id);
+        assert!(ca.issue(&id, 0).is_err());
+        assert!(ca.issue(&id, DAYS_MAX + 1).is_err());
+        // A CA key that is not the CA's is found at issue time.
+        let other = DevCa::generate().unwrap();
+        let wrong = Ca::from_pem(&dev.ca_pem, &other.ca_key_pem).unwrap();
+        let e = wrong.issue(&id, 1).unwrap_err();
+        assert!(e.contains("does not check against the CA"), "{e}");
+    }
 }

@@ -44,8 +44,8 @@ async fn serve(spec: &str) {
         PathBuf::from(it.next().expect("dir")),
         it.next().expect("key"),
     );
-    let tls = TlsConfig::in_dir(&dir);
-    let server = wire::tls::server_config(&tls.cert, &tls.key, &[ALPN]).expect("tls");
+    let tls = TlsConfig::replica_in_dir(&dir);
+    let (server, _) = wire::tls::server_config(&tls, &[ALPN]).expect("tls");
     let reset = (key == "stable").then(|| {
         StableReset::from_key_file(&tls.key, &format!("test server at {addr}")).expect("key file")
     });
@@ -125,7 +125,8 @@ async fn old_connections_after_restart(
         .and_then(|s| s.local_addr())
         .expect("a free port");
     let mut first = start(addr, dir, key);
-    let client_tls = wire::tls::client_config(&dir.join(wire::tls::CA_FILE), ALPN).expect("tls");
+    let (client_tls, _) =
+        wire::tls::client_config(&TlsConfig::client_in_dir(dir), ALPN).expect("tls");
     let ep = client_endpoint(client_tls, "127.0.0.1:0".parse().unwrap()).expect("client");
     let mut conns = Vec::new();
     for _ in 0..n {

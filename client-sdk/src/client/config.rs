@@ -1,4 +1,4 @@
-//! How to reach a cell: endpoints, CA, timeouts, cache and session limits.
+//! How to reach a cell: endpoints, CA and certificate, timeouts, cache and session limits.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,8 +13,15 @@ pub struct ClientConfig {
     /// Replica and/or proxy addresses, `host:port` (a proxy speaks the same protocol; the
     /// client moves to the next endpoint when one fails).
     pub endpoints: Vec<String>,
-    /// The cell's CA certificate (PEM).
+    /// The cell's CA certificate (PEM): the servers' certificates must chain to it.
     pub ca: PathBuf,
+    /// This client's certificate (PEM), which proves its identity to the cell (every
+    /// connection is mutual TLS): `lock://client/<name>` (`lockctl certs issue --role
+    /// client`). Default: [`wire::tls::CLIENT_CERT_FILE`] next to the CA file.
+    pub cert: PathBuf,
+    /// The certificate's private key (PEM). Default: [`wire::tls::CLIENT_KEY_FILE`] next
+    /// to the CA file.
+    pub key: PathBuf,
     /// How long one operation may take, retries included, before it fails with
     /// [`wire::Error::Timeout`] (default 15 s).
     pub request_timeout: Duration,
@@ -54,24 +61,38 @@ pub const DEV_ENDPOINTS: &str =
 
 impl ClientConfig {
     /// From the environment shared with `lockctl`: `LOCKCTL_ENDPOINTS` (comma-separated,
-    /// default: the local dev cell) and `LOCKCTL_CA` (default `cell-data/tls/ca.pem`).
+    /// default: the local dev cell), `LOCKCTL_CA` (default `cell-data/tls/ca.pem`), and
+    /// `LOCKCTL_CERT` and `LOCKCTL_KEY` (default: `client.pem` and `client.key` next to
+    /// the CA).
     pub fn from_env() -> ClientConfig {
         let endpoints = std::env::var("LOCKCTL_ENDPOINTS").unwrap_or_else(|_| DEV_ENDPOINTS.into());
         let ca = std::env::var("LOCKCTL_CA").unwrap_or_else(|_| "cell-data/tls/ca.pem".into());
-        ClientConfig::new(
+        let mut cfg = ClientConfig::new(
             endpoints
                 .split(',')
                 .map(|e| e.trim().to_string())
                 .filter(|e| !e.is_empty())
                 .collect(),
             ca.into(),
-        )
+        );
+        if let Ok(cert) = std::env::var("LOCKCTL_CERT") {
+            cfg.cert = cert.into();
+        }
+        if let Ok(key) = std::env::var("LOCKCTL_KEY") {
+            cfg.key = key.into();
+        }
+        cfg
     }
 
-    /// Defaults for the given endpoints and CA file.
+    /// Defaults for the given endpoints and CA file; the client's certificate and key are
+    /// taken from the CA's directory ([`wire::tls::CLIENT_CERT_FILE`],
+    /// [`wire::tls::CLIENT_KEY_FILE`]), as `lockctl dev` and `lockctl certs` write them.
     pub fn new(endpoints: Vec<String>, ca: PathBuf) -> ClientConfig {
+        let dir = ca.parent().map(|d| d.to_path_buf()).unwrap_or_default();
         ClientConfig {
             endpoints,
+            cert: dir.join(wire::tls::CLIENT_CERT_FILE),
+            key: dir.join(wire::tls::CLIENT_KEY_FILE),
             ca,
             request_timeout: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),

@@ -26,6 +26,7 @@ use wire::hash::HashMap;
 
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply, ALPN_CLIENT};
+use wire::identity::Identity;
 use wire::types::{Op, ProxyStatus, Reply, Request, Response, SessionId, Status};
 use wire::{frame, tls, Error, CLIENT_FRAME_BYTES_MAX};
 
@@ -88,6 +89,29 @@ fn conn_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// A connection to `addr` that failed with `e`. The server's close for an identity it
+/// does not take on this connection (sent once the handshake is done, so authenticated)
+/// is `BadRequest` with the reason: no retry and no other endpoint of the cell will take
+/// it either. Anything else, TLS alerts included, is a `Connection` error with the
+/// reason, and the client goes on to the next endpoint: a certificate problem may be one
+/// server's (an expired certificate on one replica), and a close during the handshake
+/// can be forged by anyone who sees the client's first packet.
+fn refused_or(addr: SocketAddr, e: &quinn::ConnectionError) -> Error {
+    match e {
+        quinn::ConnectionError::ApplicationClosed(c)
+            if c.error_code == wire::identity::CLOSE_REFUSED_IDENTITY.into() =>
+        {
+            Error::BadRequest {
+                reason: format!(
+                    "{addr} refused this client's certificate: {}",
+                    String::from_utf8_lossy(&c.reason)
+                ),
+            }
+        }
+        _ => conn_err(format!("{addr}: {e}")),
+    }
+}
+
 /// The leader a client last reached. Its watchers (the sessions' event streams) wake only
 /// when it changes, not on every request that confirms it.
 struct LeaderHint(tokio::sync::watch::Sender<Option<SocketAddr>>);
@@ -140,8 +164,22 @@ impl Client {
                 reason: "no endpoints".into(),
             });
         }
-        let tls = tls::client_config(&cfg.ca, ALPN_CLIENT)
+        let files = tls::TlsConfig {
+            ca: cfg.ca.clone(),
+            cert: cfg.cert.clone(),
+            key: cfg.key.clone(),
+        };
+        let (tls, me) = tls::client_config(&files, ALPN_CLIENT)
             .map_err(|reason| Error::BadRequest { reason })?;
+        if let Identity::Replica { .. } = me {
+            return Err(Error::BadRequest {
+                reason: format!(
+                    "the certificate in {} is {me}, a replica's; a client needs a client's \
+                     (lock://client/<name>: lockctl certs issue --role client)",
+                    cfg.cert.display()
+                ),
+            });
+        }
         let bind: SocketAddr = if addrs[0].is_ipv4() {
             "0.0.0.0:0"
         } else {
@@ -226,11 +264,37 @@ impl Client {
                 .connect(addr, tls::SERVER_NAME)
                 .map_err(conn_err)?
                 .await
-                .map_err(|e| conn_err(format!("{addr}: {e}")))?;
-            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-            frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
-            let _ = send.finish();
-            let reply: HelloReply = frame::read(&mut recv, 4096).await?;
+                .map_err(|e| refused_or(addr, &e))?;
+            // The CA signed it; it must also be a replica or a proxy, not a client that
+            // happens to listen at a configured address.
+            match Identity::of_connection(&conn) {
+                Ok(Identity::Replica { .. } | Identity::Proxy { .. }) => {}
+                Ok(other) => {
+                    conn.close(
+                        wire::identity::CLOSE_REFUSED_IDENTITY.into(),
+                        b"not a server",
+                    );
+                    return Err(conn_err(format!(
+                        "{addr} is {other}, not a replica or a proxy"
+                    )));
+                }
+                Err(e) => return Err(conn_err(format!("{addr}: {e}"))),
+            }
+            let hello = async {
+                let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+                frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
+                let _ = send.finish();
+                frame::read::<_, HelloReply>(&mut recv, 4096).await
+            };
+            // A server that refused this client's identity closed the connection with the
+            // reason: say it, rather than the stream's failure.
+            let reply = match hello.await {
+                Ok(r) => r,
+                Err(e) => match conn.close_reason() {
+                    Some(closed) => return Err(refused_or(addr, &closed)),
+                    None => return Err(e),
+                },
+            };
             if reply?.proxy {
                 self.inner
                     .proxies

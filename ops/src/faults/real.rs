@@ -83,7 +83,7 @@ impl Cell {
             data_dir: self.out.join(format!("data-{id}")),
             bootstrap,
             members,
-            tls: TlsConfig::in_dir(&tls),
+            tls: TlsConfig::replica_in_dir(&tls),
             raft: Default::default(),
             session: SessionConfig {
                 lease_ms: self.plan.lease_ms,

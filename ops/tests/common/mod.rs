@@ -29,6 +29,9 @@ pub fn free_base_from(start: u16, n: u16) -> u16 {
 
 pub fn lockctl(endpoints: &str, ca: &std::path::Path, args: &[&str]) -> Output {
     Command::new(LOCKCTL)
+        // The client's certificate next to the CA, whatever the caller's environment says.
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
         .args(["--endpoints", endpoints, "--ca"])
         .arg(ca)
         .args(["--timeout-secs", "10"])

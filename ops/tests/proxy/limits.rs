@@ -32,8 +32,8 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
          max_inflight_per_client = 1\nforward_timeout_ms = 3000\n\
          [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
         tls("ca.pem"),
-        tls("server.pem"),
-        tls("server.key"),
+        tls("proxy.pem"),
+        tls("proxy.key"),
     );
     std::fs::write(&cfg_path, config).unwrap();
     let tight = KillOnDrop(
@@ -171,7 +171,8 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             direct.call_at(raddr, &ps).await,
             Err(Error::BadRequest { .. })
         ));
-        let tls = wire::tls::client_config(&cell.ca(), wire::hello::ALPN_CLIENT).unwrap();
+        let files = wire::tls::TlsConfig::client_in_dir(cell.ca().parent().unwrap());
+        let (tls, _) = wire::tls::client_config(&files, wire::hello::ALPN_CLIENT).unwrap();
         let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).unwrap();
         let conn = ep
             .connect(paddr, wire::tls::SERVER_NAME)
@@ -192,6 +193,35 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             .await
             .unwrap();
         assert!(matches!(resp, Err(Error::Malformed { .. })), "{resp:?}");
+        // A proxy takes clients only: a replica's certificate (of its own cell, from its
+        // CA) passes the handshake and is closed before its first frame is read.
+        let files = wire::tls::TlsConfig::replica_in_dir(cell.ca().parent().unwrap());
+        let (tls, _) = wire::tls::client_config(&files, wire::hello::ALPN_CLIENT).unwrap();
+        let ep = wire::quic::client_endpoint(tls, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = ep
+            .connect(paddr, wire::tls::SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
+        let said = async {
+            let (mut s, mut r) = conn.open_bi().await.map_err(|e| e.to_string())?;
+            wire::frame::write(&mut s, &wire::hello::Hello::new("a replica"), 4096)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = s.finish();
+            let r: Result<wire::hello::HelloReply, _> = wire::frame::read(&mut r, 4096).await;
+            Ok::<_, String>(r.is_ok())
+        };
+        let answered = tokio::time::timeout(Duration::from_secs(5), said).await;
+        assert!(
+            !matches!(answered, Ok(Ok(true))),
+            "the proxy answered a replica's hello"
+        );
+        let reason = conn
+            .close_reason()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        assert!(reason.contains("may not connect to a proxy"), "{reason}");
 
         // `lockctl proxy-status` shows the counters.
         let o = lockctl(p, &cell.ca(), &["proxy-status"]);

@@ -102,8 +102,8 @@ impl Relayed {
                  keepalive_interval_ms = {keepalive_interval_ms}\nforward_timeout_ms = 5000\n\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
                 tls.join("ca.pem").display(),
-                tls.join("server.pem").display(),
-                tls.join("server.key").display()
+                tls.join("proxy.pem").display(),
+                tls.join("proxy.key").display()
             ),
         )
         .unwrap();

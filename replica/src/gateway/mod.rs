@@ -46,6 +46,12 @@ pub const OVERDUE_LEASES: u32 = 3;
 pub struct Gateway {
     /// This replica's id.
     pub id: u64,
+    /// The cell this replica belongs to, from its certificate's identity
+    /// (`lock://<cell>/replica/<name>`): only this cell's replicas may speak the peer
+    /// protocol to it, and the client protocol only from clients and its own proxies.
+    /// (Which requests only a proxy may send, such as `KeepAliveBatch`, is not checked
+    /// yet: issue 24's session ownership.)
+    pub cell: String,
     /// Raft handle (metrics, peers).
     pub raft: Raft,
     /// Where commands are proposed.
@@ -160,7 +166,9 @@ pub struct ServeBounds {
 }
 
 /// Accepts connections until the endpoint is closed. An incoming connection beyond the
-/// gate's limits is refused before its handshake.
+/// gate's limits is refused before its handshake; one without a certificate from the
+/// cell's CA fails the handshake; one whose identity may not use the protocol it chose is
+/// closed before its first frame ([`wire::identity::admit`]).
 pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBounds) {
     while let Some(incoming) = endpoint.accept().await {
         let Some(admitted) = bounds.gate.admit(incoming.remote_address()) else {
@@ -178,8 +186,16 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
                     return;
                 }
             };
+            let peer = wire::quic::alpn(&conn).as_deref() == Some(ALPN_PEER);
+            // Who it is, before any frame is read: a connection whose certificate has no
+            // identity, or whose role may not use this protocol here, is closed with the
+            // reason.
+            let listener = wire::identity::Listener::Replica { cell: &gw.cell };
+            if wire::identity::check_accepted(&conn, listener, peer).is_err() {
+                return;
+            }
             wire::quic::grant_streams(&conn);
-            if wire::quic::alpn(&conn).as_deref() == Some(ALPN_PEER) {
+            if peer {
                 let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
                 crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
             } else {

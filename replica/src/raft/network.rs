@@ -53,17 +53,25 @@ pub struct PeerNetworkFactory {
     endpoint: quinn::Endpoint,
     peer_tls: quinn::ClientConfig,
     self_id: NodeId,
+    cell: Arc<str>,
     pool: Pool,
     dials: Arc<AtomicU64>,
 }
 
 impl PeerNetworkFactory {
-    /// Peers are dialed from `endpoint` with `peer_tls` (ALPN `lockservice-peer`).
-    pub fn new(endpoint: quinn::Endpoint, peer_tls: quinn::ClientConfig, self_id: NodeId) -> Self {
+    /// Peers are dialed from `endpoint` with `peer_tls` (ALPN `lockservice-peer`); a peer
+    /// must prove with its certificate that it is a replica of `cell`.
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        peer_tls: quinn::ClientConfig,
+        self_id: NodeId,
+        cell: &str,
+    ) -> Self {
         PeerNetworkFactory {
             endpoint,
             peer_tls,
             self_id,
+            cell: cell.into(),
             pool: Arc::default(),
             dials: Arc::default(),
         }
@@ -92,6 +100,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             target,
             addr: node.addr.clone(),
             self_id: self.self_id,
+            cell: self.cell.clone(),
             conn: Mutex::new(idle),
             pool: self.pool.clone(),
             dials: self.dials.clone(),
@@ -106,6 +115,7 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     self_id: NodeId,
+    cell: Arc<str>,
     conn: Mutex<Option<quinn::Connection>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
@@ -158,6 +168,31 @@ impl PeerClient {
             .await
             .map_err(|_| CallError::Unreachable(format!("connect {addr}: timed out")))?
             .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
+        // The CA signed it; it must also be a replica of this cell, not a proxy or a client
+        // (or another cell's replica) found at a peer's address.
+        match wire::identity::Identity::of_connection(&conn) {
+            Ok(wire::identity::Identity::Replica { cell, .. }) if *cell == *self.cell => {}
+            Ok(other) => {
+                conn.close(
+                    wire::identity::CLOSE_REFUSED_IDENTITY.into(),
+                    b"not a replica of this cell",
+                );
+                return Err(CallError::Unreachable(format!(
+                    "peer {} at {addr} is {other}, not a replica of cell {:?}",
+                    self.target, self.cell
+                )));
+            }
+            Err(e) => {
+                conn.close(
+                    wire::identity::CLOSE_REFUSED_IDENTITY.into(),
+                    b"no identity",
+                );
+                return Err(CallError::Unreachable(format!(
+                    "peer {} at {addr}: {e}",
+                    self.target
+                )));
+            }
+        }
         // Hello on the first stream.
         let (mut send, mut recv) = conn
             .open_bi()

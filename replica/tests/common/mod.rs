@@ -100,11 +100,7 @@ impl TestCell {
             data_dir: self.dir.path().join(format!("replica-{id}")),
             bootstrap,
             members: self.members.clone(),
-            tls: TlsConfig {
-                ca: tls.join(wire::tls::CA_FILE),
-                cert: tls.join(wire::tls::CERT_FILE),
-                key: tls.join(wire::tls::KEY_FILE),
-            },
+            tls: TlsConfig::replica_in_dir(&tls),
             raft: self.opts.raft.clone(),
             session: SessionConfig {
                 lease_ms: self.opts.lease_ms,

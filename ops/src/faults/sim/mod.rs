@@ -295,7 +295,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             data_dir: out.join(format!("data-{i}")),
             bootstrap: i == 1,
             members: members.clone(),
-            tls: TlsConfig::in_dir(&tls),
+            tls: TlsConfig::replica_in_dir(&tls),
             raft: RaftConfig {
                 election_timeout_min_ms: election,
                 election_timeout_max_ms: election + 1,
@@ -348,7 +348,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         let mut cfg = proxy::config::ProxyConfig::new(
             SocketAddr::from(([0, 0, 0, 0], PROXY_PORT)),
             addrs.iter().map(|a| a.to_string()).collect(),
-            TlsConfig::in_dir(&tls),
+            TlsConfig::proxy_in_dir(&tls),
         );
         cfg.stats_interval_ms = 0;
         let seed = plan.seed;
