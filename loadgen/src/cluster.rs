@@ -129,6 +129,10 @@ fn bench_script() -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Connections each of our replicas accepts from loadgen, in total and from one address
+/// (see `Cluster::start_ours`).
+pub const CONNECTIONS_MAX: usize = 16_384;
+
 impl Cluster {
     /// Starts `members` members of `system` (and, for ours, `proxies` proxies) with a
     /// session lease of `lease_ms`.
@@ -167,6 +171,18 @@ impl Cluster {
             .args(["--lease-ms", &lease_ms.to_string()])
             .arg("--data")
             .arg(dir.join("cell"))
+            // Every client here comes from one address, 127.0.0.1, where a real cell's
+            // come from many hosts: the replicas' per-source connection limit (256) and
+            // total (4 096) are lifted, as `peers.sh` lifts ZooKeeper's per-address one
+            // (`maxClientCnxns=0`; etcd has none). `burst` opens a connection per arrival.
+            .env(
+                "LOCKSVC_REPLICA__LIMITS__CONNECTIONS_MAX",
+                CONNECTIONS_MAX.to_string(),
+            )
+            .env(
+                "LOCKSVC_REPLICA__LIMITS__CONNECTIONS_PER_SOURCE_MAX",
+                CONNECTIONS_MAX.to_string(),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -140,6 +140,24 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
         "arrival time",
         "its scheduled moment (a wait for an in-flight place counts)",
     );
+    r.param(
+        "connection limits at the servers",
+        match system {
+            System::Ours => format!(
+                "{} per replica, from one address too (all of loadgen's come from 127.0.0.1)",
+                crate::cluster::CONNECTIONS_MAX
+            ),
+            System::Zk => "maxClientCnxns=0 (no per-address limit)".to_string(),
+            System::Etcd => "none".to_string(),
+        },
+    );
+    r.param(
+        "transport",
+        match system {
+            System::Ours => "QUIC with mutual TLS (a client certificate checked per connection)",
+            System::Etcd | System::Zk => "plain TCP (peers.sh starts them without TLS)",
+        },
+    );
     r.param("offered rate (per s)", rate);
     r.param("hold (s)", hold.as_secs());
     r.param("locks (reused round robin)", pool);
