@@ -17,19 +17,29 @@ if cargo tree -p client-sdk -e normal --prefix none | grep -E '^(openraft|fjall|
   echo "client-sdk must not depend on openraft, fjall or rcgen (see above)" >&2
   exit 1
 fi
-# Every test but loadgen's two run binaries, one binary after another.
-cargo test --workspace --exclude loadgen -- --nocapture
-cargo test -p loadgen --bin loadgen -- --nocapture
+# Every cargo invocation below selects the whole workspace, so cargo unifies features
+# alike and builds each dependency once: selecting `-p loadgen` alone (as this script did
+# until 2026-12-03) built tokio and everything above it a second time with other features.
+# Every test target but loadgen's two run binaries, one binary after another, then the
+# doc tests; examples are built, as plain `cargo test` does.
+targets=$(cargo metadata --no-deps --format-version 1 | jq -r '
+  .packages[] | .name as $p | .targets[]
+  | select(.kind == ["test"])
+  | select(($p == "loadgen" and (.name == "scenarios" or .name == "peers")) | not)
+  | "--test=" + .name' | sort -u)
+# shellcheck disable=SC2086 # one argument per target, names have no spaces
+cargo test --workspace --lib --bins --examples $targets -- --nocapture
+cargo test --workspace --doc
 # loadgen's runs against our cell (tests/scenarios.rs) and against etcd and ZooKeeper
 # (tests/peers.rs) side by side: each run starts its own cluster on ports it finds free,
 # most of their time is spent waiting out leases, and they check behaviour with wide
 # margins, not speed. Together they take about as long as the longer of the two
 # (docs/testing.md, "How long the test command takes").
-cargo test -p loadgen --no-run
+cargo test --workspace --test scenarios --test peers --no-run
 logs=$(mktemp -d)
-cargo test -p loadgen --test scenarios -- --nocapture >"$logs/scenarios.log" 2>&1 &
+cargo test --workspace --test scenarios -- --nocapture >"$logs/scenarios.log" 2>&1 &
 ours=$!
-cargo test -p loadgen --test peers -- --nocapture >"$logs/peers.log" 2>&1 &
+cargo test --workspace --test peers -- --nocapture >"$logs/peers.log" 2>&1 &
 peers=$!
 ours_rc=0
 peers_rc=0
