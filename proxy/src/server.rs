@@ -234,19 +234,26 @@ impl wire::serve::Handler for Proxy {
     async fn request(
         &self,
         connection: &ClientConnection,
-        _: &wire::serve::Caller,
+        caller: &wire::serve::Caller,
         req: Request,
         received: Instant,
     ) -> Response {
+        // The client's identity, as its certificate proved it (`check_accepted` admitted
+        // clients only).
+        let Some(me) = caller.identity.as_deref() else {
+            return Err(Error::BadRequest {
+                reason: "this connection has no identity".into(),
+            });
+        };
         match req.op {
             // KeepAlives and acknowledgements are never refused: a refused one would cost
             // a session its lease or hold a write up.
             Op::KeepAlive
             | Op::KeepAliveBatch { .. }
             | Op::AckInvalidations { .. }
-            | Op::AckInvalidationsBatch { .. } => self.handle(req, received).await,
+            | Op::AckInvalidationsBatch { .. } => self.handle(me, req, received).await,
             _ => match connection.inflight.clone().try_acquire_owned() {
-                Ok(_permit) => self.handle(req, received).await,
+                Ok(_permit) => self.handle(me, req, received).await,
                 Err(_) => Err(Error::TooManyRequests {
                     session: req.session,
                     max: self.cfg.max_inflight_per_client,
@@ -258,14 +265,15 @@ impl wire::serve::Handler for Proxy {
     async fn events(
         &self,
         _: &ClientConnection,
-        _: &wire::serve::Caller,
+        caller: &wire::serve::Caller,
         session: SessionId,
         send: quinn::SendStream,
         quic: quinn::Connection,
     ) {
         // Event streams last as long as their session: bounded by QUIC's stream limit,
         // not by the in-flight limit.
-        self.serve_events(session, send, quic).await
+        let me = caller.identity.clone().unwrap_or_default();
+        self.serve_events(&me, session, send, quic).await
     }
 }
 
@@ -292,14 +300,18 @@ impl Proxy {
         }
     }
 
-    async fn handle(&self, req: Request, received: Instant) -> Response {
+    async fn handle(&self, me: &str, req: Request, received: Instant) -> Response {
         let op = req.op.name();
-        let r = self.dispatch(req, received).await;
+        let r = self.dispatch(me, req, received).await;
         self.latency.record(op, received.elapsed());
         r
     }
 
-    async fn dispatch(&self, req: Request, received: Instant) -> Response {
+    /// Answers the client `me`'s request. What the proxy answers for a session itself
+    /// (KeepAlives it batches, cached reads, acknowledgements, watches, the event stream)
+    /// it checks against the session's owner first (`Upstream::check_owner`); what it
+    /// forwards, it forwards for `me` ([`Op::Forwarded`]), and the cell checks.
+    async fn dispatch(&self, me: &str, req: Request, received: Instant) -> Response {
         let needs_session = matches!(
             req.op,
             Op::KeepAlive | Op::CachedGet { .. } | Op::AckInvalidations { .. } | Op::Rewatch { .. }
@@ -312,10 +324,17 @@ impl Proxy {
         if needs_session && req.session == 0 {
             return Err(Error::SessionRequired);
         }
+        // Acknowledgements are checked against what this proxy knows, below.
+        if needs_session && !matches!(req.op, Op::AckInvalidations { .. }) {
+            self.up.check_owner(me, req.session).await?;
+        }
         let counters = &self.hub.counters;
         match req.op {
             Op::KeepAlive => self.up.keepalive(req.session, received).await,
-            Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
+            Op::KeepAliveBatch { sessions } => self.keepalive_batch(me, sessions, received).await,
+            Op::Forwarded { .. } => Err(Error::BadRequest {
+                reason: "only a proxy forwards requests for others, and only to replicas".into(),
+            }),
             Op::ProxyStatus => Ok(Reply::ProxyStatus(self.status())),
             Op::StateDigest => Err(Error::BadRequest {
                 reason: "StateDigest is answered by replicas; this is a proxy".into(),
@@ -325,14 +344,16 @@ impl Proxy {
             }),
             Op::CachedGet { path } => self.cached_get(req.session, path).await,
             Op::AckInvalidations { ids } => {
-                let acks = self.hub.ack(req.session, &ids);
-                self.up.send_acks(acks);
+                for (session, ids) in self.own_acks(me, vec![(req.session, ids)])? {
+                    let acks = self.hub.ack(session, &ids);
+                    self.up.send_acks(acks);
+                }
                 Ok(Reply::Acked)
             }
             Op::AckInvalidationsBatch { acks } => {
                 path::validate_ack_batch(&acks)?;
                 let mut owed = Vec::new();
-                for (session, ids) in acks {
+                for (session, ids) in self.own_acks(me, acks)? {
                     owed.extend(self.hub.ack(session, &ids));
                 }
                 self.up.send_acks(owed);
@@ -341,11 +362,11 @@ impl Proxy {
             Op::Get { watch: true, .. }
             | Op::Exists { watch: true, .. }
             | Op::Children { watch: true, .. } => self.watched_read(req.session, req.op).await,
-            Op::Rewatch { watches } => self.rewatch(req.session, watches).await,
+            Op::Rewatch { watches } => self.rewatch(me, req.session, watches).await,
             Op::CloseSession => {
                 counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
                 let session = req.session;
-                let r = self.up.forward(req).await;
+                let r = self.up.forward_for(me, req).await;
                 if matches!(r, Ok(_) | Err(Error::SessionExpired { .. })) {
                     let acks = self.hub.session_ended(session);
                     self.up.send_acks(acks);
@@ -354,13 +375,14 @@ impl Proxy {
             }
             Op::CreateSession => {
                 counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
-                let r = self.up.forward(req).await;
+                let r = self.up.forward_for(me, req).await;
                 if let Ok(Reply::SessionCreated {
                     session,
                     session_lease_ms,
                 }) = &r
                 {
                     self.hub.opened(*session, received, *session_lease_ms);
+                    self.hub.set_owner(*session, me);
                 }
                 r
             }
@@ -378,22 +400,51 @@ impl Proxy {
                 } else {
                     counters.upstream_reads.fetch_add(1, Ordering::Relaxed);
                 }
-                self.up.forward(Request { op, ..req }).await
+                self.up.forward_for(me, Request { op, ..req }).await
             }
         }
     }
 
     /// A client's KeepAlives for many of its sessions at once (the SDK coalesces those
     /// due together): each joins this proxy's next batch like a single KeepAlive.
-    async fn keepalive_batch(&self, sessions: Vec<SessionId>, received: Instant) -> Response {
+    ///
+    /// Each session is checked against its owner first: one another identity owns refuses
+    /// the whole batch before anything is renewed, and one the cell does not hold (or
+    /// no longer) is reported as such without joining a batch (an id not issued yet
+    /// must not be renewed for `me` once it is).
+    async fn keepalive_batch(
+        &self,
+        me: &str,
+        sessions: Vec<SessionId>,
+        received: Instant,
+    ) -> Response {
         path::validate_keepalive_batch(&sessions)?;
+        let (mut renewed, mut expired, mut unknown, mut unacknowledged) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Owners this proxy knows are checked here at once; the others (a client that
+        // moved here from another proxy) are asked of the cell all together.
+        let checks =
+            futures::future::join_all(sessions.iter().map(|&s| self.up.check_owner(me, s))).await;
+        let mut owned = Vec::with_capacity(sessions.len());
+        let mut first_err = None;
+        for (&s, checked) in sessions.iter().zip(checks) {
+            match checked {
+                Ok(()) => owned.push(s),
+                Err(Error::UnknownSession { .. }) => unknown.push(s),
+                Err(Error::SessionExpired { .. }) => expired.push(s),
+                Err(e @ Error::NotSessionOwner { .. }) => return Err(e),
+                // The cell could not say (an election): not renewed now, retried by the
+                // client; the others go on.
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let sessions = owned;
         let results =
             futures::future::join_all(sessions.iter().map(|&s| self.up.keepalive(s, received)))
                 .await;
-        let (mut renewed, mut expired, mut unknown, mut unacknowledged) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut lease_ms = self.hub.lease().as_millis() as u64;
-        let mut first_err = None;
         for (&s, r) in sessions.iter().zip(results) {
             match r {
                 Ok(Reply::KeepAlive {
@@ -437,6 +488,32 @@ impl Proxy {
             unknown,
             unacknowledged,
         })
+    }
+
+    /// Of the acknowledgements the client `me` sends, those for sessions this proxy knows
+    /// `me` owns. One for a session another identity owns refuses the request; one for a
+    /// session whose owner this proxy does not know is dropped: invalidations are relayed
+    /// here only to sessions that cached here, whose owner was checked when they did.
+    /// (The cell is never asked: an acknowledgement must not wait on it.)
+    fn own_acks(
+        &self,
+        me: &str,
+        acks: Vec<(SessionId, Vec<u64>)>,
+    ) -> Result<Vec<(SessionId, Vec<u64>)>, Error> {
+        let mut mine = Vec::with_capacity(acks.len());
+        for (session, ids) in acks {
+            match self.hub.owner(session) {
+                Some(owner) if owner == me => mine.push((session, ids)),
+                Some(_) => {
+                    return Err(Error::NotSessionOwner {
+                        session,
+                        identity: me.to_string(),
+                    })
+                }
+                None => {}
+            }
+        }
+        Ok(mine)
     }
 
     async fn cached_get(&self, session: u64, p: String) -> Response {
@@ -488,18 +565,26 @@ impl Proxy {
 
     /// A client re-arms its watches (after its stream reconnected): re-armed upstream
     /// under the proxy's session; those that fire are answered to this client only.
-    async fn rewatch(&self, session: u64, watches: Vec<wire::types::WatchSpec>) -> Response {
+    async fn rewatch(
+        &self,
+        me: &str,
+        session: u64,
+        watches: Vec<wire::types::WatchSpec>,
+    ) -> Response {
         path::validate_rewatch(&watches)?;
         if watches.is_empty() {
             // Nothing to arm: a session check at the cell, as a replica would make.
             return self
                 .up
-                .forward(Request {
-                    session,
-                    request_id: 0,
-                    ack_below: 0,
-                    op: Op::Rewatch { watches },
-                })
+                .forward_for(
+                    me,
+                    Request {
+                        session,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::Rewatch { watches },
+                    },
+                )
                 .await;
         }
         let snap = self.hub.watch_snapshot();
@@ -539,6 +624,7 @@ impl Proxy {
     /// client goes away.
     async fn serve_events(
         &self,
+        me: &str,
         session: u64,
         mut send: quinn::SendStream,
         conn: quinn::Connection,
@@ -547,17 +633,31 @@ impl Proxy {
             if session == 0 {
                 return Err(Error::SessionRequired);
             }
-            // A session check at the cell (an empty Rewatch checks and arms nothing).
+            // A session check at the cell, for the client (an empty Rewatch checks the
+            // session and its owner, and arms nothing); known owners are checked here
+            // first, so a stream is never attached for another identity's session.
+            if let Some(owner) = self.hub.owner(session) {
+                if owner != me {
+                    return Err(Error::NotSessionOwner {
+                        session,
+                        identity: me.to_string(),
+                    });
+                }
+            }
             self.up
-                .forward(Request {
-                    session,
-                    request_id: 0,
-                    ack_below: 0,
-                    op: Op::Rewatch {
-                        watches: Vec::new(),
+                .forward_for(
+                    me,
+                    Request {
+                        session,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::Rewatch {
+                            watches: Vec::new(),
+                        },
                     },
-                })
+                )
                 .await?;
+            self.hub.set_owner(session, me);
             Ok(Reply::EventsOpened {
                 index: self.hub.last_index(),
             })

@@ -114,6 +114,50 @@ impl Upstream {
         }
     }
 
+    /// [`Upstream::forward`] of a client's request, for the client `identity`
+    /// ([`Op::Forwarded`]): the cell answers it as the client's own.
+    pub async fn forward_for(&self, identity: &str, req: Request) -> Response {
+        let op = Op::Forwarded {
+            identity: identity.to_string(),
+            op: Box::new(req.op),
+        };
+        self.forward(Request { op, ..req }).await
+    }
+
+    /// Whether the client `identity` owns `session`: known here once this proxy opened
+    /// the session for it or the cell confirmed it; else asked of the cell (an empty
+    /// `Rewatch` forwarded for the client checks the session and arms nothing), and
+    /// remembered. Anything else is [`Error::NotSessionOwner`], or the cell's answer.
+    pub async fn check_owner(&self, identity: &str, session: SessionId) -> Result<(), Error> {
+        if session == 0 {
+            return Err(Error::SessionRequired);
+        }
+        match self.hub.owner(session) {
+            Some(owner) if owner == identity => return Ok(()),
+            Some(_) => {
+                return Err(Error::NotSessionOwner {
+                    session,
+                    identity: identity.to_string(),
+                })
+            }
+            None => {}
+        }
+        self.forward_for(
+            identity,
+            Request {
+                session,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::Rewatch {
+                    watches: Vec::new(),
+                },
+            },
+        )
+        .await?;
+        self.hub.set_owner(session, identity);
+        Ok(())
+    }
+
     /// Reads `path` at the leader as a cached read under the proxy's session, sharing the
     /// read with every client that asks for the same node meanwhile. A read in flight
     /// may reflect the node as it was before a later client asked, so newcomers are not

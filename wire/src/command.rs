@@ -18,7 +18,11 @@ pub enum Command {
     Noop,
     /// Opens a session; its id is [`crate::types::session_id`] of this entry's log index
     /// and the number of sessions the entry opened before it.
-    CreateSession,
+    CreateSession {
+        /// The identity that opened it (a `lock://` URI: the client's, also when a proxy
+        /// forwarded the request, or the proxy's own): the only one that may use it.
+        owner: String,
+    },
     /// Ends a session at the client's request; its ephemeral nodes are deleted.
     CloseSession {
         /// The session.
@@ -154,6 +158,7 @@ impl Command {
                     .sum()
             }
             Command::ExpireSessions { sessions } => 16 + 8 * sessions.len(),
+            Command::CreateSession { owner } => 32 + owner.len(),
             Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),
             _ => 32,
         }
@@ -178,10 +183,10 @@ impl BatchRule {
         let mut parents = Vec::new();
         match Self::inner(cmd) {
             Command::Batch(_) => return false,
-            Command::CreateSession if self.sessions >= crate::types::SESSIONS_PER_ENTRY => {
+            Command::CreateSession { .. } if self.sessions >= crate::types::SESSIONS_PER_ENTRY => {
                 return false
             }
-            Command::CreateSession => {
+            Command::CreateSession { .. } => {
                 self.sessions += 1;
                 return true;
             }
@@ -314,7 +319,9 @@ mod tests {
         for c in [
             held(Command::CloseSession { session: 5 }),
             Command::Batch(vec![
-                Command::CreateSession,
+                Command::CreateSession {
+                    owner: "lock://client/test".into(),
+                },
                 held(Command::MarkCacher { session: 9 }),
             ]),
         ] {

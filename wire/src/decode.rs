@@ -42,9 +42,9 @@ pub const ELEMENT_BYTES_PER_FRAME_BYTE: usize = 4;
 /// frame (4 MiB) 16 MiB, a peer frame (64 MiB) its own 64 MiB. The largest messages the
 /// service sends build far less: an `AckInvalidationsBatch` of 10 000 sessions with 64 ids
 /// each about 5 MiB, a 4 MiB snapshot chunk 4 MiB (a byte per byte), an AppendEntries of
-/// 300 entries a few hundred kilobytes (a batch of 512 one-byte `CreateSession`s builds
-/// 32 KiB: a sequence can cost 64 times its encoding, so the bound is absolute, not a
-/// ratio to the bytes received).
+/// 300 entries a few hundred kilobytes (a batch of 512 `CreateSession`s, each naming its
+/// owner in a few dozen bytes, builds under 64 KiB: a sequence can cost many times its
+/// encoding, so the bound is absolute, not a ratio to the bytes received).
 pub const ELEMENT_BYTES_OVER_FRAME_MAX: usize = 16 * 1024 * 1024;
 
 /// What one decode may build.

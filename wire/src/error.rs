@@ -202,6 +202,16 @@ pub enum Error {
         /// Its value, in the bound's unit (bytes, milliseconds, levels, connections).
         limit: u64,
     },
+    /// The session was opened by another identity: only its owner (directly, or through a
+    /// proxy of the cell) may renew, close, acknowledge for, watch under, write under or
+    /// read the event stream of a session. Nothing was done.
+    #[error("session {session} belongs to another identity: {identity} may not use it")]
+    NotSessionOwner {
+        /// The session.
+        session: SessionId,
+        /// The identity that asked (the owner is not named).
+        identity: String,
+    },
 }
 
 /// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to
@@ -270,6 +280,7 @@ impl Error {
                 | Error::HelloRequired
                 | Error::TooManySessions { .. }
                 | Error::LimitExceeded { .. }
+                | Error::NotSessionOwner { .. }
         )
     }
 }

@@ -406,6 +406,19 @@ pub enum Op {
     /// replica computes one at a time and at most four a second (`Unavailable`
     /// otherwise). Reply: [`Reply::StateDigest`].
     StateDigest,
+    /// `op`, sent by a proxy for its client `identity` (a `lock://client/...` URI): the
+    /// replica answers it as if the client had sent it directly, so a session opened this
+    /// way belongs to the client, and only the client (through a proxy or directly) may
+    /// use it. Only a proxy of the replica's own cell may send it, to replicas only; it
+    /// does not nest. What the proxy itself answers (KeepAlives it batches, cached reads,
+    /// acknowledgements) it checks against the owner it learned (see
+    /// `docs/security.md`, "Sessions belong to identities").
+    Forwarded {
+        /// The client's identity, as its certificate proves it to the proxy.
+        identity: String,
+        /// What the client asked.
+        op: Box<Op>,
+    },
 }
 
 impl Op {
@@ -437,11 +450,15 @@ impl Op {
             Op::AckInvalidations { .. } => "AckInvalidations",
             Op::AckInvalidationsBatch { .. } => "AckInvalidationsBatch",
             Op::StateDigest => "StateDigest",
+            Op::Forwarded { op, .. } => op.name(),
         }
     }
 
     /// True for operations that go through the log.
     pub fn is_write(&self) -> bool {
+        if let Op::Forwarded { op, .. } = self {
+            return op.is_write();
+        }
         matches!(
             self,
             Op::CreateSession

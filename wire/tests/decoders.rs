@@ -128,7 +128,9 @@ fn write(session: u64) -> Command {
 fn commands() -> Vec<Command> {
     vec![
         Command::Noop,
-        Command::CreateSession,
+        Command::CreateSession {
+            owner: "lock://client/test".into(),
+        },
         Command::CloseSession { session: 1 << 40 },
         Command::ExpireSessions {
             sessions: vec![1, 2, 3 << 30],
@@ -145,7 +147,9 @@ fn commands() -> Vec<Command> {
             command: Box::new(write(10)),
         },
         Command::Batch(vec![
-            Command::CreateSession,
+            Command::CreateSession {
+                owner: "lock://client/test".into(),
+            },
             Command::Held {
                 term: 4,
                 command: Box::new(write(11)),

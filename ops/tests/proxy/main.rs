@@ -23,6 +23,7 @@ use common::*;
 mod invalidations;
 mod limits;
 mod links;
+mod ownership;
 mod scenarios;
 
 struct Cell {

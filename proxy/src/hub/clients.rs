@@ -29,6 +29,20 @@ impl Hub {
         self.renewed(session, received, Duration::from_millis(lease_ms));
     }
 
+    /// The identity that owns `session`, if this proxy knows it.
+    pub fn owner(&self, session: SessionId) -> Option<String> {
+        lock(&self.t)
+            .clients
+            .get(&session)
+            .and_then(|c| c.owner.clone())
+    }
+
+    /// Records that `owner` owns `session` (forgotten with the session's other state).
+    pub fn set_owner(&self, session: SessionId, owner: &str) {
+        let lease = self.lease();
+        lock(&self.t).client(session, lease).owner = Some(owner.to_string());
+    }
+
     /// Sessions this proxy currently knows of.
     pub fn session_count(&self) -> usize {
         lock(&self.t).clients.len()

@@ -84,6 +84,9 @@ struct ClientState {
     /// Whether `lease_until` comes from a renewal (or an open) the leader confirmed, rather
     /// than from the client merely showing up.
     renewed: bool,
+    /// The identity that owns the session, once known: this proxy opened it for that
+    /// client, or the cell confirmed it (`Upstream::check_owner`).
+    owner: Option<String>,
 }
 
 struct Pending {
@@ -178,6 +181,7 @@ impl Tables {
             lease_until: Instant::now() + lease,
             paths: HashSet::default(),
             renewed: false,
+            owner: None,
         })
     }
 

@@ -408,9 +408,13 @@ mod tests {
         let mut q: std::collections::VecDeque<Proposal> = [
             create("/a", 0),
             create("/b", 0),
-            Command::CreateSession,
+            Command::CreateSession {
+                owner: "lock://client/test".into(),
+            },
             create("/a", 0),
-            Command::CreateSession,
+            Command::CreateSession {
+                owner: "lock://client/test".into(),
+            },
             Command::Noop,
         ]
         .into_iter()

@@ -43,6 +43,9 @@ const LOAD_RETRY: Duration = Duration::from_millis(100);
 pub struct KeepAliveMany {
     /// The sessions.
     pub sessions: Vec<SessionId>,
+    /// Who renews them: a session it may not use is answered
+    /// [`Error::NotSessionOwner`] and not renewed.
+    pub acting: crate::state_machine::Acting,
     /// When the replica received them (the leases run from here).
     pub received: Instant,
 }
@@ -499,10 +502,21 @@ impl Handler<KeepAliveMany> for SessionManager {
             );
         }
         let received = msg.received;
+        // Each session is checked against the state first, under one read of it: open,
+        // and `acting` may use it (its owner never changes, so the check holds for the
+        // renewal below). A session the state does not hold gets the state's answer.
+        let checked: Vec<Result<(), Error>> = {
+            let s = self.state.read().expect("state lock");
+            msg.sessions
+                .iter()
+                .map(|&id| s.sm.check_session_for(id, &msg.acting).map(|_| ()))
+                .collect()
+        };
         let mut parts = Vec::with_capacity(n);
         let (mut renewing, mut checkpointing) = (false, false);
-        for id in msg.sessions {
-            parts.push(match self.keepalive_step(id, received) {
+        for (id, checked) in msg.sessions.into_iter().zip(checked) {
+            let step = checked.and_then(|()| self.keepalive_step(id, received));
+            parts.push(match step {
                 Err(e) => Part::Done(Box::new(Err(e))),
                 Ok(KeepAliveStep::Unknown) => Part::Done(Box::new(Err(not_leader()))),
                 Ok(KeepAliveStep::Expired) => {

@@ -266,7 +266,16 @@ mod tests {
     #[actix_rt::test]
     async fn a_stream_confirmed_in_an_earlier_term_is_ended() {
         let mut s = SmState::default();
-        let session = match s.sm.apply(1, &Command::CreateSession).0 {
+        let session = match s
+            .sm
+            .apply(
+                1,
+                &Command::CreateSession {
+                    owner: "lock://client/test".into(),
+                },
+            )
+            .0
+        {
             Ok(Reply::SessionCreated { session, .. }) => session,
             other => panic!("{other:?}"),
         };

@@ -28,6 +28,7 @@ use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SharedState, SnapshotStats};
 use crate::raft::Raft;
+use crate::state_machine::Acting;
 
 mod admin;
 mod reads;
@@ -49,8 +50,8 @@ pub struct Gateway {
     /// The cell this replica belongs to, from its certificate's identity
     /// (`lock://<cell>/replica/<name>`): only this cell's replicas may speak the peer
     /// protocol to it, and the client protocol only from clients and its own proxies.
-    /// (Which requests only a proxy may send, such as `KeepAliveBatch`, is not checked
-    /// yet: issue 24's session ownership.)
+    /// A proxy of this cell may also forward requests for its clients
+    /// ([`Op::Forwarded`]) and renew or acknowledge for their sessions in batches.
     pub cell: String,
     /// Raft handle (metrics, peers).
     pub raft: Raft,
@@ -236,32 +237,129 @@ impl wire::serve::Handler for Gateway {
     async fn request(
         &self,
         _: &(),
-        _: &wire::serve::Caller,
+        caller: &wire::serve::Caller,
         req: Request,
         received: Instant,
     ) -> Response {
-        self.handle(req, received).await
+        self.handle(caller, req, received).await
     }
 
     async fn events(
         &self,
         _: &(),
-        _: &wire::serve::Caller,
+        caller: &wire::serve::Caller,
         session: SessionId,
         send: quinn::SendStream,
         _: quinn::Connection,
     ) {
-        self.serve_events(session, send).await
+        let acting = self.acting(caller, false);
+        self.serve_events(session, &acting, send).await
     }
 }
 
 impl Gateway {
-    /// Answers one request.
-    pub async fn handle(&self, req: Request, received: Instant) -> Response {
+    /// Answers one request from `caller`; a proxy's [`Op::Forwarded`] is answered as if
+    /// its client had sent the inner op.
+    pub async fn handle(
+        &self,
+        caller: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
         let op = req.op.name();
-        let r = self.dispatch(req, received).await;
+        let r = match req.op {
+            Op::Forwarded { identity, op } => match self.forwarded_caller(caller, identity, &op) {
+                Ok(client) => {
+                    self.dispatch(&client, Request { op: *op, ..req }, received)
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            _ => self.dispatch(caller, req, received).await,
+        };
         self.latency.record(op, received.elapsed());
         self.with_leader_hint(r)
+    }
+
+    /// The caller of a request a proxy forwards for `identity`: only a proxy of this
+    /// cell forwards, only for clients, and only one level deep.
+    fn forwarded_caller(
+        &self,
+        caller: &wire::serve::Caller,
+        identity: String,
+        op: &Op,
+    ) -> Result<wire::serve::Caller, Error> {
+        if matches!(op, Op::Forwarded { .. } | Op::Events) {
+            let what = if matches!(op, Op::Events) {
+                "an event stream"
+            } else {
+                "a forwarded request"
+            };
+            return Err(Error::BadRequest {
+                reason: format!("{what} may not be forwarded"),
+            });
+        }
+        if !matches!(
+            wire::identity::Identity::parse(&identity),
+            Ok(wire::identity::Identity::Client { .. })
+        ) {
+            return Err(Error::BadRequest {
+                reason: format!("a proxy forwards only for clients, not for {identity:?}"),
+            });
+        }
+        caller.forwarded_for(identity, |me| self.is_own_proxy(me))
+    }
+
+    /// Whether `identity` is a proxy of this replica's cell.
+    fn is_own_proxy(&self, identity: &str) -> bool {
+        matches!(
+            wire::identity::Identity::parse(identity),
+            Ok(wire::identity::Identity::Proxy { cell, .. }) if cell == self.cell
+        )
+    }
+
+    /// Who `caller` acts as on sessions; `batch`: the request is a batch of KeepAlives or
+    /// acknowledgements, which a proxy of this cell sends for its clients' sessions.
+    pub(crate) fn acting(&self, caller: &wire::serve::Caller, batch: bool) -> Acting {
+        Acting {
+            identity: caller.acting_as().unwrap_or_default().to_string(),
+            proxy_batch: batch
+                && caller.on_behalf_of().is_none()
+                && caller
+                    .identity
+                    .as_deref()
+                    .is_some_and(|me| self.is_own_proxy(me)),
+        }
+    }
+
+    /// Checks that `acting` may use `session`, decisively: a session this replica has
+    /// not applied yet (a leader just elected) is looked up again once leadership is
+    /// confirmed, which waits for every committed entry to apply. Its owner never
+    /// changes, so what this finds holds until the session ends.
+    pub(crate) async fn check_owner(
+        &self,
+        session: SessionId,
+        acting: &Acting,
+    ) -> Result<(), Error> {
+        let first = self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_session_for(session, acting)
+            .map(|_| ());
+        match first {
+            Err(Error::UnknownSession { .. }) => {
+                self.gate.confirm().await?;
+                self.state
+                    .read()
+                    .expect("state lock")
+                    .sm
+                    .check_session_for(session, acting)
+                    .map(|_| ())
+            }
+            other => other,
+        }
     }
 
     fn with_leader_hint(&self, r: Response) -> Response {
@@ -294,25 +392,37 @@ impl Gateway {
         })
     }
 
-    async fn dispatch(&self, req: Request, received: Instant) -> Response {
+    async fn dispatch(
+        &self,
+        caller: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
+        let me = self.acting(caller, false);
         match req.op.clone() {
             // Sessions (sessions.rs).
-            Op::CreateSession => self.create_session().await,
-            Op::KeepAlive => self.keepalive(&req, received).await,
-            Op::KeepAliveBatch { sessions } => self.keepalive_batch(sessions, received).await,
-            Op::CloseSession => self.close_session(&req).await,
-            Op::AckInvalidations { ids } => self.ack(&req, ids),
-            Op::AckInvalidationsBatch { acks } => self.ack_batch(acks),
+            Op::CreateSession => self.create_session(&me).await,
+            Op::KeepAlive => self.keepalive(&req, &me, received).await,
+            Op::KeepAliveBatch { sessions } => {
+                let me = self.acting(caller, true);
+                self.keepalive_batch(sessions, &me, received).await
+            }
+            Op::CloseSession => self.close_session(&req, &me).await,
+            Op::AckInvalidations { ids } => self.ack(&req, &me, ids),
+            Op::AckInvalidationsBatch { acks } => self.ack_batch(acks, &self.acting(caller, true)),
+            Op::Forwarded { .. } => Err(Error::BadRequest {
+                reason: "a forwarded request may not be forwarded again".into(),
+            }),
             Op::Events => Err(Error::BadRequest {
                 reason: "Events needs its own stream".into(),
             }),
             // Writes (writes.rs).
             Op::Create { path, data, mode } => {
-                self.write(&req, vec![TxnOp::Create { path, data, mode }], true)
+                self.write(&req, &me, vec![TxnOp::Create { path, data, mode }], true)
                     .await
             }
             Op::Delete { path, version } => {
-                self.write(&req, vec![TxnOp::Delete { path, version }], true)
+                self.write(&req, &me, vec![TxnOp::Delete { path, version }], true)
                     .await
             }
             Op::SetData {
@@ -322,6 +432,7 @@ impl Gateway {
             } => {
                 self.write(
                     &req,
+                    &me,
                     vec![TxnOp::SetData {
                         path,
                         data,
@@ -331,23 +442,25 @@ impl Gateway {
                 )
                 .await
             }
-            Op::Txn { ops } => self.write(&req, ops, false).await,
+            Op::Txn { ops } => self.write(&req, &me, ops, false).await,
             // Reads (reads.rs).
-            Op::Get { path, watch } => self.read(&req, &path, watch, |sm| sm.get(&path)).await,
+            Op::Get { path, watch } => self.read(&req, &me, &path, watch, |sm| sm.get(&path)).await,
             Op::Exists { path, watch } => {
-                self.read(&req, &path, watch, |sm| sm.exists(&path)).await
+                self.read(&req, &me, &path, watch, |sm| sm.exists(&path))
+                    .await
             }
             Op::Children { path, watch } => {
-                self.read(&req, &path, watch, |sm| sm.children(&path)).await
+                self.read(&req, &me, &path, watch, |sm| sm.children(&path))
+                    .await
             }
-            Op::Rewatch { watches } => self.rewatch(&req, watches).await,
+            Op::Rewatch { watches } => self.rewatch(&req, &me, watches).await,
             Op::Predecessor { path } => self.predecessor(path).await,
             Op::CheckSequencer {
                 path,
                 token,
                 session,
             } => self.check_sequencer(path, token, session).await,
-            Op::CachedGet { path } => self.cached_get(&req, &path).await,
+            Op::CachedGet { path } => self.cached_get(&req, &me, &path).await,
             // The cell itself (admin.rs).
             Op::Status => Ok(Reply::Status(self.status().await)),
             Op::ProxyStatus => Err(Error::BadRequest {

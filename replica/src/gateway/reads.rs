@@ -7,7 +7,7 @@ use super::*;
 impl Gateway {
     /// A read for caching: the value (or absence), and whether this session was recorded
     /// as a cacher (atomically with the read, see `leader::cachers`).
-    pub(super) async fn cached_get(&self, req: &Request, p: &str) -> Response {
+    pub(super) async fn cached_get(&self, req: &Request, me: &Acting, p: &str) -> Response {
         path::validate(p)?;
         if req.session == 0 {
             return Err(Error::SessionRequired);
@@ -18,7 +18,7 @@ impl Gateway {
             .read()
             .expect("state lock")
             .sm
-            .check_session(req.session)?
+            .check_session_for(req.session, me)?
             .caches;
         if !marked {
             // Once per session: log that it caches, so a future leader knows to wait for
@@ -91,6 +91,7 @@ impl Gateway {
     pub(super) async fn read(
         &self,
         req: &Request,
+        me: &Acting,
         p: &str,
         watch: bool,
         f: impl FnOnce(&crate::state_machine::StateMachine) -> Response,
@@ -103,7 +104,7 @@ impl Gateway {
         let reply = {
             let s = self.state.read().expect("state lock");
             if watch {
-                s.sm.check_session(req.session)?;
+                s.sm.check_session_for(req.session, me)?;
             }
             f(&s.sm)?
         };
@@ -130,6 +131,7 @@ impl Gateway {
     pub(super) async fn rewatch(
         &self,
         req: &Request,
+        me: &Acting,
         watches: Vec<wire::types::WatchSpec>,
     ) -> Response {
         if req.session == 0 {
@@ -141,7 +143,7 @@ impl Gateway {
             .read()
             .expect("state lock")
             .sm
-            .check_session(req.session)?;
+            .check_session_for(req.session, me)?;
         let mut fired = Vec::new();
         for w in watches {
             let arm = Arm {

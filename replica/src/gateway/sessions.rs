@@ -5,9 +5,17 @@
 use super::*;
 
 impl Gateway {
-    /// Opens a session (a logged command); the answer names the cell's lease.
-    pub(super) async fn create_session(&self) -> Response {
-        match self.propose(Command::CreateSession).await? {
+    /// Opens a session owned by the identity `me` acts as (a logged command); the answer
+    /// names the cell's lease.
+    pub(super) async fn create_session(&self, me: &Acting) -> Response {
+        if me.identity.is_empty() {
+            return Err(Error::BadRequest {
+                reason: "a session needs an identity to belong to, and this connection has none"
+                    .into(),
+            });
+        }
+        let owner = me.identity.clone();
+        match self.propose(Command::CreateSession { owner }).await? {
             Reply::SessionCreated { session, .. } => Ok(Reply::SessionCreated {
                 session,
                 session_lease_ms: self.lease_ms,
@@ -21,10 +29,17 @@ impl Gateway {
     /// Renews one session's lease (never logged), unless it leaves an invalidation
     /// unacknowledged for too long; a cacher also hears of the invalidations its event
     /// stream may have lost.
-    pub(super) async fn keepalive(&self, req: &Request, received: Instant) -> Response {
+    pub(super) async fn keepalive(
+        &self,
+        req: &Request,
+        me: &Acting,
+        received: Instant,
+    ) -> Response {
         if req.session == 0 {
             return Err(Error::SessionRequired);
         }
+        // Refused before anything else: no overdue check, no renewal.
+        self.refuse_foreign(&[req.session], me)?;
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(session = req.session, "KeepAlive");
         if !self.overdue(&[req.session]).await.is_empty() {
@@ -36,6 +51,7 @@ impl Gateway {
             .sessions
             .send(KeepAliveMany {
                 sessions: vec![req.session],
+                acting: me.clone(),
                 received,
             })
             .await
@@ -65,10 +81,12 @@ impl Gateway {
 
     /// Ends a session now: its cached copies are dropped first, then its ephemeral nodes
     /// go with the logged close.
-    pub(super) async fn close_session(&self, req: &Request) -> Response {
+    pub(super) async fn close_session(&self, req: &Request, me: &Acting) -> Response {
         if req.session == 0 {
             return Err(Error::SessionRequired);
         }
+        // Before the cacher list hears of it: a refused close changes nothing.
+        self.check_owner(req.session, me).await?;
         // Its ephemeral nodes vanish: drop cached copies first (the cacher list
         // reads them and marks the session ending in one step, see `HoldEnd`).
         let held = self
@@ -93,9 +111,14 @@ impl Gateway {
     }
 
     /// A session's acknowledgements of invalidations.
-    pub(super) fn ack(&self, req: &Request, ids: Vec<u64>) -> Response {
+    pub(super) fn ack(&self, req: &Request, me: &Acting, ids: Vec<u64>) -> Response {
         if req.session == 0 {
             return Err(Error::SessionRequired);
+        }
+        // Dropped unless the session is open here: the cacher list waits only for sessions
+        // the state holds.
+        if self.refuse_foreign(&[req.session], me)?.is_empty() {
+            return Ok(Reply::Acked);
         }
         self.cachers.do_send(Ack {
             session: req.session,
@@ -104,11 +127,17 @@ impl Gateway {
         Ok(Reply::Acked)
     }
 
-    /// Acknowledgements of many sessions (a proxy's, or a client's batch).
-    pub(super) fn ack_batch(&self, acks: Vec<(SessionId, Vec<u64>)>) -> Response {
+    /// Acknowledgements of many sessions (a proxy's, or a client's batch): a client's is
+    /// refused as a whole if it may not use one of them; in a proxy's, those for such a
+    /// session are dropped.
+    pub(super) fn ack_batch(&self, acks: Vec<(SessionId, Vec<u64>)>, me: &Acting) -> Response {
         path::validate_ack_batch(&acks)?;
+        let sessions: Vec<SessionId> = acks.iter().map(|(s, _)| *s).collect();
+        let open = self.refuse_foreign(&sessions, me)?;
         for (session, ids) in acks {
-            self.cachers.do_send(Ack { session, ids });
+            if open.contains(&session) {
+                self.cachers.do_send(Ack { session, ids });
+            }
         }
         Ok(Reply::Acked)
     }
@@ -116,8 +145,16 @@ impl Gateway {
     /// Renews many sessions with one leadership check (the session manager coalesces the
     /// checks of KeepAlives in flight together). Fails as a whole only when this replica
     /// does not lead; otherwise says which sessions were renewed and which are over.
-    pub(super) async fn keepalive_batch(&self, sessions: Vec<u64>, received: Instant) -> Response {
+    /// A client's batch is refused as a whole, renewing nothing, if it may not use one of
+    /// the sessions; in a proxy's, such a session alone is answered `NotSessionOwner`.
+    pub(super) async fn keepalive_batch(
+        &self,
+        sessions: Vec<u64>,
+        me: &Acting,
+        received: Instant,
+    ) -> Response {
         path::validate_keepalive_batch(&sessions)?;
+        self.refuse_foreign(&sessions, me)?;
         self.keepalive_stats.rpcs.fetch_add(1, Ordering::Relaxed);
         let overdue = self.overdue(&sessions).await;
         let sessions: Vec<SessionId> = if overdue.is_empty() {
@@ -132,6 +169,7 @@ impl Gateway {
             .sessions
             .send(KeepAliveMany {
                 sessions: sessions.clone(),
+                acting: me.clone(),
                 received,
             })
             .await
@@ -199,6 +237,39 @@ impl Gateway {
         })
     }
 
+    /// Refuses with [`Error::NotSessionOwner`] if one of `sessions`, open in the state,
+    /// belongs to someone `me` may not act for; else the open ones. Sessions the state
+    /// does not hold (ended, or not applied here yet) are left out, not refused: the
+    /// session manager's renewal reads the state again and answers them, and an
+    /// acknowledgement for them is dropped. In a proxy's own batch a session it may not
+    /// act for is left out too (and logged), so that one bad id in it costs the proxy's
+    /// other clients nothing: the session manager answers it `NotSessionOwner`.
+    pub(super) fn refuse_foreign(
+        &self,
+        sessions: &[SessionId],
+        me: &Acting,
+    ) -> Result<wire::hash::HashSet<SessionId>, Error> {
+        let s = self.state.read().expect("state lock");
+        let mut open = wire::hash::HashSet::default();
+        for &id in sessions {
+            match s.sm.check_session_for(id, me) {
+                Ok(_) => {
+                    open.insert(id);
+                }
+                Err(e @ Error::NotSessionOwner { .. }) if !me.proxy_batch => return Err(e),
+                Err(Error::NotSessionOwner { .. }) => {
+                    tracing::warn!(
+                        session = id,
+                        proxy = %me.identity,
+                        "a proxy's batch names a session no client owns; left out"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(open)
+    }
+
     /// Of `sessions`, those open in the state that have cached something (one read of the
     /// state for them all).
     pub(super) fn cachers_among(&self, sessions: &[SessionId]) -> Vec<SessionId> {
@@ -249,7 +320,12 @@ impl Gateway {
     /// Serves a session's event stream: confirms leadership, attaches the stream to the
     /// watch table, then forwards events until the session ends, leadership changes, or
     /// the client goes away.
-    pub async fn serve_events(&self, session: wire::types::SessionId, mut send: quinn::SendStream) {
+    pub async fn serve_events(
+        &self,
+        session: wire::types::SessionId,
+        me: &Acting,
+        mut send: quinn::SendStream,
+    ) {
         let mut term = 0;
         let opened: Response = async {
             if session == 0 {
@@ -268,7 +344,7 @@ impl Gateway {
                 });
             }
             let s = self.state.read().expect("state lock");
-            s.sm.check_session(session)?;
+            s.sm.check_session_for(session, me)?;
             Ok(Reply::EventsOpened {
                 index: s.sm.last_index(),
             })

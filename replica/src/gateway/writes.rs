@@ -4,21 +4,21 @@
 use super::*;
 
 impl Gateway {
-    pub(super) async fn write(&self, req: &Request, ops: Vec<TxnOp>, single: bool) -> Response {
+    pub(super) async fn write(
+        &self,
+        req: &Request,
+        me: &Acting,
+        ops: Vec<TxnOp>,
+        single: bool,
+    ) -> Response {
         if req.session == 0 {
             return Err(Error::SessionRequired);
         }
         crate::state_machine::validate_write(&ops, single)?;
-        if let Err(e @ Error::SessionExpired { .. }) = self
-            .state
-            .read()
-            .expect("state lock")
-            .sm
-            .check_session(req.session)
-            .map(|_| ())
-        {
-            return Err(e);
-        }
+        // Only the session's owner writes under it (and so creates ephemerals it owns, or
+        // joins a retry in flight below): decided here, before anything is held or
+        // proposed, and for good, since an owner never changes.
+        self.check_owner(req.session, me).await?;
         // A retry (same session and request id) of a write still in flight here joins it:
         // under load clients and proxies resend while a write is held or queued, and each
         // resend would otherwise be one more log entry (applied as a duplicate, but paid

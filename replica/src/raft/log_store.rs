@@ -1,7 +1,10 @@
 //! The Raft log on fjall, with group commit.
 //!
 //! Layout: keyspace `log` maps a big-endian u64 index to a postcard-encoded entry; keyspace
-//! `meta` holds the vote, the last purged log id and the committed log id.
+//! `meta` holds the vote, the last purged log id, the committed log id and the format of
+//! the entries ([`LOG_FORMAT`]): a store written in another format is refused at open
+//! (postcard is not self-describing, so an entry of an older format could otherwise
+//! decode into something else without an error).
 //!
 //! Durability: `append` writes its batch to fjall's journal without syncing and hands the
 //! completion callback to a flusher thread. The flusher takes every callback waiting at
@@ -27,6 +30,11 @@ use wire::raft::{Entry, LogId, NodeId, TypeConfig};
 const VOTE_KEY: &[u8] = b"vote";
 const PURGED_KEY: &[u8] = b"last_purged";
 const COMMITTED_KEY: &[u8] = b"committed";
+const FORMAT_KEY: &[u8] = b"format";
+
+/// The format of the log's entries: 2 since sessions record their owner
+/// (`Command::CreateSession { owner }`); stores from before carry no mark.
+pub const LOG_FORMAT: u32 = 2;
 
 /// Counters of the flusher, for status and benchmarks.
 #[derive(Debug, Default)]
@@ -76,6 +84,31 @@ impl LogStore {
         let db = Database::builder(dir).open()?;
         let log = db.keyspace("log", KeyspaceCreateOptions::default)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default)?;
+        let found = match meta.get(FORMAT_KEY)? {
+            Some(v) => Some(
+                <[u8; 4]>::try_from(&v[..])
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| {
+                        anyhow::anyhow!("{}: unreadable log format mark", dir.display())
+                    })?,
+            ),
+            None if log.is_empty()? && meta.is_empty()? => {
+                meta.insert(FORMAT_KEY, &LOG_FORMAT.to_be_bytes()[..])?;
+                db.persist(PersistMode::SyncAll)?;
+                Some(LOG_FORMAT)
+            }
+            None => None,
+        };
+        if found != Some(LOG_FORMAT) {
+            anyhow::bail!(
+                "{}: the Raft log was written in format {}, and this build reads format \
+                 {LOG_FORMAT} (written by another build; there is no in-place upgrade: move \
+                 the data directory aside and let the replica catch up from its peers, or \
+                 start the cell afresh; docs/operations.md)",
+                dir.display(),
+                found.map_or("1 (no mark)".to_string(), |f| f.to_string()),
+            );
+        }
         let (flush_tx, flush_rx) = mpsc::channel::<Completion>();
         let stats = Arc::new(FlushStats::default());
         let flusher_db = db.clone();
@@ -367,6 +400,36 @@ mod tests {
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
             payload: openraft::EntryPayload::Blank,
+        }
+    }
+
+    /// A new store is marked with this build's format and opens again; a store with
+    /// entries but no mark (an older build's), or with another mark, is refused with an
+    /// error that says what to do.
+    #[test]
+    fn a_log_of_another_format_is_refused_at_open() {
+        let fresh = tempfile::tempdir().unwrap();
+        drop(LogStore::open(fresh.path()).unwrap());
+        drop(LogStore::open(fresh.path()).unwrap());
+
+        for mark in [None, Some(1u32)] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let db = Database::builder(dir.path()).open().unwrap();
+                let log = db.keyspace("log", KeyspaceCreateOptions::default).unwrap();
+                let meta = db.keyspace("meta", KeyspaceCreateOptions::default).unwrap();
+                log.insert(&7u64.to_be_bytes()[..], &b"an old entry"[..])
+                    .unwrap();
+                if let Some(m) = mark {
+                    meta.insert(FORMAT_KEY, &m.to_be_bytes()[..]).unwrap();
+                }
+                db.persist(PersistMode::SyncAll).unwrap();
+            }
+            let e = LogStore::open(dir.path())
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(e.contains("format") && e.contains("move"), "{e}");
         }
     }
 

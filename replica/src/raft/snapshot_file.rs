@@ -1,6 +1,7 @@
 //! Snapshot files: written atomically, checksummed, a few kept as backups.
 //!
-//! Format: the magic `LKSNAP1\n`, a big-endian CRC-32 of the body, the body's length as a
+//! Format: the magic `LKSNAP2\n` (2 since sessions record their owner; a file of another
+//! version is refused with an error naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
 //! leaves either the old set of snapshots or the new one, never a torn file. A file whose
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
-const MAGIC: &[u8; 8] = b"LKSNAP1\n";
+const MAGIC: &[u8; 8] = b"LKSNAP2\n";
 
 /// How many snapshot files to keep (the newest plus backups).
 pub const SNAPSHOTS_KEPT: usize = 3;
@@ -83,6 +84,15 @@ fn prune(dir: &Path) -> std::io::Result<()> {
 /// Reads and verifies one snapshot file.
 pub fn read(path: &Path) -> Result<SnapshotFile, String> {
     let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] {
+        return Err(format!(
+            "{}: snapshot format {:?}, this build reads {:?} (written by another build; \
+             move the data directory aside and let the replica catch up from its peers)",
+            path.display(),
+            String::from_utf8_lossy(&bytes[..7]),
+            String::from_utf8_lossy(&MAGIC[..7]),
+        ));
+    }
     if bytes.len() < 20 || &bytes[..8] != MAGIC {
         return Err(format!("{}: not a snapshot file", path.display()));
     }
@@ -103,9 +113,19 @@ pub fn read(path: &Path) -> Result<SnapshotFile, String> {
 }
 
 /// The newest snapshot in `dir` that verifies. Corrupt files are renamed `*.corrupt` and
-/// skipped.
+/// skipped; a file of another format is an error (it is not corrupt, and starting without
+/// it would start from an empty state while the log before it is gone).
 pub fn latest(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
     for path in list(dir)? {
+        let mut magic = [0u8; 8];
+        if fs::File::open(&path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
+            && magic[..6] == MAGIC[..6]
+            && magic != *MAGIC
+        {
+            return Err(std::io::Error::other(read(&path).err().unwrap_or_default()));
+        }
         match read(&path) {
             Ok(s) => return Ok(Some(s)),
             Err(e) => {
@@ -150,5 +170,20 @@ mod tests {
         let s = latest(dir.path()).unwrap().unwrap();
         assert_eq!(s.meta.snapshot_id, "s40");
         assert!(p.with_extension("corrupt").exists());
+    }
+
+    /// A snapshot of another format (an older build's `LKSNAP1`) is refused with an error
+    /// naming both formats, and left where it is: not skipped as corrupt.
+    #[test]
+    fn a_snapshot_of_another_format_is_an_error_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &meta(10), &[1; 100]).unwrap();
+        let p = list(dir.path()).unwrap()[0].clone();
+        let mut bytes = fs::read(&p).unwrap();
+        bytes[..8].copy_from_slice(b"LKSNAP1\n");
+        fs::write(&p, bytes).unwrap();
+        let e = latest(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("LKSNAP1") && e.contains("LKSNAP2"), "{e}");
+        assert!(p.exists(), "the file was moved");
     }
 }

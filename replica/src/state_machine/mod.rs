@@ -39,7 +39,7 @@ use wire::command::{BatchRule, Command, Effect, LeaseCheckpoint};
 use wire::types::{CreateMode, LogIndex, NodeStat, Reply, RequestId, SessionId, TxnOp, TxnResult};
 use wire::{path, Error};
 
-pub use session::Session;
+pub use session::{Acting, Session};
 use wire::path::check_value;
 pub use wire::path::validate_write;
 
@@ -200,6 +200,21 @@ impl StateMachine {
         Err(Error::UnknownSession { session: id })
     }
 
+    /// [`StateMachine::check_session`], and that `acting` may use the session (it is
+    /// the owner, or a proxy's batch for a client's session): else
+    /// [`Error::NotSessionOwner`].
+    pub fn check_session_for(&self, id: SessionId, acting: &Acting) -> Result<&Session, Error> {
+        let s = self.check_session(id)?;
+        if acting.may_use(&s.owner) {
+            Ok(s)
+        } else {
+            Err(Error::NotSessionOwner {
+                session: id,
+                identity: acting.identity.clone(),
+            })
+        }
+    }
+
     /// True when `id` is below every remembered ended session while the ended set is full:
     /// it may have been a session whose end was forgotten.
     fn is_forgotten_end(&self, id: SessionId) -> bool {
@@ -316,9 +331,15 @@ impl StateMachine {
                 self.apply_command(index, term, command, opened, effects)
             }
             Command::Noop => Ok(Reply::Closed),
-            Command::CreateSession => {
+            Command::CreateSession { owner } => {
                 let id = wire::types::session_id(index, opened);
-                self.sessions.insert(id, Session::default());
+                self.sessions.insert(
+                    id,
+                    Session {
+                        owner: owner.clone(),
+                        ..Session::default()
+                    },
+                );
                 effects.push(Effect::SessionOpened { session: id });
                 Ok(Reply::SessionCreated {
                     session: id,

@@ -10,6 +10,9 @@ use wire::Error;
 /// live only in the leader's memory (`crate::leader::leases`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
+    /// The identity that opened the session (`lock://` URI): the only one that may use it
+    /// ([`Acting::may_use`]).
+    pub owner: String,
     /// Paths of the session's ephemeral nodes.
     pub ephemerals: BTreeSet<String>,
     /// Stored results by request id, not yet acknowledged by the client (at most
@@ -22,6 +25,39 @@ pub struct Session {
     pub silent_ms: Option<u64>,
     /// The session has cached values (see `Command::MarkCacher`).
     pub caches: bool,
+}
+
+/// Who asks to use a session: what [`crate::state_machine::StateMachine::check_session_for`]
+/// checks against the session's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acting {
+    /// The identity the request acts as (`wire::serve::Caller::acting_as`: the client a
+    /// proxy forwards for, else the connection's own); empty for none.
+    pub identity: String,
+    /// The request is a proxy's own batch of KeepAlives or acknowledgements for its
+    /// clients' sessions: it may renew or acknowledge for any session a client owns (the
+    /// proxy checked each client against the owner before batching).
+    pub proxy_batch: bool,
+}
+
+impl Acting {
+    /// A request acting as `identity`.
+    pub fn as_identity(identity: impl Into<String>) -> Acting {
+        Acting {
+            identity: identity.into(),
+            proxy_batch: false,
+        }
+    }
+
+    /// Whether this caller may use a session owned by `owner`.
+    pub fn may_use(&self, owner: &str) -> bool {
+        (!self.identity.is_empty() && self.identity == owner)
+            || (self.proxy_batch
+                && matches!(
+                    wire::identity::Identity::parse(owner),
+                    Ok(wire::identity::Identity::Client { .. })
+                ))
+    }
 }
 
 impl Session {

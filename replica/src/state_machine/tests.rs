@@ -30,7 +30,12 @@ impl Harness {
     }
 
     fn session(&mut self) -> u64 {
-        match self.apply(Command::CreateSession).0 {
+        match self
+            .apply(Command::CreateSession {
+                owner: "lock://client/test".into(),
+            })
+            .0
+        {
             Ok(Reply::SessionCreated { session, .. }) => session,
             other => panic!("{other:?}"),
         }
@@ -888,9 +893,13 @@ fn a_batch_never_gives_two_contenders_one_token_and_its_sessions_distinct_ids() 
     h.write(a, create("/other", b"", false, false)).unwrap();
     let sessions_before = h.sm.session_count();
     let batch = vec![
-        Command::CreateSession,
+        Command::CreateSession {
+            owner: "lock://client/test".into(),
+        },
         write_cmd(a, 30, create("/lock/n-", b"", true, true)),
-        Command::CreateSession,
+        Command::CreateSession {
+            owner: "lock://client/test".into(),
+        },
         write_cmd(b, 40, create("/lock/n-", b"", true, true)),
         write_cmd(b, 41, create("/other/x", b"", false, false)),
         Command::Held {
@@ -958,13 +967,25 @@ fn an_entry_opens_at_most_its_range_of_sessions() {
     let per = wire::types::SESSIONS_PER_ENTRY as usize;
     let mut rule = wire::command::BatchRule::default();
     for _ in 0..per {
-        assert!(rule.admit(&Command::CreateSession));
+        assert!(rule.admit(&Command::CreateSession {
+            owner: "lock://client/test".into()
+        }));
     }
-    assert!(!rule.admit(&Command::CreateSession));
+    assert!(!rule.admit(&Command::CreateSession {
+        owner: "lock://client/test".into()
+    }));
     let mut h = Harness::new();
     h.index += 1;
-    let (answers, _) =
-        h.sm.apply_batch_in_term(h.index, 0, &vec![Command::CreateSession; per + 1]);
+    let (answers, _) = h.sm.apply_batch_in_term(
+        h.index,
+        0,
+        &vec![
+            Command::CreateSession {
+                owner: "lock://client/test".into()
+            };
+            per + 1
+        ],
+    );
     assert!(answers[..per]
         .iter()
         .all(|a| matches!(a, Ok(Reply::SessionCreated { .. }))));
@@ -983,7 +1004,7 @@ proptest! {
             .into_iter()
             .enumerate()
             .map(|(i, (kind, parent))| match kind {
-                0 => Command::CreateSession,
+                0 => Command::CreateSession { owner: "lock://client/test".into() },
                 1 => write_cmd(1, i as u64, create(&format!("/p{parent}/n-"), b"", true, true)),
                 2 => write_cmd(1, i as u64, set(&format!("/p{parent}"), b"", None)),
                 _ => Command::CloseSession { session: 9 },
@@ -993,7 +1014,7 @@ proptest! {
         let mut parents = std::collections::BTreeSet::new();
         for c in &cmds {
             let expected = match c {
-                Command::CreateSession => true,
+                Command::CreateSession { .. } => true,
                 Command::Write { ops, .. } => match &ops[0] {
                     TxnOp::Create { path, .. } => parents.insert(wire::path::parent(path).to_string()),
                     _ => true,
@@ -1057,7 +1078,9 @@ fn history(actions: &[(Action, usize)]) -> (Vec<Entry>, Vec<Vec<Result<Reply, Er
     let boot_index = 1;
     let boot = wire::types::session_id(boot_index, 0);
     for cmd in [
-        Command::CreateSession,
+        Command::CreateSession {
+            owner: "lock://client/test".into(),
+        },
         write_cmd(boot, 1, create("/p", b"", false, false)),
         write_cmd(boot, 2, create("/p/q", b"", false, false)),
     ] {
@@ -1074,7 +1097,9 @@ fn history(actions: &[(Action, usize)]) -> (Vec<Entry>, Vec<Vec<Result<Reply, Er
             write_cmd(session, next_request, op)
         };
         let cmd = match act {
-            Action::NewSession => Command::CreateSession,
+            Action::NewSession => Command::CreateSession {
+                owner: "lock://client/test".into(),
+            },
             Action::EndSession(i, true) => Command::ExpireSessions {
                 sessions: vec![pick(*i)],
             },
@@ -1189,4 +1214,86 @@ fn the_digest_sees_every_part_of_the_state() {
     other.sessions.get_mut(&s).unwrap().results.clear();
     assert_ne!(other.digest(), base);
     assert_eq!(h.sm.clone().digest(), base);
+}
+
+// ---- Sessions belong to identities (issue 24, step 2) ----
+
+/// A session records the identity that opened it; only that identity may use it, except
+/// that a proxy's batch may renew or acknowledge for a client's session (never for a
+/// proxy's or a replica's, or under no identity). The owner survives a snapshot, and a
+/// digest tells owners apart.
+#[test]
+fn a_session_is_usable_by_its_owner_and_a_proxy_batch_for_clients_only() {
+    use super::Acting;
+    let mut h = Harness::new();
+    let owned_by = |h: &mut Harness, owner: &str| match h
+        .apply(Command::CreateSession {
+            owner: owner.into(),
+        })
+        .0
+    {
+        Ok(Reply::SessionCreated { session, .. }) => session,
+        other => panic!("{other:?}"),
+    };
+    let alice = owned_by(&mut h, "lock://client/alice");
+    let proxy = owned_by(&mut h, "lock://cell-a/proxy/p1");
+    let as_ = |who: &str| Acting::as_identity(who);
+    let batch = |who: &str| Acting {
+        identity: who.into(),
+        proxy_batch: true,
+    };
+    assert!(h
+        .sm
+        .check_session_for(alice, &as_("lock://client/alice"))
+        .is_ok());
+    assert_eq!(
+        h.sm.check_session_for(alice, &as_("lock://client/bob"))
+            .unwrap_err(),
+        Error::NotSessionOwner {
+            session: alice,
+            identity: "lock://client/bob".into()
+        }
+    );
+    // No identity is nobody's owner, even where the owner string were empty.
+    assert!(h.sm.check_session_for(alice, &as_("")).is_err());
+    // A proxy's batch renews a client's session, not another proxy's own.
+    assert!(h
+        .sm
+        .check_session_for(alice, &batch("lock://cell-a/proxy/p2"))
+        .is_ok());
+    assert!(h
+        .sm
+        .check_session_for(proxy, &batch("lock://cell-a/proxy/p2"))
+        .is_err());
+    assert!(h
+        .sm
+        .check_session_for(proxy, &as_("lock://cell-a/proxy/p1"))
+        .is_ok());
+    // An unknown or ended session gets the usual answer, not an owner's refusal.
+    assert_eq!(
+        h.sm.check_session_for(999, &as_("lock://client/alice"))
+            .unwrap_err(),
+        Error::UnknownSession { session: 999 }
+    );
+    // Through a snapshot (encoded and decoded as one is), the owner stays.
+    let bytes = postcard::to_allocvec(&h.sm).unwrap();
+    let restored: StateMachine = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(restored.digest(), h.sm.digest());
+    assert!(restored
+        .check_session_for(alice, &as_("lock://client/bob"))
+        .is_err());
+    assert!(restored
+        .check_session_for(alice, &as_("lock://client/alice"))
+        .is_ok());
+    // Two cells alike but for one session's owner have different digests.
+    let mut other = Harness::new();
+    owned_by(&mut other, "lock://client/bob");
+    owned_by(&mut other, "lock://cell-a/proxy/p1");
+    assert_ne!(other.sm.digest(), h.sm.digest());
+    h.apply(Command::CloseSession { session: alice }).0.unwrap();
+    assert_eq!(
+        h.sm.check_session_for(alice, &as_("lock://client/alice"))
+            .unwrap_err(),
+        Error::SessionExpired { session: alice }
+    );
 }

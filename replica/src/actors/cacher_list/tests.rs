@@ -13,7 +13,16 @@ use crate::raft::sm_store::SmState;
 /// it, the session and the last applied index.
 fn state_with_old_cacher() -> (SharedState, SessionId, u64) {
     let mut s = SmState::default();
-    let session = match s.sm.apply(1, &Command::CreateSession).0 {
+    let session = match s
+        .sm
+        .apply(
+            1,
+            &Command::CreateSession {
+                owner: "lock://client/test".into(),
+            },
+        )
+        .0
+    {
         Ok(Reply::SessionCreated { session, .. }) => session,
         other => panic!("{other:?}"),
     };
@@ -298,7 +307,14 @@ fn apply(state: &SharedState, cmd: Command) -> (Result<Reply, Error>, Vec<Effect
 
 /// Opens a session in `state` (as an applied `CreateSession`).
 fn open_session(state: &SharedState) -> SessionId {
-    match apply(state, Command::CreateSession).0 {
+    match apply(
+        state,
+        Command::CreateSession {
+            owner: "lock://client/test".into(),
+        },
+    )
+    .0
+    {
         Ok(Reply::SessionCreated { session, .. }) => session,
         other => panic!("{other:?}"),
     }
