@@ -171,12 +171,12 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
             };
             // Clients only, checked before the first frame.
             let listener = wire::identity::Listener::Proxy { cell: &p.cell };
-            if wire::identity::check_accepted(&conn, listener, false).is_err() {
+            let Ok(who) = wire::identity::check_accepted(&conn, listener, false) else {
                 return;
-            }
+            };
             wire::quic::grant_streams(&conn);
             let bytes_max = p.cfg.client_connection_bytes_max;
-            wire::serve::serve(conn, p, bytes_max).await;
+            wire::serve::serve(conn, who, p, bytes_max).await;
         });
     }
 }
@@ -574,18 +574,8 @@ impl Proxy {
         path::validate_rewatch(&watches)?;
         if watches.is_empty() {
             // Nothing to arm: a session check at the cell, as a replica would make.
-            return self
-                .up
-                .forward_for(
-                    me,
-                    Request {
-                        session,
-                        request_id: 0,
-                        ack_below: 0,
-                        op: Op::Rewatch { watches },
-                    },
-                )
-                .await;
+            self.up.confirm_owner(me, session).await?;
+            return Ok(Reply::Rewatched { fired: Vec::new() });
         }
         let snap = self.hub.watch_snapshot();
         let fired = match self
@@ -633,31 +623,9 @@ impl Proxy {
             if session == 0 {
                 return Err(Error::SessionRequired);
             }
-            // A session check at the cell, for the client (an empty Rewatch checks the
-            // session and its owner, and arms nothing); known owners are checked here
-            // first, so a stream is never attached for another identity's session.
-            if let Some(owner) = self.hub.owner(session) {
-                if owner != me {
-                    return Err(Error::NotSessionOwner {
-                        session,
-                        identity: me.to_string(),
-                    });
-                }
-            }
-            self.up
-                .forward_for(
-                    me,
-                    Request {
-                        session,
-                        request_id: 0,
-                        ack_below: 0,
-                        op: Op::Rewatch {
-                            watches: Vec::new(),
-                        },
-                    },
-                )
-                .await?;
-            self.hub.set_owner(session, me);
+            // A session check at the cell, for the client: a stream is never attached
+            // for a session that ended or that another identity owns.
+            self.up.confirm_owner(me, session).await?;
             Ok(Reply::EventsOpened {
                 index: self.hub.last_index(),
             })

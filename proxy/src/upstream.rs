@@ -125,35 +125,38 @@ impl Upstream {
     }
 
     /// Whether the client `identity` owns `session`: known here once this proxy opened
-    /// the session for it or the cell confirmed it; else asked of the cell (an empty
-    /// `Rewatch` forwarded for the client checks the session and arms nothing), and
-    /// remembered. Anything else is [`Error::NotSessionOwner`], or the cell's answer.
+    /// the session for it or the cell confirmed it; else asked of the cell
+    /// ([`Upstream::confirm_owner`]). Anything else is [`Error::NotSessionOwner`], or the
+    /// cell's answer.
     pub async fn check_owner(&self, identity: &str, session: SessionId) -> Result<(), Error> {
         if session == 0 {
             return Err(Error::SessionRequired);
         }
-        match self.hub.owner(session) {
-            Some(owner) if owner == identity => return Ok(()),
-            Some(_) => {
-                return Err(Error::NotSessionOwner {
-                    session,
-                    identity: identity.to_string(),
-                })
-            }
-            None => {}
+        if self.hub.owner(session).is_some_and(|o| o == identity) {
+            return Ok(());
         }
-        self.forward_for(
-            identity,
-            Request {
+        self.confirm_owner(identity, session).await
+    }
+
+    /// Asks the cell whether `session` is open and the client `identity` owns it (an
+    /// empty `Rewatch` forwarded for the client checks both and arms nothing), unless this
+    /// proxy already knows another identity owns it; remembers the owner if so.
+    pub async fn confirm_owner(&self, identity: &str, session: SessionId) -> Result<(), Error> {
+        if self.hub.owner(session).is_some_and(|o| o != identity) {
+            return Err(Error::NotSessionOwner {
                 session,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::Rewatch {
-                    watches: Vec::new(),
-                },
+                identity: identity.to_string(),
+            });
+        }
+        let check = Request {
+            session,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::Rewatch {
+                watches: Vec::new(),
             },
-        )
-        .await?;
+        };
+        self.forward_for(identity, check).await?;
         self.hub.set_owner(session, identity);
         Ok(())
     }

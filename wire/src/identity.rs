@@ -261,9 +261,66 @@ pub fn check_accepted(
     r
 }
 
+/// Whom a dialer expects at the other end ([`check_dialed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialed<'a> {
+    /// A replica of this cell, dialed on the peer protocol.
+    PeerOf {
+        /// The dialing replica's cell.
+        cell: &'a str,
+    },
+    /// A server of the client protocol: a replica or a proxy (of any cell its CA
+    /// vouches for; a client that knows its cell would name it here).
+    Server,
+}
+
+/// Whether `who`, found at the other end of a connection dialed expecting `expect`, is
+/// what was expected; else why not.
+pub fn expect_dialed(expect: Dialed<'_>, who: &Identity) -> Result<(), String> {
+    match (expect, who) {
+        (Dialed::PeerOf { cell }, Identity::Replica { cell: c, .. }) if c == cell => Ok(()),
+        (Dialed::PeerOf { cell }, _) => Err(format!("{who} is not a replica of cell {cell:?}")),
+        (Dialed::Server, Identity::Replica { .. } | Identity::Proxy { .. }) => Ok(()),
+        (Dialed::Server, Identity::Client { .. }) => {
+            Err(format!("{who} is a client, not a replica or a proxy"))
+        }
+    }
+}
+
+/// Checks the identity of the server at the other end of a connection just dialed
+/// expecting `expect` (the CA signed its certificate; this checks its role). Not what was
+/// expected, or no identity: the connection is closed with
+/// [`CLOSE_REFUSED_IDENTITY`] and the reason is returned.
+pub fn check_dialed(conn: &quinn::Connection, expect: Dialed<'_>) -> Result<Identity, String> {
+    let r = Identity::of_connection(conn).and_then(|who| expect_dialed(expect, &who).map(|_| who));
+    if let Err(reason) = &r {
+        conn.close(CLOSE_REFUSED_IDENTITY.into(), reason.as_bytes());
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dialer_takes_only_the_role_it_dialed_for() {
+        let id = |s: &str| Identity::parse(s).unwrap();
+        let peer = Dialed::PeerOf { cell: "a" };
+        assert!(expect_dialed(peer, &id("lock://a/replica/2")).is_ok());
+        for other in ["lock://b/replica/2", "lock://a/proxy/p", "lock://client/x"] {
+            let e = expect_dialed(peer, &id(other)).unwrap_err();
+            assert!(e.contains("not a replica of cell \"a\""), "{other}: {e}");
+        }
+        for server in ["lock://a/replica/1", "lock://b/proxy/p"] {
+            assert!(
+                expect_dialed(Dialed::Server, &id(server)).is_ok(),
+                "{server}"
+            );
+        }
+        let e = expect_dialed(Dialed::Server, &id("lock://client/x")).unwrap_err();
+        assert!(e.contains("not a replica or a proxy"), "{e}");
+    }
 
     #[test]
     fn identities_parse_and_print_back() {

@@ -123,16 +123,20 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = ()> + Send;
 }
 
-/// Serves the client-protocol connection `conn` with `handler` until it closes; the
+/// Serves the client-protocol connection `conn` of `identity` (what
+/// [`crate::identity::check_accepted`] admitted) with `handler` until it closes; the
 /// requests in progress on it may hold up to `bytes_max` bytes at once.
-pub async fn serve<H: Handler>(conn: quinn::Connection, handler: Arc<H>, bytes_max: usize) {
+pub async fn serve<H: Handler>(
+    conn: quinn::Connection,
+    identity: crate::identity::Identity,
+    handler: Arc<H>,
+    bytes_max: usize,
+) {
     let Some((mut send, hello)) = crate::quic::accept_hello(&conn).await else {
         return;
     };
     let mut caller = Caller::from_peer(conn.remote_address());
-    caller.identity = crate::identity::Identity::of_connection(&conn)
-        .ok()
-        .map(|i| i.to_string());
+    caller.identity = Some(identity.to_string());
     let caller = Arc::new(caller);
     // `_held` is dropped when this loop returns: the connection is closed, whatever its
     // requests still running hold.

@@ -267,19 +267,8 @@ impl Client {
                 .map_err(|e| refused_or(addr, &e))?;
             // The CA signed it; it must also be a replica or a proxy, not a client that
             // happens to listen at a configured address.
-            match Identity::of_connection(&conn) {
-                Ok(Identity::Replica { .. } | Identity::Proxy { .. }) => {}
-                Ok(other) => {
-                    conn.close(
-                        wire::identity::CLOSE_REFUSED_IDENTITY.into(),
-                        b"not a server",
-                    );
-                    return Err(conn_err(format!(
-                        "{addr} is {other}, not a replica or a proxy"
-                    )));
-                }
-                Err(e) => return Err(conn_err(format!("{addr}: {e}"))),
-            }
+            wire::identity::check_dialed(&conn, wire::identity::Dialed::Server)
+                .map_err(|e| conn_err(format!("{addr}: {e}")))?;
             let hello = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;

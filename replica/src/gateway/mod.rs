@@ -192,15 +192,15 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
             // identity, or whose role may not use this protocol here, is closed with the
             // reason.
             let listener = wire::identity::Listener::Replica { cell: &gw.cell };
-            if wire::identity::check_accepted(&conn, listener, peer).is_err() {
+            let Ok(who) = wire::identity::check_accepted(&conn, listener, peer) else {
                 return;
-            }
+            };
             wire::quic::grant_streams(&conn);
             if peer {
                 let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
                 crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
             } else {
-                wire::serve::serve(conn, gw, bounds.client_connection_bytes_max).await;
+                wire::serve::serve(conn, who, gw, bounds.client_connection_bytes_max).await;
             }
         });
     }

@@ -170,28 +170,14 @@ impl PeerClient {
             .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
         // The CA signed it; it must also be a replica of this cell, not a proxy or a client
         // (or another cell's replica) found at a peer's address.
-        match wire::identity::Identity::of_connection(&conn) {
-            Ok(wire::identity::Identity::Replica { cell, .. }) if *cell == *self.cell => {}
-            Ok(other) => {
-                conn.close(
-                    wire::identity::CLOSE_REFUSED_IDENTITY.into(),
-                    b"not a replica of this cell",
-                );
-                return Err(CallError::Unreachable(format!(
-                    "peer {} at {addr} is {other}, not a replica of cell {:?}",
-                    self.target, self.cell
-                )));
-            }
-            Err(e) => {
-                conn.close(
-                    wire::identity::CLOSE_REFUSED_IDENTITY.into(),
-                    b"no identity",
-                );
-                return Err(CallError::Unreachable(format!(
-                    "peer {} at {addr}: {e}",
-                    self.target
-                )));
-            }
+        let expect = wire::identity::Dialed::PeerOf {
+            cell: &self.cell,
+        };
+        if let Err(e) = wire::identity::check_dialed(&conn, expect) {
+            return Err(CallError::Unreachable(format!(
+                "peer {} at {addr}: {e}",
+                self.target
+            )));
         }
         // Hello on the first stream.
         let (mut send, mut recv) = conn
