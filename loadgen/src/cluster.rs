@@ -45,6 +45,8 @@ pub struct Cluster {
     dev: Option<Child>,
     /// Replica processes loadgen started itself (restarts, learners).
     spawned: std::sync::Mutex<Vec<Child>>,
+    /// The CPUs every server process starts on (`--server-cpus`), restarts included.
+    cpus: Option<crate::pinning::Cpus>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -135,20 +137,30 @@ pub const CONNECTIONS_MAX: usize = 16_384;
 
 impl Cluster {
     /// Starts `members` members of `system` (and, for ours, `proxies` proxies) with a
-    /// session lease of `lease_ms`.
+    /// session lease of `lease_ms`, every server process started on `cpus` if given (and
+    /// so sized for them: [`crate::pinning::start_on`]).
     pub fn start(
         system: System,
         members: u16,
         proxies: u16,
         lease_ms: u64,
+        cpus: Option<crate::pinning::Cpus>,
     ) -> anyhow::Result<Cluster> {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("loadgen-{}-", system.name()))
             .tempdir()?;
         match system {
-            System::Ours => Cluster::start_ours(tmp, members, proxies, lease_ms),
-            System::Etcd | System::Zk => Cluster::start_peers(system, tmp, members),
+            System::Ours => Cluster::start_ours(tmp, members, proxies, lease_ms, cpus),
+            System::Etcd | System::Zk => Cluster::start_peers(system, tmp, members, cpus),
         }
+    }
+
+    /// `cmd`, started on the servers' CPUs if the cluster has them.
+    fn on_cpus(cpus: &Option<crate::pinning::Cpus>, mut cmd: Command) -> Command {
+        if let Some(c) = cpus {
+            crate::pinning::start_on(&mut cmd, c);
+        }
+        cmd
     }
 
     /// Our cell: `lockctl dev` with `members` replicas and `proxies` proxies, on free
@@ -158,12 +170,13 @@ impl Cluster {
         members: u16,
         proxies: u16,
         lease_ms: u64,
+        cpus: Option<crate::pinning::Cpus>,
     ) -> anyhow::Result<Cluster> {
         let system = System::Ours;
         let dir = tmp.path().to_path_buf();
         let base = free_base(members + 1, Ports::Ours.from());
         let pbase = free_base(proxies.max(1), base + 16);
-        let mut dev = Command::new(sibling("lockctl")?)
+        let mut dev = Cluster::on_cpus(&cpus, Command::new(sibling("lockctl")?))
             .args(["dev", "--no-demo", "--replicas", &members.to_string()])
             .args(["--base-port", &base.to_string()])
             .args(["--proxies", &proxies.to_string()])
@@ -223,6 +236,7 @@ impl Cluster {
             dir,
             dev: Some(dev),
             spawned: Default::default(),
+            cpus,
             _tmp: Some(tmp),
         })
     }
@@ -233,6 +247,7 @@ impl Cluster {
         system: System,
         tmp: tempfile::TempDir,
         members: u16,
+        cpus: Option<crate::pinning::Cpus>,
     ) -> anyhow::Result<Cluster> {
         let dir = tmp.path().to_path_buf();
         let (kind, ports, region) = match system {
@@ -240,7 +255,7 @@ impl Cluster {
             _ => ("zk", 100 + members * 2, Ports::Zk),
         };
         let base = free_base(ports, region.from());
-        let out = Command::new(bench_script()?)
+        let out = Cluster::on_cpus(&cpus, Command::new(bench_script()?))
             .args([
                 kind,
                 dir.to_str().context("dir")?,
@@ -268,6 +283,7 @@ impl Cluster {
             dir,
             dev: None,
             spawned: Default::default(),
+            cpus,
             _tmp: Some(tmp),
         };
         Ok(c)
@@ -409,7 +425,7 @@ impl Cluster {
     }
 
     fn spawn_replica(&self, config: &Path) -> anyhow::Result<()> {
-        let child = Command::new(sibling("lockctl")?)
+        let child = Cluster::on_cpus(&self.cpus, Command::new(sibling("lockctl")?))
             .arg("replica")
             .arg("--config")
             .arg(config)
@@ -465,7 +481,7 @@ impl Cluster {
 
     /// Runs `peers.sh CMD DIR ARGS...` for this cluster; returns what it printed.
     fn peers_sh(&self, cmd: &str, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(bench_script()?)
+        let out = Cluster::on_cpus(&self.cpus, Command::new(bench_script()?))
             .arg(cmd)
             .arg(&self.dir)
             .args(args)

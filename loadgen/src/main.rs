@@ -129,8 +129,9 @@ enum Cmd {
     MaxWrites,
     /// A mass restart: 2 000 new sessions a second each taking a lock, for 30 s.
     Burst,
-    /// The seed's steady state: 50 000 sessions, 20 000 locks (5 000 taken once a minute),
-    /// 50 000 config reads and 10 config writes a second, session churn. Ours runs through
+    /// The seed's steady state: 50 000 sessions, 20 000 locks (5 000 taken once a period of
+    /// a third of the run, at most a minute: every 40 s at the default 120 s, every 20 s
+    /// with --secs 60), 50 000 config reads and 10 config writes a second, session churn. Ours runs through
     /// proxies (--proxies, else one per 12 500 sessions) with cached reads; etcd and
     /// ZooKeeper with their own sessions and uncached reads. With --fault, the leader is
     /// killed or frozen 40 % into the run.
@@ -287,7 +288,13 @@ async fn run_one(
         0
     };
     let cluster = tokio::task::block_in_place(|| {
-        Cluster::start(system, cli.members, proxies, lease.as_millis() as u64)
+        Cluster::start(
+            system,
+            cli.members,
+            proxies,
+            lease.as_millis() as u64,
+            cli.server_cpus.clone(),
+        )
     })?;
     cluster.ready().await?;
     if cli.client_nice > 0 {

@@ -65,10 +65,10 @@ fn online_cpus() -> usize {
     n.max(1) as usize
 }
 
-/// Binds the thread (or single-threaded process) `tid` to `cpus`.
-fn bind(tid: i32, cpus: &Cpus) -> std::io::Result<()> {
+/// The kernel's CPU set for `cpus`.
+fn cpu_set(cpus: &Cpus) -> libc::cpu_set_t {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for CPUs
-    // below CPU_SETSIZE (checked); sched_setaffinity reads it.
+    // below CPU_SETSIZE (checked).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &c in &cpus.0 {
@@ -76,11 +76,37 @@ fn bind(tid: i32, cpus: &Cpus) -> std::io::Result<()> {
                 libc::CPU_SET(c, &mut set);
             }
         }
-        if libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        set
+    }
+}
+
+/// Binds the thread (or single-threaded process) `tid` to `cpus`.
+fn bind(tid: i32, cpus: &Cpus) -> std::io::Result<()> {
+    let set = cpu_set(cpus);
+    // SAFETY: sched_setaffinity reads `set`, a valid cpu_set_t of the size given.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Makes `cmd`'s process start bound to `cpus`, and with it everything it starts. A
+/// server sizes its thread pools by the CPUs it may use when it starts (Go's `GOMAXPROCS`,
+/// the JVM's GC and JIT threads, tokio's workers): bound only after its start
+/// ([`bind_servers`]), each would keep pools sized for the whole machine on one core.
+pub fn start_on(cmd: &mut std::process::Command, cpus: &Cpus) {
+    use std::os::unix::process::CommandExt;
+    let set = cpu_set(cpus);
+    // SAFETY: the closure runs in the child between fork and exec and makes one system
+    // call on a copy of `set` made before the fork: async-signal-safe, no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Binds every thread of process `pid` to `cpus` (threads that end meanwhile are skipped).
@@ -189,5 +215,26 @@ mod tests {
         assert!(bound_to(child.id() as i32, &cpus));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// A process started with `start_on` runs bound from its first instruction: what it
+    /// reads of its own affinity (as Go and the JVM do to size their thread pools) is the
+    /// one CPU, and so is what a process it starts inherits.
+    #[test]
+    fn a_process_started_on_cpus_sees_only_them_and_so_do_its_children() {
+        let cpus = Cpus(vec![0]);
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            "grep Cpus_allowed_list /proc/self/status; sh -c 'grep Cpus_allowed_list /proc/self/status'",
+        ]);
+        start_on(&mut cmd, &cpus);
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lists: Vec<&str> = text
+            .lines()
+            .map(|l| l.split_whitespace().last().unwrap_or(""))
+            .collect();
+        assert_eq!(lists, ["0", "0"], "{text}");
     }
 }

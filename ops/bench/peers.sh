@@ -16,8 +16,11 @@
 # Its JVM gets -Xmx${PEERS_ZK_HEAP:-2g}: zkEnv.sh's default is 1g, but with the largest
 # benchmark state (100 000 nodes of 1 KB, 50 000 sessions: a 110 MB snapshot) the JVMs
 # at 1g reached 0.75-1.0 GB of RSS and took 2-9 s per snapshot, so the heap is sized
-# with room over the data. Each garbage collection (with its pause) goes to
+# with room over the data, and -Xms is the same (the heap is not grown during a run, as
+# ZooKeeper's administrator's guide advises). Each garbage collection (with its pause) goes to
 # DIR/zN/gc.log; PEERS_ZK_JAVA_OPTS adds flags.
+# loadgen starts this script (and so every member) on its --server-cpus, so etcd's
+# GOMAXPROCS and the JVM's GC and JIT threads are sized for the CPUs they run on.
 # Needs Debian's packages: apt-get install -y etcd-server etcd-client zookeeper
 # Each member's pid goes to DIR/pids ("name pid client-address" per line; `restart` updates
 # it), its log to DIR/<name>.log (appended to on restart), its full start command line
@@ -113,11 +116,16 @@ zk)
       echo "admin.enableServer=false"
       echo "4lw.commands.whitelist=srvr,mntr,stat,dump"
       echo "maxClientCnxns=0"
+      # The accept queue of the client port: Java's default is 50, which 200 session opens
+      # in flight overflowed (hundreds of dropped SYNs a second, each retried by the
+      # kernel after 1 s, then 3 s: setups at 150 sessions a second instead of 1 000).
+      # etcd's Go listener gets the kernel's somaxconn (4 096 here); so does this.
+      echo "clientPortListenBacklog=4096"
       for j in $(seq 1 "$n"); do
         echo "server.$j=127.0.0.1:$((base + 100 + 2 * (j - 1))):$((base + 101 + 2 * (j - 1)))"
       done
     } >"$dir/z$i/zoo.cfg"
-    launch "z$i" "127.0.0.1:$client" java -Xmx"${PEERS_ZK_HEAP:-2g}" -Xlog:gc:file="$dir/z$i/gc.log" ${PEERS_ZK_JAVA_OPTS:-} -cp "$zk_cp" \
+    launch "z$i" "127.0.0.1:$client" java -Xms"${PEERS_ZK_HEAP:-2g}" -Xmx"${PEERS_ZK_HEAP:-2g}" -Xlog:gc:file="$dir/z$i/gc.log" ${PEERS_ZK_JAVA_OPTS:-} -cp "$zk_cp" \
       -Dzookeeper.log.dir="$dir/z$i" -Dzookeeper.root.logger="${PEERS_ZK_LOG:-WARN}",CONSOLE \
       org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/z$i/zoo.cfg"
     endpoints+="127.0.0.1:$client,"

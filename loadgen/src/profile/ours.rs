@@ -436,7 +436,9 @@ async fn set_up(ctx: &Ctx, proxies: &[String], dur: Duration) -> anyhow::Result<
     let n = ctx.n(50_000.0, 50);
     let long_locks = ctx.n(15_000.0, 10).min(n);
     let short_locks = ctx.n(5_000.0, 5).min(n - long_locks);
-    // About once a minute each; a short run takes each short lock at least twice.
+    // Once a period each, the period a third of the run and at most a minute (a short run
+    // takes each short lock three times): the offered rate depends on the run's length,
+    // alike for every system (`peers/running.rs` does the same).
     let short_period = Duration::from_secs(60).min(dur / 3);
     let churn_per_s = (n as f64 / 5_000.0).max(1.0);
     let clients = connections(ctx, proxies, n).await?;
