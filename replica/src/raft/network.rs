@@ -170,9 +170,7 @@ impl PeerClient {
             .map_err(|e| CallError::Unreachable(format!("connect {addr}: {e}")))?;
         // The CA signed it; it must also be a replica of this cell, not a proxy or a client
         // (or another cell's replica) found at a peer's address.
-        let expect = wire::identity::Dialed::PeerOf {
-            cell: &self.cell,
-        };
+        let expect = wire::identity::Dialed::PeerOf { cell: &self.cell };
         if let Err(e) = wire::identity::check_dialed(&conn, expect) {
             return Err(CallError::Unreachable(format!(
                 "peer {} at {addr}: {e}",
