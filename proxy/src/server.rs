@@ -502,9 +502,9 @@ impl Proxy {
     ) -> Result<Vec<(SessionId, Vec<u64>)>, Error> {
         let mut mine = Vec::with_capacity(acks.len());
         for (session, ids) in acks {
-            match self.hub.owner(session) {
-                Some(owner) if owner == me => mine.push((session, ids)),
-                Some(_) => {
+            match self.hub.owned_by(session, me) {
+                Some(true) => mine.push((session, ids)),
+                Some(false) => {
                     return Err(Error::NotSessionOwner {
                         session,
                         identity: me.to_string(),

@@ -132,7 +132,7 @@ impl Upstream {
         if session == 0 {
             return Err(Error::SessionRequired);
         }
-        if self.hub.owner(session).is_some_and(|o| o == identity) {
+        if self.hub.owned_by(session, identity) == Some(true) {
             return Ok(());
         }
         self.confirm_owner(identity, session).await
@@ -142,7 +142,7 @@ impl Upstream {
     /// empty `Rewatch` forwarded for the client checks both and arms nothing), unless this
     /// proxy already knows another identity owns it; remembers the owner if so.
     pub async fn confirm_owner(&self, identity: &str, session: SessionId) -> Result<(), Error> {
-        if self.hub.owner(session).is_some_and(|o| o != identity) {
+        if self.hub.owned_by(session, identity) == Some(false) {
             return Err(Error::NotSessionOwner {
                 session,
                 identity: identity.to_string(),

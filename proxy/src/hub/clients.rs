@@ -29,12 +29,13 @@ impl Hub {
         self.renewed(session, received, Duration::from_millis(lease_ms));
     }
 
-    /// The identity that owns `session`, if this proxy knows it.
-    pub fn owner(&self, session: SessionId) -> Option<String> {
+    /// Whether `identity` owns `session`, if this proxy knows the owner (`None`: it does
+    /// not). Compared under the lock: every KeepAlive through the proxy asks.
+    pub fn owned_by(&self, session: SessionId, identity: &str) -> Option<bool> {
         lock(&self.t)
             .clients
             .get(&session)
-            .and_then(|c| c.owner.clone())
+            .and_then(|c| c.owner.as_deref().map(|o| o == identity))
     }
 
     /// Records that `owner` owns `session` (forgotten with the session's other state).

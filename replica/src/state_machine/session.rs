@@ -41,14 +41,6 @@ pub struct Acting {
 }
 
 impl Acting {
-    /// A request acting as `identity`.
-    pub fn as_identity(identity: impl Into<String>) -> Acting {
-        Acting {
-            identity: identity.into(),
-            proxy_batch: false,
-        }
-    }
-
     /// Whether this caller may use a session owned by `owner`.
     pub fn may_use(&self, owner: &str) -> bool {
         (!self.identity.is_empty() && self.identity == owner)

@@ -1237,7 +1237,10 @@ fn a_session_is_usable_by_its_owner_and_a_proxy_batch_for_clients_only() {
     };
     let alice = owned_by(&mut h, "lock://client/alice");
     let proxy = owned_by(&mut h, "lock://cell-a/proxy/p1");
-    let as_ = |who: &str| Acting::as_identity(who);
+    let as_ = |who: &str| Acting {
+        identity: who.into(),
+        proxy_batch: false,
+    };
     let batch = |who: &str| Acting {
         identity: who.into(),
         proxy_batch: true,
