@@ -17,6 +17,19 @@ if cargo tree -p client-sdk -e normal --prefix none | grep -E '^(openraft|fjall|
   echo "client-sdk must not depend on openraft, fjall or rcgen (see above)" >&2
   exit 1
 fi
+# Cargo.toml builds code that runs only inside the compiler (proc macros, build
+# dependencies) unoptimised, by name: none of those may be compiled into what the tests
+# run, where it would run unoptimised.
+host_only=$(sed -n '/^\[profile.dev.package\]/,/^\[/p' Cargo.toml |
+  grep -E '^"?[A-Za-z0-9_-]+"? = \{ opt-level = 0 \}' | cut -d' ' -f1 | tr -d '"')
+runtime=$(cargo tree --workspace -e normal,dev,no-proc-macro --prefix none --format '{p}' |
+  awk '{print $1}' | sort -u)
+for p in $host_only; do
+  if grep -qx "$p" <<<"$runtime"; then
+    echo "Cargo.toml builds $p unoptimised (opt-level 0), but the tests run it: remove its line" >&2
+    exit 1
+  fi
+done
 # Every cargo invocation below selects the whole workspace, so cargo unifies features
 # alike and builds each dependency once: selecting `-p loadgen` alone (as this script did
 # until 2026-12-03) built tokio and everything above it a second time with other features.
