@@ -101,6 +101,13 @@ struct Cli {
     /// (`uncached`: the like-for-like row).
     #[arg(long, value_enum, default_value = "cached", global = true)]
     reads: profile::Reads,
+    /// How long one request may take, retries included, before it fails: our SDK's
+    /// request timeout (it retries within it, across a leader change) and the deadline
+    /// of each of etcd's unary requests; the same for both, so that fault runs compare
+    /// like with like. ZooKeeper's client has no request deadline (a request fails when
+    /// its connection is given up).
+    #[arg(long, default_value_t = systems::DEFAULT_REQUEST_TIMEOUT_SECS, global = true, value_parser = clap::value_parser!(u64).range(1..=600))]
+    request_timeout_secs: u64,
     /// Test hook: at the end of `profile`, end this many sessions that hold no lock
     /// behind loadgen's back (ours, etcd: their renewals stop; ZooKeeper: another client
     /// closes them), so the server-side session check must confirm them lost.
@@ -469,6 +476,10 @@ fn main() {
     );
     server_sessions::END_BEHIND_BACK.store(
         cli.end_sessions_behind_back,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    systems::REQUEST_TIMEOUT_MS.store(
+        cli.request_timeout_secs * 1000,
         std::sync::atomic::Ordering::Relaxed,
     );
     systems::ETCD_LEADER_ONLY.store(cli.etcd_leader_only, std::sync::atomic::Ordering::Relaxed);

@@ -282,14 +282,24 @@ fn state_on_zookeeper_with_sessions_in_two_processes() {
 
 /// etcd's lock is clientv3's `concurrency.Mutex` step for step: uncontended, an acquire is
 /// one `Txn` (the put and the owner read together) and a release one `DeleteRange`, with
-/// no separate `Range`, as counted by etcd's own servers.
+/// no separate `Range`, as counted by etcd's own servers. Its sessions are held as one
+/// clientv3 process holds them: their leases on one gRPC client, one TCP connection.
 #[test]
 fn an_uncontended_etcd_acquire_is_one_txn_at_the_servers() {
     if !installed("etcd") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let v = run("etcd", &["acquire"], "acquire", dir.path());
+    let v = run_at("etcd", "0.2", &["acquire"], "acquire", dir.path());
+    assert_eq!(v["params"]["clients (sessions, one lock each)"], "4", "{v}");
+    assert_eq!(
+        figure(
+            &v,
+            "client TCP connections to the servers (loadgen's, at the start)"
+        ),
+        1.0,
+        "{v}"
+    );
     let per = |m: &str| {
         figure(
             &v,

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{bail, Context};
-use client_sdk::{Client, ClientConfig, Session};
+use client_sdk::{Client, Session};
 use wire::types::Status;
 
 mod ours;
@@ -178,8 +178,7 @@ pub(crate) async fn connections(
     for i in 0..conns {
         let mut eps = endpoints.to_vec();
         eps.rotate_left(i % endpoints.len());
-        let mut cfg = ClientConfig::new(eps, ctx.cluster.ca.clone());
-        cfg.agent = "loadgen".into();
+        let cfg = crate::systems::ours_config(eps, ctx.cluster.ca.clone());
         clients.push(Client::connect(cfg).await?);
     }
     Ok(clients)

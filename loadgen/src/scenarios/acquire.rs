@@ -13,6 +13,7 @@ pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
     for (i, s) in sessions.iter().enumerate() {
         s.ensure_dir(&format!("/bench/acq/c{i}")).await?;
     }
+    let conns = ctx.client_connections();
     let rpcs0 =
         etcd_grpc_counts(&ctx.cluster, "grpc_server_handled_total", "etcdserverpb.KV").await;
     let start = Instant::now();
@@ -69,6 +70,12 @@ pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
         }
     }
     r.figure("acquires per s", acq.count() as f64 / dur.as_secs_f64());
+    if let Some(c) = conns {
+        r.figure(
+            "client TCP connections to the servers (loadgen's, at the start)",
+            c as f64,
+        );
+    }
     ctx.costs(&mut r);
     Ok(r)
 }

@@ -9,9 +9,7 @@ use super::{etcd_grpc_counts, Ctx};
 use crate::cluster::Cluster;
 use crate::report::bar;
 use crate::report::{Lat, Report};
-use crate::systems::{
-    open_many, Conn, Sess, ETCD_LEASES_PER_CLIENT, ETCD_LEASE_PER_CLIENT, ETCD_SHARED_KEEPALIVE,
-};
+use crate::systems::{open_many, Conn, Sess, ETCD_LEASE_PER_CLIENT};
 
 /// How long a herd's contenders keep trying before the rest count as never granted.
 const HERD_PATIENCE: Duration = Duration::from_secs(600);
@@ -169,7 +167,9 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     let increasing = tokens.windows(2).all(|w| w[0].1 < w[1].1);
     let mut r = ctx.report("herd");
     r.param("contenders (sessions)", n);
-    r.param("sessions held as", sessions_model(&ctx.conn));
+    if matches!(ctx.conn, Conn::Etcd(_)) {
+        r.param("etcd lock waits", "a gRPC client's on its one watch stream");
+    }
     r.latency_failed("hand-off", &lat, never);
     r.notes.push(format!(
         "hand-off failed: contenders never granted the lock within {} s (or whose session \
@@ -244,23 +244,6 @@ async fn herd_sessions(ctx: &Ctx, n: usize) -> anyhow::Result<Vec<Arc<Sess>>> {
                 .collect())
         }
         _ => ctx.sessions(n).await,
-    }
-}
-
-/// How [`herd_sessions`] holds the sessions, for the report.
-fn sessions_model(conn: &Conn) -> String {
-    match conn {
-        Conn::Ours(_) => "all on one SDK client (one QUIC connection)".into(),
-        Conn::Etcd(_) => format!(
-            "{ETCD_LEASES_PER_CLIENT} leases per gRPC client, its lock waits on one watch \
-             stream, its renewals on {}",
-            if ETCD_SHARED_KEEPALIVE.load(Ordering::Relaxed) {
-                "one keep-alive stream (--etcd-shared-keepalive)"
-            } else {
-                "a keep-alive stream per lease"
-            }
-        ),
-        Conn::Zk(_) => "a connection each".into(),
     }
 }
 

@@ -36,6 +36,14 @@ impl Ctx {
         r.param("members", self.cluster.members.len());
         r.param("client endpoints", self.cluster.endpoints.join(","));
         r.param("lease / session timeout (s)", self.lease.as_secs());
+        r.param("sessions held", sessions_model(&self.conn));
+        r.param(
+            "request timeout (s)",
+            match self.conn {
+                Conn::Zk(_) => "none (a request fails when its connection is given up)".into(),
+                _ => format!("{}", crate::systems::request_timeout().as_secs_f64()),
+            },
+        );
         r
     }
 
@@ -50,17 +58,99 @@ impl Ctx {
         }
     }
 
+    /// How many TCP connections this process has established to the cluster's client
+    /// ports (read from `/proc`): etcd's and ZooKeeper's sessions' connections, to show
+    /// how they are held ([`sessions_model`]). `None` for ours (QUIC over one UDP
+    /// socket per SDK client) or when `/proc` cannot be read.
+    pub(crate) fn client_connections(&self) -> Option<usize> {
+        if self.cluster.system == System::Ours {
+            return None;
+        }
+        let ports: std::collections::HashSet<u16> = self
+            .cluster
+            .endpoints
+            .iter()
+            .filter_map(|e| e.rsplit(':').next()?.parse().ok())
+            .collect();
+        own_tcp_connections(&ports)
+    }
+
+    /// `n` sessions, held as one client process of each system holds many (see
+    /// [`sessions_model`]).
     async fn sessions(&self, n: usize) -> anyhow::Result<Vec<Arc<Sess>>> {
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let k = (n - out.len()).min(100);
-            let got =
-                futures::future::join_all((0..k).map(|_| self.conn.session(self.lease))).await;
-            for s in got {
-                out.push(Arc::new(s?));
+        Ok(crate::systems::open_many(&self.conn, n, self.lease)
+            .await?
+            .into_iter()
+            .map(Arc::new)
+            .collect())
+    }
+}
+
+/// This process's established TCP connections whose remote port is one of `ports`
+/// (`/proc/net/tcp` and `tcp6`, matched to this process's sockets by inode).
+fn own_tcp_connections(ports: &std::collections::HashSet<u16>) -> Option<usize> {
+    let mut inodes = std::collections::HashSet::new();
+    for fd in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Ok(link) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        if let Some(n) = link
+            .to_str()
+            .and_then(|l| l.strip_prefix("socket:["))
+            .and_then(|l| l.strip_suffix(']'))
+        {
+            inodes.insert(n.to_string());
+        }
+    }
+    let mut n = 0;
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            let (Some(rem), Some(st), Some(inode)) = (f.get(2), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let port = rem
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            // 01: ESTABLISHED.
+            if *st == "01" && port.is_some_and(|p| ports.contains(&p)) && inodes.contains(*inode) {
+                n += 1;
             }
         }
-        Ok(out)
+    }
+    Some(n)
+}
+
+/// How a scenario's sessions are held, for the report: as one client process of each
+/// system holds many. Ours, all on one SDK client (one QUIC connection); etcd, up to
+/// 2 000 leases on one gRPC client (one HTTP/2 connection), as one clientv3 process
+/// holds its `concurrency.Session`s (renewals on a stream per lease, or on one with
+/// `--etcd-shared-keepalive`); ZooKeeper, a connection each (a ZooKeeper session is
+/// its connection).
+pub(crate) fn sessions_model(conn: &Conn) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    match conn {
+        Conn::Ours(_) => "all on one SDK client (one QUIC connection)".into(),
+        Conn::Etcd(_) => format!(
+            "up to {} leases on one gRPC client (one HTTP/2 connection){}, renewed on {}",
+            crate::systems::ETCD_LEASES_PER_CLIENT,
+            if crate::systems::ETCD_LEASE_PER_CLIENT.load(Relaxed) {
+                " sharing one lease (--etcd-lease-per-client)"
+            } else {
+                ""
+            },
+            if crate::systems::ETCD_SHARED_KEEPALIVE.load(Relaxed) {
+                "one keep-alive stream (--etcd-shared-keepalive)"
+            } else {
+                "a keep-alive stream per lease"
+            }
+        ),
+        Conn::Zk(_) => "a connection each (a ZooKeeper session is its connection)".into(),
     }
 }
 

@@ -11,7 +11,8 @@
 //! keep-alive and kept choosing the frozen member). [`EtcdConn`] instead:
 //!
 //! - talks to one member at a time (starting at the one it is given first);
-//! - bounds every unary request by [`REQUEST_TIMEOUT`] (etcdctl's `--command-timeout`),
+//! - bounds every unary request by [`crate::systems::request_timeout`] (etcdctl's
+//!   `--command-timeout`, 5 s, unless `--request-timeout-secs` says otherwise),
 //!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and pings the connection every
 //!   [`KEEPALIVE_TIME`], giving it up after [`KEEPALIVE_TIMEOUT`] without an answer
 //!   (`--keepalive-time`, `--keepalive-timeout`);
@@ -38,8 +39,6 @@ use anyhow::anyhow;
 
 /// etcdctl's `--dial-timeout` default.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
-/// etcdctl's `--command-timeout` default: each unary request's deadline.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// etcdctl's `--keepalive-time` default: HTTP/2 pings this often.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(2);
 /// etcdctl's `--keepalive-timeout` default: a connection whose ping is not answered
@@ -115,7 +114,7 @@ impl EtcdConn {
         }
     }
 
-    /// One unary request, bounded by [`REQUEST_TIMEOUT`]; a timeout or an unreachable
+    /// One unary request, bounded by [`crate::systems::request_timeout`]; a timeout or an unreachable
     /// member moves the connection on. Not retried (a write: the caller decides).
     pub async fn call<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
     where
@@ -143,7 +142,8 @@ impl EtcdConn {
         F: FnMut(etcd_client::Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let timeout = crate::systems::request_timeout();
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut last = None;
         for _ in 0..tries {
             let (c, turn) = self.client().await?;
@@ -158,7 +158,7 @@ impl EtcdConn {
                 }
                 Err(_) => {
                     self.failed(turn);
-                    return Err(anyhow!("etcd {what}: no answer within {REQUEST_TIMEOUT:?}"));
+                    return Err(anyhow!("etcd {what}: no answer within {timeout:?}"));
                 }
             }
         }

@@ -40,12 +40,39 @@ pub use etcd::{
 };
 pub use zk::{zk_session_cap, ZkSess};
 
+/// Each request's deadline in milliseconds, the same for ours and etcd
+/// (`--request-timeout-secs`; see [`request_timeout`]).
+pub static REQUEST_TIMEOUT_MS: AtomicU64 = AtomicU64::new(DEFAULT_REQUEST_TIMEOUT_SECS * 1000);
+
+/// The default of `--request-timeout-secs`: etcdctl's `--command-timeout`.
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 5;
+
+/// How long one request of a scenario's client may take, retries included, before it
+/// fails: our SDK's `ClientConfig::request_timeout` (which retries within it, across a
+/// leader change) and the deadline of each of etcd's unary requests (etcdctl's
+/// `--command-timeout`, 5 s, the default for both). ZooKeeper's client has no request
+/// deadline: a request fails when its connection is given up (7.2 s of silence here,
+/// [`zk`]).
+pub fn request_timeout() -> Duration {
+    Duration::from_millis(REQUEST_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// Our SDK's configuration for a scenario's client of `endpoints`: loadgen's agent name
+/// and the scenarios' [`request_timeout`].
+pub fn ours_config(endpoints: Vec<String>, ca: std::path::PathBuf) -> ClientConfig {
+    let mut cfg = ClientConfig::new(endpoints, ca);
+    cfg.agent = "loadgen".into();
+    cfg.request_timeout = request_timeout();
+    cfg
+}
+
 /// A connection factory for one cluster.
 #[derive(Clone)]
 pub enum Conn {
     /// Our SDK client (sessions are multiplexed over its connection).
     Ours(Client),
-    /// etcd endpoints (each session has its own gRPC client).
+    /// etcd endpoints (a session opened alone has a gRPC client of its own; those
+    /// opened together by [`open_many`] share one per [`ETCD_LEASES_PER_CLIENT`]).
     Etcd(Vec<String>),
     /// ZooKeeper connect string (each session is a connection).
     Zk(String),
@@ -117,11 +144,9 @@ impl Conn {
         ca: &std::path::Path,
     ) -> anyhow::Result<Conn> {
         Ok(match system {
-            System::Ours => {
-                let mut cfg = ClientConfig::new(endpoints.to_vec(), ca.to_path_buf());
-                cfg.agent = "loadgen".into();
-                Conn::Ours(Client::connect(cfg).await?)
-            }
+            System::Ours => Conn::Ours(
+                Client::connect(ours_config(endpoints.to_vec(), ca.to_path_buf())).await?,
+            ),
             System::Etcd => Conn::Etcd(endpoints.to_vec()),
             System::Zk => Conn::Zk(endpoints.join(",")),
         })

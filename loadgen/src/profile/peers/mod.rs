@@ -204,6 +204,10 @@ pub async fn profile_parts(
         ]);
         cmd.args(["--scale", &(ctx.scale / parts as f64).to_string()]);
         cmd.args(["--lease-secs", &ctx.lease.as_secs().to_string()]);
+        cmd.args([
+            "--request-timeout-secs",
+            &crate::systems::request_timeout().as_secs().to_string(),
+        ]);
         if crate::systems::ETCD_SHARED_KEEPALIVE.load(Ordering::Relaxed) {
             cmd.arg("--etcd-shared-keepalive");
         }
