@@ -344,6 +344,22 @@ impl Cluster {
         Ok(Some(dir.to_path_buf()))
     }
 
+    /// ZooKeeper's garbage collection over the run, from each member's `gc.log`
+    /// (`peers.sh` starts every JVM with `-Xlog:gc`): the collector in use, how many
+    /// pauses, their longest and their sum over all members. `None` for the others or
+    /// without logs.
+    pub fn zk_gc(&self) -> Option<GcSummary> {
+        if self.system != System::Zk {
+            return None;
+        }
+        let mut g = GcSummary::default();
+        for name in self.member_names().ok()? {
+            let text = std::fs::read_to_string(self.dir.join(&name).join("gc.log")).ok()?;
+            g.add_log(&text);
+        }
+        Some(g)
+    }
+
     /// The names of the etcd or ZooKeeper members `peers.sh` started, from its pid list:
     /// a member that has exited (or was stopped) is still named.
     fn member_names(&self) -> anyhow::Result<Vec<String>> {
@@ -639,5 +655,68 @@ pub fn processes_of(system: System, dir: &Path) -> Vec<(String, u32)> {
                 Some((f.first()?.to_string(), f.get(1)?.parse().ok()?))
             })
             .collect(),
+    }
+}
+
+/// What the JVMs' `-Xlog:gc` logs say ([`Cluster::zk_gc`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct GcSummary {
+    /// The collectors named ("Using G1"), each once.
+    pub collectors: Vec<String>,
+    /// Pauses over all members.
+    pub pauses: u64,
+    /// The longest pause, and the sum of all, in milliseconds.
+    pub max_ms: f64,
+    pub total_ms: f64,
+}
+
+impl GcSummary {
+    /// Adds one member's log: lines such as `[0.031s][info][gc] Using Serial` and
+    /// `[52.575s][info][gc] GC(0) Pause Young (Allocation Failure) 546M->9M(1979M)
+    /// 682.406ms`.
+    pub fn add_log(&mut self, text: &str) {
+        for line in text.lines() {
+            if let Some(c) = line.split("] Using ").nth(1) {
+                let c = c.trim().to_string();
+                if !self.collectors.contains(&c) {
+                    self.collectors.push(c);
+                }
+            } else if line.contains(" Pause ") {
+                let ms = line
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|t| t.strip_suffix("ms"))
+                    .and_then(|t| t.parse::<f64>().ok());
+                if let Some(ms) = ms {
+                    self.pauses += 1;
+                    self.total_ms += ms;
+                    self.max_ms = self.max_ms.max(ms);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod gc_tests {
+    use super::GcSummary;
+
+    #[test]
+    fn a_gc_log_is_summed_over_members() {
+        let mut g = GcSummary::default();
+        g.add_log(
+            "[0.031s][info][gc] Using Serial\n\
+             [52.575s][info][gc] GC(0) Pause Young (Allocation Failure) 546M->9M(1979M) 682.406ms\n\
+             [93.517s][info][gc] GC(1) Pause Young (Allocation Failure) 555M->33M(1979M) 1265.200ms\n",
+        );
+        g.add_log(
+            "[0.012s][info][gc] Using G1\n\
+             [10.1s][info][gc] GC(0) Pause Young (Normal) (G1 Evacuation Pause) 100M->20M(2048M) 12.500ms\n\
+             [11.0s][info][gc] GC(1) Concurrent Mark Cycle\n",
+        );
+        assert_eq!(g.collectors, vec!["Serial".to_string(), "G1".to_string()]);
+        assert_eq!(g.pauses, 3);
+        assert!((g.max_ms - 1265.2).abs() < 1e-9);
+        assert!((g.total_ms - (682.406 + 1265.2 + 12.5)).abs() < 1e-9);
     }
 }

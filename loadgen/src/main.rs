@@ -284,6 +284,12 @@ async fn run_one(
     out: &std::path::Path,
 ) -> anyhow::Result<Report> {
     let lease = Duration::from_secs(cli.lease_secs);
+    // ZooKeeper's profile and state hold 50 000 sessions at full scale, a TCP
+    // connection each from this host: refused before anything starts if the host's
+    // ephemeral ports would run short.
+    if system == System::Zk && matches!(cmd, Cmd::Profile { .. } | Cmd::State) {
+        systems::zk::check_ephemeral_ports((50_000.0 * cli.scale).round() as usize)?;
+    }
     let proxies = if system == System::Ours {
         match cmd {
             Cmd::Profile { .. } | Cmd::State if cli.proxies == 0 => {
@@ -361,6 +367,7 @@ async fn run_one(
         .server_cpus
         .as_ref()
         .map(|cpus| pinning::check_servers(system, ctx.cluster.dir(), cpus));
+    let gc = ctx.cluster.zk_gc();
     // The cluster's directory goes with it: when the server confirmed sessions lost,
     // keep what its members logged (before they are stopped), to find out why.
     let kept = r
@@ -413,6 +420,20 @@ async fn run_one(
             "ZooKeeper JVM heap (-Xmx, PEERS_ZK_HEAP)",
             std::env::var("PEERS_ZK_HEAP").unwrap_or_else(|_| "2g".into()),
         );
+    }
+    if system == System::Zk {
+        if let Some(p) = systems::zk::ephemeral_ports() {
+            r.param(
+                "this host's ephemeral ports (for ZooKeeper's connections)",
+                p,
+            );
+        }
+    }
+    if let Some(gc) = gc {
+        r.param("ZooKeeper JVM garbage collector", gc.collectors.join(", "));
+        r.figure("ZooKeeper GC pauses (all members)", gc.pauses as f64);
+        r.figure("ZooKeeper GC pause max (ms)", gc.max_ms);
+        r.figure("ZooKeeper GC pauses summed (s)", gc.total_ms / 1000.0);
     }
     r.print();
     let (json, svg) = r.write(out)?;

@@ -17,8 +17,12 @@
 # benchmark state (100 000 nodes of 1 KB, 50 000 sessions: a 110 MB snapshot) the JVMs
 # at 1g reached 0.75-1.0 GB of RSS and took 2-9 s per snapshot, so the heap is sized
 # with room over the data, and -Xms is the same (the heap is not grown during a run, as
-# ZooKeeper's administrator's guide advises). Each garbage collection (with its pause) goes to
-# DIR/zN/gc.log; PEERS_ZK_JAVA_OPTS adds flags.
+# ZooKeeper's administrator's guide advises). The collector is G1, named: started on one
+# CPU (loadgen's --server-cpus), the JVM would pick the Serial collector, whose young
+# collections paused each member 0.6-2.6 s under `profile` (2026-12-03); on the
+# multi-core machines ZooKeeper runs on in production the JVM picks G1 itself. Each
+# garbage collection (with its pause) goes to DIR/zN/gc.log, and loadgen's ZooKeeper
+# reports sum them; PEERS_ZK_JAVA_OPTS adds flags.
 # loadgen starts this script (and so every member) on its --server-cpus, so etcd's
 # GOMAXPROCS and the JVM's GC and JIT threads are sized for the CPUs they run on.
 # Needs Debian's packages: apt-get install -y etcd-server etcd-client zookeeper
@@ -125,7 +129,7 @@ zk)
         echo "server.$j=127.0.0.1:$((base + 100 + 2 * (j - 1))):$((base + 101 + 2 * (j - 1)))"
       done
     } >"$dir/z$i/zoo.cfg"
-    launch "z$i" "127.0.0.1:$client" java -Xms"${PEERS_ZK_HEAP:-2g}" -Xmx"${PEERS_ZK_HEAP:-2g}" -Xlog:gc:file="$dir/z$i/gc.log" ${PEERS_ZK_JAVA_OPTS:-} -cp "$zk_cp" \
+    launch "z$i" "127.0.0.1:$client" java -Xms"${PEERS_ZK_HEAP:-2g}" -Xmx"${PEERS_ZK_HEAP:-2g}" -XX:+UseG1GC -Xlog:gc:file="$dir/z$i/gc.log" ${PEERS_ZK_JAVA_OPTS:-} -cp "$zk_cp" \
       -Dzookeeper.log.dir="$dir/z$i" -Dzookeeper.root.logger="${PEERS_ZK_LOG:-WARN}",CONSOLE \
       org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/z$i/zoo.cfg"
     endpoints+="127.0.0.1:$client,"

@@ -332,6 +332,59 @@ pub fn zk_session_cap() -> usize {
     (lim.rlim_cur as usize).saturating_sub(2_000).max(100)
 }
 
+/// Ephemeral ports this host gives outgoing TCP connections: `ip_local_port_range` less
+/// the `ip_local_reserved_ports` within it (`None` if `/proc` cannot be read).
+pub fn ephemeral_ports() -> Option<usize> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let reserved =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default();
+    ephemeral_ports_of(&range, &reserved)
+}
+
+/// [`ephemeral_ports`] from the two files' text: "32768\t60999" and "20000-27999,30000".
+fn ephemeral_ports_of(range: &str, reserved: &str) -> Option<usize> {
+    let mut it = range.split_whitespace().map(|p| p.parse::<u32>());
+    let (lo, hi) = (it.next()?.ok()?, it.next()?.ok()?);
+    let mut free = (hi.checked_sub(lo)? + 1) as usize;
+    for part in reserved.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?),
+            None => {
+                let p = part.trim().parse::<u32>().ok()?;
+                (p, p)
+            }
+        };
+        let (a, b) = (a.max(lo), b.min(hi));
+        if a <= b {
+            free = free.saturating_sub((b - a + 1) as usize);
+        }
+    }
+    Some(free)
+}
+
+/// Refuses a ZooKeeper run of `sessions` sessions (a TCP connection each, all from this
+/// host) that would use more than 80 % of the host's ephemeral ports: near exhaustion
+/// each `connect` searches the port range for a free one (2026-12-03: with 28 232 ports,
+/// session opens fell from ~800 to ~150 a second past 28 000 sessions, half the CPU in
+/// the kernel), which measures the client host, not ZooKeeper. 50 000 real clients
+/// would come from many hosts.
+pub fn check_ephemeral_ports(sessions: usize) -> anyhow::Result<()> {
+    let Some(ports) = ephemeral_ports() else {
+        return Ok(());
+    };
+    if sessions * 5 > ports * 4 {
+        anyhow::bail!(
+            "{sessions} ZooKeeper sessions are {sessions} TCP connections from this host, but \
+             it has {ports} ephemeral ports (net.ipv4.ip_local_port_range less \
+             ip_local_reserved_ports), and near exhaustion every connect searches the range \
+             for a free port; widen it, keeping loadgen's server ports (20000-27999) out: \
+             sysctl -w net.ipv4.ip_local_port_range='1024 65535' \
+             net.ipv4.ip_local_reserved_ports=20000-27999"
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn zk_err(e: zk::Error) -> anyhow::Error {
     anyhow!("zookeeper: {e}")
 }
@@ -446,4 +499,24 @@ async fn serving_member(members: &[&str], answer: Duration) -> Option<String> {
     }
     *last = Some((Instant::now(), serving.clone()));
     serving
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::ephemeral_ports_of;
+
+    #[test]
+    fn ephemeral_ports_are_the_range_less_what_is_reserved_in_it() {
+        assert_eq!(ephemeral_ports_of("32768\t60999\n", "\n"), Some(28_232));
+        assert_eq!(
+            ephemeral_ports_of("1024\t65535\n", "20000-27999\n"),
+            Some(64_512 - 8_000)
+        );
+        // Reserved ports outside the range do not count; single ports do.
+        assert_eq!(
+            ephemeral_ports_of("32768 60999", "1000-2000,40000"),
+            Some(28_231)
+        );
+        assert_eq!(ephemeral_ports_of("garbage", ""), None);
+    }
 }
