@@ -245,6 +245,54 @@ fn no_majority_no_writes() {
     });
 }
 
+/// A call ends at its request timeout even when one attempt would wait longer: with both
+/// followers of a three-replica cell killed, the leader would answer a write only at its
+/// own commit timeout (4 s here), but a client whose request timeout is 500 ms (its
+/// attempts 6 s) gets its error within about that. Before 2026-12-03 an attempt started
+/// just before the deadline kept its whole 6 s, so a call could outlive its request
+/// timeout by an attempt (and loadgen's like-for-like request deadline did not hold).
+#[test]
+fn a_call_ends_at_its_request_timeout_though_an_attempt_would_wait_longer() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts {
+            replicas: 3,
+            request_timeout_ms: 4_000,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let mut cfg = cell.client_config();
+        cfg.endpoints = vec![cell.addr(leader)];
+        cfg.request_timeout = Duration::from_millis(500);
+        cfg.attempt_timeout = Duration::from_secs(6);
+        let short = client_sdk::Client::connect(cfg).await.unwrap();
+        let s = short.open_session().await.unwrap();
+        for id in 1..=3 {
+            if id != leader {
+                cell.kill(id);
+            }
+        }
+        let t = Instant::now();
+        let r = s.create("/late", vec![], CreateMode::default()).await;
+        let took = t.elapsed();
+        println!(
+            "FIGURE deadline: a write with a 500 ms request timeout and no quorum failed after {} ms: {r:?}",
+            took.as_millis()
+        );
+        assert!(
+            matches!(r, Err(Error::Timeout { .. }) | Err(Error::Unavailable { .. })),
+            "{r:?}"
+        );
+        assert!(
+            took < Duration::from_millis(1_500),
+            "the call took {took:?} with a 500 ms request timeout"
+        );
+    });
+}
+
 /// openraft 0.9 lets a leader that restarts quickly keep leading in the same term. The
 /// restarted leader must serve reads that include every acknowledged write, and keep the
 /// sessions that kept renewing.

@@ -26,7 +26,7 @@ pub struct ClientConfig {
     /// [`wire::Error::Timeout`] (default 15 s).
     pub request_timeout: Duration,
     /// How long one attempt waits for an answer (default 6 s, above the replicas' own
-    /// 5 s commit timeout).
+    /// 5 s commit timeout); never past the call's [`ClientConfig::request_timeout`].
     pub attempt_timeout: Duration,
     /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
     /// dead replica is skipped quickly instead of holding up the request.

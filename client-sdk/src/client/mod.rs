@@ -357,12 +357,19 @@ impl Client {
 
     /// One attempt at one replica: no retry, no redirect.
     pub async fn call_at(&self, addr: SocketAddr, req: &Request) -> Response {
-        self.attempt(addr, req).await.and_then(|r| r)
+        self.attempt(addr, req, None).await.and_then(|r| r)
     }
 
     /// One attempt: `Err` if it failed here (connection, no answer in time), `Ok` with the
-    /// server's answer otherwise (which may be the server's error).
-    async fn attempt(&self, addr: SocketAddr, req: &Request) -> Result<Response, Error> {
+    /// server's answer otherwise (which may be the server's error). It waits
+    /// [`ClientConfig::attempt_timeout`], or until `deadline` if that comes first, so a
+    /// call never outlives its request timeout by an attempt.
+    async fn attempt(
+        &self,
+        addr: SocketAddr,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> Result<Response, Error> {
         let attempt = async {
             let (conn, heard) = self.connection_heard(addr).await?;
             let work = async {
@@ -389,7 +396,14 @@ impl Client {
                 }
             }
         };
-        let t = self.inner.cfg.attempt_timeout;
+        let t = match deadline {
+            Some(d) => self
+                .inner
+                .cfg
+                .attempt_timeout
+                .min(d.saturating_duration_since(Instant::now())),
+            None => self.inner.cfg.attempt_timeout,
+        };
         match tokio::time::timeout(t, attempt).await {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout {
@@ -446,7 +460,7 @@ impl Client {
                     .lock()
                     .expect("proxies lock")
                     .contains(&addr);
-                let r = match self.attempt(addr, &req).await {
+                let r = match self.attempt(addr, &req, Some(deadline)).await {
                     // A proxy that answers "timed out" is alive and retries the cell with
                     // the same request id itself: stay with it. Moving on would move every
                     // session of this client (and their event streams) to another proxy,
