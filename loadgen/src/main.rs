@@ -287,8 +287,13 @@ async fn run_one(
     // ZooKeeper's profile and state hold 50 000 sessions at full scale, a TCP
     // connection each from this host: refused before anything starts if the host's
     // ephemeral ports would run short.
-    if system == System::Zk && matches!(cmd, Cmd::Profile { .. } | Cmd::State) {
-        systems::zk::check_ephemeral_ports((50_000.0 * cli.scale).round() as usize)?;
+    let port_warning = if system == System::Zk && matches!(cmd, Cmd::Profile { .. } | Cmd::State) {
+        systems::zk::ephemeral_port_warning((50_000.0 * cli.scale).round() as usize)
+    } else {
+        None
+    };
+    if let Some(w) = &port_warning {
+        eprintln!("loadgen: warning: {w}");
     }
     let proxies = if system == System::Ours {
         match cmd {
@@ -327,6 +332,7 @@ async fn run_one(
         conn,
         scale: cli.scale,
         lease,
+        open_retries: Default::default(),
     };
     let r = match cmd {
         Cmd::Acquire => scenarios::acquire(&ctx).await,
@@ -421,6 +427,7 @@ async fn run_one(
             std::env::var("PEERS_ZK_HEAP").unwrap_or_else(|_| "2g".into()),
         );
     }
+    r.notes.extend(port_warning);
     if system == System::Zk {
         if let Some(p) = systems::zk::ephemeral_ports() {
             r.param(
@@ -431,6 +438,7 @@ async fn run_one(
     }
     if let Some(gc) = gc {
         r.param("ZooKeeper JVM garbage collector", gc.collectors.join(", "));
+        r.param("ZooKeeper members whose GC logs were read", gc.members);
         r.figure("ZooKeeper GC pauses (all members)", gc.pauses as f64);
         r.figure("ZooKeeper GC pause max (ms)", gc.max_ms);
         r.figure("ZooKeeper GC pauses summed (s)", gc.total_ms / 1000.0);

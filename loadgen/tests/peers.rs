@@ -213,7 +213,8 @@ fn profile_on_etcd_with_shared_keepalive_streams_at_the_leader() {
 }
 
 /// As a clientv3 process does: one lease for all the sessions (and locks) of a gRPC
-/// client, 1 000 sessions on one lease here (and the admin session's own), which stays
+/// client, 1 000 sessions on three leases here (at least a client per member, so that
+/// requests spread over the members; and the admin session's own lease), which stay
 /// alive through the run, the server confirming every session held.
 #[test]
 fn profile_on_etcd_with_one_lease_per_client() {
@@ -225,7 +226,7 @@ fn profile_on_etcd_with_one_lease_per_client() {
         "one per gRPC connection, shared by its sessions (--etcd-lease-per-client)",
         "{v}"
     );
-    assert_eq!(figure(&v, "etcd leases of loadgen's sessions"), 2.0, "{v}");
+    assert_eq!(figure(&v, "etcd leases of loadgen's sessions"), 4.0, "{v}");
 }
 
 /// Split over two loadgen processes, as the full profile is (a ZooKeeper session is a
@@ -282,8 +283,9 @@ fn state_on_zookeeper_with_sessions_in_two_processes() {
 
 /// etcd's lock is clientv3's `concurrency.Mutex` step for step: uncontended, an acquire is
 /// one `Txn` (the put and the owner read together) and a release one `DeleteRange`, with
-/// no separate `Range`, as counted by etcd's own servers. Its sessions are held as one
-/// clientv3 process holds them: their leases on one gRPC client, one TCP connection.
+/// no separate `Range`, as counted by etcd's own servers. Its four sessions are held as
+/// one clientv3 process holds them: on a connection per member (three), where each
+/// session would have had a client of its own (four).
 #[test]
 fn an_uncontended_etcd_acquire_is_one_txn_at_the_servers() {
     if !installed("etcd") {
@@ -297,7 +299,7 @@ fn an_uncontended_etcd_acquire_is_one_txn_at_the_servers() {
             &v,
             "client TCP connections to the servers (loadgen's, at the start)"
         ),
-        1.0,
+        3.0,
         "{v}"
     );
     let per = |m: &str| {

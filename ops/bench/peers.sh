@@ -19,7 +19,7 @@
 # with room over the data, and -Xms is the same (the heap is not grown during a run, as
 # ZooKeeper's administrator's guide advises). The collector is G1, named: started on one
 # CPU (loadgen's --server-cpus), the JVM would pick the Serial collector, whose young
-# collections paused each member 0.6-2.6 s under `profile` (2026-12-03); on the
+# collections paused the members 0.19-2.6 s under `profile` (2026-12-03); on the
 # multi-core machines ZooKeeper runs on in production the JVM picks G1 itself. Each
 # garbage collection (with its pause) goes to DIR/zN/gc.log, and loadgen's ZooKeeper
 # reports sum them; PEERS_ZK_JAVA_OPTS adds flags.

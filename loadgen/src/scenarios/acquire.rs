@@ -52,6 +52,7 @@ pub async fn acquire(ctx: &Ctx) -> anyhow::Result<Report> {
         etcd_grpc_counts(&ctx.cluster, "grpc_server_handled_total", "etcdserverpb.KV").await;
     let mut r = ctx.report("acquire");
     r.param("clients (sessions, one lock each)", n);
+    r.param("sessions held", super::sessions_model(&ctx.conn));
     r.param("duration (s)", dur.as_secs_f64());
     // Any failed operation ends the run with an error: a report has none.
     r.latency_failed("acquire", &acq, 0);

@@ -38,6 +38,8 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
             dir,
             "--lease-secs",
             &ctx.lease.as_secs().to_string(),
+            "--request-timeout-secs",
+            &crate::systems::request_timeout().as_secs().to_string(),
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -170,6 +172,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     };
     let mut r = ctx.report(name);
     r.param("writers (sessions, one key each)", n);
+    r.param("sessions held", super::sessions_model(&ctx.conn));
     r.param(
         "event",
         if freeze {

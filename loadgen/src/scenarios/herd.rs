@@ -167,6 +167,7 @@ pub async fn herd(ctx: &Ctx) -> anyhow::Result<Report> {
     let increasing = tokens.windows(2).all(|w| w[0].1 < w[1].1);
     let mut r = ctx.report("herd");
     r.param("contenders (sessions)", n);
+    r.param("sessions held", super::sessions_model(&ctx.conn));
     if matches!(ctx.conn, Conn::Etcd(_)) {
         r.param("etcd lock waits", "a gRPC client's on its one watch stream");
     }

@@ -91,6 +91,7 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
         format!("{levels:?}"),
     );
     r.param("seconds per level", per.as_secs_f64());
+    r.param("sessions held", super::sessions_model(&ctx.conn));
     r.latency_failed("write (all levels)", &all, 0);
     r.notes.push(ALL_OR_NOTHING.into());
     r.figure("knee (writers)", knee as f64);

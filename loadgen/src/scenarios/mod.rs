@@ -20,6 +20,9 @@ pub struct Ctx {
     pub conn: Conn,
     pub scale: f64,
     pub lease: Duration,
+    /// Session opens [`Ctx::sessions`] retried (its paced opener tries a failed open
+    /// again), reported by [`Ctx::costs`].
+    pub open_retries: std::sync::atomic::AtomicU64,
 }
 
 impl Ctx {
@@ -36,18 +39,24 @@ impl Ctx {
         r.param("members", self.cluster.members.len());
         r.param("client endpoints", self.cluster.endpoints.join(","));
         r.param("lease / session timeout (s)", self.lease.as_secs());
-        r.param("sessions held", sessions_model(&self.conn));
-        r.param(
-            "request timeout (s)",
-            match self.conn {
-                Conn::Zk(_) => "none (a request fails when its connection is given up)".into(),
-                _ => format!("{}", crate::systems::request_timeout().as_secs_f64()),
-            },
-        );
+        // `state` loads its nodes through clients of its own, with other deadlines.
+        if scenario != "state" {
+            r.param(
+                "request timeout (s)",
+                match self.conn {
+                    Conn::Zk(_) => "none (a request fails when its connection is given up)".into(),
+                    _ => format!("{}", crate::systems::request_timeout().as_secs_f64()),
+                },
+            );
+        }
         r
     }
 
     pub(crate) fn costs(&self, r: &mut Report) {
+        let retried = self.open_retries.load(std::sync::atomic::Ordering::Relaxed);
+        if retried > 0 {
+            r.figure("session opens retried (setup)", retried as f64);
+        }
         for (name, pid) in self.cluster.processes() {
             if let Some(c) = proc_cost(&name, pid) {
                 r.processes.push(c);
@@ -78,11 +87,16 @@ impl Ctx {
     /// `n` sessions, held as one client process of each system holds many (see
     /// [`sessions_model`]).
     async fn sessions(&self, n: usize) -> anyhow::Result<Vec<Arc<Sess>>> {
-        Ok(crate::systems::open_many(&self.conn, n, self.lease)
-            .await?
-            .into_iter()
-            .map(Arc::new)
-            .collect())
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = crate::systems::OPEN_RETRIES.load(Relaxed);
+        let opened = crate::systems::open_many(&self.conn, n, self.lease).await;
+        self.open_retries.fetch_add(
+            crate::systems::OPEN_RETRIES
+                .load(Relaxed)
+                .saturating_sub(before),
+            Relaxed,
+        );
+        Ok(opened?.into_iter().map(Arc::new).collect())
     }
 }
 
@@ -126,18 +140,21 @@ fn own_tcp_connections(ports: &std::collections::HashSet<u16>) -> Option<usize> 
     Some(n)
 }
 
-/// How a scenario's sessions are held, for the report: as one client process of each
-/// system holds many. Ours, all on one SDK client (one QUIC connection); etcd, up to
-/// 2 000 leases on one gRPC client (one HTTP/2 connection), as one clientv3 process
-/// holds its `concurrency.Session`s (renewals on a stream per lease, or on one with
-/// `--etcd-shared-keepalive`); ZooKeeper, a connection each (a ZooKeeper session is
-/// its connection).
+/// How the sessions of [`Ctx::sessions`] are held, for the report of a scenario that
+/// opens them so: as one client process of each system holds many. Ours, all on one SDK
+/// client (one QUIC connection, to the leader); etcd, up to 2 000 leases per gRPC client
+/// and at least a client per member, each starting at another member, so that their
+/// requests spread over the members as one clientv3 process's do (its balancer keeps a
+/// connection per member and sends requests round-robin), renewed on a stream per lease
+/// or on one per client (`--etcd-shared-keepalive`); ZooKeeper, a connection each (a
+/// ZooKeeper session is its connection).
 pub(crate) fn sessions_model(conn: &Conn) -> String {
     use std::sync::atomic::Ordering::Relaxed;
     match conn {
         Conn::Ours(_) => "all on one SDK client (one QUIC connection)".into(),
         Conn::Etcd(_) => format!(
-            "up to {} leases on one gRPC client (one HTTP/2 connection){}, renewed on {}",
+            "up to {} leases per gRPC client, at least a client per member (requests \
+             spread over the members){}, renewed on {}",
             crate::systems::ETCD_LEASES_PER_CLIENT,
             if crate::systems::ETCD_LEASE_PER_CLIENT.load(Relaxed) {
                 " sharing one lease (--etcd-lease-per-client)"

@@ -148,6 +148,14 @@ impl Drop for EtcdKeeper {
 /// as ours put on one QUIC connection.
 pub const ETCD_LEASES_PER_CLIENT: usize = 2_000;
 
+/// How many gRPC clients [`Clients`] opens for `n` sessions on `members` members: one
+/// per [`ETCD_LEASES_PER_CLIENT`] sessions, and at least one per member, so that a few
+/// sessions' requests are spread over the members as clientv3's round-robin balancer
+/// spreads one process's requests (one connection per member).
+pub fn etcd_clients_for(n: usize, members: usize) -> usize {
+    n.div_ceil(ETCD_LEASES_PER_CLIENT).max(members).max(1)
+}
+
 /// `eps` rotated so that successive calls start at successive members: clients spread
 /// over the members, as etcd's own do.
 fn spread(eps: &[String]) -> Vec<String> {
@@ -319,7 +327,7 @@ impl Clients {
         } else {
             eps.to_vec()
         };
-        for i in 0..n.div_ceil(ETCD_LEASES_PER_CLIENT) {
+        for i in 0..etcd_clients_for(n, eps.len()) {
             // Each client starts at another member, so clients spread over members
             // (all at the leader with `--etcd-leader-only`).
             let mut eps = eps.clone();
@@ -346,9 +354,10 @@ impl Clients {
         Ok(Clients(etcd_clients))
     }
 
-    /// The `i`-th session: on client `i / ETCD_LEASES_PER_CLIENT`.
+    /// The `i`-th session: on client `i` modulo the clients, so sessions (and their
+    /// requests) spread over the clients and their members.
     pub(super) async fn session(&self, i: usize, lease: Duration) -> anyhow::Result<EtcdSess> {
-        match self.0.get(i / ETCD_LEASES_PER_CLIENT) {
+        match self.0.get(i % self.0.len().max(1)) {
             Some((c, _, Some((id, k)))) => Ok(EtcdSess {
                 conn: c.clone(),
                 lease: *id,

@@ -35,8 +35,8 @@ use client_sdk::{Client, ClientConfig, LockGuard, Session};
 
 use crate::cluster::{Cluster, System};
 pub use etcd::{
-    EtcdSess, ETCD_LEADER_ONLY, ETCD_LEASES_PER_CLIENT, ETCD_LEASE_PER_CLIENT, ETCD_RENEWALS,
-    ETCD_SHARED_KEEPALIVE,
+    etcd_clients_for, EtcdSess, ETCD_LEADER_ONLY, ETCD_LEASES_PER_CLIENT, ETCD_LEASE_PER_CLIENT,
+    ETCD_RENEWALS, ETCD_SHARED_KEEPALIVE,
 };
 pub use zk::{zk_session_cap, ZkSess};
 
@@ -72,7 +72,7 @@ pub enum Conn {
     /// Our SDK client (sessions are multiplexed over its connection).
     Ours(Client),
     /// etcd endpoints (a session opened alone has a gRPC client of its own; those
-    /// opened together by [`open_many`] share one per [`ETCD_LEASES_PER_CLIENT`]).
+    /// opened together by [`open_many`] share clients, [`etcd_clients_for`]).
     Etcd(Vec<String>),
     /// ZooKeeper connect string (each session is a connection).
     Zk(String),

@@ -443,8 +443,8 @@ fn report(
         r.param(
             "gRPC connections (leases per connection)",
             format!(
-                "{} ({})",
-                n.div_ceil(crate::systems::ETCD_LEASES_PER_CLIENT),
+                "{} (up to {})",
+                crate::systems::etcd_clients_for(n, ctx.cluster.members.len()),
                 crate::systems::ETCD_LEASES_PER_CLIENT
             ),
         );
