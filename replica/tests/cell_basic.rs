@@ -587,6 +587,64 @@ fn a_client_refuses_sessions_beyond_its_limit_and_frees_a_place_on_close() {
     });
 }
 
+/// A closed session lets go of its client at once: once the application has closed the
+/// session and dropped both handles, the client's connections close and its UDP socket is
+/// released within a second or so. Before, the KeepAlive loop slept out its third of a
+/// lease (4 s here) holding the client, so a process opening a client per short job held
+/// thousands (loadgen's `burst`: 12 GB).
+#[test]
+fn a_closed_session_lets_go_of_its_client_at_once() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        drop(client);
+        for round in 0..3 {
+            let client = client_sdk::Client::connect(cell.client_config())
+                .await
+                .unwrap();
+            let port = client.local_addr().unwrap().port();
+            let s = client.open_session().await.unwrap();
+            s.create(
+                &format!("/e{round}"),
+                vec![],
+                CreateMode {
+                    ephemeral: true,
+                    sequential: false,
+                },
+            )
+            .await
+            .unwrap();
+            s.close().await.unwrap();
+            drop(s);
+            drop(client);
+            let closed = Instant::now();
+            // The port is free once the client's endpoint (and its socket) is gone.
+            loop {
+                if std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok() {
+                    break;
+                }
+                assert!(
+                    closed.elapsed() < Duration::from_secs(2),
+                    "round {round}: the client of a closed session still holds UDP port {port} \
+                     after {:?}",
+                    closed.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            println!(
+                "FIGURE round {round}: client's UDP port free {} ms after close and drop",
+                closed.elapsed().as_millis()
+            );
+        }
+    });
+}
+
 /// Every linearizable read at the leader confirms its leadership with a quorum round, and
 /// openraft 0.9 makes a new network client for each round: a client must take an idle
 /// connection to its peer from the pool rather than dial (before, each round dialed every

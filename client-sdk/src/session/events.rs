@@ -16,6 +16,7 @@ use super::{Inner, SessionEvent, SessionState};
 /// every reconnection re-arms the watches (those whose node changed in the gap fire) and,
 /// when the serving replica changed, announces a fail-over.
 pub(super) async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionSlot) {
+    let mut state = inner.state_tx.subscribe();
     let mut serving: Option<std::net::SocketAddr> = None;
     let mut connected_before = false;
     loop {
@@ -94,6 +95,9 @@ pub(super) async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionS
                     Some(f) => f,
                     None => break,
                 },
+                // Closed (or expired): stop at once rather than when the cell ends the
+                // stream, so the client is let go with the session.
+                _ = state.wait_for(|s| *s == SessionState::Expired) => break,
                 changed = leader.changed() => {
                     if changed.is_err() || moved(&leader.borrow_and_update()) {
                         break;

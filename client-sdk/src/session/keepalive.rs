@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use wire::types::Reply;
@@ -17,20 +18,25 @@ pub(super) async fn keepalive_loop(inner: Arc<Inner>) {
     let interval = inner.lease / 3;
     let retry = Duration::from_millis(250).min(interval);
     let mut next = Instant::now() + interval;
+    let mut state = inner.state_tx.subscribe();
     loop {
         // A retry's wait (or a late first KeepAlive) may outlast the local lease: enter
         // jeopardy when it runs out, not at the next try (up to `retry` later, while the
         // cell's lease may be ending: the holder must know at once).
         let local_deadline = inner.local_deadline();
         if local_deadline < next && inner.state() == SessionState::Healthy {
-            tokio::time::sleep_until(local_deadline).await;
+            if !sleep_unless_ended(&mut state, local_deadline).await {
+                return;
+            }
             if !inner.keepalives_stopped.load(Ordering::SeqCst)
                 && Instant::now() >= inner.local_deadline()
             {
                 enter_jeopardy(&inner);
             }
         }
-        tokio::time::sleep_until(next).await;
+        if !sleep_unless_ended(&mut state, next).await {
+            return;
+        }
         if inner.keepalives_stopped.load(Ordering::SeqCst) || inner.state() == SessionState::Expired
         {
             return;
@@ -88,6 +94,18 @@ pub(super) async fn keepalive_loop(inner: Arc<Inner>) {
                 next = now + retry;
             }
         }
+    }
+}
+
+/// Sleeps until `at`; false, at once, if the session ends first (closed, or expired). A
+/// closed session's loop must not keep its client, and so the client's connections and
+/// UDP socket, for up to a third of a lease after the application let go of both: a
+/// process that opens a client per short job (a cron job, a test, loadgen's arrivals)
+/// would hold thousands of them.
+async fn sleep_unless_ended(state: &mut watch::Receiver<SessionState>, at: Instant) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep_until(at) => true,
+        _ = state.wait_for(|s| *s == SessionState::Expired) => false,
     }
 }
 
