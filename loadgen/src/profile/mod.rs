@@ -98,6 +98,58 @@ pub(crate) fn record(l: &Mutex<Lat>, d: Duration, at: Instant) {
     l.lock().expect("lat").record(d, at);
 }
 
+/// The config reads of one group of `n` sessions: a round every `period` from `first`, one
+/// read per session (`read(j)` reads for the group's `j`-th session and says whether it
+/// succeeded), until `deadline` or until `stop` is set. Open loop, without coordinated
+/// omission: the reads of a round go out together, and each is timed from the round's
+/// scheduled moment, not from when it was sent. A round that starts late because the one
+/// before was still waiting (a fault, a stall at the servers, loadgen's own runtime)
+/// carries that wait in every one of its reads, and no round is skipped to catch up.
+/// Rounds due before the end and never sent are counted by `unsent` (reads, not rounds):
+/// they failed, as far as a client could tell. Each success is recorded in `lat` and
+/// counted in `reads`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn read_rounds<F, Fut>(
+    first: Instant,
+    period: Duration,
+    deadline: Instant,
+    stop: &AtomicBool,
+    n: usize,
+    mut read: F,
+    (lat, reads): (&mut Lat, &AtomicU64),
+    unsent: impl FnOnce(u64),
+) where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut due = first;
+    while due < deadline {
+        if stop.load(Ordering::Relaxed) {
+            let end = Instant::now().min(deadline);
+            if due <= end {
+                let rounds = ((end - due).as_secs_f64() / period.as_secs_f64()).floor() as u64 + 1;
+                unsent(rounds * n as u64);
+            }
+            return;
+        }
+        tokio::time::sleep_until(due).await;
+        let round = (0..n).map(|j| {
+            let r = read(j);
+            async move {
+                let ok = r.await;
+                (ok, Instant::now())
+            }
+        });
+        for (ok, at) in futures::future::join_all(round).await {
+            if ok {
+                lat.record(at - due, at);
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        due += period;
+    }
+}
+
 /// A profile run's failed operations, by operation, reported next to their latencies.
 #[derive(Default)]
 pub(crate) struct Failures {

@@ -567,8 +567,9 @@ fn spawn_short_locks(
 }
 
 /// Readers: every session reads its config value once a period (through its cache if
-/// `cached`, else linearizably); one task per 50 sessions. `counts` are the read
-/// latencies and the reads made.
+/// `cached`, else linearizably); one task per 50 sessions, whose reads of a round go out
+/// together and are timed from the round's scheduled moment ([`read_rounds`]). `counts`
+/// are the read latencies and the reads made.
 fn spawn_readers(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     run: &RunCtx,
@@ -577,12 +578,12 @@ fn spawn_readers(
     counts: (&Arc<Mutex<Lat>>, &Arc<AtomicU64>),
 ) {
     let (rd, reads) = counts;
+    if reads_per_s <= 0.0 {
+        return;
+    }
     let (start, deadline) = (run.start, run.deadline);
-    let read_period = Duration::from_secs_f64(1.0 / reads_per_s.max(1e-9));
+    let read_period = Duration::from_secs_f64(1.0 / reads_per_s);
     for first in (0..run.slots.len()).step_by(50) {
-        if reads_per_s <= 0.0 {
-            break;
-        }
         let (slots, rd, stop, reads, errors) = (
             run.slots.clone(),
             (*rd).clone(),
@@ -592,34 +593,40 @@ fn spawn_readers(
         );
         let failures = run.failures.clone();
         let offset = read_period.mul_f64(rand::random::<f64>());
+        let n = (first + 50).min(slots.len()) - first;
         tasks.push(tokio::spawn(async move {
-            let mut due = start + offset;
             let mut local = Lat::new(start);
-            while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due).await;
-                for i in first..(first + 50).min(slots.len()) {
-                    let s = slots[i].lock().expect("slot").clone();
-                    let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
-                    let t0 = Instant::now();
+            let read = |j: usize| {
+                let i = first + j;
+                let s = slots[i].lock().expect("slot").clone();
+                let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
+                let (errors, failures) = (errors.clone(), failures.clone());
+                async move {
                     let read = if cached {
                         s.get_cached(&key).await.map(|_| ())
                     } else {
                         s.get(&key).await.map(|_| ())
                     };
-                    match read {
-                        Ok(_) => {
-                            let t1 = Instant::now();
-                            local.record(t1 - t0, t1);
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            failures.reads.fetch_add(1, Ordering::Relaxed);
-                        }
+                    if read.is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        failures.reads.fetch_add(1, Ordering::Relaxed);
                     }
+                    read.is_ok()
                 }
-                due += read_period;
-            }
+            };
+            read_rounds(
+                start + offset,
+                read_period,
+                deadline,
+                &stop,
+                n,
+                read,
+                (&mut local, &reads),
+                |k| {
+                    failures.reads.fetch_add(k, Ordering::Relaxed);
+                },
+            )
+            .await;
             rd.lock().expect("lat").merge(&local);
         }));
     }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{sessions_at, Measured, Share};
 use crate::profile::Reads;
 use crate::profile::{
-    each, join_tasks, lat, record, spawn_config_writer, spawn_jeopardy_sampler,
+    each, join_tasks, lat, read_rounds, record, spawn_config_writer, spawn_jeopardy_sampler,
     spawn_keepalive_sampler, spawn_lateness_probe, Failures, JeopardyStats, CONFIG_KEYS,
 };
 use crate::report::Lat;
@@ -318,10 +318,11 @@ fn spawn_short_locks(
     }
 }
 
-/// Readers: one task per 50 sessions, each reading its value once a period; a reader
-/// waits for its previous read, so a saturated cluster lowers the rate achieved.
-/// ZooKeeper with `--reads cached` keeps each session's copy under a watch. `counts` are
-/// the read latencies, the reads made and those served from a watched copy.
+/// Readers: one task per 50 sessions, each reading its value once a period; the reads of
+/// a round go out together and are timed from the round's scheduled moment
+/// ([`read_rounds`]: a round that waits for the one before carries that wait, none is
+/// skipped). ZooKeeper with `--reads cached` keeps each session's copy under a watch.
+/// `counts` are the read latencies, the reads made and those served from a watched copy.
 fn spawn_readers(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     run: &RunCtx,
@@ -348,61 +349,58 @@ fn spawn_readers(
         let (failures, cache_hits) = (run.failures.clone(), (*cache_hits).clone());
         let offset = period.mul_f64(rand::random::<f64>());
         let config_dir = set.config_dir.clone();
+        let n = (first + 50).min(slots.len()) - first;
         tasks.push(tokio::spawn(async move {
-            let mut due = start + offset;
             let mut local = Lat::new(start);
-            // ZooKeeper with `--reads cached`: each session's watched copy.
-            let mut copies: std::collections::HashMap<usize, WatchedValue> =
-                std::collections::HashMap::new();
-            while due < deadline && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep_until(due).await;
-                for i in first..(first + 50).min(slots.len()) {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let s = slots[i].lock().expect("slot").clone();
-                    let key = format!("{config_dir}/k{}", i % CONFIG_KEYS);
-                    let t0 = Instant::now();
+            // ZooKeeper with `--reads cached`: each session's watched copy, taken out while
+            // it is read and put back after (one read per session in a round).
+            let copies: Arc<Vec<Mutex<Option<WatchedValue>>>> =
+                Arc::new((0..n).map(|_| Mutex::new(None)).collect());
+            let read = |j: usize| {
+                let i = first + j;
+                let s = slots[i].lock().expect("slot").clone();
+                let key = format!("{config_dir}/k{}", i % CONFIG_KEYS);
+                let (errors, failures) = (errors.clone(), failures.clone());
+                let (copies, cache_hits) = (copies.clone(), cache_hits.clone());
+                async move {
                     let read = if zk_cache {
-                        let hit = copies
-                            .get_mut(&i)
-                            .and_then(|c| c.valid_for(&s).then_some(c.len));
+                        let mut copy = copies[j].lock().expect("copy").take();
+                        let hit = copy.as_mut().and_then(|c| c.valid_for(&s).then_some(c.len));
                         match hit {
                             Some(len) => {
                                 cache_hits.fetch_add(1, Ordering::Relaxed);
+                                *copies[j].lock().expect("copy") = copy;
                                 Ok(len)
                             }
-                            None => {
-                                copies.remove(&i);
-                                s.read_watched(&key).await.map(|c| {
-                                    let len = c.len;
-                                    copies.insert(i, c);
-                                    len
-                                })
-                            }
+                            None => s.read_watched(&key).await.map(|c| {
+                                let len = c.len;
+                                *copies[j].lock().expect("copy") = Some(c);
+                                len
+                            }),
                         }
                     } else {
                         s.read(&key).await
                     };
-                    match read {
-                        Ok(_) => {
-                            let t1 = Instant::now();
-                            local.record(t1 - t0, t1);
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            failures.reads.fetch_add(1, Ordering::Relaxed);
-                        }
+                    if read.is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        failures.reads.fetch_add(1, Ordering::Relaxed);
                     }
+                    read.is_ok()
                 }
-                due += period;
-                // Behind by more than a period: skip the missed rounds.
-                let now = Instant::now();
-                if due + period < now {
-                    due = now;
-                }
-            }
+            };
+            read_rounds(
+                start + offset,
+                period,
+                deadline,
+                &stop,
+                n,
+                read,
+                (&mut local, &reads),
+                |k| {
+                    failures.reads.fetch_add(k, Ordering::Relaxed);
+                },
+            )
+            .await;
             rd.lock().expect("lat").merge(&local);
         }));
     }
