@@ -98,18 +98,18 @@ pub(crate) fn record(l: &Mutex<Lat>, d: Duration, at: Instant) {
     l.lock().expect("lat").record(d, at);
 }
 
-/// The config reads of one group of `n` sessions: a round every `period` from `first`, one
-/// read per session (`read(j)` reads for the group's `j`-th session and says whether it
-/// succeeded), until `deadline` or until `stop` is set. Open loop, without coordinated
-/// omission: the reads of a round go out together, and each is timed from the round's
-/// scheduled moment, not from when it was sent. A round that starts late because the one
-/// before was still waiting (a fault, a stall at the servers, loadgen's own runtime)
-/// carries that wait in every one of its reads, and no round is skipped to catch up.
-/// Rounds due before the end and never sent are counted by `unsent` (reads, not rounds):
-/// they failed, as far as a client could tell. Each success is recorded in `lat` and
-/// counted in `reads`.
+/// The config reads of one group of `n` sessions, each session once every `period`, until
+/// `deadline` or until `stop` is set (`read(j)` reads for the group's `j`-th session and
+/// says whether it succeeded). Open loop, without coordinated omission: the `j`-th
+/// session's reads are due at `first + j × period / n` and every `period` after, so the
+/// group's reads are spread evenly over the period as independent clients' would be;
+/// each is sent when it is due, whether or not earlier ones have been answered, and
+/// timed from when it was due, not from when it was sent. A read that goes out late
+/// because loadgen's runtime was busy carries that wait too; reads due before the end
+/// and never sent are counted by `unsent` (as failed, as far as a client could tell).
+/// Each success is recorded in `lat` and counted in `reads`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn read_rounds<F, Fut>(
+pub(crate) async fn open_loop_reads<F, Fut>(
     first: Instant,
     period: Duration,
     deadline: Instant,
@@ -122,31 +122,49 @@ pub(crate) async fn read_rounds<F, Fut>(
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let mut due = first;
-    while due < deadline {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    if n == 0 {
+        return;
+    }
+    let step = period.div_f64(n as f64);
+    let due_of = |k: u64| first + step.mul_f64(k as f64);
+    let mut record = |(ok, due, at): (bool, Instant, Instant)| {
+        if ok {
+            lat.record(at - due, at);
+            reads.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    let mut in_flight = FuturesUnordered::new();
+    let mut k: u64 = 0;
+    loop {
+        let due = due_of(k);
+        if due >= deadline {
+            break;
+        }
         if stop.load(Ordering::Relaxed) {
+            // Reads due by now (and before the end) that were never sent.
             let end = Instant::now().min(deadline);
             if due <= end {
-                let rounds = ((end - due).as_secs_f64() / period.as_secs_f64()).floor() as u64 + 1;
-                unsent(rounds * n as u64);
+                let late = ((end - due).as_secs_f64() / step.as_secs_f64()).floor() as u64 + 1;
+                unsent(late);
             }
-            return;
+            break;
         }
-        tokio::time::sleep_until(due).await;
-        let round = (0..n).map(|j| {
-            let r = read(j);
-            async move {
-                let ok = r.await;
-                (ok, Instant::now())
-            }
-        });
-        for (ok, at) in futures::future::join_all(round).await {
-            if ok {
-                lat.record(at - due, at);
-                reads.fetch_add(1, Ordering::Relaxed);
+        tokio::select! {
+            biased;
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => record(done),
+            _ = tokio::time::sleep_until(due) => {
+                let r = read((k % n as u64) as usize);
+                in_flight.push(async move {
+                    let ok = r.await;
+                    (ok, due, Instant::now())
+                });
+                k += 1;
             }
         }
-        due += period;
+    }
+    while let Some(done) = in_flight.next().await {
+        record(done);
     }
 }
 

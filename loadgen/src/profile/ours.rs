@@ -567,9 +567,9 @@ fn spawn_short_locks(
 }
 
 /// Readers: every session reads its config value once a period (through its cache if
-/// `cached`, else linearizably); one task per 50 sessions, whose reads of a round go out
-/// together and are timed from the round's scheduled moment ([`read_rounds`]). `counts`
-/// are the read latencies and the reads made.
+/// `cached`, else linearizably); one task per 50 sessions, whose reads are spread over the
+/// period, sent when due and timed from then ([`open_loop_reads`]). `counts` are the read
+/// latencies and the reads made.
 fn spawn_readers(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     run: &RunCtx,
@@ -614,7 +614,7 @@ fn spawn_readers(
                     read.is_ok()
                 }
             };
-            read_rounds(
+            open_loop_reads(
                 start + offset,
                 read_period,
                 deadline,

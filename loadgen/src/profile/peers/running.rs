@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{sessions_at, Measured, Share};
 use crate::profile::Reads;
 use crate::profile::{
-    each, join_tasks, lat, read_rounds, record, spawn_config_writer, spawn_jeopardy_sampler,
+    each, join_tasks, lat, open_loop_reads, record, spawn_config_writer, spawn_jeopardy_sampler,
     spawn_keepalive_sampler, spawn_lateness_probe, Failures, JeopardyStats, CONFIG_KEYS,
 };
 use crate::report::Lat;
@@ -318,11 +318,11 @@ fn spawn_short_locks(
     }
 }
 
-/// Readers: one task per 50 sessions, each reading its value once a period; the reads of
-/// a round go out together and are timed from the round's scheduled moment
-/// ([`read_rounds`]: a round that waits for the one before carries that wait, none is
-/// skipped). ZooKeeper with `--reads cached` keeps each session's copy under a watch.
-/// `counts` are the read latencies, the reads made and those served from a watched copy.
+/// Readers: one task per 50 sessions, each reading its value once a period; the group's
+/// reads are spread over the period, each sent when due (whether or not the earlier ones
+/// were answered) and timed from then ([`open_loop_reads`]). ZooKeeper with `--reads
+/// cached` keeps each session's copy under a watch. `counts` are the read latencies, the
+/// reads made and those served from a watched copy.
 fn spawn_readers(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     run: &RunCtx,
@@ -353,7 +353,8 @@ fn spawn_readers(
         tasks.push(tokio::spawn(async move {
             let mut local = Lat::new(start);
             // ZooKeeper with `--reads cached`: each session's watched copy, taken out while
-            // it is read and put back after (one read per session in a round).
+            // it is read and put back after (a read that finds it out, another of the same
+            // session still waiting, reads again and brings its own).
             let copies: Arc<Vec<Mutex<Option<WatchedValue>>>> =
                 Arc::new((0..n).map(|_| Mutex::new(None)).collect());
             let read = |j: usize| {
@@ -388,7 +389,7 @@ fn spawn_readers(
                     read.is_ok()
                 }
             };
-            read_rounds(
+            open_loop_reads(
                 start + offset,
                 period,
                 deadline,
