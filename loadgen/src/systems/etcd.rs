@@ -214,22 +214,23 @@ async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<EtcdS
                 // that does not answer within a third of the TTL is given up for another).
                 if let Ok((mut c, turn)) = kc.client().await {
                     match tokio::time::timeout(every, c.lease_keep_alive(id)).await {
-                        Ok(Ok(s)) => {
-                            stream = Some(s);
+                        Ok(Ok((keeper, replies))) => {
+                            stream = Some((keeper, replies, turn));
                             renewed = true;
                         }
                         Ok(Err(e)) if lease_not_found(&e) => {
                             st2.lock().expect("keeper").gone = true;
                             return;
                         }
-                        // Only a member that cannot be reached moves the connection on
-                        // (clientv3 does not leave a member for being slow; a frozen
-                        // one's connection fails its keep-alive pings within 8 s).
+                        // An unreachable member, or one that did not answer within a
+                        // third of the TTL, is left for the next (see below).
                         Ok(Err(e)) if crate::systems::etcd_conn::unreachable(&e) => kc.failed(turn),
-                        _ => {}
+                        Ok(Err(_)) => {}
+                        Err(_) => kc.failed(turn),
                     }
                 }
-            } else if let Some((keeper, replies)) = stream.as_mut() {
+            } else if let Some((keeper, replies, turn)) = stream.as_mut() {
+                let turn = *turn;
                 if keeper.keep_alive().await.is_ok() {
                     match tokio::time::timeout(every, replies.message()).await {
                         Ok(Ok(Some(r))) if r.ttl() > 0 => renewed = true,
@@ -242,9 +243,20 @@ async fn etcd_session(c: Arc<EtcdConn>, lease: Duration) -> anyhow::Result<EtcdS
                             st2.lock().expect("keeper").gone = true;
                             return;
                         }
-                        // A slow or broken stream is opened again, at the same member:
-                        // only a member that cannot be reached moves the connection on
-                        // (as clientv3 does not leave a member for being slow).
+                        // No answer within a third of the TTL: the member is left for
+                        // the next, as a unary request's timeout leaves it
+                        // ([`EtcdConn::call`]). Waiting for the connection to fail never
+                        // ended for a frozen member: the gRPC channel dials it again and
+                        // its kernel accepts, so the keeper of a session whose client
+                        // used no other request (loadgen's admin session in `profile`)
+                        // stayed on the frozen leader until its lease ran out (one lease
+                        // lost in one of five `profile --fault freeze` runs, 2026-12-04).
+                        // clientv3 leaves it once its HTTP/2 keep-alive ping fails (2 s +
+                        // 6 s).
+                        Err(_) => kc.failed(turn),
+                        // A broken stream is opened again, at the same member unless it
+                        // is unreachable.
+                        Ok(Err(e)) if crate::systems::etcd_conn::unreachable(&e) => kc.failed(turn),
                         _ => {}
                     }
                 }
