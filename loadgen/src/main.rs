@@ -224,8 +224,6 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
     })
 }
 
-/// Open files: ZooKeeper's sessions are connections, so `profile` and `state` at full scale
-/// hold 50 000 sockets. Raises the soft limit to the hard one, and (as root) both to 200 000.
 /// Makes glibc's allocator take every block of 1 MiB or more straight from the kernel
 /// (`mmap`), untouched until written, and give it back when freed. Loadgen plays thousands
 /// of client processes in one: each arrival of `burst` is an SDK client with a QUIC
@@ -249,6 +247,8 @@ fn mmap_large_buffers() {
     }
 }
 
+/// Open files: ZooKeeper's sessions are connections, so `profile` and `state` at full scale
+/// hold 50 000 sockets. Raises the soft limit to the hard one, and (as root) both to 200 000.
 fn raise_open_files() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
