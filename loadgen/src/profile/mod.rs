@@ -98,26 +98,34 @@ pub(crate) fn record(l: &Mutex<Lat>, d: Duration, at: Instant) {
     l.lock().expect("lat").record(d, at);
 }
 
-/// The config reads of one group of `n` sessions, each session once every `period`, until
-/// `deadline` or until `stop` is set (`read(j)` reads for the group's `j`-th session and
-/// says whether it succeeded). Open loop, without coordinated omission: the `j`-th
-/// session's reads are due at `first + j × period / n` and every `period` after, so the
-/// group's reads are spread evenly over the period as independent clients' would be;
-/// each is sent when it is due, whether or not earlier ones have been answered, and
-/// timed from when it was due, not from when it was sent. A read that goes out late
-/// because loadgen's runtime was busy carries that wait too; reads due before the end
-/// and never sent are counted by `unsent` (as failed, as far as a client could tell).
-/// Each success is recorded in `lat` and counted in `reads`.
-#[allow(clippy::too_many_arguments)]
+/// Where a group's config reads are counted ([`open_loop_reads`]).
+pub(crate) struct ReadCounts<'a> {
+    /// The latencies of the successes (the group's are merged in at its end).
+    pub lat: &'a Mutex<Lat>,
+    /// Reads that succeeded.
+    pub reads: &'a AtomicU64,
+    /// The run's operation errors (a failed read is one).
+    pub errors: &'a AtomicU64,
+    /// The run's failures by operation (a failed or unsent read is one of `reads`).
+    pub failures: &'a Failures,
+}
+
+/// The config reads of one group of `n` sessions, each session once every `period` from
+/// `first`, until `deadline` or until `stop` is set (`read(j)` reads for the group's
+/// `j`-th session and says whether it succeeded). Open loop, without coordinated
+/// omission: the `j`-th session's reads are due at `first + j × period / n` and every
+/// `period` after, so the group's reads are spread evenly over the period as independent
+/// clients' would be; each is sent when it is due, whether or not earlier ones have been
+/// answered, and timed from when it was due, not from when it was sent. A read that goes
+/// out late because loadgen's runtime was busy carries that wait too; reads due before
+/// the end and never sent count as failed reads (as far as a client could tell), and a
+/// failed read also as an operation error.
 pub(crate) async fn open_loop_reads<F, Fut>(
-    first: Instant,
-    period: Duration,
-    deadline: Instant,
+    (first, period, deadline): (Instant, Duration, Instant),
     stop: &AtomicBool,
     n: usize,
     mut read: F,
-    (lat, reads): (&mut Lat, &AtomicU64),
-    unsent: impl FnOnce(u64),
+    counts: ReadCounts<'_>,
 ) where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -128,10 +136,15 @@ pub(crate) async fn open_loop_reads<F, Fut>(
     }
     let step = period.div_f64(n as f64);
     let due_of = |k: u64| first + step.mul_f64(k as f64);
+    // Its series counts from the run's start, as the shared one's does.
+    let mut lat = Lat::new(counts.lat.lock().expect("lat").start());
     let mut record = |(ok, due, at): (bool, Instant, Instant)| {
         if ok {
             lat.record(at - due, at);
-            reads.fetch_add(1, Ordering::Relaxed);
+            counts.reads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counts.errors.fetch_add(1, Ordering::Relaxed);
+            counts.failures.reads.fetch_add(1, Ordering::Relaxed);
         }
     };
     let mut in_flight = FuturesUnordered::new();
@@ -146,7 +159,7 @@ pub(crate) async fn open_loop_reads<F, Fut>(
             let end = Instant::now().min(deadline);
             if due <= end {
                 let late = ((end - due).as_secs_f64() / step.as_secs_f64()).floor() as u64 + 1;
-                unsent(late);
+                counts.failures.reads.fetch_add(late, Ordering::Relaxed);
             }
             break;
         }
@@ -166,6 +179,7 @@ pub(crate) async fn open_loop_reads<F, Fut>(
     while let Some(done) = in_flight.next().await {
         record(done);
     }
+    counts.lat.lock().expect("lat").merge(&lat);
 }
 
 /// A profile run's failed operations, by operation, reported next to their latencies.

@@ -595,39 +595,33 @@ fn spawn_readers(
         let offset = read_period.mul_f64(rand::random::<f64>());
         let n = (first + 50).min(slots.len()) - first;
         tasks.push(tokio::spawn(async move {
-            let mut local = Lat::new(start);
             let read = |j: usize| {
                 let i = first + j;
                 let s = slots[i].lock().expect("slot").clone();
                 let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
-                let (errors, failures) = (errors.clone(), failures.clone());
                 async move {
                     let read = if cached {
                         s.get_cached(&key).await.map(|_| ())
                     } else {
                         s.get(&key).await.map(|_| ())
                     };
-                    if read.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        failures.reads.fetch_add(1, Ordering::Relaxed);
-                    }
                     read.is_ok()
                 }
             };
+            let counts = ReadCounts {
+                lat: &rd,
+                reads: &reads,
+                errors: &errors,
+                failures: &failures,
+            };
             open_loop_reads(
-                start + offset,
-                read_period,
-                deadline,
+                (start + offset, read_period, deadline),
                 &stop,
                 n,
                 read,
-                (&mut local, &reads),
-                |k| {
-                    failures.reads.fetch_add(k, Ordering::Relaxed);
-                },
+                counts,
             )
             .await;
-            rd.lock().expect("lat").merge(&local);
         }));
     }
 }

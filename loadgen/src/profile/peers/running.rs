@@ -12,7 +12,8 @@ use super::{sessions_at, Measured, Share};
 use crate::profile::Reads;
 use crate::profile::{
     each, join_tasks, lat, open_loop_reads, record, spawn_config_writer, spawn_jeopardy_sampler,
-    spawn_keepalive_sampler, spawn_lateness_probe, Failures, JeopardyStats, CONFIG_KEYS,
+    spawn_keepalive_sampler, spawn_lateness_probe, Failures, JeopardyStats, ReadCounts,
+    CONFIG_KEYS,
 };
 use crate::report::Lat;
 use crate::systems::etcd_conn::EtcdConn;
@@ -351,7 +352,6 @@ fn spawn_readers(
         let config_dir = set.config_dir.clone();
         let n = (first + 50).min(slots.len()) - first;
         tasks.push(tokio::spawn(async move {
-            let mut local = Lat::new(start);
             // ZooKeeper with `--reads cached`: each session's watched copy, taken out while
             // it is read and put back after (a read that finds it out, another of the same
             // session still waiting, reads again and brings its own).
@@ -361,7 +361,6 @@ fn spawn_readers(
                 let i = first + j;
                 let s = slots[i].lock().expect("slot").clone();
                 let key = format!("{config_dir}/k{}", i % CONFIG_KEYS);
-                let (errors, failures) = (errors.clone(), failures.clone());
                 let (copies, cache_hits) = (copies.clone(), cache_hits.clone());
                 async move {
                     let read = if zk_cache {
@@ -382,27 +381,16 @@ fn spawn_readers(
                     } else {
                         s.read(&key).await
                     };
-                    if read.is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        failures.reads.fetch_add(1, Ordering::Relaxed);
-                    }
                     read.is_ok()
                 }
             };
-            open_loop_reads(
-                start + offset,
-                period,
-                deadline,
-                &stop,
-                n,
-                read,
-                (&mut local, &reads),
-                |k| {
-                    failures.reads.fetch_add(k, Ordering::Relaxed);
-                },
-            )
-            .await;
-            rd.lock().expect("lat").merge(&local);
+            let counts = ReadCounts {
+                lat: &rd,
+                reads: &reads,
+                errors: &errors,
+                failures: &failures,
+            };
+            open_loop_reads((start + offset, period, deadline), &stop, n, read, counts).await;
         }));
     }
 }
