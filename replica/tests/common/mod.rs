@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -211,6 +211,37 @@ impl TestCell {
         }
         panic!(
             "no leader within {within:?}; logs in {}",
+            self.dir.path().display()
+        );
+    }
+
+    /// Waits until every running replica reports the same leader in the same term, twice
+    /// 300 ms apart, and returns it. Right after a cell starts, a follower that has not
+    /// heard from the bootstrapping replica yet may still call an election (more likely
+    /// on a loaded machine); once every follower follows the leader, their election timers
+    /// are reset by its heartbeats. Tests that assert what a leader change disturbs
+    /// (cached reads right after the start) wait for this rather than [`Self::wait_leader`].
+    pub async fn wait_settled_leader(&self, client: &Client, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        let mut last: Option<(u64, u64)> = None;
+        while Instant::now() < deadline {
+            let st = self.statuses(client).await;
+            let views: BTreeSet<(u64, Option<u64>)> = st
+                .values()
+                .map(|s| (s.term, s.leader.as_ref().map(|l| l.id)))
+                .collect();
+            let agreed = match views.into_iter().collect::<Vec<_>>()[..] {
+                [(term, Some(leader))] if st.len() == self.procs.len() => Some((term, leader)),
+                _ => None,
+            };
+            if let (Some((_, leader)), true) = (agreed, agreed == last) {
+                return leader;
+            }
+            last = agreed;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        panic!(
+            "the replicas did not agree on a leader within {within:?}; logs in {}",
             self.dir.path().display()
         );
     }
