@@ -40,8 +40,10 @@ targets=$(cargo metadata --no-deps --format-version 1 | jq -r '
   | select(.kind == ["test"])
   | select(($p == "loadgen" and (.name == "scenarios" or .name == "peers")) | not)
   | "--test=" + .name' | sort -u)
+# --no-fail-fast: a failing binary does not stop the ones after it, so one run reports
+# every failure (CI shows only a part of the output).
 # shellcheck disable=SC2086 # one argument per target, names have no spaces
-cargo test --workspace --lib --bins --examples $targets -- --nocapture
+cargo test --no-fail-fast --workspace --lib --bins --examples $targets -- --nocapture
 cargo test --workspace --doc
 # loadgen's runs against our cell (tests/scenarios.rs) and against etcd and ZooKeeper
 # (tests/peers.rs) side by side: each run starts its own cluster on ports it finds free,
