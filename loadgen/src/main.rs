@@ -307,6 +307,7 @@ async fn run_one(
     out: &std::path::Path,
 ) -> anyhow::Result<Report> {
     let lease = Duration::from_secs(cli.lease_secs);
+    let own_before = report::own_cost_from_here();
     // ZooKeeper's profile and state hold 50 000 sessions at full scale, a TCP
     // connection each from this host: refused before anything starts if the host's
     // ephemeral ports would run short.
@@ -356,6 +357,7 @@ async fn run_one(
         scale: cli.scale,
         lease,
         open_retries: Default::default(),
+        own_before,
     };
     let r = match cmd {
         Cmd::Acquire => scenarios::acquire(&ctx).await,

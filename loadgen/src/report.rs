@@ -156,6 +156,29 @@ pub struct ProcCost {
     pub cpu_wait_secs: f64,
 }
 
+/// An error as a failure's reason: its first line, numbers left out (so that like errors
+/// count together), at most 160 characters.
+pub fn reason_of(e: &dyn std::fmt::Display) -> String {
+    e.to_string()
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_ascii_digit())
+        .take(160)
+        .collect()
+}
+
+/// This process's cost so far, with its peak RSS reset to what it holds now
+/// (`/proc/self/clear_refs`): a run's own cost is the cost at its end less this. One
+/// loadgen process makes every run of `--runs` and `compare`, and `/proc` counts from the
+/// process's start.
+pub fn own_cost_from_here() -> Option<ProcCost> {
+    // Best effort: without it the peak is the process's, which the report then says.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    proc_cost("loadgen", std::process::id())
+}
+
 /// Reads a live process's CPU seconds (user + system) and peak RSS from `/proc`.
 pub fn proc_cost(name: &str, pid: u32) -> Option<ProcCost> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

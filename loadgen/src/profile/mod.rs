@@ -17,6 +17,7 @@
 //! Ours in `ours.rs`, etcd's and ZooKeeper's in `peers.rs` (split over loadgen processes
 //! when ZooKeeper needs more connections than one may hold); what they share here.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -194,9 +195,31 @@ pub(crate) struct Failures {
     /// Short-lock acquires started, and those that ended (granted or failed).
     pub acquires_started: AtomicU64,
     pub acquires_ended: AtomicU64,
+    /// Why operations failed: (operation, [`crate::report::reason_of`] the error) and how
+    /// many times.
+    pub reasons: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl Failures {
+    /// An `op` ("read", "acquire", "write") failed with `e`.
+    pub fn why(&self, op: &str, e: &dyn std::fmt::Display) {
+        let key = (op.to_string(), crate::report::reason_of(e));
+        *self
+            .reasons
+            .lock()
+            .expect("reasons")
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    /// The reasons, as (operation, reason, count).
+    pub fn reasons(&self) -> Vec<(String, String, u64)> {
+        let r = self.reasons.lock().expect("reasons");
+        r.iter()
+            .map(|((op, why), n)| (op.clone(), why.clone(), *n))
+            .collect()
+    }
+
     /// An acquire failed now.
     pub fn acquire(&self) {
         self.acquires.lock().expect("failures").push(Instant::now());
@@ -220,6 +243,34 @@ impl Failures {
         let mut a = self.acquires.lock().expect("failures");
         for _ in ended..started {
             a.push(now);
+        }
+    }
+}
+
+/// Notes saying why operations failed: for each operation, its five most frequent reasons
+/// (`reasons` as (operation, reason, count); like ones are summed).
+pub(crate) fn note_reasons(
+    r: &mut Report,
+    reasons: impl IntoIterator<Item = (String, String, u64)>,
+) {
+    let mut by: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for (op, why, n) in reasons {
+        *by.entry((op, why)).or_default() += n;
+    }
+    let mut ops: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    for ((op, why), n) in by {
+        ops.entry(op).or_default().push((n, why));
+    }
+    for (op, mut whys) in ops {
+        whys.sort_by(|a, b| b.cmp(a));
+        let total = whys.len();
+        for (n, why) in whys.into_iter().take(5) {
+            r.notes
+                .push(format!("{n} failed {op}s: {why} (numbers left out)"));
+        }
+        if total > 5 {
+            r.notes
+                .push(format!("failed {op}s: {} other reasons", total - 5));
         }
     }
 }

@@ -325,6 +325,7 @@ pub async fn profile(
          session check)"
             .into(),
     );
+    crate::profile::note_reasons(&mut r, failures.reasons());
     server_latencies(&mut r, (&l0, &l1), (&p0s, &p1s));
     r.latency(
         "disk: 4 KiB write + fdatasync (probe next to the cell's data)",
@@ -555,8 +556,9 @@ fn spawn_short_locks(
                             errors.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    Err(_) => {
+                    Err(e) => {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        failures.why("acquire", &e);
                         failures.acquire();
                     }
                 }
@@ -599,12 +601,16 @@ fn spawn_readers(
                 let i = first + j;
                 let s = slots[i].lock().expect("slot").clone();
                 let key = format!("/profile/config/k{}", i % CONFIG_KEYS);
+                let failures = failures.clone();
                 async move {
                     let read = if cached {
                         s.get_cached(&key).await.map(|_| ())
                     } else {
                         s.get(&key).await.map(|_| ())
                     };
+                    if let Err(e) = &read {
+                        failures.why("read", e);
+                    }
                     read.is_ok()
                 }
             };
@@ -636,10 +642,16 @@ fn spawn_writer(
 ) -> tokio::task::JoinHandle<()> {
     spawn_config_writer(
         {
-            let admin = admin.clone();
+            let (admin, failures) = (admin.clone(), run.failures.clone());
             move |key: String, value: Vec<u8>| {
-                let admin = admin.clone();
-                async move { admin.set_data(&key, value, None).await.is_ok() }
+                let (admin, failures) = (admin.clone(), failures.clone());
+                async move {
+                    let r = admin.set_data(&key, value, None).await;
+                    if let Err(e) = &r {
+                        failures.why("write", e);
+                    }
+                    r.is_ok()
+                }
             }
         },
         writes_per_s,

@@ -105,16 +105,7 @@ pub async fn burst(ctx: &Ctx) -> anyhow::Result<Report> {
             pb.inc(1);
             if let Err(e) = &r {
                 failed.fetch_add(1, Ordering::Relaxed);
-                // The first line, numbers left out, so that like errors count together.
-                let reason: String = e
-                    .to_string()
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .filter(|c| !c.is_ascii_digit())
-                    .take(160)
-                    .collect();
+                let reason = crate::report::reason_of(e);
                 *reasons.lock().expect("reasons").entry(reason).or_default() += 1;
             }
             r.ok()

@@ -23,6 +23,8 @@ pub struct Ctx {
     /// Session opens [`Ctx::sessions`] retried (its paced opener tries a failed open
     /// again), reported by [`Ctx::costs`].
     pub open_retries: std::sync::atomic::AtomicU64,
+    /// Loadgen's own cost when this run started ([`crate::report::own_cost_from_here`]).
+    pub own_before: Option<crate::report::ProcCost>,
 }
 
 impl Ctx {
@@ -62,7 +64,12 @@ impl Ctx {
                 r.processes.push(c);
             }
         }
-        if let Some(c) = proc_cost("loadgen", std::process::id()) {
+        if let Some(mut c) = proc_cost("loadgen", std::process::id()) {
+            // This run's share of loadgen's CPU (its peak RSS was reset at the start).
+            if let Some(b) = &self.own_before {
+                c.cpu_secs = (c.cpu_secs - b.cpu_secs).max(0.0);
+                c.cpu_wait_secs = (c.cpu_wait_secs - b.cpu_wait_secs).max(0.0);
+            }
             r.processes.push(c);
         }
     }

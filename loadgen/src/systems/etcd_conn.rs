@@ -18,7 +18,9 @@
 //!   (`--keepalive-time`, `--keepalive-timeout`);
 //! - moves to the next member when a request times out or the member is unreachable,
 //!   and tries a read that found its member unreachable again at the next one within
-//!   the same deadline (clientv3 repeats an immutable request on `Unavailable`).
+//!   the same deadline (clientv3 repeats an immutable request on `Unavailable`);
+//! - takes a member only once it accepts a TCP connection, so a killed member is
+//!   skipped as grpc-go skips a member whose connection is down ([`EtcdConn::client`]).
 //!
 //! This is loadgen's own policy, close to clientv3's but not the same: clientv3 3.4
 //! spreads requests round-robin over every member that is ready, and a member that was
@@ -87,15 +89,35 @@ impl EtcdConn {
     }
 
     /// The client of the member in use, and its turn (for [`EtcdConn::failed`]).
+    ///
+    /// A member is taken only once it accepts a TCP connection, as grpc-go uses only a
+    /// member whose connection is up: a killed member refuses at once and is skipped. The
+    /// Rust client's channel connects lazily, so a connection that moved on from a busy
+    /// member (a timeout) could land on the dead one and fail the next request there
+    /// ("tcp connect error") before moving on again. A frozen member's kernel still
+    /// accepts: it is left when a request times out there.
     pub async fn client(&self) -> anyhow::Result<(etcd_client::Client, usize)> {
-        let turn = {
+        let current = || {
             let cur = self.cur.lock().expect("etcd conn");
-            if let Some(c) = &cur.1 {
-                return Ok((c.clone(), cur.0));
-            }
-            cur.0
+            (cur.1.clone(), cur.0)
         };
-        let ep = self.eps[turn % self.eps.len()].clone();
+        let (mut turn, n) = match current() {
+            (Some(c), turn) => return Ok((c, turn)),
+            (None, turn) => (turn, self.eps.len()),
+        };
+        // At most one round: if no member accepts, the last one is used and its
+        // requests fail at their deadline.
+        for _ in 1..n {
+            if accepts(&self.eps[turn % n]).await {
+                break;
+            }
+            self.failed(turn);
+            turn = match current() {
+                (Some(c), turn) => return Ok((c, turn)),
+                (None, turn) => turn,
+            };
+        }
+        let ep = self.eps[turn % n].clone();
         let c = etcd_client::Client::connect([ep], Some(options())).await?;
         let mut cur = self.cur.lock().expect("etcd conn");
         if cur.0 == turn && cur.1.is_none() {
@@ -169,6 +191,18 @@ impl EtcdConn {
     }
 }
 
+/// Whether the member at `ep` (`host:port`, or a URL) accepts a TCP connection within
+/// [`DIAL_TIMEOUT`].
+async fn accepts(ep: &str) -> bool {
+    let addr = ep
+        .trim_start_matches("http://")
+        .trim_start_matches("https://");
+    matches!(
+        tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
 /// True if `e` says the member could not be reached or could not serve (rather than
 /// answering the request with an error of its own, such as "lease not found").
 pub fn unreachable(e: &etcd_client::Error) -> bool {
@@ -179,5 +213,48 @@ pub fn unreachable(e: &etcd_client::Error) -> bool {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
         ),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{Cluster, System};
+
+    /// A member that is down (its port refuses connections) is skipped before a request is
+    /// sent to it: a write (one attempt, not retried, as every unary request but a read)
+    /// through a connection that starts at it succeeds at the next member. Without the
+    /// check the write went to the dead member and failed (and only the next request moved
+    /// on), so after a leader kill every connection that moved onto the dead member failed
+    /// a request more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_that_refuses_connections_is_skipped() {
+        if std::process::Command::new("etcd")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: etcd is not installed (apt-get install -y etcd-server)");
+            return;
+        }
+        let cluster =
+            tokio::task::block_in_place(|| Cluster::start(System::Etcd, 1, 0, 12_000, None))
+                .expect("start etcd");
+        cluster.ready().await.expect("etcd ready");
+        // A port nothing listens on any more: connections to it are refused.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string();
+        let conn = EtcdConn::new(vec![dead, cluster.endpoints[0].clone()]);
+        let t = std::time::Instant::now();
+        conn.call("Put", |mut c| async move { c.put("k", "v", None).await })
+            .await
+            .expect("the write goes to the member that is up");
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(2), "the write took {took:?}");
+        // And the connection stays with the member that answered.
+        let (_, turn) = conn.client().await.expect("client");
+        assert_eq!(turn % 2, 1);
     }
 }

@@ -119,6 +119,9 @@ pub struct Measured {
     /// Config reads that failed, and config write attempts that failed.
     reads_failed: u64,
     writes_failed: u64,
+    /// Why operations failed, as (operation, reason, count) ([`crate::profile::Failures`]).
+    #[serde(default)]
+    reasons: Vec<(String, String, u64)>,
     /// A part's own CPU and memory.
     cost: Option<ProcCost>,
     /// Session opens retried in setup, and the fewest opens in flight at once after
@@ -547,6 +550,7 @@ fn report(
          server-side session check)"
             .into(),
     );
+    crate::profile::note_reasons(&mut r, parts.iter().flat_map(|m| m.reasons.iter().cloned()));
     r.latency(crate::profile::LATENESS, &late);
     r.figure("sessions opened per s (setup)", n as f64 / open_secs);
     r.figure(

@@ -308,8 +308,9 @@ fn spawn_short_locks(
                             errors.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    Err(_) => {
+                    Err(e) => {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        failures.why("acquire", &e);
                         failures.acquire();
                     }
                 }
@@ -362,6 +363,7 @@ fn spawn_readers(
                 let s = slots[i].lock().expect("slot").clone();
                 let key = format!("{config_dir}/k{}", i % CONFIG_KEYS);
                 let (copies, cache_hits) = (copies.clone(), cache_hits.clone());
+                let failures = failures.clone();
                 async move {
                     let read = if zk_cache {
                         let mut copy = copies[j].lock().expect("copy").take();
@@ -381,6 +383,9 @@ fn spawn_readers(
                     } else {
                         s.read(&key).await
                     };
+                    if let Err(e) = &read {
+                        failures.why("read", e);
+                    }
                     read.is_ok()
                 }
             };
@@ -413,18 +418,24 @@ fn spawn_writer(
     spawn_config_writer(
         {
             let (admin, config_dir) = (set.admin.clone(), set.config_dir.clone());
+            let failures = run.failures.clone();
             move |key: String, value: Vec<u8>| {
                 let (admin, pinned) = (admin.clone(), pinned.clone());
+                let failures = failures.clone();
                 // The writer names keys under /profile/config; this share's are its own.
                 let key = key.replacen("/profile/config", &config_dir, 1);
                 async move {
-                    match pinned {
+                    let r = match pinned {
                         Some(p) => p
                             .call("Put", |mut c| async move { c.put(key, value, None).await })
                             .await
-                            .is_ok(),
-                        None => admin.write(&key, value).await.is_ok(),
+                            .map(|_| ()),
+                        None => admin.write(&key, value).await.map(|_| ()),
+                    };
+                    if let Err(e) = &r {
+                        failures.why("write", e);
                     }
+                    r.is_ok()
                 }
             }
         },
@@ -605,6 +616,7 @@ impl Running {
                 .map(|t| t.saturating_duration_since(start).as_secs_f64())
                 .collect(),
             reads_failed: self.failures.reads.load(Ordering::Relaxed),
+            reasons: self.failures.reasons(),
             writes_failed: self.failures.writes.load(Ordering::Relaxed),
             cost: None,
             open_retries: crate::systems::OPEN_RETRIES.load(Ordering::Relaxed),
