@@ -90,12 +90,14 @@ impl EtcdConn {
 
     /// The client of the member in use, and its turn (for [`EtcdConn::failed`]).
     ///
-    /// A member is taken only once it accepts a TCP connection, as grpc-go uses only a
-    /// member whose connection is up: a killed member refuses at once and is skipped. The
-    /// Rust client's channel connects lazily, so a connection that moved on from a busy
-    /// member (a timeout) could land on the dead one and fail the next request there
-    /// ("tcp connect error") before moving on again. A frozen member's kernel still
-    /// accepts: it is left when a request times out there.
+    /// After a move (a failure at the member before), a member is taken only once it
+    /// accepts a TCP connection, as grpc-go uses only a member whose connection is up: a
+    /// killed member refuses at once and is skipped. The Rust client's channel connects
+    /// lazily, so a connection that moved on from a busy member (a timeout) could land on
+    /// the dead one and fail the next request there ("tcp connect error") before moving on
+    /// again. A frozen member's kernel still accepts: it is left when a request times out
+    /// there. The first member is taken as given (a failed request moves on from it), so
+    /// a client opens one connection, not a probe and a connection.
     pub async fn client(&self) -> anyhow::Result<(etcd_client::Client, usize)> {
         let current = || {
             let cur = self.cur.lock().expect("etcd conn");
@@ -108,7 +110,7 @@ impl EtcdConn {
         // At most one round: if no member accepts, the last one is used and its
         // requests fail at their deadline.
         for _ in 1..n {
-            if accepts(&self.eps[turn % n]).await {
+            if turn == 0 || accepts(&self.eps[turn % n]).await {
                 break;
             }
             self.failed(turn);
@@ -222,11 +224,11 @@ mod tests {
     use crate::cluster::{Cluster, System};
 
     /// A member that is down (its port refuses connections) is skipped before a request is
-    /// sent to it: a write (one attempt, not retried, as every unary request but a read)
-    /// through a connection that starts at it succeeds at the next member. Without the
-    /// check the write went to the dead member and failed (and only the next request moved
-    /// on), so after a leader kill every connection that moved onto the dead member failed
-    /// a request more.
+    /// sent to it: a connection that moves on (as after a timeout) past the member it was
+    /// on to a dead one goes on to the next, where a write (one attempt, not retried, as
+    /// every unary request but a read) succeeds. Without the check the write went to the
+    /// dead member and failed (and only the next request moved on), so after a leader
+    /// kill every connection that moved onto the dead member failed a request more.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_member_that_refuses_connections_is_skipped() {
         if std::process::Command::new("etcd")
@@ -246,7 +248,12 @@ mod tests {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .to_string();
-        let conn = EtcdConn::new(vec![dead, cluster.endpoints[0].clone()]);
+        let up = cluster.endpoints[0].clone();
+        let conn = EtcdConn::new(vec![up.clone(), dead, up]);
+        // Its first member is taken as given; a timeout there moves it on.
+        let (_, first) = conn.client().await.expect("client");
+        assert_eq!(first, 0);
+        conn.failed(first);
         let t = std::time::Instant::now();
         conn.call("Put", |mut c| async move { c.put("k", "v", None).await })
             .await
@@ -255,6 +262,6 @@ mod tests {
         assert!(took < Duration::from_secs(2), "the write took {took:?}");
         // And the connection stays with the member that answered.
         let (_, turn) = conn.client().await.expect("client");
-        assert_eq!(turn % 2, 1);
+        assert_eq!(turn % 3, 2);
     }
 }
