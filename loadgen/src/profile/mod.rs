@@ -197,7 +197,7 @@ pub(crate) struct Failures {
     pub acquires_ended: AtomicU64,
     /// Why operations failed: (operation, [`crate::report::reason_of`] the error) and how
     /// many times.
-    pub reasons: Mutex<BTreeMap<(String, String), u64>>,
+    reasons: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl Failures {

@@ -234,10 +234,10 @@ impl TestCell {
                 [(term, Some(leader))] if st.len() == self.procs.len() => Some((term, leader)),
                 _ => None,
             };
-            if let (Some((_, leader)), true) = (agreed, agreed == last) {
-                return leader;
+            match agreed {
+                Some((_, leader)) if agreed == last => return leader,
+                _ => last = agreed,
             }
-            last = agreed;
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         panic!(
