@@ -28,7 +28,7 @@ pub struct ProxyConfig {
     /// moves to another proxy.
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
-    /// Most requests in flight on one client connection; more get `TooManyRequests`.
+    /// Most requests in flight on one client connection; more get `Busy` (the SDK retries).
     #[serde(default = "default_max_inflight")]
     pub max_inflight_per_client: usize,
     /// How long a forwarded request may take at the cell, retries included, before the

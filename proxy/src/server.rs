@@ -254,9 +254,8 @@ impl wire::serve::Handler for Proxy {
             | Op::AckInvalidationsBatch { .. } => self.handle(me, req, received).await,
             _ => match connection.inflight.clone().try_acquire_owned() {
                 Ok(_permit) => self.handle(me, req, received).await,
-                Err(_) => Err(Error::TooManyRequests {
-                    session: req.session,
-                    max: self.cfg.max_inflight_per_client,
+                Err(_) => Err(Error::Busy {
+                    limit: self.cfg.max_inflight_per_client as u64,
                 }),
             },
         }

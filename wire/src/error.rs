@@ -212,6 +212,19 @@ pub enum Error {
         /// The identity that asked (the owner is not named).
         identity: String,
     },
+    /// The server already has `limit` requests of this connection in flight (a proxy's
+    /// `max_inflight_per_client`); this one was refused before anything was done. Unlike
+    /// [`Error::LimitExceeded`] nothing is closed: retry once an answer arrives (the SDK
+    /// does, with backoff, until the request's deadline). KeepAlives and acknowledgements
+    /// are never refused this way.
+    #[error(
+        "{limit} requests of this connection are in flight, the server's limit; nothing was \
+         done: retry"
+    )]
+    Busy {
+        /// The limit, in requests.
+        limit: u64,
+    },
 }
 
 /// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to
@@ -252,8 +265,9 @@ impl std::fmt::Display for Bound {
 }
 
 impl Error {
-    /// True when the request may have been applied and is safe to retry with the same
-    /// request id (the cell's dedup makes the retry return the original answer).
+    /// True when a retry with the same request id is safe and may succeed: the request
+    /// may have been applied (the cell's dedup makes the retry return the original
+    /// answer), or it was refused unapplied for a reason that passes ([`Error::Busy`]).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -261,6 +275,7 @@ impl Error {
                 | Error::Unavailable { .. }
                 | Error::Timeout { .. }
                 | Error::Connection { .. }
+                | Error::Busy { .. }
         )
     }
 
@@ -281,6 +296,7 @@ impl Error {
                 | Error::TooManySessions { .. }
                 | Error::LimitExceeded { .. }
                 | Error::NotSessionOwner { .. }
+                | Error::Busy { .. }
         )
     }
 }

@@ -71,15 +71,36 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
             other => panic!("expected a refusal naming the client limit, got {other:?}"),
         }
         // One request in flight at a time: a Status waiting for the unreachable cell
-        // holds the slot; a request sent meanwhile is refused.
+        // holds the slot; a request sent meanwhile is refused as `Busy`, naming the limit,
+        // and a retry is safe.
         let f = first.clone();
         let st = status.clone();
         let pending = tokio::spawn(async move { f.call_at(addr, &st).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         match first.call_at(addr, &proxy_status_req).await {
-            Err(Error::TooManyRequests { max: 1, .. }) => {}
-            other => panic!("expected TooManyRequests, got {other:?}"),
+            Err(e @ Error::Busy { limit: 1 }) => {
+                assert!(e.is_retryable());
+                assert!(!e.is_deterministic());
+            }
+            other => panic!("expected Busy with limit 1, got {other:?}"),
         }
+        // The SDK's own path retries it: answered once the held slot is free (the Status
+        // holds it for the whole forward timeout, 3 s), not refused.
+        assert!(!pending.is_finished(), "the slot is still held");
+        let retried = first
+            .call_until(
+                proxy_status_req.clone(),
+                Instant::now() + Duration::from_secs(15),
+            )
+            .await;
+        assert!(
+            matches!(retried, Ok(Reply::ProxyStatus(_))),
+            "a Busy request is retried until it is served, got {retried:?}"
+        );
+        assert!(
+            pending.is_finished(),
+            "served only after the slot was freed"
+        );
         match pending.await.unwrap() {
             Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => {
                 assert!(e.is_retryable())
