@@ -13,9 +13,10 @@
 //! - talks to one member at a time (starting at the one it is given first);
 //! - bounds every unary request by [`crate::systems::request_timeout`] (etcdctl's
 //!   `--command-timeout`, 5 s, unless `--request-timeout-secs` says otherwise),
-//!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and pings the connection every
-//!   [`KEEPALIVE_TIME`], giving it up after [`KEEPALIVE_TIMEOUT`] without an answer
-//!   (`--keepalive-time`, `--keepalive-timeout`);
+//!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and, while a request or stream
+//!   is open on the connection and nothing has arrived for [`KEEPALIVE_TIME`], pings it,
+//!   giving it up after [`KEEPALIVE_TIMEOUT`] without an answer (`--keepalive-timeout`;
+//!   the interval is etcd's own minimum, not etcdctl's 2 s: see [`KEEPALIVE_TIME`]);
 //! - moves to the next member when a request times out or the member is unreachable,
 //!   and tries a read that found its member unreachable again at the next one within
 //!   the same deadline (clientv3 repeats an immutable request on `Unavailable`);
@@ -41,8 +42,17 @@ use anyhow::anyhow;
 
 /// etcdctl's `--dial-timeout` default.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
-/// etcdctl's `--keepalive-time` default: HTTP/2 pings this often.
-pub const KEEPALIVE_TIME: Duration = Duration::from_secs(2);
+/// HTTP/2 pings go out after this long without anything arriving, and only while a
+/// request or stream is open. etcd's servers send a client that pings more often than
+/// `--grpc-keepalive-min-time` (5 s by default), or at all without an open stream, away
+/// with GOAWAY `ENHANCE_YOUR_CALM` ("too_many_pings"), which ends every request and
+/// stream on the connection. etcdctl's `--keepalive-time` is 2 s, but grpc-go doubles its
+/// interval each time a server says so, and hyper does not: with 2 s a quiet watch was
+/// cut within 20 s (`a_quiet_connection_is_not_sent_away_for_its_pings`), and in
+/// `profile` requests failed with `ResourceExhausted` in etcd's worst runs. Against
+/// etcd's default grpc-go's doubling settles at 8 s (2, 4, 8); 10 s keeps well above the
+/// minimum from the start.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(10);
 /// etcdctl's `--keepalive-timeout` default: a connection whose ping is not answered
 /// within this is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(6);
@@ -52,7 +62,9 @@ pub fn options() -> etcd_client::ConnectOptions {
     etcd_client::ConnectOptions::new()
         .with_connect_timeout(DIAL_TIMEOUT)
         .with_keep_alive(KEEPALIVE_TIME, KEEPALIVE_TIMEOUT)
-        .with_keep_alive_while_idle(true)
+        // No pings without an open request or stream: clientv3's `PermitWithoutStream`
+        // is false by default, and etcd's servers refuse such pings.
+        .with_keep_alive_while_idle(false)
 }
 
 /// A client of one etcd member at a time, moving on after a failure (see the module).
@@ -263,5 +275,46 @@ mod tests {
         // And the connection stays with the member that answered.
         let (_, turn) = conn.client().await.expect("client");
         assert_eq!(turn % 3, 2);
+    }
+
+    /// etcd's servers enforce a keep-alive policy (`--grpc-keepalive-min-time`, 5 s by
+    /// default, and no pings on a connection without a stream): a client that pings more
+    /// often is sent away with GOAWAY `ENHANCE_YOUR_CALM` ("too_many_pings"), which ends
+    /// every stream and request on the connection (tonic reports `ResourceExhausted`).
+    /// A quiet connection with an open watch (a client's lock waits share one) pings
+    /// every keep-alive interval, so held 20 s its watch must still be open and deliver
+    /// the event of a later write. With etcdctl's 2 s interval (grpc-go backs off when
+    /// told; hyper does not) the stream was cut before the write ("error reading a body
+    /// from connection").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quiet_connection_is_not_sent_away_for_its_pings() {
+        if std::process::Command::new("etcd")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: etcd is not installed (apt-get install -y etcd-server)");
+            return;
+        }
+        let cluster =
+            tokio::task::block_in_place(|| Cluster::start(System::Etcd, 1, 0, 12_000, None))
+                .expect("start etcd");
+        cluster.ready().await.expect("etcd ready");
+        let ep = cluster.endpoints[0].clone();
+        let mut c = etcd_client::Client::connect([ep], Some(options()))
+            .await
+            .expect("connect");
+        let (_watcher, mut events) = c.watch("quiet", None).await.expect("watch");
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let mut writer = c.clone();
+        tokio::spawn(async move { writer.put("quiet", "v", None).await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, events.message()).await {
+                Ok(Ok(Some(r))) if !r.events().is_empty() => break,
+                Ok(Ok(Some(_))) => continue,
+                other => panic!("the quiet watch did not deliver the write: {other:?}"),
+            }
+        }
     }
 }
