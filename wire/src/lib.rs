@@ -23,7 +23,9 @@
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
 //!   with rcgen) and QUIC endpoint construction shared by every process; [`identity`]:
-//!   the identity a certificate proves, and which roles may use which connection.
+//!   the identity a certificate proves, and which roles may use which connection;
+//!   [`acl`]: access control lists (who may read, write, create under and administer a
+//!   node) and the rule that applies them.
 //!
 //! # Encoding rules
 //!
@@ -32,6 +34,7 @@
 
 #![warn(missing_docs)]
 
+pub mod acl;
 #[cfg(feature = "raft")]
 pub mod command;
 pub mod decode;
