@@ -82,10 +82,7 @@ pub fn check_group_name(name: &str) -> Result<(), String> {
             "group name {name:?}: it must be 1 to {NAME_BYTES_MAX} characters"
         ));
     }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')))
-    {
+    if let Some(c) = crate::identity::first_bad_name_char(name) {
         return Err(format!(
             "group name {name:?} may hold only lowercase letters, digits, '.', '_' and '-', \
              not {c:?}"

@@ -54,10 +54,7 @@ fn check_part(what: &str, part: &str, uri: &str) -> Result<(), String> {
             "{uri:?}: the {what} must be 1 to {NAME_BYTES_MAX} characters"
         ));
     }
-    if let Some(c) = part
-        .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')))
-    {
+    if let Some(c) = first_bad_name_char(part) {
         return Err(format!(
             "{uri:?}: the {what} may hold only lowercase letters, digits, '.', '_' and '-', \
              not {c:?}"
@@ -67,6 +64,13 @@ fn check_part(what: &str, part: &str, uri: &str) -> Result<(), String> {
         return Err(format!("{uri:?}: the {what} cannot be {part:?}"));
     }
     Ok(())
+}
+
+/// The first character of `name` that a cell's, a name's or a group's name may not hold
+/// (only lowercase ASCII letters, digits, `.`, `_` and `-` are allowed).
+pub(crate) fn first_bad_name_char(name: &str) -> Option<char> {
+    name.chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')))
 }
 
 impl Identity {

@@ -235,6 +235,24 @@ mod tests {
     use super::*;
     use crate::cluster::{Cluster, System};
 
+    /// One etcd member started for a test, or `None` (with a note) when etcd is not
+    /// installed.
+    async fn one_etcd() -> Option<Cluster> {
+        if std::process::Command::new("etcd")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: etcd is not installed (apt-get install -y etcd-server)");
+            return None;
+        }
+        let cluster =
+            tokio::task::block_in_place(|| Cluster::start(System::Etcd, 1, 0, 12_000, None))
+                .expect("start etcd");
+        cluster.ready().await.expect("etcd ready");
+        Some(cluster)
+    }
+
     /// A member that is down (its port refuses connections) is skipped before a request is
     /// sent to it: a connection that moves on (as after a timeout) past the member it was
     /// on to a dead one goes on to the next, where a write (one attempt, not retried, as
@@ -243,18 +261,9 @@ mod tests {
     /// kill every connection that moved onto the dead member failed a request more.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_member_that_refuses_connections_is_skipped() {
-        if std::process::Command::new("etcd")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("SKIPPED: etcd is not installed (apt-get install -y etcd-server)");
+        let Some(cluster) = one_etcd().await else {
             return;
-        }
-        let cluster =
-            tokio::task::block_in_place(|| Cluster::start(System::Etcd, 1, 0, 12_000, None))
-                .expect("start etcd");
-        cluster.ready().await.expect("etcd ready");
+        };
         // A port nothing listens on any more: connections to it are refused.
         let dead = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -288,18 +297,9 @@ mod tests {
     /// from connection").
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_quiet_connection_is_not_sent_away_for_its_pings() {
-        if std::process::Command::new("etcd")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("SKIPPED: etcd is not installed (apt-get install -y etcd-server)");
+        let Some(cluster) = one_etcd().await else {
             return;
-        }
-        let cluster =
-            tokio::task::block_in_place(|| Cluster::start(System::Etcd, 1, 0, 12_000, None))
-                .expect("start etcd");
-        cluster.ready().await.expect("etcd ready");
+        };
         let ep = cluster.endpoints[0].clone();
         let mut c = etcd_client::Client::connect([ep], Some(options()))
             .await
