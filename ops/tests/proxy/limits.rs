@@ -90,7 +90,7 @@ fn proxy_limits_bad_input_and_expiry_reporting() {
         let retried = first
             .call_until(
                 proxy_status_req.clone(),
-                Instant::now() + Duration::from_secs(15),
+                tokio::time::Instant::now() + Duration::from_secs(15),
             )
             .await;
         assert!(
