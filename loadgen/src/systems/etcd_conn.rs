@@ -49,7 +49,8 @@ pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 /// stream on the connection. etcdctl's `--keepalive-time` is 2 s, but grpc-go doubles its
 /// interval each time a server says so, and hyper does not: with 2 s a quiet watch was
 /// cut within 20 s (`a_quiet_connection_is_not_sent_away_for_its_pings`). (It is not
-/// why etcd's worst `profile` runs fall behind: they do with this setting too.) Against
+/// enough to keep etcd's killed-leader `profile` runs from falling behind: they do with
+/// this setting too.) Against
 /// etcd's default grpc-go's doubling settles at 8 s (2, 4, 8); 10 s keeps well above the
 /// minimum from the start.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(10);
