@@ -112,18 +112,17 @@ impl Principal {
             if prefix.contains('*') {
                 return Err(format!("{s:?}: '*' may only end an identity prefix"));
             }
-            // The longest identity: scheme, two parts, a role and the separators.
-            let longest = SCHEME.len() + 3 * NAME_BYTES_MAX + "/replica/".len();
+            // The longest identity: `lock://<cell>/replica/<name>`.
+            let longest = SCHEME.len() + 2 * NAME_BYTES_MAX + "/replica/".len();
             if prefix.len() > longest {
                 return Err(format!(
                     "{s:?}: an identity prefix longer than any identity ({longest} bytes)"
                 ));
             }
-            if let Some(c) = prefix[SCHEME.len()..].chars().find(|c| {
-                !(c.is_ascii_lowercase()
-                    || c.is_ascii_digit()
-                    || matches!(c, '.' | '_' | '-' | '/'))
-            }) {
+            if let Some(c) = prefix[SCHEME.len()..]
+                .split('/')
+                .find_map(crate::identity::first_bad_name_char)
+            {
                 return Err(format!(
                     "{s:?}: an identity prefix may hold only lowercase letters, digits, '.', \
                      '_', '-' and '/', not {c:?}"

@@ -16,7 +16,8 @@
 //!   connects within [`DIAL_TIMEOUT`] (`--dial-timeout`) and, while a request or stream
 //!   is open on the connection and nothing has arrived for [`KEEPALIVE_TIME`], pings it,
 //!   giving it up after [`KEEPALIVE_TIMEOUT`] without an answer (`--keepalive-timeout`;
-//!   the interval is etcd's own minimum, not etcdctl's 2 s: see [`KEEPALIVE_TIME`]);
+//!   the interval is above etcd's servers' minimum, not etcdctl's 2 s: see
+//!   [`KEEPALIVE_TIME`]);
 //! - moves to the next member when a request times out or the member is unreachable,
 //!   and tries a read that found its member unreachable again at the next one within
 //!   the same deadline (clientv3 repeats an immutable request on `Unavailable`);
@@ -48,11 +49,10 @@ pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 /// with GOAWAY `ENHANCE_YOUR_CALM` ("too_many_pings"), which ends every request and
 /// stream on the connection. etcdctl's `--keepalive-time` is 2 s, but grpc-go doubles its
 /// interval each time a server says so, and hyper does not: with 2 s a quiet watch was
-/// cut within 20 s (`a_quiet_connection_is_not_sent_away_for_its_pings`). (It is not
-/// enough to keep etcd's killed-leader `profile` runs from falling behind: they do with
-/// this setting too.) Against
-/// etcd's default grpc-go's doubling settles at 8 s (2, 4, 8); 10 s keeps well above the
-/// minimum from the start.
+/// cut within 20 s (`a_quiet_connection_is_not_sent_away_for_its_pings`). Against etcd's
+/// default grpc-go's doubling settles at 8 s (2, 4, 8); 10 s keeps well above the
+/// minimum from the start. (It is not enough to keep etcd's killed-leader `profile` runs
+/// from falling behind: they do with this setting too.)
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(10);
 /// etcdctl's `--keepalive-timeout` default: a connection whose ping is not answered
 /// within this is closed.
