@@ -15,6 +15,8 @@
 // 40 % into the run. Session churn is left out: with a lease per client it costs etcd
 // nothing (loadgen's note says the same).
 //
+// `-scenario failover -fault kill|freeze` runs loadgen's `failover` instead (failover.go).
+//
 // Build and run: ops/bench/etcd-go/run.sh (it starts the cluster with ops/bench/peers.sh).
 package main
 
@@ -38,6 +40,7 @@ import (
 
 	"go.etcd.io/etcd/clientv3"
 	"go.etcd.io/etcd/clientv3/concurrency"
+	"google.golang.org/grpc/status"
 )
 
 const (
@@ -130,16 +133,18 @@ func procCost(pid int) (cpu float64, rssMB float64) {
 	return
 }
 
-// handled is, per "method code", etcd's grpc_server_handled_total summed over the
-// members that answer /metrics.
-func handled(ms []member) map[string]float64 {
-	out := map[string]float64{}
+// handled is, per member that answers /metrics and per "method code", etcd's
+// grpc_server_handled_total.
+func handled(ms []member) map[string]map[string]float64 {
+	all := map[string]map[string]float64{}
 	hc := http.Client{Timeout: 3 * time.Second}
 	for _, m := range ms {
 		r, err := hc.Get("http://" + m.addr + "/metrics")
 		if err != nil {
 			continue
 		}
+		out := map[string]float64{}
+		all[m.name] = out
 		s := bufio.NewScanner(r.Body)
 		s.Buffer(make([]byte, 1<<20), 1<<20)
 		for s.Scan() {
@@ -162,7 +167,7 @@ func handled(ms []member) map[string]float64 {
 		}
 		r.Body.Close()
 	}
-	return out
+	return all
 }
 
 // leader is the member that says it leads, asked for up to 30 s (a member on a busy core
@@ -177,6 +182,7 @@ func leader(c *clientv3.Client, ms []member) *member {
 				return &ms[i]
 			}
 		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	return nil
 }
@@ -197,6 +203,7 @@ func main() {
 		sessions  = flag.Int("sessions", 10000, "sessions (loadgen --scale 0.2: 10 000)")
 		secs      = flag.Float64("secs", 60, "run length in seconds")
 		fault     = flag.String("fault", "", "kill or freeze the leader 40 % into the run (empty: none)")
+		scenario  = flag.String("scenario", "profile", "profile, or failover (loadgen's: 16 writers, the leader killed or frozen 3 s in; needs -fault)")
 		leaseSecs = flag.Int64("lease", 12, "lease TTL in seconds")
 		timeout   = flag.Duration("timeout", 5*time.Second, "deadline of every request")
 		out       = flag.String("out", "", "write the figures here as JSON too")
@@ -213,6 +220,19 @@ func main() {
 	eps := strings.Split(*endpoints, ",")
 	ms, err := readPids(*pidsPath)
 	must(err)
+	switch *scenario {
+	case "profile":
+	case "failover":
+		if *fault == "" {
+			fmt.Fprintln(os.Stderr, "etcd-profile: -scenario failover needs -fault kill or freeze")
+			os.Exit(2)
+		}
+		report(failover(eps, ms, *fault == "freeze", *timeout), *out)
+		return
+	default:
+		fmt.Fprintln(os.Stderr, "etcd-profile: -scenario is profile or failover")
+		os.Exit(2)
+	}
 	dur := time.Duration(*secs * float64(time.Second))
 	lease := time.Duration(*leaseSecs) * time.Second
 	n := *sessions
@@ -223,15 +243,7 @@ func main() {
 		period = dur / 3
 	}
 
-	cfg := func(i int) clientv3.Config {
-		e := append([]string(nil), eps...)
-		k := i % len(e)
-		e = append(e[k:], e[:k]...)
-		// HTTP/2 keep-alive as loadgen's (10 s, only with a stream open; etcd allows
-		// 5 s), so a frozen member's connection is found dead.
-		return clientv3.Config{Endpoints: e, DialTimeout: 5 * time.Second,
-			DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: 5 * time.Second}
-	}
+	cfg := func(i int) clientv3.Config { return config(eps, i) }
 	admin, err := clientv3.New(cfg(0))
 	must(err)
 	for k := 0; k < configKeys; k++ {
@@ -264,6 +276,8 @@ func main() {
 					k.renewed.Add(1)
 				}
 			}
+			// clientv3 closed the channel: no renewal answered for a TTL, or the server
+			// said the lease is gone (TTL 0); the two are not told apart here.
 			k.closed.Store(true)
 		}()
 		keepers[i] = k
@@ -367,6 +381,7 @@ func main() {
 					cancel()
 					if err != nil {
 						rdFailed.Add(1)
+						why(err)
 						return
 					}
 					rd.add(time.Since(due))
@@ -491,7 +506,7 @@ func main() {
 		switch {
 		case !answered:
 			unknown++
-		case ttl > 0:
+		case ttl >= 0: // TTL -1: no such lease; 0: still there, under a second left
 			alive++
 		default:
 			gone++
@@ -525,10 +540,18 @@ func main() {
 			jeopardyEver += sessionsOf(c)
 		}
 	}
+	// Only members that answered before and after the run: a killed or frozen one's
+	// answers are not in it.
 	delta := map[string]float64{}
-	for k, v := range after {
-		if d := v - before[k]; d > 0 {
-			delta[k] = d
+	for name, counts := range after {
+		b, ok := before[name]
+		if !ok {
+			continue
+		}
+		for k, v := range counts {
+			if d := v - b[k]; d > 0 {
+				delta[k] += d
+			}
 		}
 	}
 	res := map[string]any{
@@ -552,20 +575,64 @@ func main() {
 		"leases the server still has":          alive,
 		"leases the server confirms lost":      gone,
 		"leases the server did not answer for": unknown,
+		"config reads failed, by gRPC code":    reasons,
 		"leases clientv3 gave up":              clientGaveUp,
 		"leases renewed per s":                 float64(renewed0) / elapsed,
-		"server: gRPC requests answered in the run (method code), members alive at both ends": delta,
-		"members (CPU s in the run, peak RSS MB)":                                             costs,
+		"server: gRPC requests answered in the run (method code), members that answered /metrics before and after": delta,
+		"members (CPU s in the run, peak RSS MB)": costs,
 	}
 	if faulted != nil {
 		res["fault"] = fmt.Sprintf("leader %s (%s) %s at %.1f s", faulted.name, faulted.addr, *fault, faultAt.Sub(start).Seconds())
 		res["config writes unavailable (s)"] = unavail
 	}
+	report(res, *out)
+}
+
+// report prints res as JSON and writes it to out too unless out is empty.
+func report(res map[string]any, out string) {
 	b, _ := json.MarshalIndent(res, "", "  ")
 	fmt.Println(string(b))
-	if *out != "" {
-		must(os.WriteFile(*out, b, 0o644))
+	if out != "" {
+		must(os.WriteFile(out, b, 0o644))
 	}
+}
+
+// config is the clientv3 configuration of the i-th client: every endpoint, starting at
+// the i-th.
+func config(eps []string, i int) clientv3.Config {
+	e := append([]string(nil), eps...)
+	k := i % len(e)
+	e = append(e[k:], e[:k]...)
+	// HTTP/2 keep-alive: a ping after 10 s without a frame, as loadgen's (only with
+	// a stream open; etcd allows 5 s), the connection given up 5 s later (loadgen: 6
+	// s). So grpc-go's balancer keeps sending a frozen member its share of requests
+	// for 10-15 s; loadgen leaves a member at its first timeout.
+	return clientv3.Config{Endpoints: e, DialTimeout: 5 * time.Second,
+		DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: 5 * time.Second}
+}
+
+// reasons counts failed reads by gRPC code or error text.
+var (
+	reasonsMu sync.Mutex
+	reasons   = map[string]int64{}
+)
+
+func why(err error) {
+	k := codeOf(err)
+	reasonsMu.Lock()
+	reasons[k]++
+	reasonsMu.Unlock()
+}
+
+// codeOf is err's gRPC code, or its text if it has none.
+func codeOf(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Code().String()
+	}
+	if err == context.DeadlineExceeded {
+		return "deadline exceeded (client)"
+	}
+	return err.Error()
 }
 
 func must(err error) {

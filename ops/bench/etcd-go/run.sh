@@ -3,6 +3,7 @@
 # a fresh 3-member etcd cluster, pinned as loadgen pins (members on CPU 0, the driver on
 # CPU 1), then stops the cluster:
 #   ops/bench/etcd-go/run.sh [-fault kill|freeze] [-secs 60] [-sessions 10000] [-out F.json]
+#   ops/bench/etcd-go/run.sh -scenario failover -fault kill|freeze [-out F.json]
 # Needs Debian's packages: apt-get install -y etcd-server etcd-client golang-go
 # golang-etcd-server-dev (clientv3 3.4.23, the server's version, built in GOPATH mode
 # from /usr/share/gocode, so nothing is fetched). ETCD_GO_KEEP=1 keeps the data dir.
