@@ -90,18 +90,7 @@ func failover(eps []string, ms []member, freeze bool, timeout time.Duration) map
 	if freeze {
 		_ = syscall.Kill(l.pid, syscall.SIGCONT)
 	}
-	gap, prev := 0.0, event
-	for _, t := range done {
-		if t.After(event) {
-			if d := t.Sub(prev).Seconds(); d > gap {
-				gap = d
-			}
-			prev = t
-		}
-	}
-	if prev == event {
-		gap = after.Seconds()
-	}
+	gap := unavailable(done, event, after)
 	return map[string]any{
 		"scenario":                      "failover (" + name + ")",
 		"writers":                       writers,

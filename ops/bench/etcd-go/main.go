@@ -521,18 +521,7 @@ func main() {
 
 	unavail := 0.0
 	if faulted != nil {
-		prev := faultAt
-		for _, t := range writesOK {
-			if t.After(faultAt) {
-				if d := t.Sub(prev).Seconds(); d > unavail {
-					unavail = d
-				}
-				prev = t
-			}
-		}
-		if prev == faultAt {
-			unavail = deadline.Sub(faultAt).Seconds()
-		}
+		unavail = unavailable(writesOK, faultAt, deadline.Sub(faultAt))
 	}
 	jeopardyEver := 0
 	for c, e := range ever {
@@ -586,6 +575,27 @@ func main() {
 		res["config writes unavailable (s)"] = unavail
 	}
 	report(res, *out)
+}
+
+// unavailable is loadgen's unavailability after event (loadgen/src/scenarios/mod.rs):
+// from it to the first success after it, or the longest gap between successes after it
+// if that is longer; none (in seconds) if nothing succeeded after it.
+func unavailable(successes []time.Time, event time.Time, none time.Duration) float64 {
+	ts := append([]time.Time(nil), successes...)
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	gap, prev := 0.0, event
+	for _, t := range ts {
+		if t.After(event) {
+			if d := t.Sub(prev).Seconds(); d > gap {
+				gap = d
+			}
+			prev = t
+		}
+	}
+	if prev == event {
+		return none.Seconds()
+	}
+	return gap
 }
 
 // report prints res as JSON and writes it to out too unless out is empty.
