@@ -26,8 +26,9 @@
 //!
 //! This is loadgen's own policy, close to clientv3's but not the same: clientv3 3.4
 //! spreads requests round-robin over every member that is ready, and a member that was
-//! connected when it froze stays ready until its keep-alive ping fails (2 s + 6 s), so
-//! some requests still go to it for that long; loadgen uses one member per connection
+//! connected when it froze stays ready until its keep-alive ping fails (etcdctl's 2 s +
+//! 6 s; with clientv3's default, no keep-alive, until it resumes), so some requests still
+//! go to it for that long; loadgen uses one member per connection
 //! (connections start at different members, so the load is spread) and leaves a member
 //! at the first timeout.
 //!

@@ -91,13 +91,22 @@ func failover(eps []string, ms []member, freeze bool, timeout time.Duration) map
 		_ = syscall.Kill(l.pid, syscall.SIGCONT)
 	}
 	gap := unavailable(done, event, after)
+	// The first write that succeeded after the fault, and how long the slowest write
+	// took: a long gap after an early first success is a stall, not a late recovery.
+	first := after.Seconds()
+	for _, t := range done {
+		if t.After(event) && t.Sub(event).Seconds() < first {
+			first = t.Sub(event).Seconds()
+		}
+	}
 	return map[string]any{
-		"scenario":                      "failover (" + name + ")",
-		"writers":                       writers,
-		"clients":                       len(clients),
-		"leader":                        fmt.Sprintf("%s (%s)", l.name, l.addr),
-		"writes unavailable (s)":        gap,
-		"write":                         wr.row(failed.Load()),
-		"failed attempts, by gRPC code": codes,
+		"scenario":                        "failover (" + name + ")",
+		"writers":                         writers,
+		"clients":                         len(clients),
+		"leader":                          fmt.Sprintf("%s (%s)", l.name, l.addr),
+		"writes unavailable (s)":          gap,
+		"first write after the fault (s)": first,
+		"write":                           wr.row(failed.Load()),
+		"failed attempts, by gRPC code":   codes,
 	}
 }
