@@ -41,7 +41,6 @@ func failover(eps []string, ms []member, freeze bool, timeout time.Duration) map
 		wr     lat
 		wg     sync.WaitGroup
 	)
-	codes := map[string]int64{}
 	for i := 0; i < writers; i++ {
 		wg.Add(1)
 		go func(i int) {
@@ -55,9 +54,7 @@ func failover(eps []string, ms []member, freeze bool, timeout time.Duration) map
 				t1 := time.Now()
 				if err != nil {
 					failed.Add(1)
-					mu.Lock()
-					codes[codeOf(err)]++
-					mu.Unlock()
+					why(err)
 					time.Sleep(20 * time.Millisecond)
 					continue
 				}
@@ -107,6 +104,6 @@ func failover(eps []string, ms []member, freeze bool, timeout time.Duration) map
 		"writes unavailable (s)":          gap,
 		"first write after the fault (s)": first,
 		"write":                           wr.row(failed.Load()),
-		"failed attempts, by gRPC code":   codes,
+		"failed attempts, by gRPC code":   reasons,
 	}
 }

@@ -243,8 +243,7 @@ func main() {
 		period = dur / 3
 	}
 
-	cfg := func(i int) clientv3.Config { return config(eps, i) }
-	admin, err := clientv3.New(cfg(0))
+	admin, err := clientv3.New(config(eps, 0))
 	must(err)
 	for k := 0; k < configKeys; k++ {
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -259,7 +258,7 @@ func main() {
 	keepers := make([]*keeper, nc)
 	sess := make([]*concurrency.Session, nc)
 	for i := range clients {
-		clients[i], err = clientv3.New(cfg(i))
+		clients[i], err = clientv3.New(config(eps, i))
 		must(err)
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		g, err := clients[i].Grant(ctx, *leaseSecs)
@@ -393,7 +392,7 @@ func main() {
 	}
 
 	// The config writer, on its own client.
-	wc, err := clientv3.New(cfg(1))
+	wc, err := clientv3.New(config(eps, 1))
 	must(err)
 	runWG.Add(1)
 	go func() {
@@ -621,7 +620,8 @@ func config(eps []string, i int) clientv3.Config {
 		DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: 5 * time.Second}
 }
 
-// reasons counts failed reads by gRPC code or error text.
+// reasons counts failed requests (profile: reads; failover: writes) by gRPC code or
+// error text.
 var (
 	reasonsMu sync.Mutex
 	reasons   = map[string]int64{}
