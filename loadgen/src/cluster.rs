@@ -105,9 +105,22 @@ impl Ports {
 /// up to 60 000, then from 10 000. Servers' ports are best kept below Linux's ephemeral
 /// range (32 768 and up): after a run with many short connections, tens of thousands of
 /// ephemeral ports sit in TIME_WAIT, where nothing may listen.
+///
+/// A range once returned is never returned again in this process: two clusters started
+/// at once (tests run in parallel) both found the same ports free before either bound
+/// them, and the second's members, unable to bind, left it talking to the first's, which
+/// went away with the first test (`a_quiet_connection_is_not_sent_away_for_its_pings`
+/// failed with a broken pipe when run beside another etcd test). A process starts tens of
+/// clusters at most, so the ports are not handed back.
 fn free_base(n: u16, from: u16) -> u16 {
+    static TAKEN: std::sync::Mutex<Vec<(u16, u16)>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
     let candidates = (from..60_000).step_by(16).chain((10_000..from).step_by(16));
     'outer: for base in candidates {
+        let end = base.saturating_add(n);
+        if taken.iter().any(|&(b, e)| base < e && b < end) {
+            continue;
+        }
         for p in base..base + n {
             if std::net::UdpSocket::bind(("127.0.0.1", p)).is_err()
                 || std::net::TcpListener::bind(("127.0.0.1", p)).is_err()
@@ -115,6 +128,7 @@ fn free_base(n: u16, from: u16) -> u16 {
                 continue 'outer;
             }
         }
+        taken.push((base, end));
         return base;
     }
     panic!("no {n} consecutive free ports on 127.0.0.1");
