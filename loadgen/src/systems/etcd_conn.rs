@@ -59,7 +59,53 @@ pub const KEEPALIVE_TIME: Duration = Duration::from_secs(10);
 /// within this is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(6);
 
-/// The connection options every etcd client of loadgen uses.
+/// The HTTP/2 channel of every etcd client of loadgen that carries load: the settings of
+/// [`options`], and no limit on the streams the library itself resets.
+///
+/// h2 (under tonic and hyper) forgets a stream it cancelled (a request given up at its
+/// deadline, a lock wait dropped) after 1 s, and remembers at most 50 such; a reply that
+/// arrives later for a forgotten stream is answered with a reset of its own making, and
+/// those are counted per connection, never decremented. At 1 024 (h2's
+/// `max_local_error_reset_streams` default, a guard against a misbehaving server) h2 sends
+/// the server GOAWAY `ENHANCE_YOUR_CALM` ("too_many_internal_resets") and every request on
+/// the connection fails with `ResourceExhausted`: under load and after a leader change
+/// loadgen's clients tore their own connections down this way (issue 26,
+/// `docs/bench/i26/b71ef466/h2-diag-profile-kill-etcd/`). grpc-go, under clientv3, has no
+/// such limit: so none here. Built here because etcd-client's own `Client::connect` does
+/// not expose the setting.
+pub fn endpoint(ep: &str) -> anyhow::Result<tonic::transport::Endpoint> {
+    let url = if ep.starts_with("http://") || ep.starts_with("https://") {
+        ep.to_string()
+    } else {
+        format!("http://{ep}")
+    };
+    Ok(tonic::transport::Endpoint::from_shared(url)?
+        .connect_timeout(DIAL_TIMEOUT)
+        .http2_keep_alive_interval(KEEPALIVE_TIME)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(false)
+        .http2_max_local_error_reset_streams(None))
+}
+
+/// A client of the one member `ep` over [`endpoint`]'s channel, set up as etcd-client's
+/// own `Client::connect` sets up its channel (a balanced channel of the one endpoint,
+/// which connects on the first request): an unreachable member fails that request, so
+/// the caller moves on ([`EtcdConn::attempts`]).
+pub async fn connect(ep: &str) -> anyhow::Result<etcd_client::Client> {
+    let endpoint = endpoint(ep)?;
+    let (channel, tx) = tonic::transport::Channel::balance_channel(64);
+    tx.send(tonic::transport::channel::Change::Insert(
+        endpoint.uri().clone(),
+        endpoint,
+    ))
+    .await
+    .map_err(|_| anyhow::anyhow!("the channel to {ep} is gone"))?;
+    Ok(etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?)
+}
+
+/// The connection options of loadgen's other etcd clients (setting up, looking up the
+/// leader, checking leases at the end): the same as [`endpoint`]'s but for the reset
+/// limit, which their few requests never reach.
 pub fn options() -> etcd_client::ConnectOptions {
     etcd_client::ConnectOptions::new()
         .with_connect_timeout(DIAL_TIMEOUT)
@@ -134,7 +180,7 @@ impl EtcdConn {
             };
         }
         let ep = self.eps[turn % n].clone();
-        let c = etcd_client::Client::connect([ep], Some(options())).await?;
+        let c = connect(&ep).await?;
         let mut cur = self.cur.lock().expect("etcd conn");
         if cur.0 == turn && cur.1.is_none() {
             cur.1 = Some(c.clone());
@@ -303,10 +349,8 @@ mod tests {
             return;
         };
         let ep = cluster.endpoints[0].clone();
-        let mut c = etcd_client::Client::connect([ep], Some(options()))
-            .await
-            .expect("connect");
-        let (_watcher, mut events) = c.watch("quiet", None).await.expect("watch");
+        let mut c = connect(&ep).await.expect("connect");
+        let mut events = c.watch("quiet", None).await.expect("watch");
         tokio::time::sleep(Duration::from_secs(20)).await;
         let mut writer = c.clone();
         tokio::spawn(async move { writer.put("quiet", "v", None).await });
@@ -316,6 +360,42 @@ mod tests {
                 Ok(Ok(Some(r))) if !r.events().is_empty() => break,
                 Ok(Ok(Some(_))) => continue,
                 other => panic!("the quiet watch did not deliver the write: {other:?}"),
+            }
+        }
+    }
+
+    /// Requests given up before their answers arrive (at a deadline, or a lock wait
+    /// dropped) must not make the client close its own connection. Each round sends 1 000
+    /// reads of a 64 KiB value at once on one connection and drops them after 50 ms, so
+    /// their answers arrive for streams already reset, most of them no longer remembered
+    /// (h2 keeps 50); with h2's default limit the connection was torn down after 1 024 such
+    /// answers (in the first or second round here) and the read after it failed with
+    /// `ResourceExhausted` ("too_many_internal_resets") or "connection closed". Every read
+    /// after a round must succeed on the same client.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_to_abandoned_requests_do_not_close_the_connection() {
+        let Some(cluster) = one_etcd().await else {
+            return;
+        };
+        let c = connect(&cluster.endpoints[0]).await.expect("connect");
+        c.clone()
+            .put("big", vec![b'x'; 64 << 10], None)
+            .await
+            .expect("put");
+        for round in 0..10 {
+            let reads = (0..1_000).map(|_| {
+                let mut c = c.clone();
+                async move { c.get("big", None).await }
+            });
+            let _ =
+                tokio::time::timeout(Duration::from_millis(50), futures::future::join_all(reads))
+                    .await;
+            // The late answers arrive while this read is on its way.
+            let r = tokio::time::timeout(Duration::from_secs(5), c.clone().get("big", None))
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: no answer within 5 s"));
+            if let Err(e) = r {
+                panic!("round {round}: a read after abandoned ones failed: {e}");
             }
         }
     }

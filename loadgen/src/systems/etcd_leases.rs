@@ -187,7 +187,7 @@ async fn open_stream(
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(
             "/etcdserverpb.Lease/LeaseKeepAlive",
         );
-        let codec = tonic::codec::ProstCodec::<KeepAliveRequest, KeepAliveResponse>::default();
+        let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveResponse>::default();
         let Ok(r) = grpc
             .streaming(tonic::Request::new(requests), path, codec)
             .await

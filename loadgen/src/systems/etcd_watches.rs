@@ -26,7 +26,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use anyhow::anyhow;
-use etcd_client::{EventType, WatchOptions, WatchStream, Watcher};
+use etcd_client::{EventType, WatchOptions, WatchRequestSender, WatchResponseStream, WatchStream};
 use tokio::sync::oneshot;
 
 /// Where a wait hears its outcome: `Ok` when the key was deleted, `Err` with the reason
@@ -79,7 +79,7 @@ impl Drop for Unsent<'_> {
 
 /// A stream in use: its request side, its waits and the task reading its answers.
 struct Live {
-    watcher: Arc<tokio::sync::Mutex<Watcher>>,
+    watcher: Arc<tokio::sync::Mutex<WatchRequestSender>>,
     table: Arc<Mutex<Table>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -103,8 +103,8 @@ impl Drop for WatchMux {
 impl WatchMux {
     /// Waits until `key` is deleted at a revision from `from_rev` on, over this client's
     /// stream; if there is none or it ended, `open` opens one with this wait's watch as
-    /// its first (etcd-client's `Client::watch`, which returns once that watch is
-    /// created).
+    /// its first (etcd-client's `Client::watch`, which returns once the stream is open;
+    /// the watch's `created` answer comes on the stream like any later one's).
     pub async fn wait_deleted<Open, Fut>(
         &self,
         key: Vec<u8>,
@@ -113,7 +113,7 @@ impl WatchMux {
     ) -> anyhow::Result<()>
     where
         Open: FnOnce(Vec<u8>, WatchOptions) -> Fut,
-        Fut: Future<Output = anyhow::Result<(Watcher, WatchStream)>>,
+        Fut: Future<Output = anyhow::Result<WatchStream>>,
     {
         let (tx, rx) = oneshot::channel();
         let opts = WatchOptions::new().with_start_revision(from_rev);
@@ -147,22 +147,17 @@ impl WatchMux {
                     let why = "the watch stream was replaced";
                     old.table.lock().expect("watches").end(why, Err(why.into()));
                 }
-                // A new stream; etcd-client creates its first watch with it and waits
-                // for that watch's `created` answer (within the request timeout).
-                let (watcher, stream) = open(key, opts).await?;
-                // etcd-client returns once the first watch's answer says `created`; a
-                // create the server refused says so too, with watch id -1.
-                anyhow::ensure!(
-                    watcher.watch_id() >= 0,
-                    "watch: the server refused the watch (id {})",
-                    watcher.watch_id()
-                );
+                // A new stream, opened with this wait's watch as its first request (within
+                // the request timeout): the wait is the first pending one, and the reader
+                // gives it the id of the first `created` answer (or fails it if the
+                // server refused the watch).
+                let (watcher, stream) = open(key, opts).await?.split();
                 let table = Arc::new(Mutex::new(Table::default()));
                 table
                     .lock()
                     .expect("watches")
-                    .watching
-                    .insert(watcher.watch_id(), tx.take().expect("not queued"));
+                    .pending
+                    .push_back(tx.take().expect("not queued"));
                 let watcher = Arc::new(tokio::sync::Mutex::new(watcher));
                 let reader = tokio::spawn(read_answers(stream, table.clone(), watcher.clone()));
                 *live = Some(Live {
@@ -184,9 +179,9 @@ impl WatchMux {
 /// wait its watch id; a delete ends the wait of its watch (and the watch is cancelled);
 /// a cancelled or compacted watch fails its wait.
 async fn read_answers(
-    mut stream: WatchStream,
+    mut stream: WatchResponseStream,
     table: Arc<Mutex<Table>>,
-    watcher: Arc<tokio::sync::Mutex<Watcher>>,
+    watcher: Arc<tokio::sync::Mutex<WatchRequestSender>>,
 ) {
     let (why, outcome) = loop {
         let m = match stream.message().await {
@@ -237,7 +232,7 @@ async fn read_answers(
             // must not wait on the request side while answers pile up.
             let watcher = watcher.clone();
             tokio::spawn(async move {
-                let _ = watcher.lock().await.cancel_by_id(id).await;
+                let _ = watcher.lock().await.cancel(id).await;
             });
         }
     };
