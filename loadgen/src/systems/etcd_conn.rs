@@ -369,7 +369,7 @@ mod tests {
     /// reads of a 64 KiB value at once on one connection and drops them after 50 ms, so
     /// their answers arrive for streams already reset, most of them no longer remembered
     /// (h2 keeps 50); with h2's default limit the connection was torn down after 1 024 such
-    /// answers (in the first or second round here) and the read after it failed with
+    /// answers (within the first four rounds here) and the read after it failed with
     /// `ResourceExhausted` ("too_many_internal_resets") or "connection closed". Every read
     /// after a round must succeed on the same client.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
