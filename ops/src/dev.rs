@@ -74,6 +74,9 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             request_timeout_ms: 5_000,
             limits: Default::default(),
             faults: Default::default(),
+            // The quick start's cell: every identity may do anything, and the dev
+            // client is its admin (`lockctl acl` works out of the box).
+            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         };
         cfg.validate()?;
         let path = args.data.join(format!("replica-{}.toml", m.id));

@@ -963,6 +963,11 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
         request_timeout_ms: 5_000,
         limits: Default::default(),
         faults: Default::default(),
+        // A production cell: only its admin, the client, may do anything.
+        security: replica::config::SecurityConfig {
+            initial_admins: vec!["lock://client/payments-api".into()],
+            root_acl: replica::config::RootAcl::Admins,
+        },
     };
     std::fs::write(p("replica.toml"), toml::to_string(&cfg).unwrap()).unwrap();
     let mut replica = DevGuard(Some(

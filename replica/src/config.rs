@@ -108,6 +108,85 @@ impl Default for LimitsConfig {
     }
 }
 
+/// Who may do what in a new cell (`docs/security.md`, "ACLs"). Read once: the first
+/// leader of a new cell proposes these as the cell's first security settings
+/// (`Command::Bootstrap`), and from then on they live in the replicated state and change
+/// only through `lockctl acl` (a replica's configuration never overrides them, since
+/// replicas that disagreed would apply the same write differently). Give every replica
+/// of a cell the same values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SecurityConfig {
+    /// The cell's first admins (identity URIs such as `lock://client/ops`): they pass
+    /// every ACL and may change ACLs, groups and admins.
+    pub initial_admins: Vec<String>,
+    /// The root node's ACL, which every node created later inherits until an admin
+    /// changes it: `admins` (only the admins may do anything; production) or `everyone`
+    /// (every identity the cell admits may read, write, create and change ACLs; a
+    /// development cell).
+    pub root_acl: RootAcl,
+}
+
+/// See [`SecurityConfig::root_acl`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RootAcl {
+    /// Only the cell's admins.
+    #[default]
+    Admins,
+    /// Every identity.
+    Everyone,
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        SecurityConfig {
+            initial_admins: Vec::new(),
+            root_acl: RootAcl::Admins,
+        }
+    }
+}
+
+impl SecurityConfig {
+    /// A development cell's: the root open to every identity, `admin` the one admin.
+    pub fn open(admin: &str) -> SecurityConfig {
+        SecurityConfig {
+            initial_admins: vec![admin.to_string()],
+            root_acl: RootAcl::Everyone,
+        }
+    }
+
+    /// The root's ACL.
+    pub fn root_acl(&self) -> wire::acl::Acl {
+        match self.root_acl {
+            RootAcl::Admins => wire::acl::Acl::admins_only(),
+            RootAcl::Everyone => wire::acl::Acl::everyone(),
+        }
+    }
+
+    /// Checks the admins are identities and a cell whose root only admins may use has
+    /// one.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for a in &self.initial_admins {
+            let id = wire::identity::Identity::parse(a)
+                .map_err(|e| anyhow::anyhow!("security.initial_admins: {e}"))?;
+            anyhow::ensure!(
+                &id.to_string() == a,
+                "security.initial_admins: {a:?} is not in canonical form (write {id})"
+            );
+        }
+        anyhow::ensure!(
+            self.root_acl == RootAcl::Everyone || !self.initial_admins.is_empty(),
+            "security.initial_admins is empty while security.root_acl is \"admins\": nobody \
+             could use the cell. Name at least one admin identity (for example \
+             initial_admins = [\"lock://client/ops\"], with a certificate from `lockctl certs \
+             issue --role client --name ops`), or set root_acl = \"everyone\" for a \
+             development cell"
+        );
+        Ok(())
+    }
+}
+
 /// Faults injected on purpose, for tests that show the replica keeps its promises while
 /// something is slow. Leave every field at its default (0: no fault) in production.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -162,6 +241,9 @@ pub struct ReplicaConfig {
     /// Faults injected for tests (none by default).
     #[serde(default)]
     pub faults: FaultsConfig,
+    /// A new cell's admins and root ACL.
+    #[serde(default)]
+    pub security: SecurityConfig,
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -245,6 +327,7 @@ impl ReplicaConfig {
                 && l.peer_connection_bytes_max <= u32::MAX as usize,
             "limits.*_connection_bytes_max must be below 4 GiB"
         );
+        self.security.validate()?;
         if self.bootstrap {
             anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");
             anyhow::ensure!(
@@ -285,6 +368,8 @@ cert = "server.pem"
 key = "server.key"
 [session]
 lease_ms = 6000
+[security]
+initial_admins = ["lock://client/ops"]
 "#,
         )
         .unwrap();
@@ -293,9 +378,25 @@ lease_ms = 6000
         assert_eq!(c.session.lease_ms, 6000);
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.advertised(), "127.0.0.1:7002");
+        assert_eq!(c.security.initial_admins, vec!["lock://client/ops".to_string()]);
+        assert_eq!(c.security.root_acl, RootAcl::Admins, "the secure root by default");
         let mut bad = c.clone();
         bad.session.lease_ms = 900;
         assert!(bad.validate().is_err());
+        // A root only admins may use, and no admin: refused, saying what to set.
+        let mut bad = c.clone();
+        bad.security.initial_admins.clear();
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("initial_admins") && e.contains("everyone"), "{e}");
+        bad.security.root_acl = RootAcl::Everyone;
+        bad.validate().unwrap();
+        // An admin that is not an identity, or not in canonical form.
+        for admin in ["ops", "lock://client/Ops", "lock://client/a/b"] {
+            let mut bad = c.clone();
+            bad.security.initial_admins = vec![admin.into()];
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains("security.initial_admins"), "{admin}: {e}");
+        }
     }
 
     /// Environment variables are process-wide: the tests that load configs take turns.

@@ -198,6 +198,15 @@ pub async fn run_on(
         }
     });
 
+    wire::rt::spawn(crate::actors::raft_node::bootstrap_security(
+        raft.clone(),
+        gate.clone(),
+        state.clone(),
+        raft_node.clone(),
+        cfg.security.initial_admins.clone(),
+        cfg.security.root_acl(),
+    ));
+
     tracing::info!(identity = %me, "replica's certificate checked");
     let gw = Arc::new(Gateway {
         id: cfg.id,

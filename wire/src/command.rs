@@ -80,6 +80,44 @@ pub enum Command {
     /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s ([`BatchRule`]); a batch holds
     /// no batch.
     Batch(#[serde(deserialize_with = "batch_commands")] Vec<Command>),
+    /// The cell's first security settings: its admins and the root's ACL, from the first
+    /// leader's configuration (`[security]`). Applies once; a later one (a second leader
+    /// that proposed it before seeing the first applied) changes nothing. Until it has
+    /// applied, writes and reads that need an ACL answer `Unavailable`.
+    Bootstrap {
+        /// The cell admins (identity URIs).
+        admins: Vec<String>,
+        /// The root node's ACL, which every node created later inherits unless changed.
+        root_acl: crate::acl::Acl,
+    },
+    /// Replaces a node's ACL, if `by` holds the admin right on it (or is a cell admin).
+    SetAcl {
+        /// The acting identity (from its certificate, never from the request).
+        by: String,
+        /// The node.
+        path: String,
+        /// Its new ACL.
+        acl: crate::acl::Acl,
+    },
+    /// Creates or replaces a group (`members: Some`) or removes it (`None`), if `by` is a
+    /// cell admin.
+    SetGroup {
+        /// The acting identity.
+        by: String,
+        /// The group's name.
+        name: String,
+        /// Its members, or `None` to remove it.
+        members: Option<Vec<String>>,
+    },
+    /// Adds or removes a cell admin, if `by` is one (the last admin stays).
+    SetAdmin {
+        /// The acting identity.
+        by: String,
+        /// The identity added or removed.
+        identity: String,
+        /// True to add, false to remove.
+        admin: bool,
+    },
 }
 
 /// Commands nested in commands, at most: what the leader proposes nests no deeper than a
@@ -159,10 +197,32 @@ impl Command {
             }
             Command::ExpireSessions { sessions } => 16 + 8 * sessions.len(),
             Command::CreateSession { owner } => 32 + owner.len(),
+            Command::Bootstrap { admins, root_acl } => {
+                32 + admins.iter().map(String::len).sum::<usize>() + acl_bytes(root_acl)
+            }
+            Command::SetAcl { by, path, acl } => 32 + by.len() + path.len() + acl_bytes(acl),
+            Command::SetGroup { by, name, members } => {
+                32 + by.len()
+                    + name.len()
+                    + members
+                        .iter()
+                        .flatten()
+                        .map(|m| 1 + m.len())
+                        .sum::<usize>()
+            }
+            Command::SetAdmin { by, identity, .. } => 32 + by.len() + identity.len(),
             Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),
             _ => 32,
         }
     }
+}
+
+fn acl_bytes(acl: &crate::acl::Acl) -> usize {
+    crate::acl::Right::ALL
+        .iter()
+        .flat_map(|r| acl.entries(*r))
+        .map(|p| 2 + p.to_string().len())
+        .sum()
 }
 
 /// Which commands may share one [`Command::Batch`]: at most

@@ -225,6 +225,25 @@ pub enum Error {
         /// The limit, in requests.
         limit: u64,
     },
+    /// The node's ACL does not grant `identity` this right (and it is not a cell admin).
+    /// Nothing was done.
+    #[error("{identity} may not {right} {path}: its ACL does not grant it")]
+    Denied {
+        /// The node whose ACL decided (for a create: the parent).
+        path: String,
+        /// The right that was needed.
+        right: crate::acl::Right,
+        /// The identity that asked.
+        identity: String,
+    },
+    /// Only a cell admin may do this. Nothing was done.
+    #[error("{identity} may not {action}: only a cell admin may")]
+    NotAdmin {
+        /// What was asked (`change groups`, `change admins`).
+        action: String,
+        /// The identity that asked.
+        identity: String,
+    },
 }
 
 /// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to

@@ -88,6 +88,9 @@ pub const CLIENT_KEY_FILE: &str = "client.key";
 /// The cell name `DevCa` issues its certificates for.
 pub const DEV_CELL: &str = "dev";
 
+/// The identity of `DevCa`'s client certificate: a development cell's admin.
+pub const DEV_CLIENT: &str = "lock://client/dev";
+
 /// A certificate and its key, PEM.
 #[derive(Clone)]
 pub struct CertAndKey {

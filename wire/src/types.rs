@@ -419,6 +419,45 @@ pub enum Op {
         /// What the client asked.
         op: Box<Op>,
     },
+    /// A node's ACL (linearizable; needs the read or the admin right on the node).
+    /// Reply: [`Reply::Acl`].
+    GetAcl {
+        /// Path.
+        path: String,
+    },
+    /// Replace a node's ACL (needs the admin right on the node, or to be a cell admin).
+    /// Existing children keep theirs; children created later inherit the new one. Cached
+    /// copies of the node are dropped first, as for a write. Reply: [`Reply::SecurityChanged`].
+    SetAcl {
+        /// Path.
+        path: String,
+        /// The new ACL (at most [`crate::acl::ACL_ENTRIES_MAX`] entries per right).
+        acl: crate::acl::Acl,
+    },
+    /// The cell's admins and groups (linearizable; any identity). Reply:
+    /// [`Reply::Security`].
+    Security,
+    /// Create or replace a group (cell admins only). Reply: [`Reply::SecurityChanged`].
+    SetGroup {
+        /// The group's name.
+        name: String,
+        /// Its members: identity URIs, at most [`crate::acl::GROUP_MEMBERS_MAX`].
+        members: Vec<String>,
+    },
+    /// Remove a group (cell admins only); ACL entries naming it then match nobody.
+    /// Reply: [`Reply::SecurityChanged`].
+    RemoveGroup {
+        /// The group's name.
+        name: String,
+    },
+    /// Make an identity a cell admin, or no longer one (cell admins only; the last admin
+    /// cannot be removed). Reply: [`Reply::SecurityChanged`].
+    SetAdmin {
+        /// The identity URI.
+        identity: String,
+        /// True to add it, false to remove it.
+        admin: bool,
+    },
 }
 
 impl Op {
@@ -451,6 +490,12 @@ impl Op {
             Op::AckInvalidationsBatch { .. } => "AckInvalidationsBatch",
             Op::StateDigest => "StateDigest",
             Op::Forwarded { op, .. } => op.name(),
+            Op::GetAcl { .. } => "GetAcl",
+            Op::SetAcl { .. } => "SetAcl",
+            Op::Security => "Security",
+            Op::SetGroup { .. } => "SetGroup",
+            Op::RemoveGroup { .. } => "RemoveGroup",
+            Op::SetAdmin { .. } => "SetAdmin",
         }
     }
 
@@ -467,6 +512,10 @@ impl Op {
                 | Op::Delete { .. }
                 | Op::SetData { .. }
                 | Op::Txn { .. }
+                | Op::SetAcl { .. }
+                | Op::SetGroup { .. }
+                | Op::RemoveGroup { .. }
+                | Op::SetAdmin { .. }
         )
     }
 }
@@ -628,6 +677,27 @@ pub enum Reply {
         /// A 64-bit xxh3 hash of the state's canonical encoding (every node, session and
         /// stored result, in key order).
         digest: u64,
+    },
+    /// The answer to [`Op::GetAcl`].
+    Acl {
+        /// The node's ACL.
+        acl: crate::acl::Acl,
+        /// Log index the read reflects.
+        index: LogIndex,
+    },
+    /// The answer to [`Op::Security`].
+    Security {
+        /// The cell's admins, in order.
+        admins: Vec<String>,
+        /// Every group with its members, in name order.
+        groups: Vec<(String, Vec<String>)>,
+        /// Log index the read reflects.
+        index: LogIndex,
+    },
+    /// An ACL, group or admin change committed.
+    SecurityChanged {
+        /// The log index it applied at.
+        index: LogIndex,
     },
 }
 

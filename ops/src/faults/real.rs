@@ -92,6 +92,7 @@ impl Cell {
             request_timeout_ms: 5_000,
             limits: Default::default(),
             faults: Default::default(),
+            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         };
         cfg.validate()?;
         std::fs::write(self.config_path(id), toml::to_string(&cfg)?)?;

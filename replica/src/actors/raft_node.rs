@@ -367,6 +367,72 @@ impl Handler<ChangeMembership> for RaftNode {
     }
 }
 
+/// The cell's first security settings ([`Command::Bootstrap`]): proposed by whichever
+/// replica leads while the applied state has none, once that leader has applied every
+/// committed entry (so it does not propose again what a previous leader committed; one
+/// proposed twice applies once). Ends once the state holds them, or when Raft stops.
+pub async fn bootstrap_security(
+    raft: Raft,
+    gate: crate::raft::read_gate::ReadGate,
+    state: crate::raft::sm_store::SharedState,
+    raft_node: actix::Addr<RaftNode>,
+    admins: Vec<String>,
+    root_acl: wire::acl::Acl,
+) {
+    const RETRY: Duration = Duration::from_millis(200);
+    let bootstrapped = || {
+        state
+            .read()
+            .expect("state lock")
+            .sm
+            .security()
+            .bootstrapped()
+    };
+    let mut metrics = raft.metrics();
+    loop {
+        if bootstrapped() {
+            return;
+        }
+        let leading = metrics.borrow_and_update().state == ServerState::Leader;
+        if leading {
+            let r = match gate.confirm().await {
+                Ok(()) if bootstrapped() => return,
+                Ok(()) => raft_node
+                    .send(Propose(Command::Bootstrap {
+                        admins: admins.clone(),
+                        root_acl: root_acl.clone(),
+                    }))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(Error::Internal {
+                            reason: format!("raft node: {e}"),
+                        })
+                    }),
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(_) => {
+                    tracing::info!(?admins, %root_acl, "security bootstrap committed");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!("security bootstrap not committed yet: {e}");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

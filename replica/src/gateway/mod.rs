@@ -30,6 +30,7 @@ use crate::raft::sm_store::{SharedState, SnapshotStats};
 use crate::raft::Raft;
 use crate::state_machine::Acting;
 
+mod acls;
 mod admin;
 mod reads;
 mod sessions;
@@ -454,7 +455,7 @@ impl Gateway {
                     .await
             }
             Op::Rewatch { watches } => self.rewatch(&req, &me, watches).await,
-            Op::Predecessor { path } => self.predecessor(path).await,
+            Op::Predecessor { path } => self.predecessor(&me, path).await,
             Op::CheckSequencer {
                 path,
                 token,
@@ -471,6 +472,34 @@ impl Gateway {
             Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
             Op::Snapshot => self.snapshot().await,
             Op::StateDigest => self.state_digest(),
+            // ACLs, groups and admins (acls.rs).
+            Op::GetAcl { path } => self.get_acl(&me, &path).await,
+            Op::SetAcl { path, acl } => self.set_acl(&me, path, acl).await,
+            Op::Security => self.security().await,
+            Op::SetGroup { name, members } => {
+                self.change_security(Command::SetGroup {
+                    by: me.identity.clone(),
+                    name,
+                    members: Some(members),
+                })
+                .await
+            }
+            Op::RemoveGroup { name } => {
+                self.change_security(Command::SetGroup {
+                    by: me.identity.clone(),
+                    name,
+                    members: None,
+                })
+                .await
+            }
+            Op::SetAdmin { identity, admin } => {
+                self.change_security(Command::SetAdmin {
+                    by: me.identity.clone(),
+                    identity,
+                    admin,
+                })
+                .await
+            }
         }
     }
 }

@@ -39,6 +39,8 @@ impl Gateway {
         let (value, index) = {
             let s = self.state.read().expect("state lock");
             s.sm.check_session(req.session)?;
+            // Checked at the state the value is taken from.
+            s.sm.check_read(&me.identity, p)?;
             // A node's children are not part of what is cached: a child's create or
             // delete does not hold its parent, so the children fields would go stale in
             // a cache. They are 0 in every cached read (`children` reads them).
@@ -106,6 +108,7 @@ impl Gateway {
             if watch {
                 s.sm.check_session_for(req.session, me)?;
             }
+            s.sm.check_read(&me.identity, p)?;
             f(&s.sm)?
         };
         if watch {
@@ -139,11 +142,14 @@ impl Gateway {
         }
         path::validate_rewatch(&watches)?;
         self.gate.confirm().await?;
-        self.state
-            .read()
-            .expect("state lock")
-            .sm
-            .check_session_for(req.session, me)?;
+        {
+            let s = self.state.read().expect("state lock");
+            s.sm.check_session_for(req.session, me)?;
+            // A watch tells when a node changes: only for identities that may read it.
+            for w in &watches {
+                s.sm.check_read(&me.identity, &w.path)?;
+            }
+        }
         let mut fired = Vec::new();
         for w in watches {
             let arm = Arm {
@@ -163,10 +169,12 @@ impl Gateway {
     }
 
     /// The sequential sibling just below `path` (linearizable).
-    pub(super) async fn predecessor(&self, path: String) -> Response {
+    pub(super) async fn predecessor(&self, me: &Acting, path: String) -> Response {
         path::validate(&path)?;
         self.gate.confirm().await?;
         let s = self.state.read().expect("state lock");
+        // It names a sibling: the read right on the parent, as listing the children.
+        s.sm.check_read(&me.identity, path::parent(&path))?;
         if s.sm.node(&path).is_none() {
             return Err(Error::NoNode { path });
         }

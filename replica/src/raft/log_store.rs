@@ -33,8 +33,10 @@ const COMMITTED_KEY: &[u8] = b"committed";
 const FORMAT_KEY: &[u8] = b"format";
 
 /// The format of the log's entries: 2 since sessions record their owner
-/// (`Command::CreateSession { owner }`); stores from before carry no mark.
-pub const LOG_FORMAT: u32 = 2;
+/// (`Command::CreateSession { owner }`), 3 since writes are checked against ACLs at
+/// apply (an older log replayed under the new rules could answer differently than it
+/// did); stores from before 2 carry no mark.
+pub const LOG_FORMAT: u32 = 3;
 
 /// Counters of the flusher, for status and benchmarks.
 #[derive(Debug, Default)]

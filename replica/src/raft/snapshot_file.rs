@@ -1,7 +1,8 @@
 //! Snapshot files: written atomically, checksummed, a few kept as backups.
 //!
-//! Format: the magic `LKSNAP2\n` (2 since sessions record their owner; a file of another
-//! version is refused with an error naming both), a big-endian CRC-32 of the body, the body's length as a
+//! Format: the magic `LKSNAP3\n` (2 since sessions record their owner, 3 since the state
+//! holds ACLs, groups and admins; a file of another version is refused with an error
+//! naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
 //! leaves either the old set of snapshots or the new one, never a torn file. A file whose
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
-const MAGIC: &[u8; 8] = b"LKSNAP2\n";
+const MAGIC: &[u8; 8] = b"LKSNAP3\n";
 
 /// How many snapshot files to keep (the newest plus backups).
 pub const SNAPSHOTS_KEPT: usize = 3;
@@ -172,7 +173,7 @@ mod tests {
         assert!(p.with_extension("corrupt").exists());
     }
 
-    /// A snapshot of another format (an older build's `LKSNAP1`) is refused with an error
+    /// A snapshot of another format (an older build's `LKSNAP2`) is refused with an error
     /// naming both formats, and left where it is: not skipped as corrupt.
     #[test]
     fn a_snapshot_of_another_format_is_an_error_not_skipped() {
@@ -180,10 +181,10 @@ mod tests {
         write(dir.path(), &meta(10), &[1; 100]).unwrap();
         let p = list(dir.path()).unwrap()[0].clone();
         let mut bytes = fs::read(&p).unwrap();
-        bytes[..8].copy_from_slice(b"LKSNAP1\n");
+        bytes[..8].copy_from_slice(b"LKSNAP2\n");
         fs::write(&p, bytes).unwrap();
         let e = latest(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("LKSNAP1") && e.contains("LKSNAP2"), "{e}");
+        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP3"), "{e}");
         assert!(p.exists(), "the file was moved");
     }
 }

@@ -28,6 +28,7 @@
 //! the cacher list (leader-local, in `crate::leader`).
 
 mod reads;
+mod security;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -39,7 +40,9 @@ use wire::command::{BatchRule, Command, Effect, LeaseCheckpoint};
 use wire::types::{CreateMode, LogIndex, NodeStat, Reply, RequestId, SessionId, TxnOp, TxnResult};
 use wire::{path, Error};
 
+pub use security::{AclId, Security};
 pub use session::{Acting, Session};
+use wire::acl::Right;
 use wire::path::check_value;
 pub use wire::path::validate_write;
 
@@ -67,10 +70,12 @@ pub struct Node {
     pub sequence_next: u64,
     /// Names of the children.
     pub children: BTreeSet<String>,
+    /// Its ACL (an index into [`Security`]'s table; a new node gets its parent's).
+    pub acl: AclId,
 }
 
 impl Node {
-    fn new(data: Vec<u8>, index: LogIndex, owner: Option<SessionId>) -> Node {
+    fn new(data: Vec<u8>, index: LogIndex, owner: Option<SessionId>, acl: AclId) -> Node {
         Node {
             data,
             version: 0,
@@ -81,6 +86,7 @@ impl Node {
             ephemeral_owner: owner,
             sequence_next: 0,
             children: BTreeSet::new(),
+            acl,
         }
     }
 
@@ -108,6 +114,8 @@ pub struct StateMachine {
     ended: BTreeSet<SessionId>,
     /// Highest index applied.
     last_index: LogIndex,
+    /// Admins, groups and the ACL table.
+    security: Security,
 }
 
 impl Default for StateMachine {
@@ -130,12 +138,77 @@ impl StateMachine {
     /// An empty namespace holding only `/`.
     pub fn new() -> StateMachine {
         let mut nodes = BTreeMap::new();
-        nodes.insert("/".to_string(), Node::new(Vec::new(), 0, None));
+        nodes.insert(
+            "/".to_string(),
+            Node::new(Vec::new(), 0, None, security::ROOT_ACL_AT_START),
+        );
         StateMachine {
             nodes,
             sessions: BTreeMap::new(),
             ended: BTreeSet::new(),
             last_index: 0,
+            security: Security::new(),
+        }
+    }
+
+    /// A state bootstrapped without a log entry: `admins`, and the root's ACL. For tests
+    /// of the state machine, whose indexes would shift with a bootstrap entry.
+    #[cfg(test)]
+    pub(crate) fn bootstrapped(admins: &[String], root_acl: &wire::acl::Acl) -> StateMachine {
+        let mut sm = StateMachine::new();
+        let root = sm.nodes.get_mut("/").expect("root");
+        root.acl = sm
+            .security
+            .bootstrap(root.acl, admins, root_acl)
+            .expect("a valid bootstrap");
+        sm.security.sweep();
+        sm
+    }
+
+    /// Panics unless the ACL table counts exactly the nodes that use each ACL.
+    #[cfg(test)]
+    pub(crate) fn assert_acl_counts(&self) {
+        let mut actual = BTreeMap::new();
+        for n in self.nodes.values() {
+            *actual.entry(n.acl).or_insert(0u64) += 1;
+        }
+        assert_eq!(self.security.counts(), actual, "the ACL table's counts");
+    }
+
+    /// The admins, groups and ACLs.
+    pub fn security(&self) -> &Security {
+        &self.security
+    }
+
+    /// A node's ACL.
+    pub fn acl_of(&self, p: &str) -> Result<&wire::acl::Acl, Error> {
+        path::validate(p)?;
+        let n = self
+            .nodes
+            .get(p)
+            .ok_or_else(|| Error::NoNode { path: p.to_string() })?;
+        Ok(self.security.acl(n.acl))
+    }
+
+    /// Whether `identity` may read `p` (what a read served at this state checks): the
+    /// read right on the node; a node that does not exist is readable (its absence is
+    /// what any identity learns, as with ZooKeeper's `exists`). `Unavailable` before the
+    /// bootstrap.
+    pub fn check_read(&self, identity: &str, p: &str) -> Result<(), Error> {
+        self.security.check_bootstrapped()?;
+        match self.nodes.get(p) {
+            Some(n) => self.security.require(n.acl, Right::Read, identity, p),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `identity` holds `right` on the existing node `p` (`Ok` when it does not
+    /// exist: what comes of that is decided where the node is needed).
+    pub fn check_right(&self, identity: &str, p: &str, right: Right) -> Result<(), Error> {
+        self.security.check_bootstrapped()?;
+        match self.nodes.get(p) {
+            Some(n) => self.security.require(n.acl, right, identity, p),
+            None => Ok(()),
         }
     }
 
@@ -245,6 +318,7 @@ impl StateMachine {
         self.advance_to(index);
         let mut effects = Vec::new();
         let result = self.apply_command(index, term, cmd, 0, &mut effects);
+        self.security.sweep();
         (result, effects)
     }
 
@@ -272,6 +346,7 @@ impl StateMachine {
         self.advance_to(index);
         let mut effects = Vec::new();
         let results = self.apply_batch(index, term, cmds, &mut effects);
+        self.security.sweep();
         (results, effects)
     }
 
@@ -387,6 +462,37 @@ impl StateMachine {
                 *single,
                 effects,
             ),
+            Command::Bootstrap { admins, root_acl } => {
+                let root = self.nodes.get_mut("/").expect("the root exists");
+                root.acl = self.security.bootstrap(root.acl, admins, root_acl)?;
+                Ok(Reply::SecurityChanged { index })
+            }
+            Command::SetAcl { by, path: p, acl } => {
+                self.security.check_bootstrapped()?;
+                path::validate(p)?;
+                acl.check().map_err(|reason| Error::BadRequest { reason })?;
+                let n = self
+                    .nodes
+                    .get(p)
+                    .ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                self.security.require(n.acl, Right::Admin, by, p)?;
+                let old = n.acl;
+                let id = self.security.replace(old, acl.clone());
+                self.nodes.get_mut(p).expect("checked above").acl = id;
+                Ok(Reply::SecurityChanged { index })
+            }
+            Command::SetGroup { by, name, members } => {
+                self.security.set_group(by, name, members.as_deref())?;
+                Ok(Reply::SecurityChanged { index })
+            }
+            Command::SetAdmin {
+                by,
+                identity,
+                admin,
+            } => {
+                self.security.set_admin(by, identity, *admin)?;
+                Ok(Reply::SecurityChanged { index })
+            }
         }
     }
 
@@ -433,6 +539,7 @@ impl StateMachine {
             .remove(p)
             .expect("remove_node of an existing node");
         debug_assert!(node.children.is_empty(), "removing {p} with children");
+        self.security.release(node.acl);
         let parent_path = path::parent(p);
         let parent = self
             .nodes
@@ -460,6 +567,9 @@ impl StateMachine {
         single: bool,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
+        // Nothing is decided before the cell's ACLs exist: not applied and not
+        // remembered, so the client's retry is evaluated afresh once they do.
+        self.security.check_bootstrapped()?;
         let session = match self.sessions.get_mut(&session_id) {
             Some(s) => s,
             None => return Err(self.check_session(session_id).expect_err("not open")),
@@ -482,7 +592,11 @@ impl StateMachine {
             });
         }
 
-        let result = self.execute(index, session_id, ops, single, effects);
+        // The session's owner writes: only it may use the session (checked at the
+        // gateway, for good: an owner never changes), and its rights are checked here,
+        // against the ACLs as they are at this entry.
+        let who = session.owner.clone();
+        let result = self.execute(index, session_id, &who, ops, single, effects);
         let session = self
             .sessions
             .get_mut(&session_id)
@@ -495,6 +609,7 @@ impl StateMachine {
         &mut self,
         index: LogIndex,
         session: SessionId,
+        who: &str,
         ops: &[TxnOp],
         single: bool,
         effects: &mut Vec<Effect>,
@@ -502,7 +617,7 @@ impl StateMachine {
         validate_write(ops, single)?;
         if single {
             let mut undo = None;
-            return match self.execute_op(index, session, &ops[0], &mut undo, effects) {
+            return match self.execute_op(index, session, who, &ops[0], &mut undo, effects) {
                 Ok(TxnResult::Created { path, stat }) => {
                     let predecessor = if ops_is_sequential(&ops[0]) {
                         self.predecessor(&path)
@@ -527,7 +642,7 @@ impl StateMachine {
         let mut txn_effects = Vec::new();
         let mut results = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            match self.execute_op(index, session, op, &mut undo, &mut txn_effects) {
+            match self.execute_op(index, session, who, op, &mut undo, &mut txn_effects) {
                 Ok(r) => results.push(r),
                 Err(e) => {
                     self.rollback(undo.take().unwrap_or_default());
@@ -545,11 +660,18 @@ impl StateMachine {
     fn rollback(&mut self, undo: Vec<Undo>) {
         for u in undo.into_iter().rev() {
             match u {
+                // Each node holds one use of its ACL: retained before released, so an
+                // ACL both nodes use is not dropped in between.
                 Undo::Node(p, Some(n)) => {
-                    self.nodes.insert(p, n);
+                    self.security.retain(n.acl);
+                    if let Some(old) = self.nodes.insert(p, n) {
+                        self.security.release(old.acl);
+                    }
                 }
                 Undo::Node(p, None) => {
-                    self.nodes.remove(&p);
+                    if let Some(old) = self.nodes.remove(&p) {
+                        self.security.release(old.acl);
+                    }
                 }
                 Undo::Ephemeral {
                     session,
@@ -578,6 +700,7 @@ impl StateMachine {
         &mut self,
         index: LogIndex,
         session: SessionId,
+        who: &str,
         op: &TxnOp,
         undo: &mut Option<Vec<Undo>>,
         effects: &mut Vec<Effect>,
@@ -589,6 +712,7 @@ impl StateMachine {
                     .nodes
                     .get(p)
                     .ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                self.security.require(n.acl, Right::Read, who, p)?;
                 check_version(p, n, *version)?;
                 Ok(TxnResult::Checked)
             }
@@ -596,7 +720,7 @@ impl StateMachine {
                 path: p,
                 data,
                 mode,
-            } => self.create(index, session, p, data, *mode, undo, effects),
+            } => self.create(index, session, who, p, data, *mode, undo, effects),
             TxnOp::Delete { path: p, version } => {
                 path::validate(p)?;
                 if p == "/" {
@@ -608,6 +732,11 @@ impl StateMachine {
                     .nodes
                     .get(p)
                     .ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                // A session may always delete its own ephemeral nodes: a lock holder
+                // releases where it may only create.
+                if n.ephemeral_owner != Some(session) {
+                    self.security.require(n.acl, Right::Write, who, p)?;
+                }
                 check_version(p, n, *version)?;
                 if !n.children.is_empty() {
                     return Err(Error::NotEmpty { path: p.clone() });
@@ -646,6 +775,7 @@ impl StateMachine {
                     .nodes
                     .get(p)
                     .ok_or_else(|| Error::NoNode { path: p.clone() })?;
+                self.security.require(n.acl, Right::Write, who, p)?;
                 check_version(p, n, *version)?;
                 self.save(undo, p);
                 let n = self.nodes.get_mut(p).expect("checked above");
@@ -664,6 +794,7 @@ impl StateMachine {
         &mut self,
         index: LogIndex,
         session: SessionId,
+        who: &str,
         p: &str,
         data: &[u8],
         mode: CreateMode,
@@ -680,6 +811,8 @@ impl StateMachine {
         let parent = self.nodes.get(&parent_path).ok_or_else(|| Error::NoNode {
             path: parent_path.clone(),
         })?;
+        self.security
+            .require(parent.acl, Right::Create, who, &parent_path)?;
         if parent.ephemeral_owner.is_some() {
             return Err(Error::EphemeralParent { path: parent_path });
         }
@@ -705,7 +838,10 @@ impl StateMachine {
         parent.children_version += 1;
         parent.children_index = index;
         let owner = mode.ephemeral.then_some(session);
-        let node = Node::new(data.to_vec(), index, owner);
+        // Inherited at create: the parent's ACL.
+        let acl = parent.acl;
+        self.security.retain(acl);
+        let node = Node::new(data.to_vec(), index, owner, acl);
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         if let Some(owner) = owner {

@@ -9,6 +9,15 @@ use wire::Error;
 
 use super::StateMachine;
 
+/// The admin of the states the tests build.
+const ADMIN: &str = "lock://client/admin";
+
+/// A state whose root every identity may use (a development cell's), bootstrapped
+/// without an entry so indexes start at 1.
+fn open_state() -> StateMachine {
+    StateMachine::bootstrapped(&[ADMIN.to_string()], &wire::acl::Acl::everyone())
+}
+
 struct Harness {
     sm: StateMachine,
     index: u64,
@@ -18,7 +27,7 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         Harness {
-            sm: StateMachine::new(),
+            sm: open_state(),
             index: 0,
             next_request: 1,
         }
@@ -1048,7 +1057,7 @@ fn apply_entry(sm: &mut StateMachine, index: u64, e: &Entry) -> Vec<Result<Reply
 /// commands wherever the batch rule admits them), built against a replica that applies
 /// each entry as it is made so the commands name sessions and nodes that exist.
 fn history(actions: &[(Action, usize)]) -> (Vec<Entry>, Vec<Vec<Result<Reply, Error>>>) {
-    let mut sm = StateMachine::new();
+    let mut sm = open_state();
     let mut next_request = 1u64;
     let parents = ["/", "/p", "/p/q"];
     let names = ["a", "b", "p"];
@@ -1171,13 +1180,13 @@ proptest! {
         let (entries, answers) = history(&actions);
         prop_assert!(entries.iter().any(|e| matches!(e, Entry::Batch(_))) || entries.len() < 8);
         let cut = cut.index(entries.len() + 1);
-        let mut whole = StateMachine::new();
+        let mut whole = open_state();
         let mut digests = std::collections::BTreeSet::new();
         for (i, e) in entries.iter().enumerate() {
             prop_assert_eq!(&apply_entry(&mut whole, i as u64 + 1, e), &answers[i]);
             digests.insert((whole.digest(), postcard::to_allocvec(&whole).unwrap()));
         }
-        let mut before = StateMachine::new();
+        let mut before = open_state();
         for (i, e) in entries[..cut].iter().enumerate() {
             apply_entry(&mut before, i as u64 + 1, e);
         }
@@ -1299,4 +1308,528 @@ fn a_session_is_usable_by_its_owner_and_a_proxy_batch_for_clients_only() {
             .unwrap_err(),
         Error::SessionExpired { session: alice }
     );
+}
+
+// ---- ACLs, groups and admins (issue 24, step 3) ----
+
+mod acls {
+    use super::*;
+    use wire::acl::{Acl, Principal, Right};
+
+    const API: &str = "lock://client/payments-api";
+    const WORKER: &str = "lock://client/payments-worker";
+    const OTHER: &str = "lock://client/search";
+
+    fn p(s: &str) -> Principal {
+        Principal::parse(s).unwrap()
+    }
+
+    /// A harness whose root only the admin may use.
+    fn closed() -> Harness {
+        Harness {
+            sm: StateMachine::bootstrapped(&[ADMIN.to_string()], &Acl::admins_only()),
+            index: 0,
+            next_request: 1,
+        }
+    }
+
+    fn session_of(h: &mut Harness, owner: &str) -> u64 {
+        match h
+            .apply(Command::CreateSession {
+                owner: owner.into(),
+            })
+            .0
+        {
+            Ok(Reply::SessionCreated { session, .. }) => session,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn set_acl(h: &mut Harness, by: &str, path: &str, acl: Acl) -> Result<Reply, Error> {
+        h.apply(Command::SetAcl {
+            by: by.into(),
+            path: path.into(),
+            acl,
+        })
+        .0
+    }
+
+    fn denied(path: &str, right: Right, identity: &str) -> Error {
+        Error::Denied {
+            path: path.into(),
+            right,
+            identity: identity.into(),
+        }
+    }
+
+    /// "The payments team may lock under /payments and nobody else may": the admin
+    /// makes /payments and gives the team's group read, create and write; the team
+    /// takes locks (ephemeral sequential children) and releases them; anyone else is
+    /// refused each step with a typed error that changes nothing.
+    #[test]
+    fn the_payments_team_locks_under_payments_and_nobody_else_may() {
+        let mut h = closed();
+        let admin = session_of(&mut h, ADMIN);
+        let api = session_of(&mut h, API);
+        let other = session_of(&mut h, OTHER);
+        // Nobody but the admin may create under the closed root.
+        assert_eq!(
+            h.write(api, create("/payments", b"", false, false)),
+            Err(denied("/", Right::Create, API))
+        );
+        assert!(h.write(admin, create("/payments", b"", false, false)).is_ok());
+        assert_eq!(
+            h.apply(Command::SetGroup {
+                by: ADMIN.into(),
+                name: "payments".into(),
+                members: Some(vec![API.into(), WORKER.into()]),
+            })
+            .0,
+            Ok(Reply::SecurityChanged { index: h.index })
+        );
+        let team = Acl {
+            read: vec![p("group:payments")],
+            write: vec![p("group:payments")],
+            create: vec![p("group:payments")],
+            admin: vec![],
+        };
+        assert!(set_acl(&mut h, ADMIN, "/payments", team.clone()).is_ok());
+        // The team creates the lock's directory; it inherits /payments' ACL.
+        assert!(h.write(api, create("/payments/lock", b"", false, false)).is_ok());
+        assert_eq!(h.sm.acl_of("/payments/lock").unwrap(), &team.clone().canonical());
+        let before = h.sm.digest();
+        let nodes_before = h.sm.nodes.clone();
+        // Another identity cannot queue for the lock, write, delete or read.
+        let lock = create("/payments/lock/l-", b"", true, true);
+        assert_eq!(
+            h.write(other, lock.clone()),
+            Err(denied("/payments/lock", Right::Create, OTHER))
+        );
+        assert_eq!(
+            h.write(other, set("/payments/lock", b"x", None)),
+            Err(denied("/payments/lock", Right::Write, OTHER))
+        );
+        assert_eq!(
+            h.write(other, del("/payments/lock", None)),
+            Err(denied("/payments/lock", Right::Write, OTHER))
+        );
+        assert_eq!(
+            h.sm.check_read(OTHER, "/payments/lock"),
+            Err(denied("/payments/lock", Right::Read, OTHER))
+        );
+        // A denial is remembered like any answer (a retry gets it again), and the
+        // namespace is as it was.
+        assert_eq!(h.sm.nodes, nodes_before);
+        assert_ne!(h.sm.digest(), before, "the denials are remembered");
+        // A team member queues and holds; its node inherits the ACL (no write right
+        // for the worker is needed to release: its own ephemeral).
+        let worker = session_of(&mut h, WORKER);
+        let held = match h.write(worker, lock.clone()) {
+            Ok(Reply::Created { path, .. }) => path,
+            other => panic!("{other:?}"),
+        };
+        assert!(h.sm.check_read(API, &held).is_ok());
+        // Take the write right away from the team on the lock node: the holder still
+        // releases its own ephemeral node, a team member may no longer delete it.
+        let no_write = Acl {
+            write: vec![],
+            ..team.clone()
+        };
+        assert!(set_acl(&mut h, ADMIN, &held, no_write).is_ok());
+        assert_eq!(
+            h.write(api, del(&held, None)),
+            Err(denied(&held, Right::Write, API))
+        );
+        assert_eq!(h.write(worker, del(&held, None)), Ok(Reply::Deleted));
+        h.sm.assert_acl_counts();
+    }
+
+    /// A create inherits its parent's ACL as it is at the create; a later change of the
+    /// parent's ACL does not reach existing children; a group's change reaches every
+    /// node naming the group.
+    #[test]
+    fn rights_are_inherited_at_create_and_groups_apply_everywhere() {
+        let mut h = open_harness();
+        let s = session_of(&mut h, API);
+        assert!(h.write(s, create("/a", b"", false, false)).is_ok());
+        assert!(h.write(s, create("/a/old", b"", false, false)).is_ok());
+        let only_api = Acl {
+            read: vec![p("group:readers")],
+            write: vec![p(API)],
+            create: vec![p(API)],
+            admin: vec![p(API)],
+        };
+        assert!(set_acl(&mut h, API, "/a", only_api.clone()).is_ok());
+        assert!(h.write(s, create("/a/new", b"", false, false)).is_ok());
+        assert_eq!(h.sm.acl_of("/a/old").unwrap(), &Acl::everyone());
+        assert_eq!(h.sm.acl_of("/a/new").unwrap(), &only_api.clone().canonical());
+        // The group does not exist yet: WORKER may not read /a/new.
+        assert!(h.sm.check_read(WORKER, "/a/new").is_err());
+        assert!(h.sm.check_read(WORKER, "/a/old").is_ok());
+        assert!(h
+            .apply(Command::SetGroup {
+                by: ADMIN.into(),
+                name: "readers".into(),
+                members: Some(vec![WORKER.into()]),
+            })
+            .0
+            .is_ok());
+        assert!(h.sm.check_read(WORKER, "/a/new").is_ok());
+        assert!(h.sm.check_read(WORKER, "/a").is_ok());
+        // Only an admin changes groups or admins.
+        assert_eq!(
+            h.apply(Command::SetGroup {
+                by: API.into(),
+                name: "readers".into(),
+                members: None,
+            })
+            .0,
+            Err(Error::NotAdmin {
+                action: "change groups".into(),
+                identity: API.into(),
+            })
+        );
+        assert!(h
+            .apply(Command::SetGroup {
+                by: ADMIN.into(),
+                name: "readers".into(),
+                members: None,
+            })
+            .0
+            .is_ok());
+        assert!(h.sm.check_read(WORKER, "/a/new").is_err());
+        h.sm.assert_acl_counts();
+    }
+
+    fn open_harness() -> Harness {
+        Harness::new()
+    }
+
+    /// Only the admin right on a node changes its ACL (an admin may always); the last
+    /// admin cannot be removed; a bad ACL or identity is refused and changes nothing.
+    #[test]
+    fn who_may_change_acls_groups_and_admins() {
+        let mut h = closed();
+        let admin = session_of(&mut h, ADMIN);
+        assert!(h.write(admin, create("/x", b"", false, false)).is_ok());
+        assert_eq!(
+            set_acl(&mut h, API, "/x", Acl::everyone()),
+            Err(denied("/x", Right::Admin, API))
+        );
+        assert_eq!(
+            set_acl(&mut h, ADMIN, "/nope", Acl::everyone()),
+            Err(Error::NoNode {
+                path: "/nope".into()
+            })
+        );
+        let bad = Acl {
+            read: vec![Principal::Identity("nobody".into())],
+            ..Acl::default()
+        };
+        assert!(matches!(
+            set_acl(&mut h, ADMIN, "/x", bad),
+            Err(Error::BadRequest { .. })
+        ));
+        let give_api_admin = Acl {
+            admin: vec![p(API)],
+            ..Acl::default()
+        };
+        assert!(set_acl(&mut h, ADMIN, "/x", give_api_admin).is_ok());
+        assert!(set_acl(&mut h, API, "/x", Acl::everyone()).is_ok());
+        // Admins.
+        let last = h
+            .apply(Command::SetAdmin {
+                by: ADMIN.into(),
+                identity: ADMIN.into(),
+                admin: false,
+            })
+            .0;
+        assert!(
+            matches!(&last, Err(Error::BadRequest { reason }) if reason.contains("last admin")),
+            "{last:?}"
+        );
+        assert!(matches!(
+            h.apply(Command::SetAdmin {
+                by: API.into(),
+                identity: API.into(),
+                admin: true,
+            })
+            .0,
+            Err(Error::NotAdmin { .. })
+        ));
+        for (identity, admin) in [(API, true), (ADMIN, false)] {
+            assert!(h
+                .apply(Command::SetAdmin {
+                    by: ADMIN.into(),
+                    identity: identity.into(),
+                    admin,
+                })
+                .0
+                .is_ok());
+        }
+        assert!(h.sm.security().is_admin(API) && !h.sm.security().is_admin(ADMIN));
+        let api = session_of(&mut h, API);
+        assert!(h.write(api, create("/by-api", b"", false, false)).is_ok());
+        h.sm.assert_acl_counts();
+    }
+
+    /// Before the bootstrap entry nothing that needs an ACL is decided: a write answers
+    /// `Unavailable` and is not remembered (its retry after the bootstrap applies); a
+    /// second bootstrap changes nothing.
+    #[test]
+    fn nothing_is_decided_before_the_bootstrap_and_it_applies_once() {
+        let mut sm = StateMachine::new();
+        let (r, _) = sm.apply(
+            1,
+            &Command::CreateSession {
+                owner: API.into(),
+            },
+        );
+        let Ok(Reply::SessionCreated { session, .. }) = r else {
+            panic!("{r:?}")
+        };
+        let w = Command::Write {
+            session,
+            request_id: 1,
+            ack_below: 0,
+            ops: vec![create("/a", b"", false, false)],
+            single: true,
+        };
+        assert!(matches!(sm.apply(2, &w).0, Err(Error::Unavailable { .. })));
+        assert!(matches!(
+            sm.check_read(API, "/"),
+            Err(Error::Unavailable { .. })
+        ));
+        let boot = Command::Bootstrap {
+            admins: vec![ADMIN.into()],
+            root_acl: Acl::everyone(),
+        };
+        assert!(sm.apply(3, &boot).0.is_ok());
+        assert!(matches!(sm.apply(4, &w).0, Ok(Reply::Created { .. })));
+        let digest = sm.digest();
+        let other = Command::Bootstrap {
+            admins: vec![API.into()],
+            root_acl: Acl::admins_only(),
+        };
+        assert!(sm.apply(5, &other).0.is_ok());
+        let mut expected = sm.clone();
+        expected.last_index = 4;
+        assert_eq!(expected.digest(), digest, "a second bootstrap changed the state");
+        assert!(sm.security().is_admin(ADMIN) && !sm.security().is_admin(API));
+        // A bootstrap with a bad admin changes nothing and leaves the cell waiting.
+        let mut fresh = StateMachine::new();
+        let bad = Command::Bootstrap {
+            admins: vec!["admin".into()],
+            root_acl: Acl::everyone(),
+        };
+        assert!(matches!(fresh.apply(1, &bad).0, Err(Error::BadRequest { .. })));
+        assert!(!fresh.security().bootstrapped());
+    }
+
+    /// A transaction denied part-way rolls back whole, ACL counts included; ACLs,
+    /// groups and admins survive a snapshot (the state's encoding) byte for byte.
+    #[test]
+    fn a_denied_transaction_rolls_back_and_acls_survive_a_snapshot() {
+        let mut h = open_harness();
+        let s = session_of(&mut h, API);
+        assert!(h.write(s, create("/open", b"", false, false)).is_ok());
+        assert!(h.write(s, create("/shut", b"", false, false)).is_ok());
+        assert!(set_acl(
+            &mut h,
+            API,
+            "/shut",
+            Acl {
+                read: vec![p(API)],
+                ..Acl::default()
+            }
+        )
+        .is_ok());
+        let nodes = h.sm.nodes.clone();
+        let counts = h.sm.security().counts();
+        h.index += 1;
+        let (r, effects) = h.sm.apply(
+            h.index,
+            &Command::Write {
+                session: s,
+                request_id: 99,
+                ack_below: 0,
+                ops: vec![
+                    create("/open/a", b"", false, false),
+                    create("/open/b", b"", true, false),
+                    del("/open/a", None),
+                    create("/shut/c", b"", false, false),
+                ],
+                single: false,
+            },
+        );
+        assert_eq!(
+            r,
+            Err(Error::TxnFailed {
+                index: 3,
+                error: Box::new(denied("/shut", Right::Create, API)),
+            })
+        );
+        assert!(effects.is_empty());
+        assert_eq!(h.sm.nodes, nodes);
+        assert_eq!(h.sm.security().counts(), counts);
+        assert!(h.sm.session(s).unwrap().ephemerals.is_empty());
+        h.sm.assert_acl_counts();
+        // Through a snapshot.
+        assert!(h
+            .apply(Command::SetGroup {
+                by: ADMIN.into(),
+                name: "g".into(),
+                members: Some(vec![WORKER.into()]),
+            })
+            .0
+            .is_ok());
+        let bytes = postcard::to_allocvec(&h.sm).unwrap();
+        let back: StateMachine = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, h.sm);
+        assert_eq!(back.digest(), h.sm.digest());
+        assert_eq!(back.acl_of("/shut").unwrap(), h.sm.acl_of("/shut").unwrap());
+        assert!(back.check_read(WORKER, "/shut").is_err());
+        assert!(back.check_read(API, "/shut").is_ok());
+        // The digest tells ACLs apart.
+        let mut other = h.sm.clone();
+        assert!(other
+            .apply(
+                h.index + 1,
+                &Command::SetAcl {
+                    by: ADMIN.into(),
+                    path: "/open".into(),
+                    acl: Acl::admins_only(),
+                },
+            )
+            .0
+            .is_ok());
+        other.last_index = h.sm.last_index;
+        assert_ne!(other.digest(), h.sm.digest());
+    }
+
+    #[derive(Debug, Clone)]
+    enum AclAction {
+        Create(u8, bool),
+        Delete(u8),
+        SetAcl(u8, u8),
+        Txn(Vec<(u8, bool)>),
+    }
+
+    fn acl_action() -> impl Strategy<Value = AclAction> {
+        prop_oneof![
+            (0u8..12, any::<bool>()).prop_map(|(n, e)| AclAction::Create(n, e)),
+            (0u8..12).prop_map(AclAction::Delete),
+            (0u8..12, 0u8..4).prop_map(|(n, a)| AclAction::SetAcl(n, a)),
+            proptest::collection::vec((0u8..12, any::<bool>()), 1..5).prop_map(AclAction::Txn),
+        ]
+    }
+
+    /// Nodes `/n0`..`/n3` at the top, the rest under them: `/n{k%4}/n{k}`.
+    fn node_path(k: u8) -> String {
+        if k < 4 {
+            format!("/n{k}")
+        } else {
+            format!("/n{}/n{k}", k % 4)
+        }
+    }
+
+    fn acl_choice(a: u8) -> Acl {
+        match a {
+            0 => Acl::everyone(),
+            1 => Acl::admins_only(),
+            2 => Acl {
+                read: vec![p(API)],
+                create: vec![p(API)],
+                ..Acl::default()
+            },
+            _ => Acl {
+                write: vec![p("group:g")],
+                create: vec![p("lock://client/payments-*")],
+                ..Acl::default()
+            },
+        }
+    }
+
+    proptest! {
+        /// Over random creates, deletes, ACL changes and transactions (some denied,
+        /// some failing part-way), the ACL table counts exactly the nodes using each
+        /// ACL, an ACL no node uses is gone, and a write is allowed exactly when the
+        /// ACL of its node (or parent) in the state it applies to grants it.
+        #[test]
+        fn the_acl_table_counts_its_nodes_and_every_write_obeys_the_acl_it_met(
+            actions in proptest::collection::vec(acl_action(), 1..60)
+        ) {
+            let mut h = open_harness();
+            let s = session_of(&mut h, API);
+            for a in actions {
+                match a {
+                    AclAction::Create(k, eph) => {
+                        let path = node_path(k);
+                        let parent = wire::path::parent(&path).to_string();
+                        let allowed = h.sm.node(&parent).map(|n| {
+                            h.sm.security().allows(n.acl, Right::Create, API)
+                        });
+                        let r = h.write(s, create(&path, b"", eph, false));
+                        if allowed == Some(false) {
+                            prop_assert_eq!(r, Err(denied(&parent, Right::Create, API)));
+                        } else if r.is_ok() {
+                            prop_assert_eq!(allowed, Some(true));
+                            prop_assert_eq!(
+                                h.sm.node(&path).unwrap().acl,
+                                h.sm.node(&parent).unwrap().acl
+                            );
+                        }
+                    }
+                    AclAction::Delete(k) => {
+                        let path = node_path(k);
+                        let own = h.sm.node(&path).is_some_and(|n| n.ephemeral_owner == Some(s));
+                        let allowed = h.sm.node(&path).map(|n| {
+                            own || h.sm.security().allows(n.acl, Right::Write, API)
+                        });
+                        let r = h.write(s, del(&path, None));
+                        if allowed == Some(false) {
+                            prop_assert_eq!(r, Err(denied(&path, Right::Write, API)));
+                        } else if r.is_ok() {
+                            prop_assert_eq!(allowed, Some(true));
+                        }
+                    }
+                    AclAction::SetAcl(k, a) => {
+                        let _ = set_acl(&mut h, ADMIN, &node_path(k), acl_choice(a));
+                    }
+                    AclAction::Txn(ops) => {
+                        let before = (h.sm.nodes.clone(), h.sm.security().counts());
+                        let ops: Vec<TxnOp> = ops
+                            .into_iter()
+                            .map(|(k, c)| {
+                                if c {
+                                    create(&node_path(k), b"", false, false)
+                                } else {
+                                    del(&node_path(k), None)
+                                }
+                            })
+                            .collect();
+                        h.index += 1;
+                        let request_id = h.next_request;
+                        h.next_request += 1;
+                        let (r, _) = h.sm.apply(
+                            h.index,
+                            &Command::Write {
+                                session: s,
+                                request_id,
+                                ack_below: 0,
+                                ops,
+                                single: false,
+                            },
+                        );
+                        if r.is_err() {
+                            prop_assert_eq!(&h.sm.nodes, &before.0);
+                            prop_assert_eq!(h.sm.security().counts(), before.1);
+                        }
+                    }
+                }
+                h.sm.assert_acl_counts();
+                prop_assert!(h.sm.security().counts().values().all(|n| *n > 0));
+            }
+        }
+    }
 }

@@ -32,6 +32,8 @@ pub struct Opts {
     pub request_timeout_ms: u64,
     /// `faults.snapshot_build_delay_ms` of every replica.
     pub snapshot_build_delay_ms: u64,
+    /// Admins and the root's ACL (default: the dev client is the admin, the root open).
+    pub security: replica::config::SecurityConfig,
 }
 
 impl Default for Opts {
@@ -43,6 +45,7 @@ impl Default for Opts {
             raft: RaftConfig::default(),
             request_timeout_ms: 5_000,
             snapshot_build_delay_ms: 0,
+            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         }
     }
 }
@@ -112,6 +115,7 @@ impl TestCell {
             faults: replica::config::FaultsConfig {
                 snapshot_build_delay_ms: self.opts.snapshot_build_delay_ms,
             },
+            security: self.opts.security.clone(),
         };
         let path = self.dir.path().join(format!("replica-{id}.toml"));
         std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");

@@ -308,6 +308,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             request_timeout_ms: 5_000,
             limits: Default::default(),
             faults: Default::default(),
+            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         };
         cfg.validate()?;
         let slot = Arc::new(Mutex::new(Slot {

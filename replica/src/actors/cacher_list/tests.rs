@@ -12,7 +12,13 @@ use crate::raft::sm_store::SmState;
 /// A state holding one session from an earlier leader that has cached reads; returns
 /// it, the session and the last applied index.
 fn state_with_old_cacher() -> (SharedState, SessionId, u64) {
-    let mut s = SmState::default();
+    let mut s = SmState {
+        sm: crate::state_machine::StateMachine::bootstrapped(
+            &["lock://client/test".into()],
+            &wire::acl::Acl::everyone(),
+        ),
+        ..SmState::default()
+    };
     let session = match s
         .sm
         .apply(

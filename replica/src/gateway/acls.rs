@@ -1,0 +1,76 @@
+//! ACLs, groups and admins: reads of them, and the commands that change them (checked at
+//! apply, against the state they apply to; see `state_machine::security`).
+
+use super::*;
+
+impl Gateway {
+    /// A node's ACL, for an identity that may read the node or administer it.
+    pub(super) async fn get_acl(&self, me: &Acting, p: &str) -> Response {
+        path::validate(p)?;
+        self.gate.confirm().await?;
+        let s = self.state.read().expect("state lock");
+        let acl = s.sm.acl_of(p)?.clone();
+        if s.sm.check_read(&me.identity, p).is_err() {
+            s.sm
+                .check_right(&me.identity, p, wire::acl::Right::Admin)?;
+        }
+        Ok(Reply::Acl {
+            acl,
+            index: s.sm.last_index(),
+        })
+    }
+
+    /// The admins and groups (any identity may read them).
+    pub(super) async fn security(&self) -> Response {
+        self.gate.confirm().await?;
+        let s = self.state.read().expect("state lock");
+        let sec = s.sm.security();
+        sec.check_bootstrapped()?;
+        Ok(Reply::Security {
+            admins: sec.admins().cloned().collect(),
+            groups: sec
+                .groups()
+                .map(|(g, m)| (g.clone(), m.iter().cloned().collect()))
+                .collect(),
+            index: s.sm.last_index(),
+        })
+    }
+
+    /// Replaces a node's ACL: held like a write to the node, so cached copies are dropped
+    /// before it commits (a cache must not go on serving a node to an identity the new
+    /// ACL no longer lets read it).
+    pub(super) async fn set_acl(&self, me: &Acting, p: String, acl: wire::acl::Acl) -> Response {
+        path::validate(&p)?;
+        acl.check().map_err(|reason| Error::BadRequest { reason })?;
+        // Refused early when the state already says no; decided at apply.
+        self.state
+            .read()
+            .expect("state lock")
+            .sm
+            .check_right(&me.identity, &p, wire::acl::Right::Admin)?;
+        let cmd = Command::SetAcl {
+            by: me.identity.clone(),
+            path: p.clone(),
+            acl,
+        };
+        self.propose_held(vec![p], cmd).await
+    }
+
+    /// A group or admin change: admins only, decided at apply.
+    pub(super) async fn change_security(&self, cmd: Command) -> Response {
+        match &cmd {
+            Command::SetGroup {
+                name,
+                members: Some(m),
+                ..
+            } => wire::acl::check_members(name, m),
+            Command::SetGroup { name, .. } => wire::acl::check_group_name(name),
+            Command::SetAdmin { identity, .. } => {
+                wire::identity::Identity::parse(identity).map(|_| ())
+            }
+            _ => Ok(()),
+        }
+        .map_err(|reason| Error::BadRequest { reason })?;
+        self.propose(cmd).await
+    }
+}
