@@ -38,7 +38,7 @@ mod session;
 mod watch;
 
 pub use cache::CacheStats;
-pub use client::{Client, ClientConfig, SESSIONS_PER_CLIENT_MAX};
+pub use client::{Client, ClientConfig, Security, SESSIONS_PER_CLIENT_MAX};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
 pub use session::{Created, Session, SessionEvent, SessionState};
 pub use watch::Watch;

@@ -4,6 +4,7 @@
 //!   and stops them cleanly on Ctrl-C.
 //! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
 
+mod acl;
 mod certs;
 mod dev;
 mod fenced;
@@ -192,6 +193,9 @@ enum Command {
     /// Make a CA and certificates with identities for replicas, proxies and clients.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Show and change who may do what: nodes' ACLs, groups, the cell's admins.
+    #[command(subcommand)]
+    Acl(acl::AclCommand),
     /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
     #[command(hide = true)]
     Proxy {
@@ -595,6 +599,7 @@ async fn command(
             }
             Ok(())
         }
+        Command::Acl(cmd) => acl::run(&client, cmd).await,
         Command::Dev(_)
         | Command::Certs(_)
         | Command::Proxy { .. }

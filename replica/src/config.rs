@@ -378,8 +378,15 @@ initial_admins = ["lock://client/ops"]
         assert_eq!(c.session.lease_ms, 6000);
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.advertised(), "127.0.0.1:7002");
-        assert_eq!(c.security.initial_admins, vec!["lock://client/ops".to_string()]);
-        assert_eq!(c.security.root_acl, RootAcl::Admins, "the secure root by default");
+        assert_eq!(
+            c.security.initial_admins,
+            vec!["lock://client/ops".to_string()]
+        );
+        assert_eq!(
+            c.security.root_acl,
+            RootAcl::Admins,
+            "the secure root by default"
+        );
         let mut bad = c.clone();
         bad.session.lease_ms = 900;
         assert!(bad.validate().is_err());
@@ -387,7 +394,10 @@ initial_admins = ["lock://client/ops"]
         let mut bad = c.clone();
         bad.security.initial_admins.clear();
         let e = bad.validate().unwrap_err().to_string();
-        assert!(e.contains("initial_admins") && e.contains("everyone"), "{e}");
+        assert!(
+            e.contains("initial_admins") && e.contains("everyone"),
+            "{e}"
+        );
         bad.security.root_acl = RootAcl::Everyone;
         bad.validate().unwrap();
         // An admin that is not an identity, or not in canonical form.

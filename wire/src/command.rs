@@ -204,11 +204,7 @@ impl Command {
             Command::SetGroup { by, name, members } => {
                 32 + by.len()
                     + name.len()
-                    + members
-                        .iter()
-                        .flatten()
-                        .map(|m| 1 + m.len())
-                        .sum::<usize>()
+                    + members.iter().flatten().map(|m| 1 + m.len()).sum::<usize>()
             }
             Command::SetAdmin { by, identity, .. } => 32 + by.len() + identity.len(),
             Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),

@@ -714,6 +714,85 @@ impl Client {
             other => Err(unexpected(&other)),
         }
     }
+
+    /// A node's ACL (linearizable; needs the read or the admin right on the node).
+    pub async fn get_acl(&self, path: &str) -> Result<wire::acl::Acl, Error> {
+        wire::path::validate(path)?;
+        match self.request(Op::GetAcl { path: path.into() }).await? {
+            Reply::Acl { acl, .. } => Ok(acl),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Replaces a node's ACL (needs the admin right on it, or to be a cell admin);
+    /// returns the log index it applied at. Children created later inherit it; existing
+    /// ones keep theirs.
+    pub async fn set_acl(&self, path: &str, acl: wire::acl::Acl) -> Result<u64, Error> {
+        wire::path::validate(path)?;
+        acl.check().map_err(|reason| Error::BadRequest { reason })?;
+        changed(
+            self.request(Op::SetAcl {
+                path: path.into(),
+                acl,
+            })
+            .await?,
+        )
+    }
+
+    /// The cell's admins and its groups with their members, in name order.
+    pub async fn security(&self) -> Result<Security, Error> {
+        match self.request(Op::Security).await? {
+            Reply::Security { admins, groups, .. } => Ok(Security { admins, groups }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates or replaces a group (cell admins only); returns the log index.
+    pub async fn set_group(&self, name: &str, members: Vec<String>) -> Result<u64, Error> {
+        wire::acl::check_members(name, &members).map_err(|reason| Error::BadRequest { reason })?;
+        changed(
+            self.request(Op::SetGroup {
+                name: name.into(),
+                members,
+            })
+            .await?,
+        )
+    }
+
+    /// Removes a group (cell admins only); returns the log index.
+    pub async fn remove_group(&self, name: &str) -> Result<u64, Error> {
+        wire::acl::check_group_name(name).map_err(|reason| Error::BadRequest { reason })?;
+        changed(self.request(Op::RemoveGroup { name: name.into() }).await?)
+    }
+
+    /// Adds (`admin`) or removes a cell admin (cell admins only; the last one stays);
+    /// returns the log index.
+    pub async fn set_admin(&self, identity: &str, admin: bool) -> Result<u64, Error> {
+        wire::identity::Identity::parse(identity).map_err(|reason| Error::BadRequest { reason })?;
+        changed(
+            self.request(Op::SetAdmin {
+                identity: identity.into(),
+                admin,
+            })
+            .await?,
+        )
+    }
+}
+
+/// The cell's admins and groups ([`Client::security`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Security {
+    /// Identities that pass every ACL and may change ACLs, groups and admins.
+    pub admins: Vec<String>,
+    /// Each group's name and members, in name order.
+    pub groups: Vec<(String, Vec<String>)>,
+}
+
+fn changed(r: Reply) -> Result<u64, Error> {
+    match r {
+        Reply::SecurityChanged { index } => Ok(index),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// A request outside any session (status, membership).

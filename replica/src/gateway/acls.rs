@@ -10,9 +10,10 @@ impl Gateway {
         self.gate.confirm().await?;
         let s = self.state.read().expect("state lock");
         let acl = s.sm.acl_of(p)?.clone();
-        if s.sm.check_read(&me.identity, p).is_err() {
-            s.sm
-                .check_right(&me.identity, p, wire::acl::Right::Admin)?;
+        if let Err(read) = s.sm.check_read(&me.identity, p) {
+            // The admin right shows it too; refused, the read right is what is named.
+            s.sm.check_right(&me.identity, p, wire::acl::Right::Admin)
+                .map_err(|_| read)?;
         }
         Ok(Reply::Acl {
             acl,
@@ -43,11 +44,11 @@ impl Gateway {
         path::validate(&p)?;
         acl.check().map_err(|reason| Error::BadRequest { reason })?;
         // Refused early when the state already says no; decided at apply.
-        self.state
-            .read()
-            .expect("state lock")
-            .sm
-            .check_right(&me.identity, &p, wire::acl::Right::Admin)?;
+        self.state.read().expect("state lock").sm.check_right(
+            &me.identity,
+            &p,
+            wire::acl::Right::Admin,
+        )?;
         let cmd = Command::SetAcl {
             by: me.identity.clone(),
             path: p.clone(),

@@ -183,10 +183,9 @@ impl StateMachine {
     /// A node's ACL.
     pub fn acl_of(&self, p: &str) -> Result<&wire::acl::Acl, Error> {
         path::validate(p)?;
-        let n = self
-            .nodes
-            .get(p)
-            .ok_or_else(|| Error::NoNode { path: p.to_string() })?;
+        let n = self.nodes.get(p).ok_or_else(|| Error::NoNode {
+            path: p.to_string(),
+        })?;
         Ok(self.security.acl(n.acl))
     }
 

@@ -108,7 +108,11 @@ impl Security {
 
     /// The ACL behind `id`.
     pub fn acl(&self, id: AclId) -> &Acl {
-        &self.acls.get(&id).expect("a node's ACL is in the table").acl
+        &self
+            .acls
+            .get(&id)
+            .expect("a node's ACL is in the table")
+            .acl
     }
 
     /// Whether `identity` holds `right` on a node whose ACL is `id`: an admin always
@@ -128,7 +132,13 @@ impl Security {
 
     /// [`Security::allows`], as the error a client sees: `Unavailable` before the
     /// bootstrap, `Denied { path, right, identity }` when not allowed.
-    pub fn require(&self, id: AclId, right: Right, identity: &str, path: &str) -> Result<(), Error> {
+    pub fn require(
+        &self,
+        id: AclId,
+        right: Right,
+        identity: &str,
+        path: &str,
+    ) -> Result<(), Error> {
         self.check_bootstrapped()?;
         if self.allows(id, right, identity) {
             Ok(())
@@ -200,7 +210,12 @@ impl Security {
     /// Applies the bootstrap: `admins` and the root's ACL (the root node's id is
     /// `root`); returns the root's new id. A second bootstrap changes nothing and returns
     /// `root`.
-    pub fn bootstrap(&mut self, root: AclId, admins: &[String], root_acl: &Acl) -> Result<AclId, Error> {
+    pub fn bootstrap(
+        &mut self,
+        root: AclId,
+        admins: &[String],
+        root_acl: &Acl,
+    ) -> Result<AclId, Error> {
         if self.bootstrapped {
             return Ok(root);
         }
@@ -216,7 +231,12 @@ impl Security {
     }
 
     /// Replaces (`Some`) or removes (`None`) a group, if `by` is an admin.
-    pub fn set_group(&mut self, by: &str, name: &str, members: Option<&[String]>) -> Result<(), Error> {
+    pub fn set_group(
+        &mut self,
+        by: &str,
+        name: &str,
+        members: Option<&[String]>,
+    ) -> Result<(), Error> {
         self.require_admin(by, "change groups")?;
         match members {
             Some(m) => {

@@ -1377,7 +1377,9 @@ mod acls {
             h.write(api, create("/payments", b"", false, false)),
             Err(denied("/", Right::Create, API))
         );
-        assert!(h.write(admin, create("/payments", b"", false, false)).is_ok());
+        assert!(h
+            .write(admin, create("/payments", b"", false, false))
+            .is_ok());
         assert_eq!(
             h.apply(Command::SetGroup {
                 by: ADMIN.into(),
@@ -1395,8 +1397,13 @@ mod acls {
         };
         assert!(set_acl(&mut h, ADMIN, "/payments", team.clone()).is_ok());
         // The team creates the lock's directory; it inherits /payments' ACL.
-        assert!(h.write(api, create("/payments/lock", b"", false, false)).is_ok());
-        assert_eq!(h.sm.acl_of("/payments/lock").unwrap(), &team.clone().canonical());
+        assert!(h
+            .write(api, create("/payments/lock", b"", false, false))
+            .is_ok());
+        assert_eq!(
+            h.sm.acl_of("/payments/lock").unwrap(),
+            &team.clone().canonical()
+        );
         let before = h.sm.digest();
         let nodes_before = h.sm.nodes.clone();
         // Another identity cannot queue for the lock, write, delete or read.
@@ -1462,7 +1469,10 @@ mod acls {
         assert!(set_acl(&mut h, API, "/a", only_api.clone()).is_ok());
         assert!(h.write(s, create("/a/new", b"", false, false)).is_ok());
         assert_eq!(h.sm.acl_of("/a/old").unwrap(), &Acl::everyone());
-        assert_eq!(h.sm.acl_of("/a/new").unwrap(), &only_api.clone().canonical());
+        assert_eq!(
+            h.sm.acl_of("/a/new").unwrap(),
+            &only_api.clone().canonical()
+        );
         // The group does not exist yet: WORKER may not read /a/new.
         assert!(h.sm.check_read(WORKER, "/a/new").is_err());
         assert!(h.sm.check_read(WORKER, "/a/old").is_ok());
@@ -1579,12 +1589,7 @@ mod acls {
     #[test]
     fn nothing_is_decided_before_the_bootstrap_and_it_applies_once() {
         let mut sm = StateMachine::new();
-        let (r, _) = sm.apply(
-            1,
-            &Command::CreateSession {
-                owner: API.into(),
-            },
-        );
+        let (r, _) = sm.apply(1, &Command::CreateSession { owner: API.into() });
         let Ok(Reply::SessionCreated { session, .. }) = r else {
             panic!("{r:?}")
         };
@@ -1614,7 +1619,11 @@ mod acls {
         assert!(sm.apply(5, &other).0.is_ok());
         let mut expected = sm.clone();
         expected.last_index = 4;
-        assert_eq!(expected.digest(), digest, "a second bootstrap changed the state");
+        assert_eq!(
+            expected.digest(),
+            digest,
+            "a second bootstrap changed the state"
+        );
         assert!(sm.security().is_admin(ADMIN) && !sm.security().is_admin(API));
         // A bootstrap with a bad admin changes nothing and leaves the cell waiting.
         let mut fresh = StateMachine::new();
@@ -1622,7 +1631,10 @@ mod acls {
             admins: vec!["admin".into()],
             root_acl: Acl::everyone(),
         };
-        assert!(matches!(fresh.apply(1, &bad).0, Err(Error::BadRequest { .. })));
+        assert!(matches!(
+            fresh.apply(1, &bad).0,
+            Err(Error::BadRequest { .. })
+        ));
         assert!(!fresh.security().bootstrapped());
     }
 
