@@ -1004,6 +1004,83 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
         "{}",
         text(&o)
     );
+
+    // ACLs with lockctl on this production cell: only its admin (the payments-api
+    // client) may use the root; it gives /payments to the payments group and lets
+    // another identity queue (create) there, not read or write.
+    let o = issue(&["--role", "client", "--name", "search", "--out", "other"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let admin = |args: &[&str]| lockctl(&addr, &p("app/ca.pem"), args);
+    let other = |args: &[&str]| lockctl(&addr, &p("other/ca.pem"), args);
+    let o = other(&["create", "/payments"]);
+    assert!(
+        !o.status.success() && text(&o).contains("may not create /"),
+        "{}",
+        text(&o)
+    );
+    for args in [
+        &["create", "/payments"][..],
+        &[
+            "acl",
+            "group",
+            "set",
+            "payments",
+            "lock://client/payments-api",
+        ],
+        &[
+            "acl",
+            "set",
+            "/payments",
+            "--read",
+            "group:payments",
+            "--create",
+            "group:payments,lock://client/search",
+        ],
+    ] {
+        let o = admin(args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    }
+    let o = admin(&["acl", "get", "/payments"]);
+    let s = text(&o);
+    assert!(o.status.success(), "{s}");
+    for line in [
+        "read:   group:payments",
+        "write:  (admins only)",
+        "create: lock://client/search, group:payments",
+    ] {
+        assert!(s.contains(line), "{line:?} in {s}");
+    }
+    let o = admin(&["acl", "ls"]);
+    let s = text(&o);
+    assert!(
+        s.contains("admins: lock://client/payments-api")
+            && s.contains("group:payments: lock://client/payments-api"),
+        "{s}"
+    );
+    let o = other(&["create", "/payments/q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (args, says) in [
+        (&["get", "/payments"][..], "may not read /payments"),
+        (&["set", "/payments", "v"][..], "may not write /payments"),
+        (
+            &["acl", "admins", "add", "lock://client/search"][..],
+            "only a cell admin",
+        ),
+        (&["snapshot"][..], "only a cell admin"),
+    ] {
+        let o = other(args);
+        assert!(
+            !o.status.success() && text(&o).contains(says),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = admin(&["acl", "set", "/payments", "--read", "nobody"]);
+    assert!(
+        !o.status.success() && text(&o).contains("--read"),
+        "{}",
+        text(&o)
+    );
     if let Some(mut c) = replica.0.take() {
         let _ = c.kill();
         let _ = c.wait();

@@ -341,7 +341,7 @@ impl Proxy {
             Op::Events => Err(Error::BadRequest {
                 reason: "Events needs its own stream".into(),
             }),
-            Op::CachedGet { path } => self.cached_get(req.session, path).await,
+            Op::CachedGet { path } => self.cached_get(me, req.session, path).await,
             Op::AckInvalidations { ids } => {
                 for (session, ids) in self.own_acks(me, vec![(req.session, ids)])? {
                     let acks = self.hub.ack(session, &ids);
@@ -360,7 +360,7 @@ impl Proxy {
             }
             Op::Get { watch: true, .. }
             | Op::Exists { watch: true, .. }
-            | Op::Children { watch: true, .. } => self.watched_read(req.session, req.op).await,
+            | Op::Children { watch: true, .. } => self.watched_read(me, req.session, req.op).await,
             Op::Rewatch { watches } => self.rewatch(me, req.session, watches).await,
             Op::CloseSession => {
                 counters.upstream_writes.fetch_add(1, Ordering::Relaxed);
@@ -515,29 +515,33 @@ impl Proxy {
         Ok(mine)
     }
 
-    async fn cached_get(&self, session: u64, p: String) -> Response {
+    /// A cached read for the client `me`: from the proxy's cache if the leader answered
+    /// `me` a read of this copy of the node, else upstream, forwarded for `me` (the
+    /// node's ACL decides) under the proxy's own session.
+    async fn cached_get(&self, me: &str, session: u64, p: String) -> Response {
         path::validate(&p)?;
-        let snap = match self.hub.cache_lookup(session, &p) {
+        let snap = match self.hub.cache_lookup(session, me, &p) {
             Ok(hit) => return Ok(hit),
             Err(snap) => snap,
         };
-        match self.up.cached_read(&p).await? {
+        match self.up.cached_read(me, &p).await? {
             Reply::CachedData {
                 value,
                 index,
                 cachable,
             } => Ok(self
                 .hub
-                .cache_fill(session, &p, snap, value, index, cachable)),
+                .cache_fill(session, me, &p, snap, value, index, cachable)),
             other => Err(Error::Internal {
                 reason: format!("unexpected answer to CachedGet: {other:?}"),
             }),
         }
     }
 
-    /// A watched read: sent upstream under the proxy's session (one upstream watch per
-    /// node and kind), the client's watch kept here at the index its read reflects.
-    async fn watched_read(&self, session: u64, op: Op) -> Response {
+    /// A watched read: sent upstream under the proxy's session, forwarded for the client
+    /// `me` (its read right is checked there; one upstream watch per node and kind), the
+    /// client's watch kept here at the index its read reflects.
+    async fn watched_read(&self, me: &str, session: u64, op: Op) -> Response {
         let p = match &op {
             Op::Get { path, .. } | Op::Exists { path, .. } | Op::Children { path, .. } => {
                 path.clone()
@@ -550,7 +554,7 @@ impl Proxy {
             .counters
             .upstream_reads
             .fetch_add(1, Ordering::Relaxed);
-        let reply = self.up.own(op).await?;
+        let reply = self.up.own_for(me, op).await?;
         let Some((kind, index)) = reply.armed_watch() else {
             return Err(Error::Internal {
                 reason: format!("unexpected answer to a watched read: {reply:?}"),
@@ -563,7 +567,8 @@ impl Proxy {
     }
 
     /// A client re-arms its watches (after its stream reconnected): re-armed upstream
-    /// under the proxy's session; those that fire are answered to this client only.
+    /// under the proxy's session, forwarded for the client (its read right on each node
+    /// is checked there); those that fire are answered to this client only.
     async fn rewatch(
         &self,
         me: &str,
@@ -579,9 +584,12 @@ impl Proxy {
         let snap = self.hub.watch_snapshot();
         let fired = match self
             .up
-            .own(Op::Rewatch {
-                watches: watches.clone(),
-            })
+            .own_for(
+                me,
+                Op::Rewatch {
+                    watches: watches.clone(),
+                },
+            )
             .await?
         {
             Reply::Rewatched { fired } => fired,

@@ -48,10 +48,13 @@ pub struct Upstream {
     flushed_ahead: Mutex<Option<Instant>>,
     /// When the last batch the leader renewed in full was sent.
     batch_ok_sent: Mutex<Option<Instant>>,
-    /// Cached reads waiting for the next upstream read of their node, by node (an entry
-    /// exists while a task is reading that node for its waiters).
-    read_rounds: Mutex<HashMap<String, Vec<oneshot::Sender<Response>>>>,
+    /// Cached reads waiting for the next upstream read of their node, by node and client
+    /// identity (an entry exists while a task is reading that node for its waiters).
+    read_rounds: Mutex<HashMap<RoundKey, Vec<oneshot::Sender<Response>>>>,
 }
+
+/// A node and the client identity its upstream read is forwarded for.
+type RoundKey = (String, String);
 
 fn unavailable(reason: &str) -> Error {
     Error::Unavailable {
@@ -169,37 +172,41 @@ impl Upstream {
     /// own would have been). After an invalidation or a fail-over flush, thousands of
     /// clients re-read the same few nodes at once; this sends one or two reads per node
     /// instead of one per client (each of which the leader had to confirm as leader).
-    pub async fn cached_read(self: &Arc<Self>, path: &str) -> Response {
+    ///
+    /// Each read is forwarded for one client identity (the node's ACL decides at the
+    /// leader), so rounds are shared only by clients of the same identity.
+    pub async fn cached_read(self: &Arc<Self>, identity: &str, path: &str) -> Response {
         let (tx, rx) = oneshot::channel();
+        let key = (path.to_string(), identity.to_string());
         let start = {
             let mut rounds = self.read_rounds.lock().expect("read rounds");
-            match rounds.get_mut(path) {
+            match rounds.get_mut(&key) {
                 Some(next) => {
                     next.push(tx);
                     false
                 }
                 None => {
-                    rounds.insert(path.to_string(), vec![tx]);
+                    rounds.insert(key.clone(), vec![tx]);
                     true
                 }
             }
         };
         if start {
             // In its own task: a client that stops waiting must not strand the others.
-            wire::rt::spawn(self.clone().read_rounds_of(path.to_string()));
+            wire::rt::spawn(self.clone().read_rounds_of(key));
         }
         rx.await
             .unwrap_or_else(|_| Err(unavailable("the proxy stopped reading upstream")))
     }
 
     /// Serves rounds of reads of `path` until nobody waits for the next one.
-    async fn read_rounds_of(self: Arc<Self>, path: String) {
+    async fn read_rounds_of(self: Arc<Self>, key: (String, String)) {
         // Should this task end any other way (a panic), its node's waiters are answered
         // with an error and the next reader starts a new task, instead of joining a round
         // nobody serves.
         struct Rounds<'a> {
             up: &'a Upstream,
-            path: &'a str,
+            key: &'a (String, String),
             ended: bool,
         }
         impl Drop for Rounds<'_> {
@@ -207,26 +214,23 @@ impl Upstream {
                 if !self.ended {
                     let rounds = &self.up.read_rounds;
                     let mut rounds = rounds.lock().unwrap_or_else(|e| e.into_inner());
-                    rounds.remove(self.path);
+                    rounds.remove(self.key);
                 }
             }
         }
         let mut guard = Rounds {
             up: &self,
-            path: &path,
+            key: &key,
             ended: false,
         };
         loop {
             let round = {
                 let mut rounds = self.read_rounds.lock().expect("read rounds");
-                let round = rounds
-                    .get_mut(&path)
-                    .map(std::mem::take)
-                    .unwrap_or_default();
+                let round = rounds.get_mut(&key).map(std::mem::take).unwrap_or_default();
                 if round.is_empty() {
                     // Removed under the lock: a reader arriving after it starts a new task
                     // (whose entry this task must not touch on its way out).
-                    rounds.remove(&path);
+                    rounds.remove(&key);
                     guard.ended = true;
                     return;
                 }
@@ -236,7 +240,10 @@ impl Upstream {
                 .counters
                 .upstream_reads
                 .fetch_add(1, Ordering::Relaxed);
-            let r = self.own(Op::CachedGet { path: path.clone() }).await;
+            let (path, identity) = &key;
+            let r = self
+                .own_for(identity, Op::CachedGet { path: path.clone() })
+                .await;
             for tx in round {
                 let _ = tx.send(r.clone());
             }
@@ -253,6 +260,17 @@ impl Upstream {
             tracing::warn!(session, "the proxy's session is over; opening a new one");
             self.hub.set_own_session(None);
         }
+    }
+
+    /// A read under the proxy's own session forwarded for the client `identity`: the
+    /// replica checks the client's read right, and lets a proxy read under its own
+    /// session for it (cached reads the proxy serves, watches it relays).
+    pub async fn own_for(&self, identity: &str, op: Op) -> Response {
+        self.own(Op::Forwarded {
+            identity: identity.to_string(),
+            op: Box::new(op),
+        })
+        .await
     }
 
     /// A request under the proxy's own session.

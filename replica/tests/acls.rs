@@ -237,6 +237,27 @@ fn acls_decide_at_every_replica_and_survive_snapshots_restarts_and_learners() {
         assert!(search.children("/payments/lock").await.is_err());
         held.release().await.unwrap();
 
+        // Membership and snapshots are the admins'.
+        for (op, action) in [
+            (
+                Op::AddLearner {
+                    id: 9,
+                    addr: "127.0.0.1:9".into(),
+                },
+                "change the cell's membership",
+            ),
+            (Op::RemoveMember { id: 1 }, "change the cell's membership"),
+            (Op::Snapshot, "make a replica take a snapshot"),
+        ] {
+            assert_eq!(
+                search.request(op).await.unwrap_err(),
+                Error::NotAdmin {
+                    action: action.into(),
+                    identity: SEARCH.into(),
+                }
+            );
+        }
+
         // Snapshots on every replica (logs purged behind them), a restart, a learner
         // that catches up from a snapshot: the ACLs are the same everywhere.
         for id in cell.procs.keys().copied().collect::<Vec<_>>() {

@@ -20,6 +20,7 @@ use wire::types::{Op, ProxyStatus, Reply, Request, Status};
 mod common;
 use common::*;
 
+mod acls;
 mod invalidations;
 mod limits;
 mod links;

@@ -7,7 +7,12 @@ use super::*;
 impl Hub {
     /// A cached read served here, if the proxy holds the node and may serve it: the
     /// client is recorded as a holder first.
-    pub fn cache_lookup(&self, session: SessionId, path: &str) -> Result<Reply, Snapshot> {
+    pub fn cache_lookup(
+        &self,
+        session: SessionId,
+        identity: &str,
+        path: &str,
+    ) -> Result<Reply, Snapshot> {
         let mut t = lock(&self.t);
         let ready = self.ready();
         let snap = Snapshot {
@@ -21,6 +26,10 @@ impl Hub {
         let Some(e) = t.cache.get(path).cloned() else {
             return Err(snap);
         };
+        // Served only to an identity the leader answered for this copy.
+        if !e.readers.contains(identity) {
+            return Err(snap);
+        }
         t.record_holder(session, path);
         self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
         Ok(Reply::CachedData {
@@ -33,9 +42,11 @@ impl Hub {
     /// An upstream cached read came back: cache it and record the client, unless the
     /// node was invalidated or the upstream reset since `snap` (then the answer is passed
     /// on as not cachable).
+    #[allow(clippy::too_many_arguments)]
     pub fn cache_fill(
         &self,
         session: SessionId,
+        identity: &str,
         path: &str,
         snap: Snapshot,
         value: Option<(Vec<u8>, NodeStat)>,
@@ -49,11 +60,16 @@ impl Hub {
             || seq_touched(&t.recent_inval, snap.seq, t.inval_seq, |p| p == path);
         let cachable = cachable && self.ready() && !raced;
         if cachable {
+            // No invalidation of the node since the read began: a copy cached meanwhile
+            // holds the same value, and its readers stay readers.
+            let mut readers = t.cache.remove(path).map(|e| e.readers).unwrap_or_default();
+            readers.insert(identity.to_string());
             t.cache.insert(
                 path.to_string(),
                 Entry {
                     value: value.clone(),
                     index,
+                    readers,
                 },
             );
         }

@@ -104,6 +104,10 @@ struct Pending {
 struct Entry {
     value: Option<(Vec<u8>, NodeStat)>,
     index: LogIndex,
+    /// The client identities the leader answered a read of this node for (forwarded for
+    /// each): only they are served the cached copy; anyone else's read goes upstream, so
+    /// the node's ACL decides it. An ACL change drops the entry like a write does.
+    readers: HashSet<String>,
 }
 
 #[derive(Default)]

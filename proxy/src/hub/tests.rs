@@ -1,5 +1,8 @@
 use super::*;
 
+/// The client identity the tests read as.
+const ID: &str = "lock://client/t";
+
 impl Hub {
     /// Panics unless the indexes of the pending invalidations match them.
     fn assert_indexed(&self) {
@@ -61,8 +64,8 @@ proptest::proptest! {
             match st {
                 Step::Read(c, p) => {
                     let path = format!("/k{p}");
-                    if let Err(snap) = hub.cache_lookup(c, &path) {
-                        hub.cache_fill(c, &path, snap, Some((b"v".to_vec(), stat())), 7, true);
+                    if let Err(snap) = hub.cache_lookup(c, ID, &path) {
+                        hub.cache_fill(c, ID, &path, snap, Some((b"v".to_vec(), stat())), 7, true);
                     }
                 }
                 Step::Invalidate(i, p) => {
@@ -174,9 +177,10 @@ fn ready_hub(clients: &[SessionId]) -> Hub {
 fn a_reconnection_after_a_flush_ahead_waits_for_it_instead_of_flushing_again() {
     let hub = ready_hub(&[1, 2]);
     for s in [1, 2] {
-        let snap = hub.cache_lookup(s, &format!("/n{s}")).unwrap_err();
+        let snap = hub.cache_lookup(s, ID, &format!("/n{s}")).unwrap_err();
         hub.cache_fill(
             s,
+            ID,
             &format!("/n{s}"),
             snap,
             Some((b"v".to_vec(), stat())),
@@ -188,8 +192,8 @@ fn a_reconnection_after_a_flush_ahead_waits_for_it_instead_of_flushing_again() {
     let ahead = hub.reset();
     assert_eq!(ahead.len(), 2);
     // A read that comes back meanwhile is not cached (nothing is until ready).
-    let snap = hub.cache_lookup(1, "/n1").unwrap_err();
-    let r = hub.cache_fill(1, "/n1", snap, Some((b"v".to_vec(), stat())), 8, true);
+    let snap = hub.cache_lookup(1, ID, "/n1").unwrap_err();
+    let r = hub.cache_fill(1, ID, "/n1", snap, Some((b"v".to_vec(), stat())), 8, true);
     assert!(matches!(
         r,
         Reply::CachedData {
@@ -207,8 +211,8 @@ fn a_reconnection_after_a_flush_ahead_waits_for_it_instead_of_flushing_again() {
     assert!(hub.all_done(&ahead));
     // Once ready again, the next reconnection flushes what was cached since.
     hub.set_ready(true);
-    let snap = hub.cache_lookup(2, "/n2").unwrap_err();
-    hub.cache_fill(2, "/n2", snap, Some((b"v".to_vec(), stat())), 9, true);
+    let snap = hub.cache_lookup(2, ID, "/n2").unwrap_err();
+    hub.cache_fill(2, ID, "/n2", snap, Some((b"v".to_vec(), stat())), 9, true);
     hub.set_ready(false);
     let (again, reused) = hub.reset_unless_flushed();
     assert!(!reused);
@@ -219,14 +223,14 @@ fn a_reconnection_after_a_flush_ahead_waits_for_it_instead_of_flushing_again() {
 #[test]
 fn a_reconnection_waits_for_a_client_still_owing_an_earlier_flush() {
     let hub = ready_hub(&[1, 2]);
-    let snap = hub.cache_lookup(1, "/x").unwrap_err();
-    hub.cache_fill(1, "/x", snap, Some((b"v".to_vec(), stat())), 7, true);
+    let snap = hub.cache_lookup(1, ID, "/x").unwrap_err();
+    hub.cache_fill(1, ID, "/x", snap, Some((b"v".to_vec(), stat())), 7, true);
     // Flushed ahead; the leader answered again before client 1 acknowledged.
     let ahead = hub.reset();
     hub.set_ready(true);
     // Client 2 caches something meanwhile; then the leader really dies.
-    let snap = hub.cache_lookup(2, "/y").unwrap_err();
-    hub.cache_fill(2, "/y", snap, Some((b"v".to_vec(), stat())), 8, true);
+    let snap = hub.cache_lookup(2, ID, "/y").unwrap_err();
+    hub.cache_fill(2, ID, "/y", snap, Some((b"v".to_vec(), stat())), 8, true);
     hub.set_ready(false);
     let (ids, reused) = hub.reset_unless_flushed();
     assert!(!reused);
@@ -241,8 +245,8 @@ fn a_reconnection_waits_for_a_client_still_owing_an_earlier_flush() {
 #[test]
 fn caching_resumed_after_a_flush_ahead_still_waits_for_clients_that_did_not_flush() {
     let hub = ready_hub(&[1]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
-    hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
     let ahead = hub.reset();
     // The leader answered again before client 1 dropped /c: caching resumes.
     hub.set_ready(true);
@@ -261,8 +265,8 @@ fn caching_resumed_after_a_flush_ahead_still_waits_for_clients_that_did_not_flus
 #[test]
 fn an_invalidation_sent_again_is_not_acknowledged_before_its_holders() {
     let hub = ready_hub(&[1]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
-    hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
     assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
     // The leader repeats it (KeepAlive reply, stream resend): its holder was taken the
     // first time, so treating it as new would acknowledge it at once.
@@ -287,8 +291,8 @@ fn overdue_invalidations_of_many_sessions_match_one_at_a_time() {
     let hub = ready_hub(&[1, 2, 3, 4, 5, 6]);
     let read = |s: SessionId, p: &str| {
         // The first reader fills the proxy's cache; later ones hit it (and hold it too).
-        if let Err(snap) = hub.cache_lookup(s, p) {
-            hub.cache_fill(s, p, snap, Some((b"v".to_vec(), stat())), 7, true);
+        if let Err(snap) = hub.cache_lookup(s, ID, p) {
+            hub.cache_fill(s, ID, p, snap, Some((b"v".to_vec(), stat())), 7, true);
         }
     };
     for s in 1..=5 {
@@ -324,8 +328,8 @@ fn overdue_invalidations_of_many_sessions_match_one_at_a_time() {
 fn a_second_invalidation_waits_for_clients_owing_the_first() {
     // Client 1 caches /c and is cut off: it never acknowledges invalidation 5.
     let hub = ready_hub(&[1, 2]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
-    hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
     let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
     hub.attach_stream(1, tx1);
     assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
@@ -349,8 +353,8 @@ fn a_second_invalidation_waits_for_clients_owing_the_first() {
     assert_eq!(hub.ack(1, &[second]), vec![(99, 6)]);
     assert_eq!(hub.pending_invalidations().0, 0);
     // Cut off for good instead: both wait until its lease as seen here runs out.
-    let snap = hub.cache_lookup(2, "/c").unwrap_err();
-    hub.cache_fill(2, "/c", snap, Some((b"v".to_vec(), stat())), 8, true);
+    let snap = hub.cache_lookup(2, ID, "/c").unwrap_err();
+    hub.cache_fill(2, ID, "/c", snap, Some((b"v".to_vec(), stat())), 8, true);
     assert!(hub.invalidate(99, 8, vec!["/c".into()]).is_none());
     assert!(hub.invalidate(99, 9, vec!["/c".into()]).is_none());
     let mut acks = hub.tick(Instant::now() + Duration::from_secs(13));
@@ -358,14 +362,48 @@ fn a_second_invalidation_waits_for_clients_owing_the_first() {
     assert_eq!(acks, vec![(99, 8), (99, 9)]);
 }
 
+/// A cached copy is served only to identities the leader answered a read of the node
+/// for: another identity's read is a miss (it goes upstream, where the node's ACL
+/// decides), and once answered it joins the readers; an invalidation (a write, or an
+/// ACL change, which the leader holds like a write) drops every reader with the copy.
+#[test]
+fn a_cached_copy_is_served_only_to_identities_the_leader_answered() {
+    let hub = ready_hub(&[1, 2]);
+    let other = "lock://client/other";
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    assert!(hub.cache_lookup(1, ID, "/c").is_ok());
+    assert!(
+        hub.cache_lookup(2, ID, "/c").is_ok(),
+        "same identity, other session"
+    );
+    let snap = hub
+        .cache_lookup(2, other, "/c")
+        .expect_err("an identity the leader never answered is not served the copy");
+    // The leader answered it: it joins the readers, and the first reader stays one.
+    hub.cache_fill(2, other, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    assert!(hub.cache_lookup(2, other, "/c").is_ok());
+    assert!(hub.cache_lookup(1, ID, "/c").is_ok());
+    // Both sessions hold the copy: the upstream acknowledgement waits for them.
+    let _ = hub.invalidate(99, 5, vec!["/c".into()]);
+    assert!(
+        hub.cache_lookup(1, ID, "/c").is_err(),
+        "dropped with its readers"
+    );
+    assert!(
+        hub.cache_lookup(2, other, "/c").is_err(),
+        "dropped with its readers"
+    );
+}
+
 #[test]
 fn invalidation_waits_for_every_holder_then_acks_upstream() {
     let hub = ready_hub(&[1, 2]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
-    let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    let r = hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
     assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
     assert!(
-        hub.cache_lookup(2, "/c").is_ok(),
+        hub.cache_lookup(2, ID, "/c").is_ok(),
         "served from the proxy's cache"
     );
     let (tx1, mut rx1) = tokio::sync::mpsc::unbounded_channel();
@@ -374,7 +412,7 @@ fn invalidation_waits_for_every_holder_then_acks_upstream() {
     let Ok(Ok(Reply::Invalidate { id, .. })) = rx1.try_recv() else {
         panic!("client 1 not invalidated")
     };
-    assert!(hub.cache_lookup(3, "/c").is_err(), "dropped at once");
+    assert!(hub.cache_lookup(3, ID, "/c").is_err(), "dropped at once");
     assert!(
         hub.ack(1, &[id]).is_empty(),
         "client 2 has not acknowledged"
@@ -399,8 +437,8 @@ fn a_client_is_waited_for_as_long_as_the_lease_its_open_named() {
         let opened = Instant::now();
         hub.opened(1, opened, lease_ms);
         hub.set_own_session(Some(opened));
-        let snap = hub.cache_lookup(1, "/c").unwrap_err();
-        let r = hub.cache_fill(1, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
+        let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+        let r = hub.cache_fill(1, ID, "/c", snap, Some((b"v".to_vec(), stat())), 7, true);
         assert!(matches!(r, Reply::CachedData { cachable: true, .. }));
         assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());
         let at = |ms| opened + Duration::from_millis(ms);
@@ -419,9 +457,9 @@ fn a_client_is_waited_for_as_long_as_the_lease_its_open_named() {
 #[test]
 fn a_read_that_raced_an_invalidation_is_not_cached() {
     let hub = ready_hub(&[1]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
     assert_eq!(hub.invalidate(99, 1, vec!["/c".into()]), Some((99, 1)));
-    let r = hub.cache_fill(1, "/c", snap, None, 7, true);
+    let r = hub.cache_fill(1, ID, "/c", snap, None, 7, true);
     assert!(matches!(
         r,
         Reply::CachedData {
@@ -429,10 +467,10 @@ fn a_read_that_raced_an_invalidation_is_not_cached() {
             ..
         }
     ));
-    assert!(hub.cache_lookup(1, "/c").is_err());
+    assert!(hub.cache_lookup(1, ID, "/c").is_err());
     // A reset also makes reads in flight uncachable and invalidates every holder.
-    let snap = hub.cache_lookup(1, "/d").unwrap_err();
-    hub.cache_fill(1, "/d", snap, None, 8, true);
+    let snap = hub.cache_lookup(1, ID, "/d").unwrap_err();
+    hub.cache_fill(1, ID, "/d", snap, None, 8, true);
     let ids = hub.reset();
     assert_eq!(ids.len(), 1);
     assert!(!hub.all_done(&ids));
@@ -447,8 +485,8 @@ fn a_read_that_raced_an_invalidation_is_not_cached() {
 fn nothing_is_cached_for_unknown_clients_or_past_the_proxys_own_lease() {
     let hub = ready_hub(&[1]);
     // A session never renewed here (or ended) is answered but not told to cache.
-    let snap = hub.cache_lookup(7, "/c").unwrap_err();
-    let r = hub.cache_fill(7, "/c", snap, None, 3, true);
+    let snap = hub.cache_lookup(7, ID, "/c").unwrap_err();
+    let r = hub.cache_fill(7, ID, "/c", snap, None, 3, true);
     assert!(matches!(
         r,
         Reply::CachedData {
@@ -457,23 +495,23 @@ fn nothing_is_cached_for_unknown_clients_or_past_the_proxys_own_lease() {
         }
     ));
     assert!(
-        hub.cache_lookup(7, "/c").is_err(),
+        hub.cache_lookup(7, ID, "/c").is_err(),
         "no hit for an unknown session"
     );
     assert!(
-        hub.cache_lookup(1, "/c").is_ok(),
+        hub.cache_lookup(1, ID, "/c").is_ok(),
         "the value itself was cached"
     );
     // The proxy's own session may have run out at the leader: serve nothing cached.
     hub.set_own_session(Some(Instant::now() - Duration::from_secs(13)));
     assert!(!hub.ready());
-    assert!(hub.cache_lookup(1, "/c").is_err());
+    assert!(hub.cache_lookup(1, ID, "/c").is_err());
     // A read sent while the stream was down is never cached.
     hub.set_own_session(Some(Instant::now()));
     hub.set_ready(false);
-    let snap = hub.cache_lookup(1, "/d").unwrap_err();
+    let snap = hub.cache_lookup(1, ID, "/d").unwrap_err();
     hub.set_ready(true);
-    let r = hub.cache_fill(1, "/d", snap, None, 4, true);
+    let r = hub.cache_fill(1, ID, "/d", snap, None, 4, true);
     assert!(matches!(
         r,
         Reply::CachedData {
@@ -486,8 +524,8 @@ fn nothing_is_cached_for_unknown_clients_or_past_the_proxys_own_lease() {
 #[test]
 fn a_reconnecting_client_is_sent_its_unacknowledged_invalidations_again() {
     let hub = ready_hub(&[1]);
-    let snap = hub.cache_lookup(1, "/c").unwrap_err();
-    hub.cache_fill(1, "/c", snap, None, 3, true);
+    let snap = hub.cache_lookup(1, ID, "/c").unwrap_err();
+    hub.cache_fill(1, ID, "/c", snap, None, 3, true);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let first = hub.attach_stream(1, tx);
     assert!(hub.invalidate(99, 5, vec!["/c".into()]).is_none());

@@ -57,6 +57,21 @@ impl Gateway {
         self.propose_held(vec![p], cmd).await
     }
 
+    /// Refuses `me` unless it is a cell admin in this replica's applied state (membership
+    /// changes and snapshots, which are not log commands checked at apply).
+    pub(super) fn require_admin(&self, me: &Acting, action: &str) -> Result<(), Error> {
+        let s = self.state.read().expect("state lock");
+        s.sm.security().check_bootstrapped()?;
+        if s.sm.security().is_admin(&me.identity) {
+            Ok(())
+        } else {
+            Err(Error::NotAdmin {
+                action: action.to_string(),
+                identity: me.identity.clone(),
+            })
+        }
+    }
+
     /// A group or admin change: admins only, decided at apply.
     pub(super) async fn change_security(&self, cmd: Command) -> Response {
         match &cmd {

@@ -330,6 +330,10 @@ impl Gateway {
                     .identity
                     .as_deref()
                     .is_some_and(|me| self.is_own_proxy(me)),
+            forwarded_by: caller
+                .on_behalf_of()
+                .and(caller.identity.as_deref())
+                .map(str::to_string),
         }
     }
 
@@ -467,10 +471,22 @@ impl Gateway {
             Op::ProxyStatus => Err(Error::BadRequest {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),
-            Op::AddLearner { id, addr } => self.add_learner(id, addr).await,
-            Op::Promote { id } => self.change(ChangeMembership::Promote { id }).await,
-            Op::RemoveMember { id } => self.change(ChangeMembership::Remove { id }).await,
-            Op::Snapshot => self.snapshot().await,
+            Op::AddLearner { id, addr } => {
+                self.require_admin(&me, "change the cell's membership")?;
+                self.add_learner(id, addr).await
+            }
+            Op::Promote { id } => {
+                self.require_admin(&me, "change the cell's membership")?;
+                self.change(ChangeMembership::Promote { id }).await
+            }
+            Op::RemoveMember { id } => {
+                self.require_admin(&me, "change the cell's membership")?;
+                self.change(ChangeMembership::Remove { id }).await
+            }
+            Op::Snapshot => {
+                self.require_admin(&me, "make a replica take a snapshot")?;
+                self.snapshot().await
+            }
             Op::StateDigest => self.state_digest(),
             // ACLs, groups and admins (acls.rs).
             Op::GetAcl { path } => self.get_acl(&me, &path).await,

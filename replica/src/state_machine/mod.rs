@@ -287,6 +287,21 @@ impl StateMachine {
         }
     }
 
+    /// [`StateMachine::check_session`], and that `acting` may read under the session
+    /// ([`Acting::may_read_under`]: also a proxy forwarding a client's read under its
+    /// own session): else [`Error::NotSessionOwner`].
+    pub fn check_session_to_read(&self, id: SessionId, acting: &Acting) -> Result<&Session, Error> {
+        let s = self.check_session(id)?;
+        if acting.may_read_under(&s.owner) {
+            Ok(s)
+        } else {
+            Err(Error::NotSessionOwner {
+                session: id,
+                identity: acting.identity.clone(),
+            })
+        }
+    }
+
     /// True when `id` is below every remembered ended session while the ended set is full:
     /// it may have been a session whose end was forgotten.
     fn is_forgotten_end(&self, id: SessionId) -> bool {

@@ -38,9 +38,20 @@ pub struct Acting {
     /// clients' sessions: it may renew or acknowledge for any session a client owns (the
     /// proxy checked each client against the owner before batching).
     pub proxy_batch: bool,
+    /// For a request a proxy forwarded, the proxy's own identity. A proxy reads for its
+    /// clients under its own session (cached reads it serves, watches it relays), with
+    /// the client's rights checked: [`Acting::may_read_under`].
+    pub forwarded_by: Option<String>,
 }
 
 impl Acting {
+    /// Whether this caller may read (and arm watches, and cache) under a session owned by
+    /// `owner`: as [`Acting::may_use`], or the session is the forwarding proxy's own.
+    /// Never for writes, closes or renewals: those stay the owner's.
+    pub fn may_read_under(&self, owner: &str) -> bool {
+        self.may_use(owner) || self.forwarded_by.as_deref() == Some(owner)
+    }
+
     /// Whether this caller may use a session owned by `owner`.
     pub fn may_use(&self, owner: &str) -> bool {
         (!self.identity.is_empty() && self.identity == owner)

@@ -1249,10 +1249,12 @@ fn a_session_is_usable_by_its_owner_and_a_proxy_batch_for_clients_only() {
     let as_ = |who: &str| Acting {
         identity: who.into(),
         proxy_batch: false,
+        forwarded_by: None,
     };
     let batch = |who: &str| Acting {
         identity: who.into(),
         proxy_batch: true,
+        forwarded_by: None,
     };
     assert!(h
         .sm
