@@ -36,6 +36,23 @@ pub enum CertsCommand {
     ///   lockctl certs issue --ca-dir ca --role replica --cell cell-a --name 3 --out r3
     ///   lockctl certs issue --ca-dir ca --role client --name payments-api --out app
     Issue(IssueArgs),
+    /// Revoke certificates: add them to the CA's revocation list in --crl (made if
+    /// missing). Give the list to every replica and proxy (`tls.crls` in their
+    /// configuration): they re-read it within seconds, refuse those certificates at the
+    /// handshake and close the connections open with them.
+    ///
+    /// Example: lockctl certs revoke --ca-dir ca --crl ca/revoked.crl app/client.pem
+    Revoke {
+        /// The directory holding the CA's `ca.pem` and `ca.key`.
+        #[arg(long)]
+        ca_dir: PathBuf,
+        /// The revocation list (PEM) to add them to.
+        #[arg(long)]
+        crl: PathBuf,
+        /// The certificates (PEM files) to revoke.
+        #[arg(required = true)]
+        certs: Vec<PathBuf>,
+    },
     /// Print a certificate's identity, role, issuer and validity.
     ///
     /// Example: lockctl certs show cell-data/tls/client.pem
@@ -94,7 +111,46 @@ pub fn run(cmd: &CertsCommand) -> anyhow::Result<()> {
         CertsCommand::Init { dir, name, days } => init(dir, name, *days),
         CertsCommand::Issue(a) => issue(a),
         CertsCommand::Show { file } => show(file),
+        CertsCommand::Revoke { ca_dir, crl, certs } => revoke(ca_dir, crl, certs),
     }
+}
+
+fn revoke(ca_dir: &Path, crl: &Path, certs: &[PathBuf]) -> anyhow::Result<()> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    let ca = Ca::from_pem(
+        &read(&ca_dir.join(CA_FILE))?,
+        &read(&ca_dir.join(CA_KEY_FILE))?,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let (mut serials, number) = if crl.exists() {
+        wire::tls::crl_contents(&read(crl)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", crl.display()))?
+    } else {
+        (Vec::new(), 0)
+    };
+    for c in certs {
+        let serial =
+            wire::tls::serial_of(&read(c)?).map_err(|e| anyhow::anyhow!("{}: {e}", c.display()))?;
+        if !serials.contains(&serial) {
+            serials.push(serial);
+        }
+    }
+    let pem = ca
+        .crl(&serials, number + 1, 30)
+        .map_err(anyhow::Error::msg)?;
+    // Written whole, then renamed: a server never reads half a list.
+    let tmp = crl.with_extension("crl.tmp");
+    std::fs::write(&tmp, pem).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, crl).with_context(|| format!("write {}", crl.display()))?;
+    println!(
+        "{} now lists {} revoked certificate(s) (number {}); servers configured with it \
+         reload it within seconds",
+        crl.display(),
+        serials.len(),
+        number + 1
+    );
+    Ok(())
 }
 
 fn init(dir: &Path, name: &str, days: u32) -> anyhow::Result<()> {

@@ -26,6 +26,9 @@ pub struct Proxy {
     hub: Arc<Hub>,
     /// How long client requests took here, by kind, for [`ProxyStatus`].
     latency: wire::latency::Recorder,
+    /// The TLS files, re-read when they change; closes client connections whose
+    /// certificate expires or is revoked.
+    tls_files: Arc<wire::tls::Reloading>,
 }
 
 /// Runs a proxy until `shutdown` completes.
@@ -43,7 +46,7 @@ pub async fn run_on(
     cfg.validate()?;
     // Mutual TLS: the certificate must be a proxy's; its cell is the one this proxy
     // serves, and it is also what the proxy presents to the cell's replicas.
-    let (tls, me) = wire::tls::server_config(&cfg.tls, &[ALPN_CLIENT])
+    let (tls, me, tls_files) = wire::tls::server_config_reloading(&cfg.tls, &[ALPN_CLIENT])
         .map_err(|e| anyhow::anyhow!("the proxy's TLS files: {e}"))?;
     let cell = match &me {
         wire::identity::Identity::Proxy { cell, .. } => cell.clone(),
@@ -84,6 +87,7 @@ pub async fn run_on(
         up: up.clone(),
         hub,
         latency: Default::default(),
+        tls_files,
     });
     let tasks = vec![
         wire::rt::spawn(up.clone().batch_loop()),
@@ -174,6 +178,7 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
             let Ok(who) = wire::identity::check_accepted(&conn, listener, false) else {
                 return;
             };
+            p.tls_files.guard(conn.clone());
             wire::quic::grant_streams(&conn);
             let bytes_max = p.cfg.client_connection_bytes_max;
             wire::serve::serve(conn, who, p, bytes_max).await;

@@ -78,8 +78,9 @@ pub async fn run_on(
 
     // Mutual TLS on both protocols; the certificate must be a replica's, and its cell is
     // this replica's cell.
-    let (server_tls, me) = wire::tls::server_config(&cfg.tls, &[ALPN_CLIENT, ALPN_PEER])
-        .map_err(|e| anyhow::anyhow!("replica {}'s TLS files: {e}", cfg.id))?;
+    let (server_tls, me, tls_files) =
+        wire::tls::server_config_reloading(&cfg.tls, &[ALPN_CLIENT, ALPN_PEER])
+            .map_err(|e| anyhow::anyhow!("replica {}'s TLS files: {e}", cfg.id))?;
     let cell = match &me {
         wire::identity::Identity::Replica { cell, .. } => cell.clone(),
         other => anyhow::bail!(
@@ -235,6 +236,7 @@ pub async fn run_on(
         }),
         client_connection_bytes_max: l.client_connection_bytes_max,
         peer_connection_bytes_max: l.peer_connection_bytes_max,
+        tls_files: Some(tls_files),
     };
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw, bounds));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime};
 
 use crate::identity::Identity;
 
@@ -32,6 +32,11 @@ pub struct TlsConfig {
     pub cert: PathBuf,
     /// Its private key (PEM).
     pub key: PathBuf,
+    /// Certificate revocation lists (PEM) the CA published: a certificate they list is
+    /// refused at the handshake, and a connection open with one is closed when a list
+    /// naming it is loaded. Re-read, with the other files, when they change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crls: Vec<PathBuf>,
 }
 
 impl TlsConfig {
@@ -42,6 +47,7 @@ impl TlsConfig {
             ca: dir.join(CA_FILE),
             cert: dir.join(REPLICA_CERT_FILE),
             key: dir.join(REPLICA_KEY_FILE),
+            crls: Vec::new(),
         }
     }
 
@@ -51,6 +57,7 @@ impl TlsConfig {
             ca: dir.join(CA_FILE),
             cert: dir.join(PROXY_CERT_FILE),
             key: dir.join(PROXY_KEY_FILE),
+            crls: Vec::new(),
         }
     }
 
@@ -60,6 +67,7 @@ impl TlsConfig {
             ca: dir.join(CA_FILE),
             cert: dir.join(CLIENT_CERT_FILE),
             key: dir.join(CLIENT_KEY_FILE),
+            crls: Vec::new(),
         }
     }
 }
@@ -302,10 +310,31 @@ impl Ca {
     /// Checked against the CA before it is returned (a CA key that is not the CA
     /// certificate's is found here, not at the first handshake).
     pub fn issue(&self, identity: &Identity, days: u32) -> Result<CertAndKey, String> {
+        let (from, until) = validity(days)?;
+        self.issue_between(identity, from, until)
+    }
+
+    /// [`Ca::issue`] for `secs` seconds from now (valid from an hour ago): a short-lived
+    /// certificate, for rotation drills and tests of expiry.
+    pub fn issue_for_secs(&self, identity: &Identity, secs: u32) -> Result<CertAndKey, String> {
+        let now = time::OffsetDateTime::now_utc();
+        self.issue_between(
+            identity,
+            now - time::Duration::hours(1),
+            now + time::Duration::seconds(secs.into()),
+        )
+    }
+
+    fn issue_between(
+        &self,
+        identity: &Identity,
+        from: time::OffsetDateTime,
+        until: time::OffsetDateTime,
+    ) -> Result<CertAndKey, String> {
         let e = |e: rcgen::Error| e.to_string();
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(e)?;
         let mut params = leaf_params(identity, serial(false, 0))?;
-        (params.not_before, params.not_after) = validity(days)?;
+        (params.not_before, params.not_after) = (from, until);
         let cert = params.signed_by(&key, &self.issuer).map_err(e)?;
         let ca = CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
             .map_err(|e| format!("the CA's certificate: {e}"))?;
@@ -325,6 +354,70 @@ impl Ca {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+#[cfg(feature = "dev-ca")]
+impl Ca {
+    /// A certificate revocation list (PEM) signed by this CA, listing the serial numbers
+    /// `serials` (big-endian bytes, as [`serial_of`] gives them), numbered `number` (each
+    /// new list a higher number), valid for `days` (webpki does not refuse an outdated
+    /// list; the date tells operators when the next is due).
+    pub fn crl(&self, serials: &[Vec<u8>], number: u64, days: u32) -> Result<String, String> {
+        let e = |e: rcgen::Error| e.to_string();
+        let now = time::OffsetDateTime::now_utc();
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: now - time::Duration::minutes(5),
+            next_update: now + time::Duration::days(days.max(1).into()),
+            crl_number: rcgen::SerialNumber::from(number),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from_slice(s),
+                    revocation_time: now - time::Duration::minutes(5),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        Ok(params
+            .signed_by(&self.issuer)
+            .map_err(e)?
+            .pem()
+            .map_err(e)?)
+    }
+}
+
+/// The serial number of the first certificate in `pem` (big-endian bytes).
+pub fn serial_of(pem: &str) -> Result<Vec<u8>, String> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| format!("not a PEM certificate: {e}"))?;
+    serial_of_der(&der)
+}
+
+/// The serial number of the DER certificate `der` (big-endian bytes).
+pub fn serial_of_der(der: &[u8]) -> Result<Vec<u8>, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    Ok(cert.raw_serial().to_vec())
+}
+
+/// The serial numbers a PEM revocation list holds, and its number.
+pub fn crl_contents(pem: &str) -> Result<(Vec<Vec<u8>>, u64), String> {
+    let der = CertificateRevocationListDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| format!("not a PEM revocation list: {e}"))?;
+    let (_, crl) = x509_parser::parse_x509_crl(&der)
+        .map_err(|e| format!("the revocation list does not parse: {e}"))?;
+    let serials = crl
+        .iter_revoked_certificates()
+        .map(|r| r.raw_serial().to_vec())
+        .collect();
+    let number = crl
+        .crl_number()
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(0);
+    Ok((serials, number))
 }
 
 /// The longest validity `Ca` gives (100 years).
@@ -500,15 +593,55 @@ fn read_roots(ca_path: &Path) -> Result<Arc<rustls::RootCertStore>, String> {
 }
 
 /// The verifier of the certificates connections present to a server: chained to the CA
-/// in `ca_path`, valid now, for client authentication. Every connection must present
-/// one.
+/// in `ca_path`, valid now, for client authentication, and not on `crls` (the
+/// certificate itself; a certificate whose issuer published no list passes). Every
+/// connection must present one.
 fn client_verifier(
     roots: &Arc<rustls::RootCertStore>,
     ca_path: &Path,
+    crls: &[CertificateRevocationListDer<'static>],
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
     rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        .with_crls(crls.iter().cloned())
+        .only_check_end_entity_revocation()
+        .allow_unknown_revocation_status()
         .build()
         .map_err(|e| format!("{}: {e}", ca_path.display()))
+}
+
+/// The verifier of the certificates servers present to this process: chained to the CA,
+/// valid now, for [`SERVER_NAME`] and server authentication, and not on `crls`.
+fn server_verifier(
+    roots: &Arc<rustls::RootCertStore>,
+    ca_path: &Path,
+    crls: &[CertificateRevocationListDer<'static>],
+) -> Result<Arc<rustls::client::WebPkiServerVerifier>, String> {
+    rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
+        .with_crls(crls.iter().cloned())
+        .only_check_end_entity_revocation()
+        .allow_unknown_revocation_status()
+        .build()
+        .map_err(|e| format!("{}: {e}", ca_path.display()))
+}
+
+/// The revocation lists in `paths` (PEM, any number per file).
+fn read_crls(paths: &[PathBuf]) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+    let mut out = Vec::new();
+    for path in paths {
+        let crls: Vec<CertificateRevocationListDer<'static>> =
+            CertificateRevocationListDer::pem_file_iter(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        if crls.is_empty() {
+            return Err(format!(
+                "{}: holds no certificate revocation list (PEM \"X509 CRL\")",
+                path.display()
+            ));
+        }
+        out.extend(crls);
+    }
+    Ok(out)
 }
 
 /// What [`load_own`] found: this process's chain, key and identity, checked, and the CA
@@ -518,6 +651,7 @@ struct Own {
     key: PrivateKeyDer<'static>,
     identity: Identity,
     roots: Arc<rustls::RootCertStore>,
+    crls: Vec<CertificateRevocationListDer<'static>>,
 }
 
 /// Loads `tls`'s certificate and key and checks that they fit together: the key is the
@@ -528,6 +662,7 @@ fn load_own(tls: &TlsConfig) -> Result<Own, String> {
     let roots = read_roots(&tls.ca)?;
     let certs = read_certs(&tls.cert)?;
     let key = read_key(&tls.key)?;
+    let crls = read_crls(&tls.crls)?;
     rustls::sign::CertifiedKey::from_der(certs.clone(), key.clone_key(), &provider()).map_err(
         |e| {
             format!(
@@ -537,12 +672,12 @@ fn load_own(tls: &TlsConfig) -> Result<Own, String> {
             )
         },
     )?;
-    client_verifier(&roots, &tls.ca)?
+    client_verifier(&roots, &tls.ca, &crls)?
         .verify_client_cert(&certs[0], &certs[1..], UnixTime::now())
         .map_err(|e| {
             format!(
                 "the certificate in {} does not check against the CA in {} (is it signed \
-                 by that CA, valid now, and for client authentication?): {e}",
+                 by that CA, valid now, for client authentication, and not revoked?): {e}",
                 tls.cert.display(),
                 tls.ca.display()
             )
@@ -571,6 +706,7 @@ fn load_own(tls: &TlsConfig) -> Result<Own, String> {
         key,
         identity,
         roots,
+        crls,
     })
 }
 
@@ -589,19 +725,30 @@ pub fn server_config(
     tls: &TlsConfig,
     alpns: &[&[u8]],
 ) -> Result<(rustls::ServerConfig, Identity), String> {
-    let own = load_own(tls)?;
+    server_config_reloading(tls, alpns).map(|(cfg, id, _)| (cfg, id))
+}
+
+/// [`server_config`], whose files are re-read when they change ([`Reloading`]): every
+/// later handshake uses the new certificate, key, CA and revocation lists. With the
+/// [`Reloading`], to close connections whose certificate expires or is revoked
+/// ([`Reloading::guard`]).
+pub fn server_config_reloading(
+    tls: &TlsConfig,
+    alpns: &[&[u8]],
+) -> Result<(rustls::ServerConfig, Identity, Arc<Reloading>), String> {
+    let files = Reloading::open(tls)?;
+    let identity = files.identity.clone();
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
-        .with_client_cert_verifier(client_verifier(&own.roots, &tls.ca)?)
-        .with_single_cert(own.certs, own.key)
-        .map_err(|e| e.to_string())?;
+        .with_client_cert_verifier(Arc::new(ReloadingClientVerifier(files.clone())))
+        .with_cert_resolver(Arc::new(ReloadingCert(files.clone())));
     // A resumed handshake takes the client's chain from the ticket without verifying it
     // again: no tickets, no resumption.
     cfg.send_tls13_tickets = 0;
     cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     cfg.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
-    Ok((cfg, own.identity))
+    Ok((cfg, identity, files))
 }
 
 /// A rustls client configuration that trusts the CA in `tls.ca` and presents `tls`'s
@@ -611,15 +758,376 @@ pub fn client_config(
     tls: &TlsConfig,
     alpn: &[u8],
 ) -> Result<(rustls::ClientConfig, Identity), String> {
-    let own = load_own(tls)?;
+    let files = Reloading::open(tls)?;
+    let identity = files.identity.clone();
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
-        .with_root_certificates(own.roots.clone())
-        .with_client_auth_cert(own.certs, own.key)
-        .map_err(|e| format!("{}: {e}", tls.cert.display()))?;
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ReloadingServerVerifier(files.clone())))
+        .with_client_cert_resolver(Arc::new(ReloadingCert(files)));
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    Ok((cfg, own.identity))
+    Ok((cfg, identity))
+}
+
+/// How often at most [`Reloading::current`] looks at the files again (a handshake asks
+/// it; a server's watcher asks every [`RELOAD_POLL`]).
+pub const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often a server's watcher re-reads its files, so a new revocation list closes
+/// open connections without waiting for a handshake.
+pub const RELOAD_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What [`Reloading`] holds from one reading of the files.
+struct Loaded {
+    /// The files' bytes when read (compared to see whether they changed).
+    bytes: Vec<Vec<u8>>,
+    key: Arc<rustls::sign::CertifiedKey>,
+    client_verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    server_verifier: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+/// A process's TLS files, re-read when they change (rotation): at most once per
+/// [`RELOAD_CHECK`], at the next handshake, or by a server's watcher. New files are used
+/// only if they fit together as at start ([`own_identity`]'s checks) and name the same
+/// identity; otherwise the old ones stay and the reason is logged. Open connections keep
+/// the keys they agreed; [`Reloading::guard`] closes a server's connection whose peer
+/// certificate expires, or no longer checks against the current CA and revocation lists.
+pub struct Reloading {
+    tls: TlsConfig,
+    identity: Identity,
+    state: std::sync::Mutex<(std::time::Instant, Arc<Loaded>)>,
+    /// Bumped at every reload (connections' guards check their certificate again).
+    generation: tokio::sync::watch::Sender<u64>,
+    watching: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Reloading {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Reloading({})", self.tls.cert.display())
+    }
+}
+
+fn read_all(tls: &TlsConfig) -> Vec<Vec<u8>> {
+    std::iter::once(&tls.ca)
+        .chain([&tls.cert, &tls.key])
+        .chain(tls.crls.iter())
+        .map(|p| std::fs::read(p).unwrap_or_default())
+        .collect()
+}
+
+fn load(tls: &TlsConfig, bytes: Vec<Vec<u8>>) -> Result<(Identity, Loaded), String> {
+    let own = load_own(tls)?;
+    let key = rustls::sign::CertifiedKey::from_der(own.certs, own.key, &provider())
+        .map_err(|e| format!("{}: {e}", tls.key.display()))?;
+    Ok((
+        own.identity,
+        Loaded {
+            bytes,
+            key: Arc::new(key),
+            client_verifier: client_verifier(&own.roots, &tls.ca, &own.crls)?,
+            server_verifier: server_verifier(&own.roots, &tls.ca, &own.crls)?,
+        },
+    ))
+}
+
+impl Reloading {
+    /// Reads and checks the files (an error says which to fix).
+    pub fn open(tls: &TlsConfig) -> Result<Arc<Reloading>, String> {
+        let bytes = read_all(tls);
+        let (identity, loaded) = load(tls, bytes)?;
+        Ok(Arc::new(Reloading {
+            tls: tls.clone(),
+            identity,
+            state: std::sync::Mutex::new((std::time::Instant::now(), Arc::new(loaded))),
+            generation: tokio::sync::watch::channel(0).0,
+            watching: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The identity the files were opened with (a reload never changes it).
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// How many times new files were taken.
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    fn current(&self) -> Arc<Loaded> {
+        self.check(false)
+    }
+
+    /// The loaded files, re-read first if [`RELOAD_CHECK`] has passed (or `now`) and they
+    /// changed.
+    fn check(&self, now: bool) -> Arc<Loaded> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !now && st.0.elapsed() < RELOAD_CHECK {
+            return st.1.clone();
+        }
+        st.0 = std::time::Instant::now();
+        let bytes = read_all(&self.tls);
+        if bytes == st.1.bytes {
+            return st.1.clone();
+        }
+        match load(&self.tls, bytes.clone()) {
+            Ok((identity, loaded)) if identity == self.identity => {
+                tracing::info!(cert = %self.tls.cert.display(), "TLS files changed: reloaded");
+                st.1 = Arc::new(loaded);
+                self.generation.send_modify(|g| *g += 1);
+            }
+            Ok((identity, _)) => {
+                tracing::warn!(
+                    cert = %self.tls.cert.display(),
+                    "TLS files changed to another identity ({identity}, not {}): keeping the \
+                     old ones",
+                    self.identity
+                );
+                st.1 = seen(&st.1, bytes);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    cert = %self.tls.cert.display(),
+                    "TLS files changed but do not fit together (keeping the old ones): {e}"
+                );
+                st.1 = seen(&st.1, bytes);
+            }
+        }
+        st.1.clone()
+    }
+
+    /// Re-reads the files every [`RELOAD_POLL`] while the process runs (once per
+    /// `Reloading`; started by the first [`Reloading::guard`]).
+    fn watch(self: &Arc<Self>) {
+        if self
+            .watching
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        crate::rt::spawn(async move {
+            loop {
+                tokio::time::sleep(RELOAD_POLL).await;
+                let Some(me) = me.upgrade() else { return };
+                me.check(true);
+            }
+        });
+    }
+
+    /// Closes `conn` (a server's) when its peer's certificate expires, or, after new
+    /// files were taken, when it no longer checks against the CA and revocation lists
+    /// (revoked, or its CA no longer trusted). Ends with the connection.
+    pub fn guard(self: &Arc<Self>, conn: quinn::Connection) {
+        self.watch();
+        let Some(chain) = conn
+            .peer_identity()
+            .and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+        else {
+            return;
+        };
+        let Some(leaf) = chain.first().cloned() else {
+            return;
+        };
+        let expires = x509_parser::parse_x509_certificate(&leaf)
+            .ok()
+            .map(|(_, c)| c.validity().not_after.timestamp())
+            .unwrap_or(i64::MAX);
+        let me = self.clone();
+        let mut generation = self.generation.subscribe();
+        crate::rt::spawn(async move {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            // notAfter is inclusive to the second: expired one second after it.
+            let left = std::time::Duration::from_secs(
+                (expires - now + 1).clamp(0, 10 * 365 * 86_400) as u64,
+            );
+            let expiry = tokio::time::sleep(left);
+            tokio::pin!(expiry);
+            loop {
+                tokio::select! {
+                    _ = conn.closed() => return,
+                    _ = &mut expiry => {
+                        tracing::info!(remote = %conn.remote_address(), "closing a connection: its certificate expired");
+                        conn.close(CLOSE_CERTIFICATE.into(), b"the certificate expired");
+                        return;
+                    }
+                    changed = generation.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let current = me.current();
+                        if let Err(e) = current.client_verifier.verify_client_cert(
+                            &chain[0],
+                            &chain[1..],
+                            UnixTime::now(),
+                        ) {
+                            tracing::info!(remote = %conn.remote_address(), "closing a connection: its certificate no longer checks: {e}");
+                            let reason = format!("the certificate no longer checks: {e}");
+                            conn.close(CLOSE_CERTIFICATE.into(), reason.as_bytes());
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The QUIC close code of a connection closed for its certificate (expired, revoked).
+pub const CLOSE_CERTIFICATE: u32 = 5;
+
+/// `old`, with `bytes` recorded as seen (files that were not taken are not looked at
+/// again until they change once more).
+fn seen(old: &Loaded, bytes: Vec<Vec<u8>>) -> Arc<Loaded> {
+    Arc::new(Loaded {
+        bytes,
+        key: old.key.clone(),
+        client_verifier: old.client_verifier.clone(),
+        server_verifier: old.server_verifier.clone(),
+    })
+}
+
+/// This process's certificate and key, as last loaded.
+#[derive(Debug)]
+struct ReloadingCert(Arc<Reloading>);
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.current().key.clone())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.current().key.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// The certificates connections present to a server, checked against the CA and
+/// revocation lists as last loaded.
+#[derive(Debug)]
+struct ReloadingClientVerifier(Arc<Reloading>);
+
+impl rustls::server::danger::ClientCertVerifier for ReloadingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        // Optional hints; the CA may change under us, so none are given.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        self.0
+            .current()
+            .client_verifier
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .current()
+            .client_verifier
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .current()
+            .client_verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.current().client_verifier.supported_verify_schemes()
+    }
+}
+
+/// The certificates servers present to this process, checked against the CA and
+/// revocation lists as last loaded.
+#[derive(Debug)]
+struct ReloadingServerVerifier(Arc<Reloading>);
+
+impl rustls::client::danger::ServerCertVerifier for ReloadingServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.0.current().server_verifier.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .current()
+            .server_verifier
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0
+            .current()
+            .server_verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.current().server_verifier.supported_verify_schemes()
+    }
 }
 
 /// What a certificate says, for `lockctl certs show`.

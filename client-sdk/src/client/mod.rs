@@ -168,6 +168,7 @@ impl Client {
             ca: cfg.ca.clone(),
             cert: cfg.cert.clone(),
             key: cfg.key.clone(),
+            crls: Vec::new(),
         };
         let (tls, me) = tls::client_config(&files, ALPN_CLIENT)
             .map_err(|reason| Error::BadRequest { reason })?;

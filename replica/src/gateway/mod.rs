@@ -165,6 +165,9 @@ pub struct ServeBounds {
     pub client_connection_bytes_max: usize,
     /// Bytes of RPCs in progress on one peer connection.
     pub peer_connection_bytes_max: usize,
+    /// The TLS files, re-read when they change: each connection is closed when its
+    /// certificate expires or is revoked ([`wire::tls::Reloading::guard`]).
+    pub tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
 /// Accepts connections until the endpoint is closed. An incoming connection beyond the
@@ -196,6 +199,9 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
             let Ok(who) = wire::identity::check_accepted(&conn, listener, peer) else {
                 return;
             };
+            if let Some(files) = &bounds.tls_files {
+                files.guard(conn.clone());
+            }
             wire::quic::grant_streams(&conn);
             if peer {
                 let budget = frame::Budget::new(bounds.peer_connection_bytes_max);

@@ -34,6 +34,9 @@ pub struct Opts {
     pub snapshot_build_delay_ms: u64,
     /// Admins and the root's ACL (default: the dev client is the admin, the root open).
     pub security: replica::config::SecurityConfig,
+    /// Give the replicas a revocation list, `tls/revoked.crl` (empty at the start):
+    /// [`TestCell::crl`].
+    pub crl: bool,
 }
 
 impl Default for Opts {
@@ -46,6 +49,7 @@ impl Default for Opts {
             request_timeout_ms: 5_000,
             snapshot_build_delay_ms: 0,
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
+            crl: false,
         }
     }
 }
@@ -69,10 +73,12 @@ impl TestCell {
     pub fn start(opts: Opts) -> TestCell {
         let dir = tempfile::tempdir().expect("tempdir");
         let tls = dir.path().join("tls");
-        wire::tls::DevCa::generate()
-            .expect("ca")
-            .write_to(&tls)
-            .expect("write tls");
+        let ca = wire::tls::DevCa::generate().expect("ca");
+        ca.write_to(&tls).expect("write tls");
+        if opts.crl {
+            let crl = ca.ca().expect("ca").crl(&[], 1, 30).expect("crl");
+            std::fs::write(tls.join("revoked.crl"), crl).expect("write crl");
+        }
         let members: Vec<Member> = (1..=opts.replicas)
             .map(|id| Member {
                 id,
@@ -96,6 +102,10 @@ impl TestCell {
 
     fn write_config(&mut self, id: u64, addr: &str, bootstrap: bool) {
         let tls = self.dir.path().join("tls");
+        let mut tls_files = TlsConfig::replica_in_dir(&tls);
+        if self.opts.crl {
+            tls_files.crls = vec![self.crl()];
+        }
         let cfg = ReplicaConfig {
             id,
             listen: addr.parse().expect("addr"),
@@ -103,7 +113,7 @@ impl TestCell {
             data_dir: self.dir.path().join(format!("replica-{id}")),
             bootstrap,
             members: self.members.clone(),
-            tls: TlsConfig::replica_in_dir(&tls),
+            tls: tls_files,
             raft: self.opts.raft.clone(),
             session: SessionConfig {
                 lease_ms: self.opts.lease_ms,
@@ -200,6 +210,21 @@ impl TestCell {
             }
         }
         out
+    }
+
+    /// The replicas' revocation list (with `Opts::crl`).
+    pub fn crl(&self) -> PathBuf {
+        self.dir.path().join("tls").join("revoked.crl")
+    }
+
+    /// The cell's CA, to issue more certificates with.
+    pub fn ca_issuer(&self) -> wire::tls::Ca {
+        let tls = self.ca.parent().expect("tls dir");
+        wire::tls::Ca::from_pem(
+            &std::fs::read_to_string(&self.ca).expect("ca.pem"),
+            &std::fs::read_to_string(tls.join(wire::tls::CA_KEY_FILE)).expect("ca.key"),
+        )
+        .expect("ca")
     }
 
     /// Waits until a running replica reports itself leader (optionally not `not`).

@@ -1,0 +1,182 @@
+//! Rotation, expiry and revocation of certificates while the cell runs (issue 24, step 4;
+//! docs/security.md, "Certificates and roles"), at real replica processes:
+//!
+//! - the replicas' certificate and key are reissued in place: within seconds every
+//!   replica presents the new one to new connections (checked by serial), and the cell
+//!   goes on (peers dial each other with it);
+//! - a client's short-lived certificate is reissued before it expires: the client, its
+//!   session and its requests go on past the old certificate's expiry, without a
+//!   restart;
+//! - a client whose certificate is not reissued stops working once it expires: its open
+//!   connections are closed at the expiry and new handshakes refused;
+//! - a certificate added to the replicas' revocation list stops working within seconds,
+//!   open connections included; the others go on.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use client_sdk::{Client, CreateMode};
+use common::{rt, serial, Opts, TestCell};
+use wire::identity::Identity;
+
+/// Writes `pem` to `path` whole (a rename), as an operator's tooling would.
+fn replace(path: &Path, pem: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, pem).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Writes a certificate and key for `uri` valid `secs` seconds into `dir` (the SDK's
+/// `client.pem`/`client.key` next to a copy of the CA).
+fn client_files(cell: &TestCell, dir: &Path, uri: &str, secs: u32) -> String {
+    let c = cell
+        .ca_issuer()
+        .issue_for_secs(&Identity::parse(uri).unwrap(), secs)
+        .unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(&cell.ca, dir.join(wire::tls::CA_FILE)).unwrap();
+    replace(&dir.join(wire::tls::CLIENT_KEY_FILE), &c.key_pem);
+    replace(&dir.join(wire::tls::CLIENT_CERT_FILE), &c.cert_pem);
+    c.cert_pem
+}
+
+async fn client_in(cell: &TestCell, dir: &Path) -> Client {
+    let mut cfg = cell.client_config();
+    cfg.ca = dir.join(wire::tls::CA_FILE);
+    cfg.cert = dir.join(wire::tls::CLIENT_CERT_FILE);
+    cfg.key = dir.join(wire::tls::CLIENT_KEY_FILE);
+    cfg.request_timeout = Duration::from_secs(5);
+    Client::connect(cfg).await.unwrap()
+}
+
+/// The serial of the certificate the replica at `addr` presents to a new connection.
+async fn presented_serial(cell: &TestCell, addr: &str) -> Vec<u8> {
+    let tls = cell.ca.parent().unwrap();
+    let (cfg, _) = wire::tls::client_config(
+        &wire::tls::TlsConfig::client_in_dir(tls),
+        wire::hello::ALPN_CLIENT,
+    )
+    .unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(wire::quic::client_config(cfg).unwrap());
+    let conn = ep
+        .connect(addr.parse().unwrap(), wire::tls::SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let chain = conn
+        .peer_identity()
+        .unwrap()
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .unwrap();
+    conn.close(0u32.into(), b"done");
+    wire::tls::serial_of_der(&chain[0]).unwrap()
+}
+
+/// Polls `f` every 200 ms until it is true or `within` passes.
+async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+#[test]
+fn certificates_rotate_expire_and_are_revoked_while_the_cell_runs() {
+    let _s = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            crl: true,
+            ..Opts::default()
+        });
+        cell.keep_on_panic();
+        let admin = cell.client().await;
+        cell.wait_leader(&admin, Duration::from_secs(20), None)
+            .await;
+        let dir = cell.dir.path();
+
+        // Two clients with certificates valid 20 s: A's will be reissued, B's not.
+        let started = Instant::now();
+        client_files(&cell, &dir.join("a"), "lock://client/a", 20);
+        client_files(&cell, &dir.join("b"), "lock://client/b", 20);
+        let a = client_in(&cell, &dir.join("a")).await;
+        let b = client_in(&cell, &dir.join("b")).await;
+        let sa = a.open_session().await.unwrap();
+        sa.create("/a", b"1".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        assert!(b.get("/a").await.is_ok());
+
+        // The replicas' certificate reissued in place (same identity, new key).
+        let tls = cell.ca.parent().unwrap();
+        let old = wire::tls::serial_of(&std::fs::read_to_string(tls.join("replica.pem")).unwrap())
+            .unwrap();
+        let r = cell
+            .ca_issuer()
+            .issue(&Identity::parse("lock://dev/replica/dev").unwrap(), 30)
+            .unwrap();
+        let new = wire::tls::serial_of(&r.cert_pem).unwrap();
+        assert_ne!(old, new);
+        replace(&tls.join("replica.key"), &r.key_pem);
+        replace(&tls.join("replica.pem"), &r.cert_pem);
+        for id in cell.procs.keys() {
+            let addr = cell.addr(*id);
+            let seen = eventually(Duration::from_secs(10), || async {
+                presented_serial(&cell, &addr).await == new
+            })
+            .await;
+            assert!(seen, "replica {id} still presents its old certificate");
+        }
+        sa.set_data("/a", b"2".to_vec(), None).await.unwrap();
+
+        // A's certificate reissued (valid a day) before the old one expires.
+        client_files(&cell, &dir.join("a"), "lock://client/a", 86_400);
+        // Past the old certificates' expiry (20 s after issue, plus margins).
+        let past = Duration::from_secs(26).saturating_sub(started.elapsed());
+        tokio::time::sleep(past).await;
+        // A goes on, with its session (no restart): the replicas closed its connections
+        // at the old expiry, and it reconnected with the new certificate.
+        sa.set_data("/a", b"3".to_vec(), None).await.unwrap();
+        assert_eq!(a.get("/a").await.unwrap().0, b"3".to_vec());
+        assert!(sa.lease_valid(), "A's session lost its lease");
+        // B's expired: refused.
+        let refused = b.get("/a").await;
+        assert!(
+            refused.is_err(),
+            "an expired certificate still works: {refused:?}"
+        );
+
+        // Revocation: C works, then its certificate is listed; its open connections
+        // are closed and new ones refused; A goes on.
+        let c_pem = client_files(&cell, &dir.join("c"), "lock://client/c", 86_400);
+        let c = client_in(&cell, &dir.join("c")).await;
+        let sc = c.open_session().await.unwrap();
+        sc.create("/c", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        let serial_c = wire::tls::serial_of(&c_pem).unwrap();
+        let crl = cell.ca_issuer().crl(&[serial_c], 2, 30).unwrap();
+        replace(&cell.crl(), &crl);
+        let cut = eventually(Duration::from_secs(15), || async {
+            c.get("/c").await.is_err()
+        })
+        .await;
+        assert!(cut, "a revoked certificate still works");
+        assert!(
+            a.get("/c").await.is_ok(),
+            "A was cut off by another's revocation"
+        );
+        assert!(sa.lease_valid());
+    });
+}
