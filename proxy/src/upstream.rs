@@ -145,7 +145,9 @@ impl Upstream {
     /// empty `Rewatch` forwarded for the client checks both and arms nothing), unless this
     /// proxy already knows another identity owns it; remembers the owner if so.
     pub async fn confirm_owner(&self, identity: &str, session: SessionId) -> Result<(), Error> {
-        if self.hub.owned_by(session, identity) == Some(false) {
+        // The proxy's own upstream session is nobody else's (a client may learn its id
+        // from `ProxyStatus`).
+        if self.hub.owned_by(session, identity) == Some(false) || session == self.session() {
             return Err(Error::NotSessionOwner {
                 session,
                 identity: identity.to_string(),

@@ -176,12 +176,12 @@ impl SecurityConfig {
             );
         }
         anyhow::ensure!(
-            self.root_acl == RootAcl::Everyone || !self.initial_admins.is_empty(),
-            "security.initial_admins is empty while security.root_acl is \"admins\": nobody \
-             could use the cell. Name at least one admin identity (for example \
+            !self.initial_admins.is_empty(),
+            "security.initial_admins is empty: a cell needs an admin (only admins change \
+             ACLs, groups, admins and the membership, so a cell without one could never \
+             replace a replica). Name at least one admin identity, for example \
              initial_admins = [\"lock://client/ops\"], with a certificate from `lockctl certs \
-             issue --role client --name ops`), or set root_acl = \"everyone\" for a \
-             development cell"
+             issue --role client --name ops`"
         );
         Ok(())
     }
@@ -390,16 +390,17 @@ initial_admins = ["lock://client/ops"]
         let mut bad = c.clone();
         bad.session.lease_ms = 900;
         assert!(bad.validate().is_err());
-        // A root only admins may use, and no admin: refused, saying what to set.
-        let mut bad = c.clone();
-        bad.security.initial_admins.clear();
-        let e = bad.validate().unwrap_err().to_string();
-        assert!(
-            e.contains("initial_admins") && e.contains("everyone"),
-            "{e}"
-        );
-        bad.security.root_acl = RootAcl::Everyone;
-        bad.validate().unwrap();
+        // No admin, whatever the root's ACL: refused, saying what to set.
+        for root_acl in [RootAcl::Admins, RootAcl::Everyone] {
+            let mut bad = c.clone();
+            bad.security.initial_admins.clear();
+            bad.security.root_acl = root_acl;
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("initial_admins") && e.contains("lockctl certs"),
+                "{e}"
+            );
+        }
         // An admin that is not an identity, or not in canonical form.
         for admin in ["ops", "lock://client/Ops", "lock://client/a/b"] {
             let mut bad = c.clone();

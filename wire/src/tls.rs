@@ -381,11 +381,7 @@ impl Ca {
                 .collect(),
             key_identifier_method: rcgen::KeyIdMethod::Sha256,
         };
-        Ok(params
-            .signed_by(&self.issuer)
-            .map_err(e)?
-            .pem()
-            .map_err(e)?)
+        params.signed_by(&self.issuer).map_err(e)?.pem().map_err(e)
     }
 }
 

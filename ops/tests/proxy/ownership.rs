@@ -156,8 +156,17 @@ fn through_a_proxy_a_session_belongs_to_the_client_that_opened_it() {
         // the proxy or directly; and a client may not forward for anyone.
         let own = proxy_status(&alice, &first[0]).await.session;
         assert_ne!(own, 0);
+        // (Nor reads under it: a proxy reads for its clients under its own session, but
+        // only the proxy may ask for that.)
         for c in [&mallory, &direct_alice] {
-            for op in [Op::KeepAlive, Op::CloseSession] {
+            for op in [
+                Op::KeepAlive,
+                Op::CloseSession,
+                Op::CachedGet { path: "/p".into() },
+                Op::Rewatch {
+                    watches: Vec::new(),
+                },
+            ] {
                 match c.call(req(own, 5_000, op)).await {
                     Err(Error::NotSessionOwner { session, .. }) => assert_eq!(session, own),
                     other => panic!("a client used the proxy's own session: {other:?}"),

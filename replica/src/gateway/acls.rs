@@ -59,6 +59,19 @@ impl Gateway {
 
     /// Refuses `me` unless it is a cell admin in this replica's applied state (membership
     /// changes and snapshots, which are not log commands checked at apply).
+    pub(super) async fn require_admin_confirmed(
+        &self,
+        me: &Acting,
+        action: &str,
+    ) -> Result<(), Error> {
+        // As a leader that has applied every committed entry (an admin's removal
+        // committed before is applied by then).
+        self.gate.confirm().await?;
+        self.require_admin(me, action)
+    }
+
+    /// [`Gateway::require_admin_confirmed`] at this replica's applied state, whatever
+    /// its role (a snapshot is asked of every replica).
     pub(super) fn require_admin(&self, me: &Acting, action: &str) -> Result<(), Error> {
         let s = self.state.read().expect("state lock");
         s.sm.security().check_bootstrapped()?;

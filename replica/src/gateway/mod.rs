@@ -478,15 +478,18 @@ impl Gateway {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),
             Op::AddLearner { id, addr } => {
-                self.require_admin(&me, "change the cell's membership")?;
+                self.require_admin_confirmed(&me, "change the cell's membership")
+                    .await?;
                 self.add_learner(id, addr).await
             }
             Op::Promote { id } => {
-                self.require_admin(&me, "change the cell's membership")?;
+                self.require_admin_confirmed(&me, "change the cell's membership")
+                    .await?;
                 self.change(ChangeMembership::Promote { id }).await
             }
             Op::RemoveMember { id } => {
-                self.require_admin(&me, "change the cell's membership")?;
+                self.require_admin_confirmed(&me, "change the cell's membership")
+                    .await?;
                 self.change(ChangeMembership::Remove { id }).await
             }
             Op::Snapshot => {

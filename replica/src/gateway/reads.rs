@@ -13,13 +13,13 @@ impl Gateway {
             return Err(Error::SessionRequired);
         }
         self.gate.confirm().await?;
-        let marked = self
-            .state
-            .read()
-            .expect("state lock")
-            .sm
-            .check_session_to_read(req.session, me)?
-            .caches;
+        let marked = {
+            let s = self.state.read().expect("state lock");
+            // Refused early (nothing proposed, nothing recorded); checked again below at
+            // the state the value is taken from.
+            s.sm.check_read(&me.identity, p)?;
+            s.sm.check_session_to_read(req.session, me)?.caches
+        };
         if !marked {
             // Once per session: log that it caches, so a future leader knows to wait for
             // its flush after a fail-over.
@@ -144,7 +144,13 @@ impl Gateway {
         self.gate.confirm().await?;
         {
             let s = self.state.read().expect("state lock");
-            s.sm.check_session_to_read(req.session, me)?;
+            // An empty `Rewatch` is how a proxy asks whether its client owns a session:
+            // the owner's check, strictly (not a proxy's read under its own session).
+            if watches.is_empty() {
+                s.sm.check_session_for(req.session, me)?;
+            } else {
+                s.sm.check_session_to_read(req.session, me)?;
+            }
             // A watch tells when a node changes: only for identities that may read it.
             // A proxy re-arming its own watches after a fail-over is not checked: each
             // was armed by a read it forwarded for a client, which was.

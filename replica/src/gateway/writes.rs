@@ -19,6 +19,14 @@ impl Gateway {
         // joins a retry in flight below): decided here, before anything is held or
         // proposed, and for good, since an owner never changes.
         self.check_owner(req.session, me).await?;
+        // A write the ACLs refuse now is refused here, before it holds anyone's cached
+        // copies or takes a log entry (apply decides in any case, at the state it meets).
+        self.state.read().expect("state lock").sm.precheck_write(
+            &me.identity,
+            req.session,
+            &ops,
+            single,
+        )?;
         // A retry (same session and request id) of a write still in flight here joins it:
         // under load clients and proxies resend while a write is held or queued, and each
         // resend would otherwise be one more log entry (applied as a duplicate, but paid

@@ -201,6 +201,55 @@ impl StateMachine {
         }
     }
 
+    /// What applying `ops` for `session` (owned by `who`) would refuse for want of a
+    /// right, judged at this state: the gateway refuses such a write early, before it
+    /// holds cached copies or takes a log entry. Only ops whose node no earlier op of the
+    /// transaction touches are judged (the others are decided at apply); apply decides
+    /// in any case.
+    pub fn precheck_write(
+        &self,
+        who: &str,
+        session: SessionId,
+        ops: &[TxnOp],
+        single: bool,
+    ) -> Result<(), Error> {
+        self.security.check_bootstrapped()?;
+        let mut touched: BTreeSet<&str> = BTreeSet::new();
+        for (i, op) in ops.iter().enumerate() {
+            let (node, right) = match op {
+                TxnOp::Create { path: p, .. } => (path::parent(p), Right::Create),
+                TxnOp::SetData { path: p, .. } => (p.as_str(), Right::Write),
+                TxnOp::Delete { path: p, .. } => (p.as_str(), Right::Write),
+                TxnOp::Check { path: p, .. } => (p.as_str(), Right::Read),
+            };
+            let own_ephemeral = matches!(op, TxnOp::Delete { .. })
+                && self
+                    .nodes
+                    .get(node)
+                    .is_some_and(|n| n.ephemeral_owner == Some(session));
+            if !touched.contains(node) && !own_ephemeral {
+                if let Err(e) = self.check_right(who, node, right) {
+                    return Err(if single {
+                        e
+                    } else {
+                        Error::TxnFailed {
+                            index: i,
+                            error: Box::new(e),
+                        }
+                    });
+                }
+            }
+            match op {
+                TxnOp::Create { path: p, .. } | TxnOp::Delete { path: p, .. } => {
+                    touched.insert(p.as_str());
+                    touched.insert(path::parent(p));
+                }
+                TxnOp::SetData { .. } | TxnOp::Check { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `identity` holds `right` on the existing node `p` (`Ok` when it does not
     /// exist: what comes of that is decided where the node is needed).
     pub fn check_right(&self, identity: &str, p: &str, right: Right) -> Result<(), Error> {

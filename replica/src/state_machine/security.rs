@@ -14,7 +14,7 @@ use wire::acl::{Acl, Right};
 use wire::Error;
 
 /// A node's ACL, as an index into [`Security`]'s table.
-pub type AclId = u32;
+pub type AclId = u64;
 
 /// The id of the ACL a fresh state's root has: admins only.
 pub const ROOT_ACL_AT_START: AclId = 0;
@@ -194,7 +194,7 @@ impl Security {
         self.next_id = self
             .next_id
             .checked_add(1)
-            .expect("fewer than 2^32 ACLs over a cell's life");
+            .expect("fewer than 2^64 ACLs over a cell's life");
         self.acls.insert(id, Interned { acl, nodes: 0 });
         id
     }

@@ -1783,7 +1783,12 @@ mod acls {
                         let allowed = h.sm.node(&parent).map(|n| {
                             h.sm.security().allows(n.acl, Right::Create, API)
                         });
-                        let r = h.write(s, create(&path, b"", eph, false));
+                        let op = create(&path, b"", eph, false);
+                        let pre = h.sm.precheck_write(API, s, std::slice::from_ref(&op), true);
+                        let r = h.write(s, op);
+                        if pre.is_err() {
+                            prop_assert_eq!(&r, &pre.map(|_| Reply::Closed), "the gateway refused what apply would not");
+                        }
                         if allowed == Some(false) {
                             prop_assert_eq!(r, Err(denied(&parent, Right::Create, API)));
                         } else if r.is_ok() {
@@ -1800,7 +1805,12 @@ mod acls {
                         let allowed = h.sm.node(&path).map(|n| {
                             own || h.sm.security().allows(n.acl, Right::Write, API)
                         });
-                        let r = h.write(s, del(&path, None));
+                        let op = del(&path, None);
+                        let pre = h.sm.precheck_write(API, s, std::slice::from_ref(&op), true);
+                        let r = h.write(s, op);
+                        if pre.is_err() {
+                            prop_assert_eq!(&r, &pre.map(|_| Reply::Closed), "the gateway refused what apply would not");
+                        }
                         if allowed == Some(false) {
                             prop_assert_eq!(r, Err(denied(&path, Right::Write, API)));
                         } else if r.is_ok() {
@@ -1822,6 +1832,7 @@ mod acls {
                                 }
                             })
                             .collect();
+                        let pre = h.sm.precheck_write(API, s, &ops, false);
                         h.index += 1;
                         let request_id = h.next_request;
                         h.next_request += 1;
@@ -1835,6 +1846,11 @@ mod acls {
                                 single: false,
                             },
                         );
+                        if pre.is_err() {
+                            // Refused early, it is refused at apply too (perhaps for an
+                            // earlier op's other fault), and changes nothing.
+                            prop_assert!(r.is_err(), "the gateway refused what apply took: {:?}", pre);
+                        }
                         if r.is_err() {
                             prop_assert_eq!(&h.sm.nodes, &before.0);
                             prop_assert_eq!(h.sm.security().counts(), before.1);
