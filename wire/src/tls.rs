@@ -766,7 +766,7 @@ pub fn client_config(
     Ok((cfg, identity))
 }
 
-/// How often at most [`Reloading::current`] looks at the files again (a handshake asks
+/// How often at most a [`Reloading`] looks at its files again (a handshake asks
 /// it; a server's watcher asks every [`RELOAD_POLL`]).
 pub const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
