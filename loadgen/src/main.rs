@@ -157,6 +157,10 @@ enum Cmd {
     /// snapshot size and time (and the write stall meanwhile), a follower's restart time
     /// and a new learner's catch-up time (ZooKeeper: a follower's with its data emptied).
     State,
+    /// Ours only: one runaway client identity, held to small limits per identity, beside
+    /// well-behaved clients looping acquire and release: their latency alone, beside it,
+    /// and beside the same abuse from an identity without limits.
+    Abuse,
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
         /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
@@ -212,6 +216,7 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "max-writes" => Cmd::MaxWrites,
         "burst" => Cmd::Burst,
         "state" => Cmd::State,
+        "abuse" => Cmd::Abuse,
         "profile" => Cmd::Profile {
             secs: None,
             fault: None,
@@ -219,7 +224,7 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         },
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
-             max-writes, burst, profile, state)"
+             max-writes, burst, profile, state, abuse)"
         ),
     })
 }
@@ -329,6 +334,13 @@ async fn run_one(
     } else {
         0
     };
+    if matches!(cmd, Cmd::Abuse) {
+        // The replicas' default limits per identity, which the abuser meets (the dev
+        // identity of the well-behaved clients is exempt in `lockctl dev`'s cell).
+        for (k, v) in scenarios::abuse::replica_env() {
+            std::env::set_var(k, v);
+        }
+    }
     let cluster = tokio::task::block_in_place(|| {
         Cluster::start(
             system,
@@ -366,6 +378,7 @@ async fn run_one(
         Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,
+        Cmd::Abuse => scenarios::abuse(&ctx).await,
         Cmd::Profile {
             secs,
             fault,

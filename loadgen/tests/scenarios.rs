@@ -373,3 +373,26 @@ fn state_snapshots_restart_and_learner() {
     assert!(figure(&v, "learner: nodes") >= 2_000.0, "{v}");
     assert!(figure(&v, "learner: sessions") >= 1_000.0, "{v}");
 }
+
+/// `abuse`: the well-behaved clients' acquires all succeed in every phase; the abuser
+/// held to its limits is refused (counted at the replicas) and still gets writes done.
+#[test]
+fn abuse_holds_the_abuser_to_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(&["abuse"], dir.path());
+    for phase in [
+        "alone",
+        "beside a limited abuser",
+        "beside an unlimited abuser",
+    ] {
+        let k = format!("acquire {phase}");
+        assert!(v["latencies"][&k]["count"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(failed(&v, &k), 0, "{v}");
+    }
+    assert!(
+        figure(&v, "refusals by limit at the replicas: requests") > 0.0,
+        "{v}"
+    );
+    assert!(figure(&v, "abuser writes per s beside a limited abuser") > 0.0, "{v}");
+    assert!(figure(&v, "acquire p99 ratio, limited abuser / alone") > 0.0, "{v}");
+}

@@ -72,7 +72,8 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
-            limits: Default::default(),
+            // The dev client drives a whole cell's load (loadgen, the tests).
+            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
             faults: Default::default(),
             // The quick start's cell: every identity may do anything, and the dev
             // client is its admin (`lockctl acl` works out of the box).
@@ -102,11 +103,14 @@ pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
         .collect();
     let mut paths = Vec::new();
     for (i, listen) in proxy_endpoints(args).iter().enumerate() {
-        let cfg = proxy::ProxyConfig::new(
+        let mut cfg = proxy::ProxyConfig::new(
             listen.parse()?,
             replicas.clone(),
             proxy::config::TlsConfig::proxy_in_dir(&abs.join("tls")),
         );
+        cfg.per_identity
+            .identities
+            .insert(wire::tls::DEV_CLIENT.into(), wire::quota::Limits::unlimited());
         cfg.validate()?;
         let path = args.data.join(format!("proxy-{}.toml", i + 1));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;

@@ -51,6 +51,11 @@ pub struct ProxyConfig {
     /// decoded and answered; a connection that reaches it waits.
     #[serde(default = "default_client_connection_bytes_max")]
     pub client_connection_bytes_max: usize,
+    /// Connections, requests in flight and sessions per client identity here (the
+    /// replicas count the same for the requests this proxy forwards; `[per_identity]`,
+    /// `[per_identity.identities."lock://client/NAME"]`).
+    #[serde(default)]
+    pub per_identity: wire::quota::QuotaConfig,
 }
 
 fn default_keepalive_interval_ms() -> u64 {
@@ -93,6 +98,7 @@ impl ProxyConfig {
             connections_max: default_connections_max(),
             connections_per_source_max: default_connections_per_source_max(),
             client_connection_bytes_max: default_client_connection_bytes_max(),
+            per_identity: Default::default(),
         }
     }
 
@@ -135,6 +141,7 @@ impl ProxyConfig {
             self.max_inflight_per_client > 0,
             "max_inflight_per_client must be > 0"
         );
+        self.per_identity.validate().map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             self.connections_max >= self.max_clients,
             "connections_max must be >= max_clients"

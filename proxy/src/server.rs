@@ -29,6 +29,8 @@ pub struct Proxy {
     /// The TLS files, re-read when they change; closes client connections whose
     /// certificate expires or is revoked.
     tls_files: Arc<wire::tls::Reloading>,
+    /// Connections and requests in flight per client identity.
+    quotas: Arc<wire::quota::Quotas>,
 }
 
 /// Runs a proxy until `shutdown` completes.
@@ -88,6 +90,7 @@ pub async fn run_on(
         hub,
         latency: Default::default(),
         tls_files,
+        quotas: wire::quota::Quotas::new(cfg.per_identity.clone()),
     });
     let tasks = vec![
         wire::rt::spawn(up.clone().batch_loop()),
@@ -186,8 +189,9 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
     }
 }
 
-/// Counts a connection until it closes (held by its loop, not by its requests).
-pub struct Connected(Arc<Hub>);
+/// Counts a connection until it closes (held by its loop, not by its requests), with its
+/// place in its identity's quota.
+pub struct Connected(Arc<Hub>, Option<wire::quota::Place>);
 
 impl Drop for Connected {
     fn drop(&mut self) {
@@ -211,11 +215,16 @@ impl wire::serve::Handler for Proxy {
 
     fn hello(
         &self,
-        _: &wire::serve::Caller,
+        caller: &wire::serve::Caller,
         hello: Result<wire::hello::Hello, Error>,
     ) -> (ClientConnection, Connected, HelloReply) {
         let count = self.hub.counters.clients.fetch_add(1, Ordering::Relaxed) + 1;
-        let connected = Connected(self.hub.clone());
+        let identity = caller.identity.as_deref().unwrap_or_default();
+        let (place, hello) = match self.quotas.connect(identity) {
+            Ok(p) => (Some(p), hello),
+            Err(e) => (None, Err(e)),
+        };
+        let connected = Connected(self.hub.clone(), place);
         let state = ClientConnection {
             inflight: Arc::new(Semaphore::new(self.cfg.max_inflight_per_client)),
         };
@@ -258,7 +267,10 @@ impl wire::serve::Handler for Proxy {
             | Op::AckInvalidations { .. }
             | Op::AckInvalidationsBatch { .. } => self.handle(me, req, received).await,
             _ => match connection.inflight.clone().try_acquire_owned() {
-                Ok(_permit) => self.handle(me, req, received).await,
+                Ok(_permit) => match self.quotas.begin(me) {
+                    Ok(_place) => self.handle(me, req, received).await,
+                    Err(e) => Err(e),
+                },
                 Err(_) => Err(Error::Busy {
                     limit: self.cfg.max_inflight_per_client as u64,
                 }),
@@ -290,6 +302,7 @@ impl Proxy {
             pending_invalidations: pending as u64,
             oldest_pending_ms: oldest.as_millis() as u64,
             request_latency: self.latency.snapshot(),
+            refused_by_limit: self.quotas.refusals(),
             clients: c.clients.load(Ordering::Relaxed),
             sessions: self.hub.session_count() as u64,
             keepalive_batches: c.keepalive_batches.load(Ordering::Relaxed),

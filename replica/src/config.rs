@@ -95,6 +95,10 @@ pub struct LimitsConfig {
     pub client_connection_bytes_max: usize,
     /// Bytes the RPCs of one peer connection may hold at once.
     pub peer_connection_bytes_max: usize,
+    /// Connections, requests in flight and sessions per client identity (a proxy's
+    /// forwarded requests count under its client's identity; a proxy's own connections
+    /// and requests are not limited here, its clients are, at the proxy and here).
+    pub per_identity: wire::quota::QuotaConfig,
 }
 
 impl Default for LimitsConfig {
@@ -104,7 +108,20 @@ impl Default for LimitsConfig {
             connections_per_source_max: wire::CONNECTIONS_PER_SOURCE_MAX,
             client_connection_bytes_max: wire::CLIENT_CONNECTION_BYTES_MAX,
             peer_connection_bytes_max: wire::PEER_CONNECTION_BYTES_MAX,
+            per_identity: Default::default(),
         }
+    }
+}
+
+impl LimitsConfig {
+    /// The defaults, with `identity` unlimited (a development cell's client, which
+    /// loadgen and the tests drive at a whole cell's scale).
+    pub fn unlimited_for(identity: &str) -> LimitsConfig {
+        let mut l = LimitsConfig::default();
+        l.per_identity
+            .identities
+            .insert(identity.to_string(), wire::quota::Limits::unlimited());
+        l
     }
 }
 
@@ -328,6 +345,7 @@ impl ReplicaConfig {
             "limits.*_connection_bytes_max must be below 4 GiB"
         );
         self.security.validate()?;
+        l.per_identity.validate().map_err(anyhow::Error::msg)?;
         if self.bootstrap {
             anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");
             anyhow::ensure!(

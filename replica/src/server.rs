@@ -227,6 +227,7 @@ pub async fn run_on(
         latency: Default::default(),
         peer_dials,
         last_digest: Default::default(),
+        quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
     });
     let l = &cfg.limits;
     let bounds = crate::gateway::ServeBounds {

@@ -236,6 +236,19 @@ pub enum Error {
         /// The identity that asked.
         identity: String,
     },
+    /// The identity holds as many connections, requests in flight or sessions as the
+    /// server's limit per identity allows (`docs/security.md`, "Limits per identity").
+    /// Nothing was done. Requests in flight: retry once an answer arrives (the SDK does,
+    /// with backoff); connections and sessions: close some first.
+    #[error("{identity} holds {limit} {what}, its limit at this server; nothing was done")]
+    TooManyFor {
+        /// The identity.
+        identity: String,
+        /// What it holds too many of.
+        what: crate::quota::Limited,
+        /// Its limit.
+        limit: u64,
+    },
     /// Only a cell admin may do this. Nothing was done.
     #[error("{identity} may not {action}: only a cell admin may")]
     NotAdmin {
@@ -295,6 +308,10 @@ impl Error {
                 | Error::Timeout { .. }
                 | Error::Connection { .. }
                 | Error::Busy { .. }
+                | Error::TooManyFor {
+                    what: crate::quota::Limited::Requests,
+                    ..
+                }
         )
     }
 
@@ -316,6 +333,7 @@ impl Error {
                 | Error::LimitExceeded { .. }
                 | Error::NotSessionOwner { .. }
                 | Error::Busy { .. }
+                | Error::TooManyFor { .. }
         )
     }
 }

@@ -46,6 +46,7 @@ pub mod identity;
 pub mod latency;
 pub mod limits;
 pub mod path;
+pub mod quota;
 pub mod quic;
 #[cfg(feature = "raft")]
 pub mod raft;

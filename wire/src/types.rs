@@ -193,6 +193,9 @@ pub struct Status {
     /// plus one after each failure of a connection. Growing steadily on a healthy cell
     /// means connections are not being reused.
     pub peer_dials: u64,
+    /// Refusals by the limits per identity since start: connections, requests in
+    /// flight, sessions ([`crate::quota`]).
+    pub refused_by_limit: [u64; 3],
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.
@@ -229,6 +232,9 @@ pub struct ProxyStatus {
     /// from accepting the request's stream to the answer, the wait for the cell included
     /// (see [`crate::latency`]).
     pub request_latency: Vec<crate::latency::OpLatency>,
+    /// Refusals by the limits per identity since start: connections, requests in
+    /// flight, sessions ([`crate::quota`]).
+    pub refused_by_limit: [u64; 3],
 }
 
 /// A request from a client (or proxy) to a replica.

@@ -204,12 +204,14 @@ pub(crate) fn ticker(d: Duration, what: &str) -> (ProgressBar, tokio::task::Join
     });
     (pb, h)
 }
+pub mod abuse;
 mod acquire;
 mod burst;
 mod failover;
 mod herd;
 mod max_writes;
 
+pub use abuse::abuse;
 pub use acquire::acquire;
 pub use burst::burst;
 pub use failover::{failover, takeover};

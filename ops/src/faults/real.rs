@@ -90,7 +90,8 @@ impl Cell {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
-            limits: Default::default(),
+            // The dev client drives a whole cell's load (loadgen, the tests).
+            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
             faults: Default::default(),
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         };

@@ -140,3 +140,99 @@ fn a_proxy_serves_a_cached_node_only_to_identities_the_leader_answered() {
         );
     });
 }
+
+/// Limits per identity at a proxy (issue 24, step 5): an identity at its limits of
+/// connections and requests in flight is refused with `TooManyFor` (and counted in
+/// `ProxyStatus`), while another identity through the same proxy goes on.
+#[test]
+fn a_proxy_holds_an_identity_to_its_limits() {
+    let _s = serial();
+    // The proxies read their configuration with these overrides at start (the dev
+    // client stays unlimited: its own entry in `lockctl dev`'s configuration).
+    let env = [
+        ("LOCKSVC_PROXY__PER_IDENTITY__DEFAULT__CONNECTIONS", "1"),
+        ("LOCKSVC_PROXY__PER_IDENTITY__DEFAULT__REQUESTS", "2"),
+    ];
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+    let cell = Cell::start(1);
+    for (k, _) in env {
+        std::env::remove_var(k);
+    }
+    rt().block_on(async {
+        let proxy = &cell.proxies[..];
+        let alice = cell.client(proxy).await;
+        let mallory = client_as(&cell, "mallory", proxy).await;
+        mallory.get("/").await.unwrap();
+        // A second connection of the same identity: refused at its hello.
+        let mut cfg = ClientConfig::new(proxy.to_vec(), cell.ca());
+        let dir = cell.data.join("client-mallory");
+        (cfg.cert, cfg.key) = (dir.join("c.pem"), dir.join("c.key"));
+        let second = match Client::connect(cfg).await {
+            Ok(c) => c.get("/").await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(
+                &second,
+                Err(Error::TooManyFor {
+                    what: wire::quota::Limited::Connections,
+                    limit: 1,
+                    ..
+                })
+            ),
+            "{second:?}"
+        );
+        // Requests in flight: 30 reads at once, one attempt each.
+        let addr: std::net::SocketAddr = proxy[0].parse().unwrap();
+        let tries = (0..30).map(|_| {
+            let m = &mallory;
+            async move {
+                m.call_at(
+                    addr,
+                    &Request {
+                        session: 0,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: Op::Children {
+                            path: "/".into(),
+                            watch: false,
+                        },
+                    },
+                )
+                .await
+            }
+        });
+        let results = futures::future::join_all(tries).await;
+        let refused = results
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r,
+                    Err(Error::TooManyFor {
+                        what: wire::quota::Limited::Requests,
+                        limit: 2,
+                        ..
+                    })
+                )
+            })
+            .count();
+        assert!(refused > 0, "30 reads at once never met the limit of 2");
+        assert!(
+            results.iter().all(|r| r.is_ok()
+                || matches!(r, Err(Error::TooManyFor { .. }))),
+            "{results:?}"
+        );
+        // Alice (another identity) goes on, with as many connections as she likes.
+        let alice_2 = cell.client(proxy).await;
+        alice.get("/").await.unwrap();
+        alice_2.get("/").await.unwrap();
+        let st = proxy_status(&alice, &proxy[0]).await;
+        assert!(
+            st.refused_by_limit[0] >= 1 && st.refused_by_limit[1] >= 1,
+            "{:?}",
+            st.refused_by_limit
+        );
+    });
+}

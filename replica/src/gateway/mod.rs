@@ -83,6 +83,8 @@ pub struct Gateway {
     pub latency: wire::latency::Recorder,
     /// Connections dialed to peers (`PeerNetworkFactory::dials`), for [`Status`].
     pub peer_dials: Arc<std::sync::atomic::AtomicU64>,
+    /// Connections, requests in flight and sessions per client identity.
+    pub quotas: Arc<wire::quota::Quotas>,
     /// When the last [`Op::StateDigest`] was computed: one at a time, at most one per
     /// [`DIGEST_INTERVAL`] (each walks the whole state under its read lock, which holds
     /// applies back).
@@ -217,13 +219,25 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
 /// the loop around it is `wire::serve`'s, shared with the proxies.
 impl wire::serve::Handler for Gateway {
     type Connection = ();
-    type Held = ();
+    /// The connection's place in its identity's quota (none for a proxy of this cell,
+    /// whose clients are counted one by one).
+    type Held = Option<wire::quota::Place>;
 
     fn hello(
         &self,
         caller: &wire::serve::Caller,
         hello: Result<wire::hello::Hello, Error>,
-    ) -> ((), (), HelloReply) {
+    ) -> ((), Self::Held, HelloReply) {
+        let identity = caller.identity.as_deref().unwrap_or_default();
+        let place = if self.is_own_proxy(identity) {
+            Ok(None)
+        } else {
+            self.quotas.connect(identity).map(Some)
+        };
+        let (place, hello) = match place {
+            Ok(p) => (p, hello),
+            Err(e) => (None, Err(e)),
+        };
         let reply: HelloReply = match hello {
             Ok(h) => h.check().map(|_| {
                 tracing::debug!(remote = %caller.peer, agent = %h.agent, "client connected");
@@ -238,7 +252,7 @@ impl wire::serve::Handler for Gateway {
         if let Err(e) = &reply {
             tracing::info!(remote = %caller.peer, "refused client hello: {e}");
         }
-        ((), (), reply)
+        ((), place, reply)
     }
 
     async fn request(
@@ -276,13 +290,19 @@ impl Gateway {
         let op = req.op.name();
         let r = match req.op {
             Op::Forwarded { identity, op } => match self.forwarded_caller(caller, identity, &op) {
-                Ok(client) => {
-                    self.dispatch(&client, Request { op: *op, ..req }, received)
-                        .await
-                }
+                Ok(client) => match self.request_place(&client, &op) {
+                    Ok(_place) => {
+                        self.dispatch(&client, Request { op: *op, ..req }, received)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
-            _ => self.dispatch(caller, req, received).await,
+            _ => match self.request_place(caller, &req.op) {
+                Ok(_place) => self.dispatch(caller, req, received).await,
+                Err(e) => Err(e),
+            },
         };
         self.latency.record(op, received.elapsed());
         self.with_leader_hint(r)
@@ -315,6 +335,31 @@ impl Gateway {
             });
         }
         caller.forwarded_for(identity, |me| self.is_own_proxy(me))
+    }
+
+    /// A place for `op` in its acting identity's requests in flight, held while it is
+    /// answered: none needed for KeepAlives and acknowledgements (never refused, so a
+    /// client at its limit keeps its sessions), nor for a proxy's own requests (its
+    /// clients' are counted under their identities).
+    fn request_place(
+        &self,
+        caller: &wire::serve::Caller,
+        op: &Op,
+    ) -> Result<Option<wire::quota::Place>, Error> {
+        if matches!(
+            op,
+            Op::KeepAlive
+                | Op::KeepAliveBatch { .. }
+                | Op::AckInvalidations { .. }
+                | Op::AckInvalidationsBatch { .. }
+        ) {
+            return Ok(None);
+        }
+        let identity = caller.acting_as().unwrap_or_default();
+        if caller.on_behalf_of().is_none() && self.is_own_proxy(identity) {
+            return Ok(None);
+        }
+        self.quotas.begin(identity).map(Some)
     }
 
     /// Whether `identity` is a proxy of this replica's cell.

@@ -15,6 +15,15 @@ impl Gateway {
             });
         }
         let owner = me.identity.clone();
+        // At most its limit of sessions (counted in the applied state; requests in flight
+        // bound how far concurrent opens can pass it).
+        let open = self
+            .state
+            .read()
+            .expect("state lock")
+            .sm
+            .sessions_of(&owner);
+        self.quotas.check_sessions(&owner, open)?;
         match self.propose(Command::CreateSession { owner }).await? {
             Reply::SessionCreated { session, .. } => Ok(Reply::SessionCreated {
                 session,

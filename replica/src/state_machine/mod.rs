@@ -116,6 +116,8 @@ pub struct StateMachine {
     last_index: LogIndex,
     /// Admins, groups and the ACL table.
     security: Security,
+    /// Open sessions per owner (for the limits per identity).
+    owners: BTreeMap<String, u64>,
 }
 
 impl Default for StateMachine {
@@ -148,6 +150,7 @@ impl StateMachine {
             ended: BTreeSet::new(),
             last_index: 0,
             security: Security::new(),
+            owners: BTreeMap::new(),
         }
     }
 
@@ -173,6 +176,11 @@ impl StateMachine {
             *actual.entry(n.acl).or_insert(0u64) += 1;
         }
         assert_eq!(self.security.counts(), actual, "the ACL table's counts");
+        let mut owners = BTreeMap::new();
+        for s in self.sessions.values() {
+            *owners.entry(s.owner.clone()).or_insert(0u64) += 1;
+        }
+        assert_eq!(self.owners, owners, "the sessions counted per owner");
     }
 
     /// The admins, groups and ACLs.
@@ -298,6 +306,11 @@ impl StateMachine {
     /// Open sessions with their recorded silence (see [`LeaseCheckpoint`]).
     pub fn sessions(&self) -> impl Iterator<Item = (SessionId, &Session)> {
         self.sessions.iter().map(|(id, s)| (*id, s))
+    }
+
+    /// How many sessions `owner` has open.
+    pub fn sessions_of(&self, owner: &str) -> u64 {
+        self.owners.get(owner).copied().unwrap_or(0)
     }
 
     /// One open session.
@@ -471,6 +484,7 @@ impl StateMachine {
             Command::Noop => Ok(Reply::Closed),
             Command::CreateSession { owner } => {
                 let id = wire::types::session_id(index, opened);
+                *self.owners.entry(owner.clone()).or_default() += 1;
                 self.sessions.insert(
                     id,
                     Session {
@@ -584,6 +598,12 @@ impl StateMachine {
             .sessions
             .remove(&id)
             .expect("end_session of an open session");
+        if let Some(n) = self.owners.get_mut(&session.owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.owners.remove(&session.owner);
+            }
+        }
         // Children before parents cannot happen (ephemerals have no children), so any
         // order works; name order keeps effects deterministic.
         for p in &session.ephemerals {

@@ -1721,6 +1721,25 @@ mod acls {
         assert_ne!(other.digest(), h.sm.digest());
     }
 
+    /// Sessions are counted per owner (the limits per identity read the count) through
+    /// opens, closes and expiries.
+    #[test]
+    fn sessions_are_counted_per_owner() {
+        let mut h = open_harness();
+        let a: Vec<u64> = (0..3).map(|_| session_of(&mut h, API)).collect();
+        let b = session_of(&mut h, WORKER);
+        assert_eq!((h.sm.sessions_of(API), h.sm.sessions_of(WORKER)), (3, 1));
+        assert!(h.apply(Command::CloseSession { session: a[0] }).0.is_ok());
+        assert!(h
+            .apply(Command::ExpireSessions {
+                sessions: vec![a[1], b],
+            })
+            .0
+            .is_ok());
+        assert_eq!((h.sm.sessions_of(API), h.sm.sessions_of(WORKER)), (1, 0));
+        h.sm.assert_acl_counts();
+    }
+
     #[derive(Debug, Clone)]
     enum AclAction {
         Create(u8, bool),

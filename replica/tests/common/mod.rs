@@ -34,6 +34,8 @@ pub struct Opts {
     pub snapshot_build_delay_ms: u64,
     /// Admins and the root's ACL (default: the dev client is the admin, the root open).
     pub security: replica::config::SecurityConfig,
+    /// `[limits]` of every replica (default: the dev client unlimited).
+    pub limits: replica::config::LimitsConfig,
     /// Give the replicas a revocation list, `tls/revoked.crl` (empty at the start):
     /// [`TestCell::crl`].
     pub crl: bool,
@@ -50,6 +52,7 @@ impl Default for Opts {
             snapshot_build_delay_ms: 0,
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
             crl: false,
+            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
         }
     }
 }
@@ -121,7 +124,7 @@ impl TestCell {
                 ..SessionConfig::default()
             },
             request_timeout_ms: self.opts.request_timeout_ms,
-            limits: Default::default(),
+            limits: self.opts.limits.clone(),
             faults: replica::config::FaultsConfig {
                 snapshot_build_delay_ms: self.opts.snapshot_build_delay_ms,
             },

@@ -306,7 +306,8 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
                 ..SessionConfig::default()
             },
             request_timeout_ms: 5_000,
-            limits: Default::default(),
+            // The dev client drives a whole cell's load (loadgen, the tests).
+            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
             faults: Default::default(),
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         };
@@ -352,6 +353,9 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             TlsConfig::proxy_in_dir(&tls),
         );
         cfg.stats_interval_ms = 0;
+        cfg.per_identity
+            .identities
+            .insert(wire::tls::DEV_CLIENT.into(), wire::quota::Limits::unlimited());
         let seed = plan.seed;
         let extra = rates[REPLICAS].1;
         let paused = pauses.switch(PROXY);
