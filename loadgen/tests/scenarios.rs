@@ -393,6 +393,12 @@ fn abuse_holds_the_abuser_to_its_limits() {
         figure(&v, "refusals by limit at the replicas: requests") > 0.0,
         "{v}"
     );
-    assert!(figure(&v, "abuser writes per s beside a limited abuser") > 0.0, "{v}");
-    assert!(figure(&v, "acquire p99 ratio, limited abuser / alone") > 0.0, "{v}");
+    assert!(
+        figure(&v, "abuser writes per s beside a limited abuser") > 0.0,
+        "{v}"
+    );
+    assert!(
+        figure(&v, "acquire p99 ratio, limited abuser / alone") > 0.0,
+        "{v}"
+    );
 }

@@ -108,9 +108,10 @@ pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             replicas.clone(),
             proxy::config::TlsConfig::proxy_in_dir(&abs.join("tls")),
         );
-        cfg.per_identity
-            .identities
-            .insert(wire::tls::DEV_CLIENT.into(), wire::quota::Limits::unlimited());
+        cfg.per_identity.identities.insert(
+            wire::tls::DEV_CLIENT.into(),
+            wire::quota::Limits::unlimited(),
+        );
         cfg.validate()?;
         let path = args.data.join(format!("proxy-{}.toml", i + 1));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;

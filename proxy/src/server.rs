@@ -190,8 +190,8 @@ async fn serve(endpoint: quinn::Endpoint, p: Arc<Proxy>) {
 }
 
 /// Counts a connection until it closes (held by its loop, not by its requests), with its
-/// place in its identity's quota.
-pub struct Connected(Arc<Hub>, Option<wire::quota::Place>);
+/// place in its identity's quota (given back when this is dropped).
+pub struct Connected(Arc<Hub>, #[allow(dead_code)] Option<wire::quota::Place>);
 
 impl Drop for Connected {
     fn drop(&mut self) {

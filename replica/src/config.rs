@@ -428,6 +428,20 @@ initial_admins = ["lock://client/ops"]
         }
     }
 
+    /// A development cell's limits (its client unlimited) survive TOML, whose integers
+    /// are signed.
+    #[test]
+    fn unlimited_limits_survive_toml() {
+        let l = LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT);
+        let text = toml::to_string(&l).unwrap();
+        let back: LimitsConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back, l);
+        assert_eq!(
+            back.per_identity.limits(wire::tls::DEV_CLIENT),
+            wire::quota::Limits::unlimited()
+        );
+    }
+
     /// Environment variables are process-wide: the tests that load configs take turns.
     static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 

@@ -46,8 +46,8 @@ pub mod identity;
 pub mod latency;
 pub mod limits;
 pub mod path;
-pub mod quota;
 pub mod quic;
+pub mod quota;
 #[cfg(feature = "raft")]
 pub mod raft;
 pub mod rt;

@@ -37,6 +37,10 @@ impl std::fmt::Display for Limited {
     }
 }
 
+/// A limit that is never met: the largest a TOML configuration can hold (its integers
+/// are signed 64-bit).
+pub const UNLIMITED: u64 = i64::MAX as u64;
+
 /// One identity's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -65,12 +69,12 @@ impl Default for Limits {
 
 impl Limits {
     /// No limit (an identity trusted with the whole cell: a development cell's client,
-    /// a load generator).
+    /// a load generator): [`UNLIMITED`] of each.
     pub fn unlimited() -> Limits {
         Limits {
-            connections: u64::MAX,
-            requests: u64::MAX,
-            sessions: u64::MAX,
+            connections: UNLIMITED,
+            requests: UNLIMITED,
+            sessions: UNLIMITED,
         }
     }
 

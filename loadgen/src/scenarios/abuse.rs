@@ -76,15 +76,16 @@ pub async fn abuse(ctx: &Ctx) -> anyhow::Result<Report> {
     let abuser_dir = ctx.cluster.dir().join("abuser");
     std::fs::create_dir_all(&abuser_dir)?;
     let c = ca
-        .issue(&wire::identity::Identity::parse(ABUSER).map_err(anyhow::Error::msg)?, 1)
+        .issue(
+            &wire::identity::Identity::parse(ABUSER).map_err(anyhow::Error::msg)?,
+            1,
+        )
         .map_err(anyhow::Error::msg)?;
     std::fs::write(abuser_dir.join("client.pem"), c.cert_pem)?;
     std::fs::write(abuser_dir.join("client.key"), c.key_pem)?;
     let limited = || {
-        let mut cfg = crate::systems::ours_config(
-            ctx.cluster.endpoints.clone(),
-            ctx.cluster.ca.clone(),
-        );
+        let mut cfg =
+            crate::systems::ours_config(ctx.cluster.endpoints.clone(), ctx.cluster.ca.clone());
         cfg.cert = abuser_dir.join("client.pem");
         cfg.key = abuser_dir.join("client.key");
         cfg
@@ -155,8 +156,14 @@ pub async fn abuse(ctx: &Ctx) -> anyhow::Result<Report> {
         );
     }
     if p99s[0] > 0.0 {
-        r.figure("acquire p99 ratio, limited abuser / alone", p99s[1] / p99s[0]);
-        r.figure("acquire p99 ratio, unlimited abuser / alone", p99s[2] / p99s[0]);
+        r.figure(
+            "acquire p99 ratio, limited abuser / alone",
+            p99s[1] / p99s[0],
+        );
+        r.figure(
+            "acquire p99 ratio, unlimited abuser / alone",
+            p99s[2] / p99s[0],
+        );
     }
     r.notes.push(
         "The well-behaved clients' every acquire and release must succeed (a failure ends \
@@ -190,7 +197,7 @@ async fn refusals(ctx: &Ctx) -> [u64; 3] {
 
 /// The well-behaved clients' acquire latencies over `phase`.
 async fn measure(
-    sessions: &[crate::systems::Sess],
+    sessions: &[Arc<crate::systems::Sess>],
     phase: Duration,
     name: &str,
 ) -> anyhow::Result<Lat> {

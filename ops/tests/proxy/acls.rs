@@ -220,8 +220,9 @@ fn a_proxy_holds_an_identity_to_its_limits() {
             .count();
         assert!(refused > 0, "30 reads at once never met the limit of 2");
         assert!(
-            results.iter().all(|r| r.is_ok()
-                || matches!(r, Err(Error::TooManyFor { .. }))),
+            results
+                .iter()
+                .all(|r| r.is_ok() || matches!(r, Err(Error::TooManyFor { .. }))),
             "{results:?}"
         );
         // Alice (another identity) goes on, with as many connections as she likes.

@@ -353,9 +353,10 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             TlsConfig::proxy_in_dir(&tls),
         );
         cfg.stats_interval_ms = 0;
-        cfg.per_identity
-            .identities
-            .insert(wire::tls::DEV_CLIENT.into(), wire::quota::Limits::unlimited());
+        cfg.per_identity.identities.insert(
+            wire::tls::DEV_CLIENT.into(),
+            wire::quota::Limits::unlimited(),
+        );
         let seed = plan.seed;
         let extra = rates[REPLICAS].1;
         let paused = pauses.switch(PROXY);
