@@ -23,9 +23,11 @@ pub enum CertsCommand {
         /// Where to write `ca.pem` and `ca.key` (created if missing; an existing CA there
         /// is not overwritten).
         dir: PathBuf,
-        /// The CA's name (its subject's common name).
-        #[arg(long, default_value = "lockservice CA")]
-        name: String,
+        /// The CA's name (its subject's common name). Default: `lockservice CA` and the
+        /// time it is made, so that each CA generation has a name of its own (servers
+        /// match a revocation list to its CA by name).
+        #[arg(long)]
+        name: Option<String>,
         /// Days the CA is valid (at most 36 500).
         #[arg(long, default_value_t = 3650)]
         days: u32,
@@ -108,7 +110,15 @@ pub struct IssueArgs {
 /// Runs a `lockctl certs` command.
 pub fn run(cmd: &CertsCommand) -> anyhow::Result<()> {
     match cmd {
-        CertsCommand::Init { dir, name, days } => init(dir, name, *days),
+        CertsCommand::Init { dir, name, days } => {
+            let name = name.clone().unwrap_or_else(|| {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                format!("lockservice CA {secs}")
+            });
+            init(dir, &name, *days)
+        }
         CertsCommand::Issue(a) => issue(a),
         CertsCommand::Show { file } => show(file),
         CertsCommand::Revoke { ca_dir, crl, certs } => revoke(ca_dir, crl, certs),

@@ -69,6 +69,12 @@ pub async fn run_on(
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
     ccfg.cert = cfg.tls.cert.clone();
     ccfg.key = cfg.tls.key.clone();
+    // The replicas' certificates are checked against the proxy's revocation lists too.
+    ccfg.crls = cfg.tls.crls.clone();
+    // A replica's refusal of a client's request by its identity's limit goes back to
+    // that client (who retries), rather than being retried here for the forward
+    // timeout while the client's places are held.
+    ccfg.retry_limit_refusals = false;
     ccfg.sockets = sockets;
     ccfg.agent = format!("proxy {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
     ccfg.attempt_timeout = Duration::from_millis(cfg.forward_timeout_ms);

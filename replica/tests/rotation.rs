@@ -10,7 +10,9 @@
 //! - a client whose certificate is not reissued stops working once it expires: its open
 //!   connections are closed at the expiry and new handshakes refused;
 //! - a certificate added to the replicas' revocation list stops working within seconds,
-//!   open connections included; the others go on.
+//!   open connections included; the others go on;
+//! - a client whose own revocation list comes to name the replicas' certificate closes
+//!   its connections to them.
 
 mod common;
 
@@ -178,5 +180,36 @@ fn certificates_rotate_expire_and_are_revoked_while_the_cell_runs() {
             "A was cut off by another's revocation"
         );
         assert!(sa.lease_valid());
+
+        // The dialing side: a client whose own revocation list (`ClientConfig::crls`)
+        // comes to name the replicas' certificate closes its connections to them and
+        // makes no new ones.
+        client_files(&cell, &dir.join("d"), "lock://client/d", 86_400);
+        let d_crl = dir.join("d").join("servers.crl");
+        replace(&d_crl, &cell.ca_issuer().crl(&[], 1, 30).unwrap());
+        let mut cfg = cell.client_config();
+        cfg.ca = dir.join("d").join(wire::tls::CA_FILE);
+        cfg.cert = dir.join("d").join(wire::tls::CLIENT_CERT_FILE);
+        cfg.key = dir.join("d").join(wire::tls::CLIENT_KEY_FILE);
+        cfg.crls = vec![d_crl.clone()];
+        cfg.request_timeout = Duration::from_secs(5);
+        let d = Client::connect(cfg).await.unwrap();
+        assert!(d.get("/a").await.is_ok());
+        replace(
+            &d_crl,
+            &cell
+                .ca_issuer()
+                .crl(std::slice::from_ref(&new), 2, 30)
+                .unwrap(),
+        );
+        let cut = eventually(Duration::from_secs(15), || async {
+            d.get("/a").await.is_err()
+        })
+        .await;
+        assert!(
+            cut,
+            "a client went on with a server whose certificate it revoked"
+        );
+        assert!(a.get("/a").await.is_ok());
     });
 }

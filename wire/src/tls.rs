@@ -754,6 +754,15 @@ pub fn client_config(
     tls: &TlsConfig,
     alpn: &[u8],
 ) -> Result<(rustls::ClientConfig, Identity), String> {
+    client_config_reloading(tls, alpn).map(|(cfg, id, _)| (cfg, id))
+}
+
+/// [`client_config`], with the [`Reloading`] files, to close dialed connections whose
+/// server's certificate expires or is revoked ([`Reloading::guard_dialed`]).
+pub fn client_config_reloading(
+    tls: &TlsConfig,
+    alpn: &[u8],
+) -> Result<(rustls::ClientConfig, Identity, Arc<Reloading>), String> {
     let files = Reloading::open(tls)?;
     let identity = files.identity.clone();
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
@@ -761,9 +770,9 @@ pub fn client_config(
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(ReloadingServerVerifier(files.clone())))
-        .with_client_cert_resolver(Arc::new(ReloadingCert(files)));
+        .with_client_cert_resolver(Arc::new(ReloadingCert(files.clone())));
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    Ok((cfg, identity))
+    Ok((cfg, identity, files))
 }
 
 /// How often at most a [`Reloading`] looks at its files again (a handshake asks
@@ -916,6 +925,34 @@ impl Reloading {
     /// files were taken, when it no longer checks against the CA and revocation lists
     /// (revoked, or its CA no longer trusted). Ends with the connection.
     pub fn guard(self: &Arc<Self>, conn: quinn::Connection) {
+        self.guard_with(conn, |loaded, chain| {
+            loaded
+                .client_verifier
+                .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+                .map(|_| ())
+        })
+    }
+
+    /// [`Reloading::guard`] for a connection this process dialed: closed when the
+    /// server's certificate expires, or no longer checks (revoked, its CA no longer
+    /// trusted) after new files were taken. (A replica's connections to its peers: a
+    /// revoked replica gets no more of the log.)
+    pub fn guard_dialed(self: &Arc<Self>, conn: quinn::Connection) {
+        self.guard_with(conn, |loaded, chain| {
+            let name = rustls::pki_types::ServerName::try_from(SERVER_NAME)
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            loaded
+                .server_verifier
+                .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+                .map(|_| ())
+        })
+    }
+
+    fn guard_with(
+        self: &Arc<Self>,
+        conn: quinn::Connection,
+        check: fn(&Loaded, &[CertificateDer<'static>]) -> Result<(), rustls::Error>,
+    ) {
         self.watch();
         let Some(chain) = conn
             .peer_identity()
@@ -932,6 +969,8 @@ impl Reloading {
             .unwrap_or(i64::MAX);
         let me = self.clone();
         let mut generation = self.generation.subscribe();
+        // Files taken between the handshake and here: checked at once.
+        generation.mark_changed();
         crate::rt::spawn(async move {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -956,11 +995,7 @@ impl Reloading {
                             return;
                         }
                         let current = me.current();
-                        if let Err(e) = current.client_verifier.verify_client_cert(
-                            &chain[0],
-                            &chain[1..],
-                            UnixTime::now(),
-                        ) {
+                        if let Err(e) = check(&current, &chain) {
                             tracing::info!(remote = %conn.remote_address(), "closing a connection: its certificate no longer checks: {e}");
                             let reason = format!("the certificate no longer checks: {e}");
                             conn.close(CLOSE_CERTIFICATE.into(), reason.as_bytes());

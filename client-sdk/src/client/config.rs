@@ -47,6 +47,13 @@ pub struct ClientConfig {
     /// The UDP sockets the client's QUIC endpoint runs on (default: the operating
     /// system's; the fault suite's simulation passes simulated ones).
     pub sockets: wire::quic::Sockets,
+    /// Certificate revocation lists (PEM) the servers' certificates are checked against
+    /// (default none); re-read with the other files when they change.
+    pub crls: Vec<PathBuf>,
+    /// Retry a request refused by the server's limit on the identity's requests in
+    /// flight (`Error::TooManyFor`), with backoff, until the request's deadline (the
+    /// default); a proxy sets it false and passes the refusal to its client, who retries.
+    pub retry_limit_refusals: bool,
 }
 
 /// Most sessions one client holds open: each keeps an event stream open on the client's
@@ -103,6 +110,8 @@ impl ClientConfig {
             agent: format!("client-sdk {}", env!("CARGO_PKG_VERSION")),
             sessions_max: SESSIONS_PER_CLIENT_MAX,
             sockets: wire::quic::Sockets::Os,
+            crls: Vec::new(),
+            retry_limit_refusals: true,
         }
     }
 }

@@ -58,6 +58,9 @@ struct Inner {
     silenced: std::sync::Mutex<HashMap<SocketAddr, (Instant, Error)>>,
     /// Sessions open (or opening) on this client, each holding a [`SessionSlot`].
     sessions: Arc<std::sync::atomic::AtomicUsize>,
+    /// The TLS files, re-read when they change; each connection dialed is closed when
+    /// its server's certificate expires or is revoked.
+    tls_files: Arc<tls::Reloading>,
 }
 
 /// One of a client's [`ClientConfig::sessions_max`] places for a session; given back when
@@ -168,9 +171,9 @@ impl Client {
             ca: cfg.ca.clone(),
             cert: cfg.cert.clone(),
             key: cfg.key.clone(),
-            crls: Vec::new(),
+            crls: cfg.crls.clone(),
         };
-        let (tls, me) = tls::client_config(&files, ALPN_CLIENT)
+        let (tls, me, tls_files) = tls::client_config_reloading(&files, ALPN_CLIENT)
             .map_err(|reason| Error::BadRequest { reason })?;
         if let Identity::Replica { .. } = me {
             return Err(Error::BadRequest {
@@ -203,6 +206,7 @@ impl Client {
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
             silenced: std::sync::Mutex::new(HashMap::default()),
             sessions: Arc::default(),
+            tls_files,
         });
         wire::rt::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
@@ -270,6 +274,8 @@ impl Client {
             // happens to listen at a configured address.
             wire::identity::check_dialed(&conn, wire::identity::Dialed::Server)
                 .map_err(|e| conn_err(format!("{addr}: {e}")))?;
+            // Closed when the server's certificate expires or is revoked.
+            self.inner.tls_files.guard_dialed(conn.clone());
             let hello = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;
@@ -496,6 +502,9 @@ impl Client {
                             break;
                         }
                     }
+                    Err(e @ Error::TooManyFor { .. }) if !self.inner.cfg.retry_limit_refusals => {
+                        return Err(e)
+                    }
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
@@ -576,6 +585,9 @@ impl Client {
                         if redirected {
                             break;
                         }
+                    }
+                    Err(e @ Error::TooManyFor { .. }) if !self.inner.cfg.retry_limit_refusals => {
+                        return Err(e)
                     }
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
