@@ -754,15 +754,6 @@ pub fn client_config(
     tls: &TlsConfig,
     alpn: &[u8],
 ) -> Result<(rustls::ClientConfig, Identity), String> {
-    client_config_reloading(tls, alpn).map(|(cfg, id, _)| (cfg, id))
-}
-
-/// [`client_config`], with the [`Reloading`] files, to close dialed connections whose
-/// server's certificate expires or is revoked ([`Reloading::guard_dialed`]).
-pub fn client_config_reloading(
-    tls: &TlsConfig,
-    alpn: &[u8],
-) -> Result<(rustls::ClientConfig, Identity, Arc<Reloading>), String> {
     let files = Reloading::open(tls)?;
     let identity = files.identity.clone();
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
@@ -770,9 +761,9 @@ pub fn client_config_reloading(
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(ReloadingServerVerifier(files.clone())))
-        .with_client_cert_resolver(Arc::new(ReloadingCert(files.clone())));
+        .with_client_cert_resolver(Arc::new(ReloadingCert(files)));
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    Ok((cfg, identity, files))
+    Ok((cfg, identity))
 }
 
 /// How often at most a [`Reloading`] looks at its files again (a handshake asks
@@ -929,21 +920,6 @@ impl Reloading {
             loaded
                 .client_verifier
                 .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
-                .map(|_| ())
-        })
-    }
-
-    /// [`Reloading::guard`] for a connection this process dialed: closed when the
-    /// server's certificate expires, or no longer checks (revoked, its CA no longer
-    /// trusted) after new files were taken. (A replica's connections to its peers: a
-    /// revoked replica gets no more of the log.)
-    pub fn guard_dialed(self: &Arc<Self>, conn: quinn::Connection) {
-        self.guard_with(conn, |loaded, chain| {
-            let name = rustls::pki_types::ServerName::try_from(SERVER_NAME)
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            loaded
-                .server_verifier
-                .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
                 .map(|_| ())
         })
     }

@@ -58,9 +58,6 @@ struct Inner {
     silenced: std::sync::Mutex<HashMap<SocketAddr, (Instant, Error)>>,
     /// Sessions open (or opening) on this client, each holding a [`SessionSlot`].
     sessions: Arc<std::sync::atomic::AtomicUsize>,
-    /// The TLS files, re-read when they change; each connection dialed is closed when
-    /// its server's certificate expires or is revoked.
-    tls_files: Arc<tls::Reloading>,
 }
 
 /// One of a client's [`ClientConfig::sessions_max`] places for a session; given back when
@@ -173,7 +170,7 @@ impl Client {
             key: cfg.key.clone(),
             crls: cfg.crls.clone(),
         };
-        let (tls, me, tls_files) = tls::client_config_reloading(&files, ALPN_CLIENT)
+        let (tls, me) = tls::client_config(&files, ALPN_CLIENT)
             .map_err(|reason| Error::BadRequest { reason })?;
         if let Identity::Replica { .. } = me {
             return Err(Error::BadRequest {
@@ -206,7 +203,6 @@ impl Client {
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
             silenced: std::sync::Mutex::new(HashMap::default()),
             sessions: Arc::default(),
-            tls_files,
         });
         wire::rt::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
@@ -274,8 +270,7 @@ impl Client {
             // happens to listen at a configured address.
             wire::identity::check_dialed(&conn, wire::identity::Dialed::Server)
                 .map_err(|e| conn_err(format!("{addr}: {e}")))?;
-            // Closed when the server's certificate expires or is revoked.
-            self.inner.tls_files.guard_dialed(conn.clone());
+
             let hello = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, &Hello::new(self.inner.cfg.agent.clone()), 4096).await?;

@@ -56,7 +56,6 @@ pub struct PeerNetworkFactory {
     cell: Arc<str>,
     pool: Pool,
     dials: Arc<AtomicU64>,
-    tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
 impl PeerNetworkFactory {
@@ -75,15 +74,7 @@ impl PeerNetworkFactory {
             cell: cell.into(),
             pool: Arc::default(),
             dials: Arc::default(),
-            tls_files: None,
         }
-    }
-
-    /// Closes each connection dialed to a peer when the peer's certificate expires or is
-    /// revoked by files `files` takes later ([`wire::tls::Reloading::guard_dialed`]).
-    pub fn with_tls_files(mut self, files: Arc<wire::tls::Reloading>) -> Self {
-        self.tls_files = Some(files);
-        self
     }
 
     /// Connections dialed to peers so far (one per peer, plus one after each failure): a
@@ -113,7 +104,6 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             conn: Mutex::new(idle),
             pool: self.pool.clone(),
             dials: self.dials.clone(),
-            tls_files: self.tls_files.clone(),
         }
     }
 }
@@ -129,7 +119,6 @@ pub struct PeerClient {
     conn: Mutex<Option<quinn::Connection>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
-    tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
 impl Drop for PeerClient {
@@ -188,9 +177,7 @@ impl PeerClient {
                 self.target
             )));
         }
-        if let Some(files) = &self.tls_files {
-            files.guard_dialed(conn.clone());
-        }
+
         // Hello on the first stream.
         let (mut send, mut recv) = conn
             .open_bi()
