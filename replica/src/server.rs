@@ -91,8 +91,8 @@ pub async fn run_on(
             other.role()
         ),
     };
-    let (peer_tls, _) =
-        wire::tls::client_config(&cfg.tls, ALPN_PEER).map_err(anyhow::Error::msg)?;
+    let (peer_tls, _, peer_files) =
+        wire::tls::client_config_reloading(&cfg.tls, ALPN_PEER).map_err(anyhow::Error::msg)?;
     let peer_tls = wire::quic::client_config(peer_tls).map_err(anyhow::Error::msg)?;
     // Stateless resets signed with a key derived from our TLS key and identity: after a
     // kill and restart, peers and clients still sending on a connection to the old process
@@ -124,7 +124,8 @@ pub async fn run_on(
     sm_store.set_build_delay(Duration::from_millis(cfg.faults.snapshot_build_delay_ms));
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
-    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell);
+    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell)
+        .with_tls_files(peer_files);
     let peer_dials = network.dials();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {

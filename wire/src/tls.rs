@@ -754,6 +754,15 @@ pub fn client_config(
     tls: &TlsConfig,
     alpn: &[u8],
 ) -> Result<(rustls::ClientConfig, Identity), String> {
+    client_config_reloading(tls, alpn).map(|(cfg, id, _)| (cfg, id))
+}
+
+/// [`client_config`], with its [`Reloading`] files, to check a dialed connection's
+/// server certificate again before using it ([`Reloading::verify_dialed`]).
+pub fn client_config_reloading(
+    tls: &TlsConfig,
+    alpn: &[u8],
+) -> Result<(rustls::ClientConfig, Identity, Arc<Reloading>), String> {
     let files = Reloading::open(tls)?;
     let identity = files.identity.clone();
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
@@ -761,9 +770,9 @@ pub fn client_config(
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(ReloadingServerVerifier(files.clone())))
-        .with_client_cert_resolver(Arc::new(ReloadingCert(files)));
+        .with_client_cert_resolver(Arc::new(ReloadingCert(files.clone())));
     cfg.alpn_protocols = vec![alpn.to_vec()];
-    Ok((cfg, identity))
+    Ok((cfg, identity, files))
 }
 
 /// How often at most a [`Reloading`] looks at its files again (a handshake asks
@@ -922,6 +931,39 @@ impl Reloading {
                 .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
                 .map(|_| ())
         })
+    }
+
+    /// The generation of the files, re-read first if due ([`RELOAD_CHECK`]).
+    pub fn generation_now(&self) -> u64 {
+        self.current();
+        self.generation()
+    }
+
+    /// Checks the certificate the server at the other end of `conn` (dialed by this
+    /// process) presented, against the files as last loaded: valid now (not expired),
+    /// chained to the CA, for [`SERVER_NAME`], and not on a revocation list. Returns the
+    /// files' generation it was checked at and the certificate's `notAfter` (Unix
+    /// seconds), so a caller can check again only when either has moved.
+    pub fn verify_dialed(&self, conn: &quinn::Connection) -> Result<(u64, i64), String> {
+        let generation = self.generation_now();
+        let chain = conn
+            .peer_identity()
+            .and_then(|i| i.downcast::<Vec<CertificateDer<'static>>>().ok())
+            .ok_or("the server presented no certificate")?;
+        let leaf = chain.first().ok_or("the server presented no certificate")?;
+        let name =
+            rustls::pki_types::ServerName::try_from(SERVER_NAME).map_err(|e| e.to_string())?;
+        self.current()
+            .server_verifier
+            .verify_server_cert(leaf, &chain[1..], &name, &[], UnixTime::now())
+            .map_err(|e| format!("the server's certificate no longer checks: {e}"))?;
+        let not_after = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| format!("the server's certificate does not parse: {e}"))?
+            .1
+            .validity()
+            .not_after
+            .timestamp();
+        Ok((generation, not_after))
     }
 
     fn guard_with(

@@ -56,6 +56,7 @@ pub struct PeerNetworkFactory {
     cell: Arc<str>,
     pool: Pool,
     dials: Arc<AtomicU64>,
+    tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
 impl PeerNetworkFactory {
@@ -74,7 +75,16 @@ impl PeerNetworkFactory {
             cell: cell.into(),
             pool: Arc::default(),
             dials: Arc::default(),
+            tls_files: None,
         }
+    }
+
+    /// Checks a peer's certificate again, before each RPC, once `files` took new files
+    /// or the certificate's `notAfter` passed: a peer whose certificate expired or was
+    /// revoked gets no more RPCs (no more of the log) on a connection dialed before.
+    pub fn with_tls_files(mut self, files: Arc<wire::tls::Reloading>) -> Self {
+        self.tls_files = Some(files);
+        self
     }
 
     /// Connections dialed to peers so far (one per peer, plus one after each failure): a
@@ -101,9 +111,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             addr: node.addr.clone(),
             self_id: self.self_id,
             cell: self.cell.clone(),
-            conn: Mutex::new(idle),
+            conn: Mutex::new(idle.map(|c| (c, None))),
             pool: self.pool.clone(),
             dials: self.dials.clone(),
+            tls_files: self.tls_files.clone(),
         }
     }
 }
@@ -116,15 +127,18 @@ pub struct PeerClient {
     addr: String,
     self_id: NodeId,
     cell: Arc<str>,
-    conn: Mutex<Option<quinn::Connection>>,
+    /// The connection, and when its peer's certificate was last checked: the files'
+    /// generation and the certificate's `notAfter` (none yet for one from the pool).
+    conn: Mutex<Option<(quinn::Connection, Option<(u64, i64)>)>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
+    tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
 impl Drop for PeerClient {
     /// Gives a live connection back to the pool for the next client of this peer.
     fn drop(&mut self) {
-        let Some(conn) = self.conn.get_mut().take() else {
+        let Some((conn, _)) = self.conn.get_mut().take() else {
             return;
         };
         if conn.close_reason().is_some() {
@@ -150,9 +164,15 @@ enum CallError {
 impl PeerClient {
     async fn connection(&self) -> Result<quinn::Connection, CallError> {
         let mut guard = self.conn.lock().await;
-        if let Some(c) = guard.as_ref() {
+        if let Some((c, checked)) = guard.as_mut() {
             if c.close_reason().is_none() {
-                return Ok(c.clone());
+                match self.recheck(c, checked) {
+                    Ok(()) => return Ok(c.clone()),
+                    Err(e) => {
+                        tracing::warn!(peer = self.target, "closing the connection to a peer: {e}");
+                        c.close(wire::tls::CLOSE_CERTIFICATE.into(), e.as_bytes());
+                    }
+                }
             }
         }
         let addr: SocketAddr = self
@@ -197,8 +217,42 @@ impl PeerClient {
         reply.map_err(|e| {
             CallError::Unreachable(format!("peer {} refused hello: {e}", self.target))
         })?;
-        *guard = Some(conn.clone());
+        let checked = match &self.tls_files {
+            Some(files) => Some(
+                files
+                    .verify_dialed(&conn)
+                    .map_err(|e| CallError::Unreachable(format!("peer {}: {e}", self.target)))?,
+            ),
+            None => None,
+        };
+        *guard = Some((conn.clone(), checked));
         Ok(conn)
+    }
+
+    /// Checks the peer's certificate on `conn` again if the TLS files changed or its
+    /// `notAfter` passed since `checked` (or it was never checked here).
+    fn recheck(
+        &self,
+        conn: &quinn::Connection,
+        checked: &mut Option<(u64, i64)>,
+    ) -> Result<(), String> {
+        let Some(files) = &self.tls_files else {
+            return Ok(());
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        match checked {
+            Some((generation, not_after))
+                if *generation == files.generation_now() && now <= *not_after =>
+            {
+                Ok(())
+            }
+            _ => {
+                *checked = Some(files.verify_dialed(conn)?);
+                Ok(())
+            }
+        }
     }
 
     async fn call(&self, req: PeerRequest, ttl: Duration) -> Result<PeerResponse, CallError> {
