@@ -129,11 +129,15 @@ pub struct PeerClient {
     cell: Arc<str>,
     /// The connection, and when its peer's certificate was last checked: the files'
     /// generation and the certificate's `notAfter` (none yet for one from the pool).
-    conn: Mutex<Option<(quinn::Connection, Option<(u64, i64)>)>>,
+    conn: Mutex<Option<(quinn::Connection, Option<Checked>)>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
 }
+
+/// When a peer's certificate was last checked on a connection: the TLS files'
+/// generation then, and the certificate's `notAfter` (Unix seconds).
+type Checked = (u64, i64);
 
 impl Drop for PeerClient {
     /// Gives a live connection back to the pool for the next client of this peer.
@@ -234,7 +238,7 @@ impl PeerClient {
     fn recheck(
         &self,
         conn: &quinn::Connection,
-        checked: &mut Option<(u64, i64)>,
+        checked: &mut Option<Checked>,
     ) -> Result<(), String> {
         let Some(files) = &self.tls_files else {
             return Ok(());
