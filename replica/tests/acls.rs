@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use client_sdk::{Client, CreateMode, Lock};
@@ -24,28 +23,10 @@ const ADMIN: &str = wire::tls::DEV_CLIENT;
 const API: &str = "lock://client/payments-api";
 const SEARCH: &str = "lock://client/search";
 
-/// A certificate and key for `uri`, issued by the cell's own CA into `dir`.
-fn issue(cell: &TestCell, dir: &Path, uri: &str) -> (PathBuf, PathBuf) {
-    let tls = cell.ca.parent().unwrap();
-    let ca = wire::tls::Ca::from_pem(
-        &std::fs::read_to_string(&cell.ca).unwrap(),
-        &std::fs::read_to_string(tls.join(wire::tls::CA_KEY_FILE)).unwrap(),
-    )
-    .unwrap();
-    let c = ca
-        .issue(&wire::identity::Identity::parse(uri).unwrap(), 1)
-        .unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
-    std::fs::write(&cert, c.cert_pem).unwrap();
-    std::fs::write(&key, c.key_pem).unwrap();
-    (cert, key)
-}
-
 async fn client_as(cell: &TestCell, uri: &str) -> Client {
     let mut cfg = cell.client_config();
     let name = uri.rsplit('/').next().unwrap();
-    (cfg.cert, cfg.key) = issue(cell, &cell.dir.path().join(name), uri);
+    (cfg.cert, cfg.key) = cell.issue_client(&cell.dir.path().join(name), uri);
     Client::connect(cfg).await.unwrap()
 }
 

@@ -16,16 +16,6 @@ use wire::Error;
 
 const ABUSER: &str = "lock://client/abuser";
 
-fn files(cell: &TestCell, dir: &Path, uri: &str) {
-    let c = cell
-        .ca_issuer()
-        .issue(&wire::identity::Identity::parse(uri).unwrap(), 1)
-        .unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("client.pem"), c.cert_pem).unwrap();
-    std::fs::write(dir.join("client.key"), c.key_pem).unwrap();
-}
-
 async fn client_as(cell: &TestCell, dir: &Path, endpoint: &str) -> Result<Client, Error> {
     let mut cfg = cell.client_config();
     cfg.endpoints = vec![endpoint.to_string()];
@@ -64,7 +54,7 @@ fn an_identity_at_its_limits_is_refused_and_the_others_go_on() {
         let leader = cell.wait_leader(&good, Duration::from_secs(20), None).await;
         let at = cell.addr(leader);
         let dir = cell.dir.path().join("abuser");
-        files(&cell, &dir, ABUSER);
+        cell.issue_client(&dir, ABUSER);
 
         // Connections: two to the leader, the third refused at its hello.
         let a1 = client_as(&cell, &dir, &at).await.unwrap();

@@ -10,31 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use client_sdk::{Client, CreateMode};
 use common::{rt, serial, Opts, TestCell};
 use wire::types::{Op, Reply, Request, SessionId, TxnOp};
 use wire::Error;
-
-/// A certificate and key for `uri`, issued by the cell's own CA into `dir`.
-fn issue(cell: &TestCell, dir: &Path, uri: &str) -> (PathBuf, PathBuf) {
-    let tls = cell.ca.parent().unwrap();
-    let ca = wire::tls::Ca::from_pem(
-        &std::fs::read_to_string(&cell.ca).unwrap(),
-        &std::fs::read_to_string(tls.join(wire::tls::CA_KEY_FILE)).unwrap(),
-    )
-    .unwrap();
-    let c = ca
-        .issue(&wire::identity::Identity::parse(uri).unwrap(), 1)
-        .unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
-    std::fs::write(&cert, c.cert_pem).unwrap();
-    std::fs::write(&key, c.key_pem).unwrap();
-    (cert, key)
-}
 
 fn req(session: SessionId, request_id: u64, op: Op) -> Request {
     Request {
@@ -175,11 +156,8 @@ fn a_session_is_used_by_its_owner_only_and_a_new_leader_knows_the_owner() {
             .wait_leader(&alice, Duration::from_secs(20), None)
             .await;
         let mut cfg = cell.client_config();
-        (cfg.cert, cfg.key) = issue(
-            &cell,
-            &cell.dir.path().join("mallory"),
-            "lock://client/mallory",
-        );
+        (cfg.cert, cfg.key) =
+            cell.issue_client(&cell.dir.path().join("mallory"), "lock://client/mallory");
         let mallory = Client::connect(cfg).await.unwrap();
 
         // Session ids are predictable (index × 1024 + position): Mallory renews and writes

@@ -5,27 +5,6 @@
 use super::*;
 use wire::acl::{Acl, Principal, Right};
 
-/// A client of `endpoints` with a certificate for `lock://client/<name>` from the cell's
-/// own CA.
-async fn client_as(cell: &Cell, name: &str, endpoints: &[String]) -> Client {
-    let ca = wire::tls::Ca::from_pem(
-        &std::fs::read_to_string(cell.ca()).unwrap(),
-        &std::fs::read_to_string(cell.data.join("tls").join(wire::tls::CA_KEY_FILE)).unwrap(),
-    )
-    .unwrap();
-    let uri = format!("lock://client/{name}");
-    let c = ca
-        .issue(&wire::identity::Identity::parse(&uri).unwrap(), 1)
-        .unwrap();
-    let dir = cell.data.join(format!("client-{name}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cfg = ClientConfig::new(endpoints.to_vec(), cell.ca());
-    (cfg.cert, cfg.key) = (dir.join("c.pem"), dir.join("c.key"));
-    std::fs::write(&cfg.cert, c.cert_pem).unwrap();
-    std::fs::write(&cfg.key, c.key_pem).unwrap();
-    Client::connect(cfg).await.unwrap()
-}
-
 fn is_read_denied<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
     matches!(r, Err(Error::Denied { right: Right::Read, identity, .. })
         if identity == "lock://client/mallory")

@@ -230,6 +230,20 @@ impl TestCell {
         .expect("ca")
     }
 
+    /// A client certificate and key for `uri` (valid a day), issued by the cell's CA
+    /// into `dir` as `client.pem` and `client.key`; returns their paths.
+    pub fn issue_client(&self, dir: &std::path::Path, uri: &str) -> (PathBuf, PathBuf) {
+        let c = self
+            .ca_issuer()
+            .issue(&wire::identity::Identity::parse(uri).expect("identity"), 1)
+            .expect("issue");
+        std::fs::create_dir_all(dir).expect("dir");
+        let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+        std::fs::write(&cert, c.cert_pem).expect("write cert");
+        std::fs::write(&key, c.key_pem).expect("write key");
+        (cert, key)
+    }
+
     /// Waits until a running replica reports itself leader (optionally not `not`).
     pub async fn wait_leader(&self, client: &Client, within: Duration, not: Option<u64>) -> u64 {
         let deadline = Instant::now() + within;
