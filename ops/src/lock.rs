@@ -18,6 +18,8 @@
 //! group for as long as it runs, so it reads the terminal and gets Ctrl-C as before.
 
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use client_sdk::recipes::lock::LockMode;
@@ -151,14 +153,14 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         kill_after: Duration::from_secs(args.kill_after_secs),
         stopped: false,
         ended: None,
-        kill_at: None,
+        reaped: Arc::new(AtomicBool::new(false)),
+        killer: None,
     };
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut events_open = true;
     let status = loop {
-        let kill_at = sup.kill_at;
         tokio::select! {
             // Events first: a jeopardy reported is acted on before anything else.
             biased;
@@ -172,17 +174,10 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
             _ = sigint.recv() => sup.forward(libc::SIGINT, "SIGINT"),
             _ = sigterm.recv() => sup.forward(libc::SIGTERM, "SIGTERM"),
             _ = sighup.recv() => sup.forward(libc::SIGHUP, "SIGHUP"),
-            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                sup.kill_at = None;
-                sup.signal(libc::SIGKILL);
-                crate::say!(
-                    "lockctl: the command did not end within {} s of SIGTERM: SIGKILL to process group {group}",
-                    sup.kill_after.as_secs()
-                );
-            }
             st = child.wait() => break st?,
         }
     };
+    sup.reaped.store(true, Ordering::SeqCst);
     if foreground {
         take_terminal_back();
     }
@@ -250,8 +245,11 @@ struct Supervisor {
     /// SIGSTOPped and not continued since.
     stopped: bool,
     ended: Option<Ended>,
-    /// When to SIGKILL the group, after the SIGTERM that ends it.
-    kill_at: Option<Instant>,
+    /// Set once the command has been waited for: its pid (the group's id) may be reused
+    /// from then on, so the killer thread must not signal it.
+    reaped: Arc<AtomicBool>,
+    /// The thread that SIGKILLs the group `kill_after` after the SIGTERM that ends it.
+    killer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Supervisor {
@@ -284,7 +282,27 @@ impl Supervisor {
         self.signal(libc::SIGCONT);
         self.stopped = false;
         self.ended = Some(why);
-        self.kill_at = Some(Instant::now() + self.kill_after);
+        if self.killer.is_some() {
+            return;
+        }
+        // A thread of its own, not a timer of the async runtime: the SIGKILL is the last
+        // word on a command that must stop, and must come on time even if the runtime's
+        // timers are late (a CI run saw this loop's tokio timer fire 32.8 s late, while
+        // the process was otherwise idle, waiting on a cell that did not answer).
+        let (group, after, reaped) = (self.group, self.kill_after, self.reaped.clone());
+        self.killer = Some(std::thread::spawn(move || {
+            std::thread::sleep(after);
+            if reaped.load(Ordering::SeqCst) {
+                return;
+            }
+            // SAFETY: kill(2) with a negative pid signals a process group; no memory involved.
+            if unsafe { libc::kill(-group, libc::SIGKILL) } == 0 {
+                crate::say!(
+                    "lockctl: the command did not end within {} s of SIGTERM: SIGKILL to process group {group}",
+                    after.as_secs()
+                );
+            }
+        }));
     }
 
     fn on_event(&mut self, ev: SessionEvent) {
