@@ -166,6 +166,7 @@ mod tests {
             ephemeral_owner: None,
             data_len: 1,
             children_count: 0,
+            token: 1,
         }
     }
 

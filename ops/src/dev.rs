@@ -355,7 +355,7 @@ async fn demo(client: &Client) -> anyhow::Result<()> {
     match &node.predecessor {
         None => println!(
             "took /demo/lock as {} with fencing token {}",
-            node.path, node.stat.create_index
+            node.path, node.stat.token
         ),
         Some(p) => println!("queued on /demo/lock as {} behind {}", node.path, p.name),
     }

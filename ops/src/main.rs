@@ -378,7 +378,7 @@ async fn command(
                 .await;
             session.close().await?;
             let c = r?;
-            println!("created {} (token {})", c.path, c.stat.create_index);
+            println!("created {} (token {})", c.path, c.stat.token);
             Ok(())
         }
         Command::WatchCached {
@@ -422,9 +422,10 @@ async fn command(
             let (data, stat) = client.get(&path).await?;
             println!("{}", String::from_utf8_lossy(&data));
             eprintln!(
-                "version={} create_index={} mod_index={} children={} ephemeral_owner={}",
+                "version={} create_index={} token={} mod_index={} children={} ephemeral_owner={}",
                 stat.version,
                 stat.create_index,
+                stat.token,
                 stat.mod_index,
                 stat.children_count,
                 stat.ephemeral_owner
@@ -454,7 +455,7 @@ async fn command(
                 };
                 println!(
                     "{name}\tversion={} token={}{flag}",
-                    stat.version, stat.create_index
+                    stat.version, stat.token
                 );
             }
             Ok(())

@@ -118,6 +118,44 @@ pub enum Command {
         /// True to add, false to remove.
         admin: bool,
     },
+    /// Records where a prefix stands in this cell (`wire::directory`), if `by` is a cell
+    /// admin and the change is one a move makes (see `PrefixState`); setting what is
+    /// already recorded changes nothing and succeeds, so a re-run move goes on.
+    SetPrefix {
+        /// The acting identity.
+        by: String,
+        /// The prefix (`/payments`).
+        prefix: String,
+        /// Its epoch.
+        epoch: u64,
+        /// Its new state.
+        state: crate::directory::PrefixState,
+    },
+    /// Copies nodes of a prefix being imported (state `Importing` at `epoch`) into this
+    /// cell, parents before children, if `by` is a cell admin. `first` drops what an
+    /// earlier, interrupted copy left first.
+    ImportPrefix {
+        /// The acting identity.
+        by: String,
+        /// The prefix.
+        prefix: String,
+        /// Its epoch here (must be the recorded one).
+        epoch: u64,
+        /// The first chunk of a copy.
+        first: bool,
+        /// The nodes, in path order.
+        nodes: Vec<crate::directory::ExportedNode>,
+    },
+    /// Deletes every node of a prefix that is `Gone` (moved out) or `Importing` at
+    /// `epoch`, ephemeral ones included, if `by` is a cell admin.
+    DropPrefix {
+        /// The acting identity.
+        by: String,
+        /// The prefix.
+        prefix: String,
+        /// Its recorded epoch.
+        epoch: u64,
+    },
 }
 
 /// Commands nested in commands, at most: what the leader proposes nests no deeper than a
@@ -207,6 +245,19 @@ impl Command {
                     + members.iter().flatten().map(|m| 1 + m.len()).sum::<usize>()
             }
             Command::SetAdmin { by, identity, .. } => 32 + by.len() + identity.len(),
+            Command::SetPrefix { by, prefix, .. } | Command::DropPrefix { by, prefix, .. } => {
+                32 + by.len() + prefix.len()
+            }
+            Command::ImportPrefix {
+                by, prefix, nodes, ..
+            } => {
+                32 + by.len()
+                    + prefix.len()
+                    + nodes
+                        .iter()
+                        .map(|n| 48 + n.path.len() + n.data.len() + acl_bytes(&n.acl))
+                        .sum::<usize>()
+            }
             Command::LeaseCheckpoint(cp) => 64 + 8 * cp.renewed.len(),
             _ => 32,
         }

@@ -257,6 +257,28 @@ pub enum Error {
         /// The identity that asked.
         identity: String,
     },
+    /// This cell does not serve `prefix` (it never owned it, or it moved out at
+    /// `epoch`): ask the directory where it lives now, with a map at least this new. The
+    /// SDK's router does, and retries there. Nothing was done.
+    #[error("this cell does not serve {prefix} (epoch {epoch}): it lives in another cell")]
+    WrongCell {
+        /// The path's prefix (`/payments`).
+        prefix: String,
+        /// The prefix's epoch as this cell knows it (0: never here).
+        epoch: u64,
+    },
+    /// `prefix` is being moved to another cell: writes are refused until the move is
+    /// done (reads are still served). Nothing was done: retry, the SDK does (with the
+    /// same request id) and reaches the new cell once the directory names it.
+    #[error(
+        "{prefix} is frozen for a move to another cell (epoch {epoch}); nothing was done: retry"
+    )]
+    Frozen {
+        /// The prefix.
+        prefix: String,
+        /// Its epoch in this cell.
+        epoch: u64,
+    },
 }
 
 /// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to
@@ -308,6 +330,7 @@ impl Error {
                 | Error::Timeout { .. }
                 | Error::Connection { .. }
                 | Error::Busy { .. }
+                | Error::Frozen { .. }
                 | Error::TooManyFor {
                     what: crate::quota::Limited::Requests,
                     ..

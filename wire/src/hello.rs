@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::types::ReplicaId;
 
 /// The protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// ALPN for client (and proxy) connections to a replica.
 pub const ALPN_CLIENT: &[u8] = b"lockservice-client";

@@ -38,6 +38,7 @@ pub mod acl;
 #[cfg(feature = "raft")]
 pub mod command;
 pub mod decode;
+pub mod directory;
 pub mod error;
 pub mod frame;
 pub mod hash;

@@ -37,7 +37,8 @@ pub struct NodeStat {
     pub version: u64,
     /// Number of changes to the set of children (creates and deletes beneath it).
     pub children_version: u64,
-    /// Log index of the entry that created the node: the fencing token of a lock node.
+    /// Log index of the entry that created the node in this cell (see `token` for the
+    /// fencing token).
     pub create_index: LogIndex,
     /// Log index of the entry that last changed the node's data.
     pub mod_index: LogIndex,
@@ -47,6 +48,11 @@ pub struct NodeStat {
     pub data_len: u32,
     /// Number of children.
     pub children_count: u32,
+    /// The node's fencing token: `epoch << 48 | create_index`
+    /// ([`crate::directory::token`]); the create index itself while its prefix was never
+    /// moved. A lock's grant carries it; a protected resource accepts only tokens at
+    /// least as high as the highest it has seen.
+    pub token: u64,
 }
 
 /// How a node is created.
@@ -464,6 +470,51 @@ pub enum Op {
         /// True to add it, false to remove it.
         admin: bool,
     },
+    /// The prefixes this cell has recorded, with their epochs and states
+    /// (linearizable; any identity). Reply: [`Reply::Prefixes`].
+    Prefixes,
+    /// Record where a prefix stands in this cell (cell admins only; the changes a move
+    /// makes, `crate::directory`). Freezing drops every cached copy of the prefix's nodes
+    /// first, as a write does. Reply: [`Reply::PrefixChanged`].
+    SetPrefix {
+        /// The prefix (`/payments`).
+        prefix: String,
+        /// Its epoch.
+        epoch: u64,
+        /// Its new state.
+        state: crate::directory::PrefixState,
+    },
+    /// A page of a prefix's persistent nodes in path order, after `after` (cell admins
+    /// only; linearizable), for a move's copy. Reply: [`Reply::Exported`].
+    ExportPrefix {
+        /// The prefix.
+        prefix: String,
+        /// The last path of the previous page.
+        after: Option<String>,
+    },
+    /// Copy nodes into a prefix this cell is importing (cell admins only). Reply:
+    /// [`Reply::PrefixChanged`].
+    ImportPrefix {
+        /// The prefix.
+        prefix: String,
+        /// Its epoch here.
+        epoch: u64,
+        /// The first page of a copy: what an interrupted copy left is dropped first.
+        first: bool,
+        /// The nodes, in path order (at most about [`crate::directory::IMPORT_BYTES_MAX`]).
+        nodes: Vec<crate::directory::ExportedNode>,
+    },
+    /// Delete every node of a prefix that moved out or is being imported (cell admins
+    /// only). Reply: [`Reply::PrefixChanged`].
+    DropPrefix {
+        /// The prefix.
+        prefix: String,
+        /// Its epoch here.
+        epoch: u64,
+    },
+    /// The directory's map of prefixes to cells: answered by directory servers, not by
+    /// cells. Reply: [`Reply::Directory`].
+    Directory,
 }
 
 impl Op {
@@ -502,6 +553,12 @@ impl Op {
             Op::SetGroup { .. } => "SetGroup",
             Op::RemoveGroup { .. } => "RemoveGroup",
             Op::SetAdmin { .. } => "SetAdmin",
+            Op::Prefixes => "Prefixes",
+            Op::SetPrefix { .. } => "SetPrefix",
+            Op::ExportPrefix { .. } => "ExportPrefix",
+            Op::ImportPrefix { .. } => "ImportPrefix",
+            Op::DropPrefix { .. } => "DropPrefix",
+            Op::Directory => "Directory",
         }
     }
 
@@ -522,6 +579,9 @@ impl Op {
                 | Op::SetGroup { .. }
                 | Op::RemoveGroup { .. }
                 | Op::SetAdmin { .. }
+                | Op::SetPrefix { .. }
+                | Op::ImportPrefix { .. }
+                | Op::DropPrefix { .. }
         )
     }
 }
@@ -705,6 +765,29 @@ pub enum Reply {
         /// The log index it applied at.
         index: LogIndex,
     },
+    /// The prefixes a cell has recorded.
+    Prefixes {
+        /// In prefix order.
+        prefixes: Vec<crate::directory::PrefixRecord>,
+        /// The applied index the answer reflects.
+        index: LogIndex,
+    },
+    /// A prefix's state changed, or nodes were imported or dropped.
+    PrefixChanged {
+        /// The log index it applied at.
+        index: LogIndex,
+    },
+    /// A page of a prefix's persistent nodes.
+    Exported {
+        /// The nodes, in path order.
+        nodes: Vec<crate::directory::ExportedNode>,
+        /// Whether more follow (ask again with `after` = the last path).
+        more: bool,
+        /// The applied index the page reflects.
+        index: LogIndex,
+    },
+    /// The directory's map.
+    Directory(crate::directory::DirectoryMap),
 }
 
 impl Reply {

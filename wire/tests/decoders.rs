@@ -226,6 +226,7 @@ fn stat() -> NodeStat {
         ephemeral_owner: Some(5),
         data_len: 6,
         children_count: 7,
+        token: 1,
     }
 }
 

@@ -787,6 +787,98 @@ impl Client {
     }
 }
 
+/// Prefixes and moves (`wire::directory`): what `lockctl dir` uses. Each is for cell
+/// admins, except [`Client::prefixes`].
+impl Client {
+    /// The prefixes this cell has recorded, with their epochs and states (none: the cell
+    /// serves every path).
+    pub async fn prefixes(&self) -> Result<Vec<wire::directory::PrefixRecord>, Error> {
+        match self.request(Op::Prefixes).await? {
+            Reply::Prefixes { prefixes, .. } => Ok(prefixes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Records where `prefix` stands in this cell; returns the log index. Setting what is
+    /// already recorded succeeds (a re-run move goes on).
+    pub async fn set_prefix(
+        &self,
+        prefix: &str,
+        epoch: u64,
+        state: wire::directory::PrefixState,
+    ) -> Result<u64, Error> {
+        wire::directory::check_prefix(prefix)?;
+        prefix_changed(
+            self.request(Op::SetPrefix {
+                prefix: prefix.into(),
+                epoch,
+                state,
+            })
+            .await?,
+        )
+    }
+
+    /// A page of `prefix`'s persistent nodes after `after`, and whether more follow.
+    pub async fn export_prefix(
+        &self,
+        prefix: &str,
+        after: Option<String>,
+    ) -> Result<(Vec<wire::directory::ExportedNode>, bool), Error> {
+        wire::directory::check_prefix(prefix)?;
+        match self
+            .request(Op::ExportPrefix {
+                prefix: prefix.into(),
+                after,
+            })
+            .await?
+        {
+            Reply::Exported { nodes, more, .. } => Ok((nodes, more)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Copies `nodes` into `prefix`, which this cell is importing at `epoch` (`first`:
+    /// what an earlier copy left is dropped first); returns the log index.
+    pub async fn import_prefix(
+        &self,
+        prefix: &str,
+        epoch: u64,
+        first: bool,
+        nodes: Vec<wire::directory::ExportedNode>,
+    ) -> Result<u64, Error> {
+        wire::directory::check_prefix(prefix)?;
+        prefix_changed(
+            self.request(Op::ImportPrefix {
+                prefix: prefix.into(),
+                epoch,
+                first,
+                nodes,
+            })
+            .await?,
+        )
+    }
+
+    /// Deletes every node of `prefix`, which moved out (or is being imported) at
+    /// `epoch`; returns the log index.
+    pub async fn drop_prefix(&self, prefix: &str, epoch: u64) -> Result<u64, Error> {
+        wire::directory::check_prefix(prefix)?;
+        prefix_changed(
+            self.request(Op::DropPrefix {
+                prefix: prefix.into(),
+                epoch,
+            })
+            .await?,
+        )
+    }
+}
+
+fn prefix_changed(r: Reply) -> Result<u64, Error> {
+    match r {
+        Reply::PrefixChanged { index } => Ok(index),
+        other => Err(unexpected(&other)),
+    }
+}
+
 /// The cell's admins and groups ([`Client::security`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Security {

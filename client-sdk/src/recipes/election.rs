@@ -176,7 +176,7 @@ impl Election {
                     let info = LeaderInfo {
                         node,
                         address,
-                        token: stat.create_index,
+                        token: stat.token,
                         session: stat.ephemeral_owner,
                     };
                     return Ok((Some(info), w));

@@ -331,7 +331,7 @@ impl Lock {
                         lock: self.path.clone(),
                         node: created.path,
                         mode: self.mode,
-                        token: created.stat.create_index,
+                        token: created.stat.token,
                         session: self.session.id(),
                     },
                 }))
@@ -440,6 +440,7 @@ mod tests {
             ephemeral_owner: None,
             data_len: 0,
             children_count: 0,
+            token: 0,
         }
     }
 

@@ -42,7 +42,7 @@ enum State {
     Settled,
     /// The create was (or is about to be) sent under `slot`; its outcome is unknown.
     Creating { slot: RequestSlot, op: Op },
-    /// Created: `path` with the fencing token `create_index`; `unique` when the path
+    /// Created: `path` with the fencing token `create_index` (`NodeStat::token`); `unique` when the path
     /// cannot be created again (sequential), so deleting by path alone is exact.
     Created {
         path: String,
@@ -108,7 +108,7 @@ impl Pending {
             }) => {
                 self.state = State::Created {
                     path: path.clone(),
-                    create_index: stat.create_index,
+                    create_index: stat.token,
                     unique,
                 };
                 Ok(crate::Created {
@@ -187,7 +187,7 @@ async fn remove_in_background(session: Session, state: State) {
         State::Creating { slot, op } => {
             let unique = matches!(&op, Op::Create { mode, .. } if mode.sequential);
             match session.call_until_known(&slot, op, None).await {
-                Ok(Reply::Created { path, stat, .. }) => (path, stat.create_index, unique),
+                Ok(Reply::Created { path, stat, .. }) => (path, stat.token, unique),
                 // Not created (decided by the cell), or the session is over.
                 r => {
                     tracing::debug!(session = session.id(), "abandoned create: {r:?}");
@@ -210,7 +210,7 @@ async fn delete_own(session: &Session, path: &str, create_index: LogIndex, uniqu
             Ok(None)
         } else {
             match session.exists(path).await {
-                Ok(Some(st)) if st.create_index == create_index => Ok(Some(st.version)),
+                Ok(Some(st)) if st.token == create_index => Ok(Some(st.version)),
                 // Gone, or someone else's node now.
                 Ok(_) => return,
                 Err(e) => Err(e),

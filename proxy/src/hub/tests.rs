@@ -549,5 +549,6 @@ fn stat() -> NodeStat {
         ephemeral_owner: None,
         data_len: 1,
         children_count: 0,
+        token: 1,
     }
 }

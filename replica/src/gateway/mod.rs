@@ -32,6 +32,7 @@ use crate::state_machine::Acting;
 
 mod acls;
 mod admin;
+mod prefixes;
 mod reads;
 mod sessions;
 mod writes;
@@ -570,6 +571,46 @@ impl Gateway {
                 })
                 .await
             }
+            // Prefixes and moves (prefixes.rs).
+            Op::Prefixes => self.prefixes().await,
+            Op::SetPrefix {
+                prefix,
+                epoch,
+                state,
+            } => self.set_prefix(&me, prefix, epoch, state).await,
+            Op::ExportPrefix { prefix, after } => self.export_prefix(&me, prefix, after).await,
+            Op::ImportPrefix {
+                prefix,
+                epoch,
+                first,
+                nodes,
+            } => {
+                self.change_prefix_nodes(
+                    &me,
+                    Command::ImportPrefix {
+                        by: me.identity.clone(),
+                        prefix,
+                        epoch,
+                        first,
+                        nodes,
+                    },
+                )
+                .await
+            }
+            Op::DropPrefix { prefix, epoch } => {
+                self.change_prefix_nodes(
+                    &me,
+                    Command::DropPrefix {
+                        by: me.identity.clone(),
+                        prefix,
+                        epoch,
+                    },
+                )
+                .await
+            }
+            Op::Directory => Err(Error::BadRequest {
+                reason: "Directory is answered by directory servers; this is a replica".into(),
+            }),
         }
     }
 }

@@ -41,6 +41,21 @@ impl Gateway {
             s.sm.check_session(req.session)?;
             // Checked at the state the value is taken from.
             s.sm.check_read(&me.identity, p)?;
+            if !s.sm.cachable(p) {
+                // Under a prefix being moved: served, never cached (the freeze's hold
+                // dropped every copy; none may be made until the prefix is owned again).
+                let value = s.sm.node(p).map(|n| {
+                    let mut stat = n.stat();
+                    stat.children_count = 0;
+                    stat.children_version = 0;
+                    (n.data.clone(), stat)
+                });
+                return Ok(Reply::CachedData {
+                    value,
+                    index: s.sm.last_index(),
+                    cachable: false,
+                });
+            }
             // A node's children are not part of what is cached: a child's create or
             // delete does not hold its parent, so the children fields would go stale in
             // a cache. They are 0 in every cached read (`children` reads them).

@@ -14,6 +14,10 @@
 //! starts after `begin_read` therefore either sees the cacher (and invalidates it) or
 //! makes the read uncachable.
 //!
+//! A hold may name a whole prefix, as `/payments/` (a node path never ends in `/`): it
+//! covers the prefix's node and every node below it, cached or not yet, present or absent
+//! (a prefix frozen for a move: no copy cached from this cell may outlive the move).
+//!
 //! Leader-local and volatile: lost on fail-over; clients flush their caches then.
 
 use std::time::Duration;
@@ -72,12 +76,17 @@ impl Cachers {
         self.len() == 0
     }
 
-    /// Phase one of a cached read: the node's epoch, or `None` while a write holds it.
+    /// Phase one of a cached read: the node's epoch, or `None` while a write holds it
+    /// (or its prefix).
     pub fn begin_read(&self, path: &str) -> Option<u64> {
-        if self.holding.get(path).copied().unwrap_or(0) > 0 {
+        let key = prefix_key(path);
+        let held = |k: &str| self.holding.get(k).copied().unwrap_or(0) > 0;
+        if held(path) || key.as_deref().is_some_and(held) {
             return None;
         }
-        Some(self.epoch.get(path).copied().unwrap_or(0))
+        let epoch = |k: &str| self.epoch.get(k).copied().unwrap_or(0);
+        // Both only grow: their sum changes whenever either does.
+        Some(epoch(path) + key.as_deref().map_or(0, epoch))
     }
 
     /// Phase two: records `session` as a cacher of `path` if no hold started since
@@ -112,9 +121,23 @@ impl Cachers {
         for p in paths {
             *self.holding.entry(p.clone()).or_default() += 1;
             *self.epoch.entry(p.clone()).or_default() += 1;
+            if is_prefix_key(p) {
+                for (cached, sessions) in &self.by_path {
+                    if under_key(cached, p) {
+                        for s in sessions {
+                            per_session.entry(*s).or_default().push(cached.clone());
+                        }
+                    }
+                }
+                continue;
+            }
             for s in self.by_path.get(p).into_iter().flatten() {
                 per_session.entry(*s).or_default().push(p.clone());
             }
+        }
+        for v in per_session.values_mut() {
+            v.sort();
+            v.dedup();
         }
         let waiting: HashSet<SessionId> = per_session.keys().copied().collect();
         self.holds.insert(
@@ -223,7 +246,21 @@ impl Cachers {
         let paths = h.paths.clone();
         let done = h.done();
         for p in &paths {
-            self.forget(session, p);
+            if is_prefix_key(p) {
+                let under: Vec<String> = self
+                    .by_session
+                    .get(&session)
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| under_key(c, p))
+                    .cloned()
+                    .collect();
+                for c in under {
+                    self.forget(session, &c);
+                }
+            } else {
+                self.forget(session, p);
+            }
         }
         done
     }
@@ -319,9 +356,58 @@ impl Cachers {
     }
 }
 
+/// The hold key of a whole prefix: `/payments/` for `/payments`.
+pub fn prefix_hold(prefix: &str) -> String {
+    format!("{prefix}/")
+}
+
+fn is_prefix_key(k: &str) -> bool {
+    k.len() > 1 && k.ends_with('/')
+}
+
+/// The prefix hold key a node path falls under (`/payments/a` → `/payments/`).
+fn prefix_key(path: &str) -> Option<String> {
+    wire::directory::prefix_of(path).map(prefix_hold)
+}
+
+/// Whether the node `path` is covered by the prefix hold key `key`.
+fn under_key(path: &str, key: &str) -> bool {
+    path.starts_with(key) || path == &key[..key.len() - 1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prefix hold invalidates every cacher below the prefix (and of the prefix node),
+    /// makes every path below it uncachable, even one not cached when it started, and a
+    /// read that began before it cannot be recorded after it.
+    #[test]
+    fn a_prefix_hold_covers_every_node_below_it() {
+        let now = Instant::now();
+        let mut c = Cachers::new();
+        let e = c.begin_read("/pay/a").unwrap();
+        assert!(c.record(1, "/pay/a", e));
+        let e = c.begin_read("/pay").unwrap();
+        assert!(c.record(2, "/pay", e));
+        let e = c.begin_read("/payroll/x").unwrap();
+        assert!(c.record(3, "/payroll/x", e));
+        let racing = c.begin_read("/pay/new").unwrap();
+        let (id, sends) = c.hold(&[prefix_hold("/pay")], now, HashSet::default());
+        assert_eq!(sends, vec![(1, p("/pay/a")), (2, p("/pay"))]);
+        assert_eq!(c.begin_read("/pay/b"), None);
+        assert!(
+            !c.record(4, "/pay/new", racing),
+            "a read begun before the hold"
+        );
+        assert!(c.begin_read("/payroll/y").is_some(), "another prefix");
+        assert!(!c.ack(1, id));
+        assert!(c.ack(2, id));
+        assert!(c.hold_complete(id));
+        assert_eq!(c.len(), 1, "only /payroll/x is still cached");
+        c.release(id);
+        assert!(c.begin_read("/pay/b").is_some());
+    }
 
     fn p(s: &str) -> Vec<String> {
         vec![s.to_string()]

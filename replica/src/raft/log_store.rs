@@ -35,8 +35,10 @@ const FORMAT_KEY: &[u8] = b"format";
 /// The format of the log's entries: 2 since sessions record their owner
 /// (`Command::CreateSession { owner }`), 3 since writes are checked against ACLs at
 /// apply (an older log replayed under the new rules could answer differently than it
-/// did); stores from before 2 carry no mark.
-pub const LOG_FORMAT: u32 = 3;
+/// did), 4 since prefixes are owned and moved (`SetPrefix`, `ImportPrefix`,
+/// `DropPrefix`; a store written by 3 would decode, but an older build could not read
+/// what this one writes); stores from before 2 carry no mark.
+pub const LOG_FORMAT: u32 = 4;
 
 /// Counters of the flusher, for status and benchmarks.
 #[derive(Debug, Default)]

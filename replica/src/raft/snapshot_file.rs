@@ -1,7 +1,8 @@
 //! Snapshot files: written atomically, checksummed, a few kept as backups.
 //!
-//! Format: the magic `LKSNAP3\n` (2 since sessions record their owner, 3 since the state
-//! holds ACLs, groups and admins; a file of another version is refused with an error
+//! Format: the magic `LKSNAP4\n` (2 since sessions record their owner, 3 since the state
+//! holds ACLs, groups and admins, 4 since it records the prefixes the cell owns and each
+//! node's fencing token; a file of another version is refused with an error
 //! naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
-const MAGIC: &[u8; 8] = b"LKSNAP3\n";
+const MAGIC: &[u8; 8] = b"LKSNAP4\n";
 
 /// How many snapshot files to keep (the newest plus backups).
 pub const SNAPSHOTS_KEPT: usize = 3;
@@ -184,7 +185,7 @@ mod tests {
         bytes[..8].copy_from_slice(b"LKSNAP2\n");
         fs::write(&p, bytes).unwrap();
         let e = latest(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP3"), "{e}");
+        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP4"), "{e}");
         assert!(p.exists(), "the file was moved");
     }
 }

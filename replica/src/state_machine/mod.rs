@@ -27,6 +27,7 @@
 //! Applying returns the client's answer and the list of [`Effect`]s for the watch table and
 //! the cacher list (leader-local, in `crate::leader`).
 
+mod prefixes;
 mod reads;
 mod security;
 mod session;
@@ -43,6 +44,7 @@ use wire::{path, Error};
 pub use security::{AclId, Security};
 pub use session::{Acting, Session};
 use wire::acl::Right;
+use wire::directory::{ExportedNode, PrefixRecord, PrefixState};
 use wire::path::check_value;
 pub use wire::path::validate_write;
 
@@ -72,10 +74,19 @@ pub struct Node {
     pub children: BTreeSet<String>,
     /// Its ACL (an index into [`Security`]'s table; a new node gets its parent's).
     pub acl: AclId,
+    /// Its fencing token: `epoch << 48 | create_index`, the epoch of its prefix when it
+    /// was created ([`wire::directory::token`]); kept when a move copies it.
+    pub token: u64,
 }
 
 impl Node {
-    fn new(data: Vec<u8>, index: LogIndex, owner: Option<SessionId>, acl: AclId) -> Node {
+    fn new(
+        data: Vec<u8>,
+        index: LogIndex,
+        owner: Option<SessionId>,
+        acl: AclId,
+        token: u64,
+    ) -> Node {
         Node {
             data,
             version: 0,
@@ -87,6 +98,7 @@ impl Node {
             sequence_next: 0,
             children: BTreeSet::new(),
             acl,
+            token,
         }
     }
 
@@ -100,6 +112,7 @@ impl Node {
             ephemeral_owner: self.ephemeral_owner,
             data_len: self.data.len() as u32,
             children_count: self.children.len() as u32,
+            token: self.token,
         }
     }
 }
@@ -118,6 +131,9 @@ pub struct StateMachine {
     security: Security,
     /// Open sessions per owner (for the limits per identity).
     owners: BTreeMap<String, u64>,
+    /// The prefixes this cell has recorded (`wire::directory`): none while the cell is
+    /// not part of a directory, and it then serves every path.
+    prefixes: BTreeMap<String, (u64, PrefixState)>,
 }
 
 impl Default for StateMachine {
@@ -142,7 +158,7 @@ impl StateMachine {
         let mut nodes = BTreeMap::new();
         nodes.insert(
             "/".to_string(),
-            Node::new(Vec::new(), 0, None, security::ROOT_ACL_AT_START),
+            Node::new(Vec::new(), 0, None, security::ROOT_ACL_AT_START, 0),
         );
         StateMachine {
             nodes,
@@ -151,6 +167,7 @@ impl StateMachine {
             last_index: 0,
             security: Security::new(),
             owners: BTreeMap::new(),
+            prefixes: BTreeMap::new(),
         }
     }
 
@@ -197,12 +214,13 @@ impl StateMachine {
         Ok(self.security.acl(n.acl))
     }
 
-    /// Whether `identity` may read `p` (what a read served at this state checks): the
-    /// read right on the node; a node that does not exist is readable (its absence is
+    /// Whether `identity` may read `p` (what a read served at this state checks): this
+    /// cell serves the path ([`StateMachine::check_owned`]), and the read right on the node; a node that does not exist is readable (its absence is
     /// what any identity learns, as with ZooKeeper's `exists`). `Unavailable` before the
     /// bootstrap.
     pub fn check_read(&self, identity: &str, p: &str) -> Result<(), Error> {
         self.security.check_bootstrapped()?;
+        self.check_owned(p, false)?;
         match self.nodes.get(p) {
             Some(n) => self.security.require(n.acl, Right::Read, identity, p),
             None => Ok(()),
@@ -222,6 +240,15 @@ impl StateMachine {
         single: bool,
     ) -> Result<(), Error> {
         self.security.check_bootstrapped()?;
+        for op in ops {
+            let p = match op {
+                TxnOp::Check { path, .. }
+                | TxnOp::Create { path, .. }
+                | TxnOp::Delete { path, .. }
+                | TxnOp::SetData { path, .. } => path,
+            };
+            self.check_owned(p, !matches!(op, TxnOp::Check { .. }))?;
+        }
         let mut touched: BTreeSet<&str> = BTreeSet::new();
         for (i, op) in ops.iter().enumerate() {
             let (node, right) = match op {
@@ -570,6 +597,56 @@ impl StateMachine {
                 self.security.set_admin(by, identity, *admin)?;
                 Ok(Reply::SecurityChanged { index })
             }
+            Command::SetPrefix {
+                by,
+                prefix,
+                epoch,
+                state,
+            } => {
+                self.require_admin(by, "change the prefixes a cell owns")?;
+                self.set_prefix(prefix, *epoch, *state)?;
+                Ok(Reply::PrefixChanged { index })
+            }
+            Command::ImportPrefix {
+                by,
+                prefix,
+                epoch,
+                first,
+                nodes,
+            } => {
+                self.require_admin(by, "import a prefix")?;
+                self.import_prefix(index, prefix, *epoch, *first, nodes, effects)?;
+                Ok(Reply::PrefixChanged { index })
+            }
+            Command::DropPrefix { by, prefix, epoch } => {
+                self.require_admin(by, "drop a prefix")?;
+                match self.prefixes.get(prefix) {
+                    Some(&(e, PrefixState::Gone | PrefixState::Importing)) if e == *epoch => {}
+                    other => {
+                        return Err(Error::BadRequest {
+                            reason: format!(
+                                "{prefix} may be dropped only when gone or importing at epoch \
+                                 {epoch}; it is {}",
+                                prefixes::describe(other)
+                            ),
+                        })
+                    }
+                }
+                self.drop_subtree(prefix, index, effects);
+                Ok(Reply::PrefixChanged { index })
+            }
+        }
+    }
+
+    fn require_admin(&self, by: &str, action: &str) -> Result<(), Error> {
+        self.security.check_bootstrapped()?;
+        if self.security.is_admin(by) {
+            Ok(())
+        } else {
+            Err(Error::NotAdmin {
+                action: action.to_string(),
+                identity: by.to_string(),
+            })
         }
     }
 
@@ -666,6 +743,19 @@ impl StateMachine {
                 request_id,
             });
         }
+        // A prefix this cell does not serve, or one frozen for a move: not applied and not
+        // remembered (like the window check below), so a retry is evaluated afresh here,
+        // and the same write may go to the prefix's new cell.
+        for op in ops {
+            let p = match op {
+                TxnOp::Check { path, .. }
+                | TxnOp::Create { path, .. }
+                | TxnOp::Delete { path, .. }
+                | TxnOp::SetData { path, .. } => path,
+            };
+            self.check_owned(p, !matches!(op, TxnOp::Check { .. }))?;
+        }
+        let session = self.sessions.get_mut(&session_id).expect("checked above");
         session.forget_below(ack_below.min(request_id));
         if session.window_full() {
             // Not applied and not remembered: a retry is evaluated afresh.
@@ -913,6 +1003,16 @@ impl StateMachine {
         }
         self.save(undo, &parent_path);
         self.save(undo, &full);
+        let owner = mode.ephemeral.then_some(session);
+        // Inherited at create: the parent's ACL.
+        let acl = parent.acl;
+        let token = wire::directory::token(self.epoch_of(&full), index).ok_or_else(|| {
+            Error::BadRequest {
+                reason: format!(
+                    "no fencing token for {full}: its prefix's epoch or this index is out of range"
+                ),
+            }
+        })?;
         let parent = self.nodes.get_mut(&parent_path).expect("checked above");
         if mode.sequential {
             parent.sequence_next += 1;
@@ -920,11 +1020,8 @@ impl StateMachine {
         parent.children.insert(path::name(&full).to_string());
         parent.children_version += 1;
         parent.children_index = index;
-        let owner = mode.ephemeral.then_some(session);
-        // Inherited at create: the parent's ACL.
-        let acl = parent.acl;
         self.security.retain(acl);
-        let node = Node::new(data.to_vec(), index, owner, acl);
+        let node = Node::new(data.to_vec(), index, owner, acl, token);
         let stat = node.stat();
         self.nodes.insert(full.clone(), node);
         if let Some(owner) = owner {

@@ -94,7 +94,7 @@ impl StateMachine {
     pub fn sequencer_current(&self, p: &str, token: LogIndex, session: SessionId) -> bool {
         self.nodes
             .get(p)
-            .is_some_and(|n| n.create_index == token && n.ephemeral_owner == Some(session))
+            .is_some_and(|n| n.token == token && n.ephemeral_owner == Some(session))
     }
 
     /// The sibling of the sequential node `p` with the highest sequence number below its

@@ -199,6 +199,13 @@ impl Security {
         id
     }
 
+    /// The id of `acl` for one more node (a node copied in by a move).
+    pub fn adopt(&mut self, acl: Acl) -> AclId {
+        let id = self.intern(acl);
+        self.retain(id);
+        id
+    }
+
     /// Moves one node from the ACL `old` to `acl`; returns the new id.
     pub fn replace(&mut self, old: AclId, acl: Acl) -> AclId {
         let id = self.intern(acl);

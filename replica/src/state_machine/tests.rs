@@ -1882,3 +1882,298 @@ mod acls {
         }
     }
 }
+
+/// Prefixes, moves and tokens across them (issue 25).
+mod prefixes {
+    use super::*;
+    use wire::directory::{ExportedNode, PrefixState};
+
+    fn set_prefix(
+        h: &mut Harness,
+        by: &str,
+        prefix: &str,
+        epoch: u64,
+        state: PrefixState,
+    ) -> Result<Reply, Error> {
+        h.apply(Command::SetPrefix {
+            by: by.into(),
+            prefix: prefix.into(),
+            epoch,
+            state,
+        })
+        .0
+    }
+
+    /// A write that acknowledges every earlier answer (many writes from one session).
+    fn w(h: &mut Harness, session: u64, op: TxnOp) -> Result<Reply, Error> {
+        let request_id = h.next_request;
+        h.next_request += 1;
+        h.apply(Command::Write {
+            session,
+            request_id,
+            ack_below: request_id,
+            ops: vec![op],
+            single: true,
+        })
+        .0
+    }
+
+    fn token_of(r: Result<Reply, Error>) -> u64 {
+        match r {
+            Ok(Reply::Created { stat, .. }) => stat.token,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A cell with no prefix recorded serves every path; once it owns one it refuses
+    /// the others with `WrongCell`, not remembered, so the same request id applies once
+    /// the cell owns the prefix after all. Only admins change prefixes, and only along
+    /// the moves' transitions.
+    #[test]
+    fn a_cell_serves_what_it_owns_and_refuses_the_rest() {
+        let mut h = Harness::new();
+        let s = h.session();
+        assert!(h.write(s, create("/other", b"", false, false)).is_ok());
+        assert!(matches!(
+            set_prefix(&mut h, "lock://client/test", "/pay", 0, PrefixState::Owned),
+            Err(Error::NotAdmin { .. })
+        ));
+        set_prefix(&mut h, ADMIN, "/pay", 0, PrefixState::Owned).unwrap();
+        assert!(h.write(s, create("/pay", b"", false, false)).is_ok());
+        let before = h.sm.nodes.clone();
+        assert_eq!(
+            h.write_id(s, 100, set("/other", b"x", None)),
+            Err(Error::WrongCell {
+                prefix: "/other".into(),
+                epoch: 0
+            })
+        );
+        assert_eq!(
+            h.sm.check_read("lock://client/test", "/other/a"),
+            Err(Error::WrongCell {
+                prefix: "/other".into(),
+                epoch: 0
+            })
+        );
+        assert!(h.sm.check_read("lock://client/test", "/").is_ok());
+        assert_eq!(h.sm.nodes, before, "nothing changed");
+        set_prefix(&mut h, ADMIN, "/other", 0, PrefixState::Owned).unwrap();
+        assert!(matches!(
+            h.write_id(s, 100, set("/other", b"x", None)),
+            Ok(Reply::Set { .. })
+        ));
+        // Transitions a move never makes.
+        for (epoch, to) in [
+            (1, PrefixState::Owned),
+            (0, PrefixState::Gone),
+            (0, PrefixState::Importing),
+        ] {
+            assert!(
+                matches!(
+                    set_prefix(&mut h, ADMIN, "/pay", epoch, to),
+                    Err(Error::BadRequest { .. })
+                ),
+                "{epoch} {to}"
+            );
+        }
+        // Setting what is recorded again is fine (a re-run).
+        set_prefix(&mut h, ADMIN, "/pay", 0, PrefixState::Owned).unwrap();
+        assert!(matches!(
+            set_prefix(&mut h, ADMIN, "/a/b", 0, PrefixState::Owned),
+            Err(Error::BadRequest { .. })
+        ));
+    }
+
+    /// Frozen: reads served, not cachable; writes refused with `Frozen` and not
+    /// remembered (the same request id applies after the freeze is lifted); a write
+    /// applied before the freeze, retried, still gets its first answer.
+    #[test]
+    fn a_frozen_prefix_reads_but_does_not_write() {
+        let mut h = Harness::new();
+        let s = h.session();
+        set_prefix(&mut h, ADMIN, "/pay", 0, PrefixState::Owned).unwrap();
+        h.write(s, create("/pay", b"", false, false)).unwrap();
+        let first = h.write_id(s, 50, create("/pay/a", b"1", false, false));
+        assert!(first.is_ok());
+        assert!(h.sm.cachable("/pay/a"));
+        set_prefix(&mut h, ADMIN, "/pay", 0, PrefixState::Frozen).unwrap();
+        assert!(!h.sm.cachable("/pay/a") && !h.sm.cachable("/pay"));
+        assert!(h.sm.check_read("lock://client/test", "/pay/a").is_ok());
+        assert_eq!(
+            h.write_id(s, 50, create("/pay/a", b"1", false, false)),
+            first
+        );
+        let frozen = Err(Error::Frozen {
+            prefix: "/pay".into(),
+            epoch: 0,
+        });
+        let d = h.sm.clone();
+        assert_eq!(h.write_id(s, 51, set("/pay/a", b"2", None)), frozen);
+        assert_eq!(h.sm.nodes, d.nodes, "nothing changed");
+        assert!(frozen.clone().unwrap_err().is_retryable());
+        set_prefix(&mut h, ADMIN, "/pay", 0, PrefixState::Owned).unwrap();
+        assert!(matches!(
+            h.write_id(s, 51, set("/pay/a", b"2", None)),
+            Ok(Reply::Set { .. })
+        ));
+    }
+
+    /// A whole move between two states: freeze, export in pages, import, hand over,
+    /// drop. The copy keeps data, versions, ACLs, sequence counters and tokens; the new
+    /// cell's first grant has a higher token than any the old cell made; the old cell
+    /// answers `WrongCell` at the new epoch and holds no node of the prefix, its sessions
+    /// none of their ephemerals there; a copy interrupted and started again ends alike.
+    #[test]
+    fn a_prefix_moves_with_its_data_and_tokens_only_grow() {
+        let mut a = Harness::new();
+        let mut b = Harness::new();
+        // B's log is far behind A's: tokens must still grow across the move.
+        let sa = a.session();
+        set_prefix(&mut a, ADMIN, "/pay", 0, PrefixState::Owned).unwrap();
+        w(&mut a, sa, create("/pay", b"root", false, false)).unwrap();
+        w(&mut a, sa, create("/pay/locks", b"", false, false)).unwrap();
+        let mut last_old = 0;
+        for i in 0..30 {
+            last_old = token_of(w(&mut a, sa, create("/pay/locks/lock-", b"", false, true)));
+            w(
+                &mut a,
+                sa,
+                create(&format!("/pay/cfg{i:02}"), &[i as u8; 100], false, false),
+            )
+            .unwrap();
+            w(&mut a, sa, set(&format!("/pay/cfg{i:02}"), b"v2", None)).unwrap();
+        }
+        for i in 0..30 {
+            w(&mut a, sa, del(&format!("/pay/locks/lock-{i:010}"), None)).unwrap();
+        }
+        let eph = w(&mut a, sa, create("/pay/locks/lock-", b"", true, true));
+        last_old = last_old.max(token_of(eph));
+        let acl = wire::acl::Acl::everyone();
+        a.apply(Command::SetAcl {
+            by: ADMIN.into(),
+            path: "/pay/cfg03".into(),
+            acl: acl.clone(),
+        })
+        .0
+        .unwrap();
+        set_prefix(&mut a, ADMIN, "/pay", 0, PrefixState::Frozen).unwrap();
+
+        let mut pages = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (nodes, more) = a.sm.export("/pay", after.as_deref(), 1000);
+            assert!(!nodes.is_empty());
+            after = nodes.last().map(|n| n.path.clone());
+            pages.push(nodes);
+            if !more {
+                break;
+            }
+        }
+        assert!(pages.len() > 2, "{} pages", pages.len());
+        let exported: Vec<ExportedNode> = pages.iter().flatten().cloned().collect();
+        assert!(
+            exported.iter().all(|n| !n.path.contains("lock-")),
+            "ephemerals are not copied"
+        );
+        assert_eq!(exported.len(), 32);
+
+        let import = |h: &mut Harness, first: bool, nodes: Vec<ExportedNode>| {
+            h.apply(Command::ImportPrefix {
+                by: ADMIN.into(),
+                prefix: "/pay".into(),
+                epoch: 1,
+                first,
+                nodes,
+            })
+            .0
+        };
+        // Not before it is importing.
+        assert!(matches!(
+            import(&mut b, true, pages[0].clone()),
+            Err(Error::BadRequest { .. })
+        ));
+        set_prefix(&mut b, ADMIN, "/pay", 1, PrefixState::Importing).unwrap();
+        // A first attempt, interrupted after two pages, then a whole copy.
+        import(&mut b, true, pages[0].clone()).unwrap();
+        import(&mut b, false, pages[1].clone()).unwrap();
+        let sb = b.session();
+        assert_eq!(
+            w(&mut b, sb, set("/pay/cfg00", b"x", None)),
+            Err(Error::WrongCell {
+                prefix: "/pay".into(),
+                epoch: 1
+            })
+        );
+        for (i, p) in pages.iter().enumerate() {
+            import(&mut b, i == 0, p.clone()).unwrap();
+        }
+        set_prefix(&mut b, ADMIN, "/pay", 1, PrefixState::Owned).unwrap();
+        let (copied, more) = b.sm.export("/pay", None, usize::MAX);
+        assert!(!more);
+        assert_eq!(
+            copied, exported,
+            "data, versions, ACLs, counters and tokens kept"
+        );
+        b.sm.assert_acl_counts();
+
+        // The new cell's first grant is above every token of the old one; the names of
+        // sequential children go on.
+        let created = w(&mut b, sb, create("/pay/locks/lock-", b"", true, true));
+        let Ok(Reply::Created { path, stat, .. }) = created else {
+            panic!("{created:?}")
+        };
+        assert_eq!(path, "/pay/locks/lock-0000000031");
+        assert!(stat.token > last_old, "{} <= {last_old}", stat.token);
+        assert_eq!(stat.token >> wire::directory::TOKEN_INDEX_BITS, 1);
+        // And a CAS on a copied node sees the copied version.
+        assert!(matches!(
+            w(&mut b, sb, set("/pay/cfg05", b"v3", Some(1))),
+            Ok(Reply::Set { .. })
+        ));
+
+        // The old cell lets go.
+        set_prefix(&mut a, ADMIN, "/pay", 1, PrefixState::Gone).unwrap();
+        assert_eq!(
+            w(&mut a, sa, set("/pay/cfg00", b"late", None)),
+            Err(Error::WrongCell {
+                prefix: "/pay".into(),
+                epoch: 1
+            })
+        );
+        assert!(a.sm.check_read("lock://client/test", "/pay/cfg00").is_err());
+        let (_, effects) = a.apply(Command::DropPrefix {
+            by: ADMIN.into(),
+            prefix: "/pay".into(),
+            epoch: 1,
+        });
+        assert!(effects.contains(&Effect::Deleted {
+            path: "/pay/locks/lock-0000000030".into()
+        }));
+        assert!(a.sm.subtree_paths("/pay").is_empty());
+        assert!(a.sm.session(sa).unwrap().ephemerals.is_empty());
+        a.sm.assert_acl_counts();
+        // The session goes on and ends cleanly.
+        a.apply(Command::CloseSession { session: sa }).0.unwrap();
+        // Dropping again changes nothing and succeeds; dropping an owned prefix is refused.
+        a.apply(Command::DropPrefix {
+            by: ADMIN.into(),
+            prefix: "/pay".into(),
+            epoch: 1,
+        })
+        .0
+        .unwrap();
+        assert!(matches!(
+            b.apply(Command::DropPrefix {
+                by: ADMIN.into(),
+                prefix: "/pay".into(),
+                epoch: 1
+            })
+            .0,
+            Err(Error::BadRequest { .. })
+        ));
+        // The state survives a snapshot round trip.
+        let bytes = postcard::to_allocvec(&b.sm).unwrap();
+        let back: StateMachine = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, b.sm);
+    }
+}
