@@ -23,7 +23,7 @@
 //! .await?;
 //! let session = client.open_session().await?;
 //! let created = session.create("/config", b"v1".to_vec(), CreateMode::default()).await?;
-//! println!("created {} with token {}", created.path, created.stat.create_index);
+//! println!("created {} with token {}", created.path, created.stat.token);
 //! session.close().await?;
 //! # Ok(()) }
 //! ```

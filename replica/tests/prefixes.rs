@@ -1,8 +1,9 @@
 //! Cells know what they own (issue 25; docs/directory.md): the prefixes a cell records,
 //! `WrongCell` for the rest, a frozen prefix that reads but does not write, and a prefix
 //! moved between two real cells by the operations `lockctl dir move` is made of (freeze,
-//! export, import, hand over, drop), with its data, versions, ACLs and sequence counters,
-//! and fencing tokens that only grow across the move. Every replica of both cells ends
+//! export, import, let go, hand over, drop), with its data, versions, ACLs and sequence
+//! counters; the old cell's locks end before the new cell serves, and fencing tokens only
+//! grow across the move. Every replica of both cells ends
 //! with the same state.
 
 mod common;
@@ -112,6 +113,11 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
         let st = writer.await.unwrap().unwrap();
         assert_eq!(st.version, 2);
 
+        // Not exported while writes go on.
+        assert!(matches!(
+            ca.export_prefix("/pay", None).await.unwrap_err(),
+            Error::BadRequest { .. }
+        ));
         // The move, step by step: freeze A; B imports at epoch 1 (a first attempt
         // interrupted after one page, then the whole copy); B owns; A lets go and drops.
         ca.set_prefix("/pay", 0, PrefixState::Frozen).await.unwrap();
@@ -145,9 +151,24 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
             }
         }
         cb.import_prefix("/pay", 1, first, chunk).await.unwrap();
-        cb.set_prefix("/pay", 1, PrefixState::Owned).await.unwrap();
+        // The old cell lets go before the new one serves: its locks end at the
+        // hand-over (no lock is held in both cells at once), and its sequencers are no
+        // longer current.
+        assert!(sa.check_sequencer(held.sequencer()).await.unwrap());
         ca.set_prefix("/pay", 1, PrefixState::Gone).await.unwrap();
+        assert!(!sa.check_sequencer(held.sequencer()).await.unwrap());
+        assert_eq!(
+            sa.exists(&held.sequencer().node).await.unwrap_err(),
+            Error::WrongCell {
+                prefix: "/pay".into(),
+                epoch: 1
+            }
+        );
+        cb.set_prefix("/pay", 1, PrefixState::Owned).await.unwrap();
+        // A faithful copy (exported from B under a freeze given up at once).
+        cb.set_prefix("/pay", 1, PrefixState::Frozen).await.unwrap();
         assert_eq!(export_all(&cb, "/pay").await, nodes, "a faithful copy");
+        cb.set_prefix("/pay", 1, PrefixState::Owned).await.unwrap();
 
         // B serves /pay: the copied version goes on, and its first grant is above every
         // token A ever gave for /pay.
@@ -176,7 +197,7 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
         );
         ca.drop_prefix("/pay", 1).await.unwrap();
         ca.drop_prefix("/pay", 1).await.unwrap();
-        assert!(export_all(&cb, "/pay").await.len() > 300);
+        assert!(sb.children("/pay").await.unwrap().len() > 300);
         assert!(matches!(
             cb.drop_prefix("/pay", 1).await.unwrap_err(),
             Error::BadRequest { .. }

@@ -485,7 +485,7 @@ pub enum Op {
         state: crate::directory::PrefixState,
     },
     /// A page of a prefix's persistent nodes in path order, after `after` (cell admins
-    /// only; linearizable), for a move's copy. Reply: [`Reply::Exported`].
+    /// only; linearizable; only while the prefix is frozen), for a move's copy. Reply: [`Reply::Exported`].
     ExportPrefix {
         /// The prefix.
         prefix: String,

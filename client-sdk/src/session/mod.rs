@@ -60,7 +60,7 @@ pub enum SessionState {
 pub struct Created {
     /// The node's actual path (with the sequence suffix when sequential).
     pub path: String,
-    /// Its metadata; `create_index` is the fencing token.
+    /// Its metadata; `token` is the fencing token.
     pub stat: NodeStat,
     /// For sequential nodes: the sibling just below it when it was created.
     pub predecessor: Option<Predecessor>,

@@ -44,11 +44,11 @@ impl Gateway {
         path::validate(&p)?;
         acl.check().map_err(|reason| Error::BadRequest { reason })?;
         // Refused early when the state already says no; decided at apply.
-        self.state.read().expect("state lock").sm.check_right(
-            &me.identity,
-            &p,
-            wire::acl::Right::Admin,
-        )?;
+        {
+            let s = self.state.read().expect("state lock");
+            s.sm.check_owned(&p, true)?;
+            s.sm.check_right(&me.identity, &p, wire::acl::Right::Admin)?;
+        }
         let cmd = Command::SetAcl {
             by: me.identity.clone(),
             path: p.clone(),

@@ -17,6 +17,8 @@
 //! A hold may name a whole prefix, as `/payments/` (a node path never ends in `/`): it
 //! covers the prefix's node and every node below it, cached or not yet, present or absent
 //! (a prefix frozen for a move: no copy cached from this cell may outlive the move).
+//! The key [`ALL`] covers every node (a cell recording its first prefix stops serving
+//! every other one).
 //!
 //! Leader-local and volatile: lost on fail-over; clients flush their caches then.
 
@@ -81,12 +83,12 @@ impl Cachers {
     pub fn begin_read(&self, path: &str) -> Option<u64> {
         let key = prefix_key(path);
         let held = |k: &str| self.holding.get(k).copied().unwrap_or(0) > 0;
-        if held(path) || key.as_deref().is_some_and(held) {
+        if held(path) || held(ALL) || key.as_deref().is_some_and(held) {
             return None;
         }
         let epoch = |k: &str| self.epoch.get(k).copied().unwrap_or(0);
-        // Both only grow: their sum changes whenever either does.
-        Some(epoch(path) + key.as_deref().map_or(0, epoch))
+        // All only grow: their sum changes whenever one does.
+        Some(epoch(path) + epoch(ALL) + key.as_deref().map_or(0, epoch))
     }
 
     /// Phase two: records `session` as a cacher of `path` if no hold started since
@@ -356,6 +358,9 @@ impl Cachers {
     }
 }
 
+/// The hold key of every node.
+pub const ALL: &str = "//";
+
 /// The hold key of a whole prefix: `/payments/` for `/payments`.
 pub fn prefix_hold(prefix: &str) -> String {
     format!("{prefix}/")
@@ -372,7 +377,7 @@ fn prefix_key(path: &str) -> Option<String> {
 
 /// Whether the node `path` is covered by the prefix hold key `key`.
 fn under_key(path: &str, key: &str) -> bool {
-    path.starts_with(key) || path == &key[..key.len() - 1]
+    key == ALL || path.starts_with(key) || path == &key[..key.len() - 1]
 }
 
 #[cfg(test)]
@@ -407,6 +412,16 @@ mod tests {
         assert_eq!(c.len(), 1, "only /payroll/x is still cached");
         c.release(id);
         assert!(c.begin_read("/pay/b").is_some());
+        // The key of every node.
+        let racing = c.begin_read("/x").unwrap();
+        let (all, sends) = c.hold(&[ALL.to_string()], now, HashSet::default());
+        assert_eq!(sends, vec![(3, p("/payroll/x"))]);
+        assert_eq!(c.begin_read("/pay/b"), None);
+        assert!(!c.record(5, "/x", racing));
+        assert!(c.ack(3, all));
+        assert!(c.is_empty());
+        c.release(all);
+        assert!(c.begin_read("/x").is_some());
     }
 
     fn p(s: &str) -> Vec<String> {

@@ -574,6 +574,9 @@ impl StateMachine {
             Command::SetAcl { by, path: p, acl } => {
                 self.security.check_bootstrapped()?;
                 path::validate(p)?;
+                // An ACL is part of the prefix's data: not changed where the prefix is
+                // frozen (the copy would lose it) or not served.
+                self.check_owned(p, true)?;
                 acl.check().map_err(|reason| Error::BadRequest { reason })?;
                 let n = self
                     .nodes
@@ -605,6 +608,12 @@ impl StateMachine {
             } => {
                 self.require_admin(by, "change the prefixes a cell owns")?;
                 self.set_prefix(prefix, *epoch, *state)?;
+                if *state == PrefixState::Gone {
+                    // Locks and other ephemeral nodes are not copied: they end here, at
+                    // the hand-over, so their holders hear of it (a `Deleted` event) and
+                    // no sequencer of this cell stays current for the prefix.
+                    self.drop_ephemerals(prefix, index, effects);
+                }
                 Ok(Reply::PrefixChanged { index })
             }
             Command::ImportPrefix {
@@ -998,6 +1007,10 @@ impl StateMachine {
         } else {
             p.to_string()
         };
+        if mode.sequential && parent_path == "/" {
+            // The node's name, not the request's, is its prefix.
+            self.check_owned(&full, true)?;
+        }
         if self.nodes.contains_key(&full) {
             return Err(Error::NodeExists { path: full });
         }

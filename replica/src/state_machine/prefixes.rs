@@ -128,10 +128,13 @@ impl StateMachine {
             if n.ephemeral_owner.is_some() {
                 continue;
             }
-            if !out.is_empty() && bytes + p.len() + n.data.len() > max_bytes {
+            let acl = self.security.acl(n.acl).clone();
+            let size =
+                64 + p.len() + n.data.len() + postcard::to_allocvec(&acl).map_or(0, |v| v.len());
+            if !out.is_empty() && bytes + size > max_bytes {
                 return (out, true);
             }
-            bytes += 64 + p.len() + n.data.len();
+            bytes += size;
             out.push(ExportedNode {
                 path: p.clone(),
                 data: n.data.clone(),
@@ -139,7 +142,7 @@ impl StateMachine {
                 children_version: n.children_version,
                 sequence_next: n.sequence_next,
                 token: n.token,
-                acl: self.security.acl(n.acl).clone(),
+                acl,
             });
         }
         (out, false)
@@ -204,7 +207,9 @@ impl StateMachine {
         }
         // Checked whole before anything changes: the command applies all or nothing.
         let below = format!("{prefix}/");
+        let copied = |p: &str| p == prefix || p.starts_with(&below);
         let mut last: Option<&str> = None;
+        let mut in_page: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
         for n in nodes {
             path::validate(&n.path)?;
             check_value(&n.data)?;
@@ -221,6 +226,41 @@ impl StateMachine {
                     reason: format!("imported nodes out of path order at {}", n.path),
                 });
             }
+            // Tokens only grow across a move: every copied token is of an earlier epoch.
+            if n.token >> wire::directory::TOKEN_INDEX_BITS >= epoch {
+                return Err(Error::BadRequest {
+                    reason: format!(
+                        "{} carries token {} of epoch {} or later; importing at epoch {epoch}",
+                        n.path, n.token, epoch
+                    ),
+                });
+            }
+            // Every node lands under a persistent parent: one earlier in the page, or
+            // one here that stays (a first page drops the prefix's nodes first).
+            let parent = path::parent(&n.path);
+            let parent_ok = in_page.contains(parent)
+                || self
+                    .nodes
+                    .get(parent)
+                    .is_some_and(|pn| pn.ephemeral_owner.is_none() && !(first && copied(parent)));
+            if !parent_ok {
+                return Err(Error::BadRequest {
+                    reason: format!("{} comes without its parent {parent}", n.path),
+                });
+            }
+            // A node copied over an ephemeral one would leave its session pointing at a
+            // persistent node.
+            if !first
+                && self
+                    .nodes
+                    .get(&n.path)
+                    .is_some_and(|o| o.ephemeral_owner.is_some())
+            {
+                return Err(Error::BadRequest {
+                    reason: format!("{} is an ephemeral node here", n.path),
+                });
+            }
+            in_page.insert(&n.path);
             last = Some(&n.path);
         }
         if first {
@@ -228,12 +268,6 @@ impl StateMachine {
         }
         for n in nodes {
             let parent_path = path::parent(&n.path).to_string();
-            match self.nodes.get(&parent_path) {
-                Some(p) if p.ephemeral_owner.is_none() => {}
-                // A copy sends parents first; a node whose parent is missing was left out
-                // by the export (it never is) and is skipped rather than orphaned.
-                _ => continue,
-            }
             let acl = self.security.adopt(n.acl.clone());
             let mut node = Node::new(n.data.clone(), index, None, acl, n.token);
             node.version = n.version;
@@ -248,7 +282,7 @@ impl StateMachine {
                     path: n.path.clone(),
                 });
             } else {
-                let copied_parent = parent_path == prefix || parent_path.starts_with(&below);
+                let copied_parent = copied(&parent_path);
                 let parent = self.nodes.get_mut(&parent_path).expect("checked above");
                 parent.children.insert(path::name(&n.path).to_string());
                 // A copied parent keeps its copied children version; the root's counts
@@ -265,6 +299,24 @@ impl StateMachine {
             self.nodes.insert(n.path.clone(), node);
         }
         Ok(())
+    }
+
+    /// Deletes the ephemeral nodes of `prefix` (they have no children), and their
+    /// sessions' records of them.
+    pub(super) fn drop_ephemerals(
+        &mut self,
+        prefix: &str,
+        index: LogIndex,
+        effects: &mut Vec<Effect>,
+    ) {
+        for p in self.subtree_paths(prefix) {
+            if let Some(owner) = self.nodes[&p].ephemeral_owner {
+                if let Some(s) = self.sessions.get_mut(&owner) {
+                    s.ephemerals.remove(&p);
+                }
+                self.remove_node(&p, index, effects);
+            }
+        }
     }
 
     /// Deletes the nodes of `prefix` (itself and below), children before parents, and

@@ -92,9 +92,12 @@ impl StateMachine {
 
     /// Is the lock node `p` still held by `session` with fencing token `token`?
     pub fn sequencer_current(&self, p: &str, token: LogIndex, session: SessionId) -> bool {
-        self.nodes
-            .get(p)
-            .is_some_and(|n| n.token == token && n.ephemeral_owner == Some(session))
+        // Not where the prefix is no longer served (moved out, or never here).
+        self.check_owned(p, false).is_ok()
+            && self
+                .nodes
+                .get(p)
+                .is_some_and(|n| n.token == token && n.ephemeral_owner == Some(session))
     }
 
     /// The sibling of the sequential node `p` with the highest sequence number below its

@@ -2131,8 +2131,19 @@ mod prefixes {
             Ok(Reply::Set { .. })
         ));
 
-        // The old cell lets go.
-        set_prefix(&mut a, ADMIN, "/pay", 1, PrefixState::Gone).unwrap();
+        // The old cell lets go: its locks end at the hand-over.
+        let lock = "/pay/locks/lock-0000000030";
+        assert!(a.sm.sequencer_current(lock, last_old, sa));
+        let (r, effects) = a.apply(Command::SetPrefix {
+            by: ADMIN.into(),
+            prefix: "/pay".into(),
+            epoch: 1,
+            state: PrefixState::Gone,
+        });
+        r.unwrap();
+        assert!(effects.contains(&Effect::Deleted { path: lock.into() }));
+        assert!(a.sm.session(sa).unwrap().ephemerals.is_empty());
+        assert!(!a.sm.sequencer_current(lock, last_old, sa));
         assert_eq!(
             w(&mut a, sa, set("/pay/cfg00", b"late", None)),
             Err(Error::WrongCell {
@@ -2147,10 +2158,9 @@ mod prefixes {
             epoch: 1,
         });
         assert!(effects.contains(&Effect::Deleted {
-            path: "/pay/locks/lock-0000000030".into()
+            path: "/pay/cfg00".into()
         }));
         assert!(a.sm.subtree_paths("/pay").is_empty());
-        assert!(a.sm.session(sa).unwrap().ephemerals.is_empty());
         a.sm.assert_acl_counts();
         // The session goes on and ends cleanly.
         a.apply(Command::CloseSession { session: sa }).0.unwrap();
@@ -2175,5 +2185,114 @@ mod prefixes {
         let bytes = postcard::to_allocvec(&b.sm).unwrap();
         let back: StateMachine = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, b.sm);
+    }
+}
+
+mod prefix_refusals {
+    use super::*;
+    use wire::directory::{ExportedNode, PrefixState};
+
+    fn node(path: &str, token: u64) -> ExportedNode {
+        ExportedNode {
+            path: path.into(),
+            data: b"d".to_vec(),
+            version: 0,
+            children_version: 0,
+            sequence_next: 0,
+            token,
+            acl: wire::acl::Acl::everyone(),
+        }
+    }
+
+    fn cmd(prefix: &str, epoch: u64, state: PrefixState) -> Command {
+        Command::SetPrefix {
+            by: ADMIN.into(),
+            prefix: prefix.into(),
+            epoch,
+            state,
+        }
+    }
+
+    fn import(first: bool, nodes: Vec<ExportedNode>) -> Command {
+        Command::ImportPrefix {
+            by: ADMIN.into(),
+            prefix: "/pay".into(),
+            epoch: 1,
+            first,
+            nodes,
+        }
+    }
+
+    /// An import never lands a node without its persistent parent, never over an
+    /// ephemeral node, and never with a token of its own epoch or later; refused whole,
+    /// nothing changed.
+    #[test]
+    fn an_import_refuses_what_would_orphan_overwrite_an_ephemeral_or_repeat_a_token() {
+        let mut h = Harness::new();
+        let s = h.session();
+        h.write(s, create("/pay", b"", false, false)).unwrap();
+        h.write(s, create("/pay/e", b"", true, false)).unwrap();
+        h.apply(cmd("/pay", 1, PrefixState::Importing)).0.unwrap();
+        let before = h.sm.clone();
+        for (first, nodes) in [
+            (false, vec![node("/pay/e", 5)]),
+            (false, vec![node("/pay/e/x", 5)]),
+            (true, vec![node("/pay/a/b", 5)]),
+            (true, vec![node("/pay", 5), node("/pay/a/b", 6)]),
+            (
+                true,
+                vec![node("/pay", 1 << wire::directory::TOKEN_INDEX_BITS)],
+            ),
+            (true, vec![node("/pay", 3), node("/other", 4)]),
+        ] {
+            let r = h.apply(import(first, nodes.clone())).0;
+            assert!(
+                matches!(r, Err(Error::BadRequest { .. })),
+                "{nodes:?}: {r:?}"
+            );
+            assert_eq!(h.sm.nodes, before.nodes);
+            assert_eq!(h.sm.sessions, before.sessions);
+        }
+        // A first page drops what was there, the ephemeral node with its session's
+        // record of it.
+        h.apply(import(true, vec![node("/pay", 3), node("/pay/a", 4)]))
+            .0
+            .unwrap();
+        assert!(h.sm.node("/pay/e").is_none());
+        assert!(h.sm.session(s).unwrap().ephemerals.is_empty());
+        h.sm.assert_acl_counts();
+    }
+
+    /// A sequential create under the root is judged by the node's name; an ACL is not
+    /// changed under a frozen prefix (the move's copy would lose it).
+    #[test]
+    fn sequential_names_at_the_root_and_acls_follow_ownership() {
+        let mut h = Harness::new();
+        let s = h.session();
+        h.write(s, create("/pay", b"", false, false)).unwrap();
+        h.apply(cmd("/pay", 0, PrefixState::Owned)).0.unwrap();
+        h.apply(cmd("/lock-", 0, PrefixState::Owned)).0.unwrap();
+        assert_eq!(
+            h.write(s, create("/lock-", b"", false, true)),
+            Err(Error::WrongCell {
+                prefix: "/lock-0000000000".into(),
+                epoch: 0
+            })
+        );
+        h.apply(cmd("/pay", 0, PrefixState::Frozen)).0.unwrap();
+        let r = h
+            .apply(Command::SetAcl {
+                by: ADMIN.into(),
+                path: "/pay".into(),
+                acl: wire::acl::Acl::everyone(),
+            })
+            .0;
+        assert_eq!(
+            r,
+            Err(Error::Frozen {
+                prefix: "/pay".into(),
+                epoch: 0
+            })
+        );
     }
 }
