@@ -8,10 +8,10 @@
 //! - [`Session`]: one session with its KeepAlive loop, local lease clock and state
 //!   ([`SessionState`]: healthy, jeopardy, expired), and the node operations.
 //!
-//! A [`Client`] and its sessions talk to one cell. Routing a path to the cell that owns
-//! it (the directory of cells) belongs above them: a router that resolves each path's
-//! cell and keeps one client and one session per cell it uses, handing each operation
-//! to that cell's session; nothing below it changes.
+//! A [`Client`] and its sessions talk to one cell. A [`Router`] spans many: it resolves
+//! each path's cell through the directory (`docs/directory.md`), keeps one client and
+//! one session per cell it uses, and hands each operation to that cell's session;
+//! nothing below it changes.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), client_sdk::Error> {
@@ -34,12 +34,14 @@ mod cache;
 mod client;
 pub mod fencing;
 pub mod recipes;
+mod router;
 mod session;
 mod watch;
 
 pub use cache::CacheStats;
 pub use client::{Client, ClientConfig, Security, SESSIONS_PER_CLIENT_MAX};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
+pub use router::{Router, RouterConfig, ROUTE_ATTEMPTS};
 pub use session::{Created, Session, SessionEvent, SessionState};
 pub use watch::Watch;
 pub use wire::types::{

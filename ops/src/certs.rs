@@ -73,6 +73,9 @@ pub enum Role {
     Proxy,
     /// `lock://client/<name>`: an application or tool.
     Client,
+    /// `lock://directory/<name>`: a directory instance (serves the map of prefixes to
+    /// cells; reads it from the root cell).
+    Directory,
 }
 
 /// `lockctl certs issue`.
@@ -193,6 +196,10 @@ fn identity(a: &IssueArgs) -> anyhow::Result<Identity> {
         (Role::Client, Some(_)) => {
             anyhow::bail!("a client's identity names no cell (lock://client/<name>): drop --cell")
         }
+        (Role::Directory, None) => format!("lock://directory/{}", a.name),
+        (Role::Directory, Some(_)) => anyhow::bail!(
+            "a directory instance's identity names no cell (lock://directory/<name>): drop --cell"
+        ),
         (Role::Replica | Role::Proxy, None) => {
             anyhow::bail!("a replica's or proxy's identity names its cell: add --cell")
         }

@@ -7,6 +7,7 @@
 mod acl;
 mod certs;
 mod dev;
+mod dir;
 mod fenced;
 mod lock;
 
@@ -196,6 +197,24 @@ enum Command {
     /// Show and change who may do what: nodes' ACLs, groups, the cell's admins.
     #[command(subcommand)]
     Acl(acl::AclCommand),
+    /// The directory's map of prefixes to cells, kept in the root cell that --endpoints
+    /// names: list it, describe cells, place, remove and move prefixes.
+    #[command(subcommand)]
+    Dir(dir::DirCommand),
+    /// Run one directory instance in this process (used by `lockctl dev` and the tests;
+    /// same as the `directory` binary).
+    #[command(hide = true)]
+    Directory {
+        /// Address to listen on (UDP).
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The root cell's endpoints, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        root: Vec<String>,
+        /// A TLS directory holding ca.pem, directory.pem and directory.key.
+        #[arg(long)]
+        tls_dir: PathBuf,
+    },
     /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
     #[command(hide = true)]
     Proxy {
@@ -235,7 +254,10 @@ enum MemberCommand {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = if matches!(cli.command, Command::Replica { .. } | Command::Proxy { .. }) {
+    let filter = if matches!(
+        cli.command,
+        Command::Replica { .. } | Command::Proxy { .. } | Command::Directory { .. }
+    ) {
         "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn"
     } else {
         "warn"
@@ -257,6 +279,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Replica { config } => return dev::run_replica(config),
         Command::Proxy { config } => return dev::run_proxy(config),
+        Command::Directory {
+            listen,
+            root,
+            tls_dir,
+        } => {
+            return directory::run_until_signal(directory::DirectoryConfig {
+                listen: *listen,
+                root: root.clone(),
+                tls: wire::tls::TlsConfig {
+                    ca: tls_dir.join(wire::tls::CA_FILE),
+                    cert: tls_dir.join("directory.pem"),
+                    key: tls_dir.join("directory.key"),
+                    crls: Vec::new(),
+                },
+                refresh: Duration::from_secs(30),
+            })
+        }
         Command::Certs(cmd) => return certs::run(cmd),
         Command::FencedWrite {
             store,
@@ -601,7 +640,9 @@ async fn command(
             Ok(())
         }
         Command::Acl(cmd) => acl::run(&client, cmd).await,
+        Command::Dir(cmd) => dir::run(&client, client.config(), cmd).await,
         Command::Dev(_)
+        | Command::Directory { .. }
         | Command::Certs(_)
         | Command::Proxy { .. }
         | Command::Replica { .. }

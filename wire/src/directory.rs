@@ -207,6 +207,18 @@ pub const ROOT_CELLS: &str = "/directory/cells";
 /// The prefixes' nodes in the root cell.
 pub const ROOT_PREFIXES: &str = "/directory/prefixes";
 
+/// A [`CellInfo`] or [`PrefixEntry`] as the root cell stores it (postcard).
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).expect("directory entries serialize")
+}
+
+/// A root-cell node's data read back; `what` names the node in the error.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, Error> {
+    postcard::from_bytes(bytes).map_err(|e| Error::Malformed {
+        reason: format!("{what}: not a directory entry: {e}"),
+    })
+}
+
 /// The root-cell node of a prefix (`/payments` → `/directory/prefixes/payments`).
 pub fn prefix_node(prefix: &str) -> String {
     format!("{ROOT_PREFIXES}/{}", prefix.trim_start_matches('/'))

@@ -8,6 +8,7 @@
 //! | `lock://<cell>/replica/<name>` | a replica of `<cell>`: the only one that may speak the peer protocol to the cell's replicas |
 //! | `lock://<cell>/proxy/<name>` | a proxy of `<cell>`: connects to the cell's replicas as a client and forwards for its own clients |
 //! | `lock://client/<name>` | a client: connects to replicas or proxies of any cell that trusts its CA |
+//! | `lock://directory/<name>` | a directory instance: serves the map of prefixes to cells to clients, and reads it from the root cell as a client of its own |
 //!
 //! A certificate's chain, validity and revocation are rustls' to check at the handshake;
 //! the identity in it, and whether its role fits the connection ([`admit`]), are ours,
@@ -41,6 +42,11 @@ pub enum Identity {
         /// The cell it serves.
         cell: String,
         /// Its name within the cell.
+        name: String,
+    },
+    /// `lock://directory/<name>`: a directory instance (of no one cell).
+    Directory {
+        /// The instance's name.
         name: String,
     },
 }
@@ -88,6 +94,12 @@ impl Identity {
                     name: name.to_string(),
                 }
             }
+            ["directory", name] => {
+                check_part("directory's name", name, uri)?;
+                Identity::Directory {
+                    name: name.to_string(),
+                }
+            }
             [cell, role @ ("replica" | "proxy"), name] => {
                 check_part("cell", cell, uri)?;
                 check_part("name", name, uri)?;
@@ -104,7 +116,8 @@ impl Identity {
             _ => {
                 return Err(format!(
                     "{uri:?} is not an identity: expected {SCHEME}client/<name>, \
-                     {SCHEME}<cell>/replica/<name> or {SCHEME}<cell>/proxy/<name>"
+                     {SCHEME}<cell>/replica/<name>, {SCHEME}<cell>/proxy/<name> or \
+                     {SCHEME}directory/<name>"
                 ))
             }
         };
@@ -117,13 +130,14 @@ impl Identity {
             Identity::Client { .. } => "client",
             Identity::Replica { .. } => "replica",
             Identity::Proxy { .. } => "proxy",
+            Identity::Directory { .. } => "directory",
         }
     }
 
     /// The cell a replica or proxy belongs to (`None` for a client).
     pub fn cell(&self) -> Option<&str> {
         match self {
-            Identity::Client { .. } => None,
+            Identity::Client { .. } | Identity::Directory { .. } => None,
             Identity::Replica { cell, .. } | Identity::Proxy { cell, .. } => Some(cell),
         }
     }
@@ -189,6 +203,7 @@ impl fmt::Display for Identity {
             Identity::Client { name } => write!(f, "{SCHEME}client/{name}"),
             Identity::Replica { cell, name } => write!(f, "{SCHEME}{cell}/replica/{name}"),
             Identity::Proxy { cell, name } => write!(f, "{SCHEME}{cell}/proxy/{name}"),
+            Identity::Directory { name } => write!(f, "{SCHEME}directory/{name}"),
         }
     }
 }
@@ -213,12 +228,15 @@ pub enum Listener<'a> {
         /// The proxy's cell.
         cell: &'a str,
     },
+    /// A directory instance.
+    Directory,
 }
 
 /// Whether `who` may use a connection to `listener`, on the peer protocol (`peer`) or
 /// the client protocol. A replica takes the peer protocol only from replicas of its own
-/// cell, and the client protocol from clients and from proxies of its own cell; a proxy
-/// takes the client protocol from clients only. The error is the reason the connection
+/// cell, and the client protocol from clients, from directory instances (which read the
+/// root cell's map as clients of their own) and from proxies of its own cell; a proxy and
+/// a directory instance take the client protocol from clients only. The error is the reason the connection
 /// is closed with, written for whoever configured the refused side.
 pub fn admit(listener: Listener<'_>, who: &Identity, peer: bool) -> Result<(), String> {
     match (listener, who, peer) {
@@ -228,7 +246,9 @@ pub fn admit(listener: Listener<'_>, who: &Identity, peer: bool) -> Result<(), S
         (Listener::Replica { cell }, _, true) => Err(format!(
             "{who} may not speak the peer protocol: only replicas of cell {cell:?} may"
         )),
-        (Listener::Replica { .. }, Identity::Client { .. }, false) => Ok(()),
+        (Listener::Replica { .. }, Identity::Client { .. } | Identity::Directory { .. }, false) => {
+            Ok(())
+        }
         (Listener::Replica { cell }, Identity::Proxy { cell: c, .. }, false) if c == cell => Ok(()),
         (Listener::Replica { cell }, Identity::Proxy { .. }, false) => Err(format!(
             "{who} is a proxy of another cell; this replica serves cell {cell:?}"
@@ -237,7 +257,11 @@ pub fn admit(listener: Listener<'_>, who: &Identity, peer: bool) -> Result<(), S
             "{who} is a replica's certificate; a client needs a client certificate \
              (lock://client/<name>)"
         )),
-        (Listener::Proxy { .. }, Identity::Client { .. }, false) => Ok(()),
+        (Listener::Proxy { .. } | Listener::Directory, Identity::Client { .. }, false) => Ok(()),
+        (Listener::Directory, _, _) => Err(format!(
+            "{who} may not connect to a directory instance: only clients \
+             (lock://client/<name>) may"
+        )),
         (Listener::Proxy { cell }, _, _) => Err(format!(
             "{who} may not connect to a proxy of cell {cell:?}: only clients \
              (lock://client/<name>) may"
@@ -276,6 +300,8 @@ pub enum Dialed<'a> {
     /// A server of the client protocol: a replica or a proxy (of any cell its CA
     /// vouches for; a client that knows its cell would name it here).
     Server,
+    /// A directory instance.
+    Directory,
 }
 
 /// Whether `who`, found at the other end of a connection dialed expecting `expect`, is
@@ -285,9 +311,15 @@ pub fn expect_dialed(expect: Dialed<'_>, who: &Identity) -> Result<(), String> {
         (Dialed::PeerOf { cell }, Identity::Replica { cell: c, .. }) if c == cell => Ok(()),
         (Dialed::PeerOf { cell }, _) => Err(format!("{who} is not a replica of cell {cell:?}")),
         (Dialed::Server, Identity::Replica { .. } | Identity::Proxy { .. }) => Ok(()),
-        (Dialed::Server, Identity::Client { .. }) => {
-            Err(format!("{who} is a client, not a replica or a proxy"))
-        }
+        (Dialed::Server, Identity::Client { .. } | Identity::Directory { .. }) => Err(format!(
+            "{who} is a {}, not a replica or a proxy",
+            who.role()
+        )),
+        (Dialed::Directory, Identity::Directory { .. }) => Ok(()),
+        (Dialed::Directory, _) => Err(format!(
+            "{who} is a {}, not a directory instance (lock://directory/<name>)",
+            who.role()
+        )),
     }
 }
 
@@ -324,6 +356,38 @@ mod tests {
         }
         let e = expect_dialed(Dialed::Server, &id("lock://client/x")).unwrap_err();
         assert!(e.contains("not a replica or a proxy"), "{e}");
+        let e = expect_dialed(Dialed::Server, &id("lock://directory/d1")).unwrap_err();
+        assert!(e.contains("not a replica or a proxy"), "{e}");
+        assert!(expect_dialed(Dialed::Directory, &id("lock://directory/d1")).is_ok());
+        for other in ["lock://a/replica/1", "lock://a/proxy/p", "lock://client/x"] {
+            let e = expect_dialed(Dialed::Directory, &id(other)).unwrap_err();
+            assert!(e.contains("not a directory instance"), "{other}: {e}");
+        }
+    }
+
+    /// A directory instance: `lock://directory/<name>`, of no cell; it reads the root
+    /// cell as a client (never on the peer protocol, never through a proxy), and only
+    /// clients connect to it.
+    #[test]
+    fn a_directory_instance_is_a_client_of_the_root_cell_and_serves_clients() {
+        let d = Identity::parse("lock://directory/d-1").unwrap();
+        assert_eq!(d.to_string(), "lock://directory/d-1");
+        assert_eq!((d.role(), d.cell()), ("directory", None));
+        assert!(Identity::parse("lock://directory/D").is_err());
+        let root = Listener::Replica { cell: "root" };
+        assert!(admit(root, &d, false).is_ok());
+        assert!(admit(root, &d, true).is_err());
+        assert!(admit(Listener::Proxy { cell: "root" }, &d, false).is_err());
+        let client = Identity::parse("lock://client/app").unwrap();
+        assert!(admit(Listener::Directory, &client, false).is_ok());
+        for other in [
+            "lock://root/replica/1",
+            "lock://root/proxy/p",
+            "lock://directory/d-2",
+        ] {
+            let who = Identity::parse(other).unwrap();
+            assert!(admit(Listener::Directory, &who, false).is_err(), "{other}");
+        }
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct ClientConfig {
     /// flight (`Error::TooManyFor`), with backoff, until the request's deadline (the
     /// default); a proxy sets it false and passes the refusal to its client, who retries.
     pub retry_limit_refusals: bool,
+    /// The endpoints are directory instances (`lock://directory/<name>` certificates),
+    /// not a cell's replicas or proxies (default false): what [`crate::Router`] uses to
+    /// fetch the map of prefixes to cells.
+    pub directory: bool,
 }
 
 /// Most sessions one client holds open: each keeps an event stream open on the client's
@@ -112,6 +116,7 @@ impl ClientConfig {
             sockets: wire::quic::Sockets::Os,
             crls: Vec::new(),
             retry_limit_refusals: true,
+            directory: false,
         }
     }
 }

@@ -266,9 +266,15 @@ impl Client {
                 .map_err(conn_err)?
                 .await
                 .map_err(|e| refused_or(addr, &e))?;
-            // The CA signed it; it must also be a replica or a proxy, not a client that
-            // happens to listen at a configured address.
-            wire::identity::check_dialed(&conn, wire::identity::Dialed::Server)
+            // The CA signed it; it must also be a replica or a proxy (a directory
+            // instance, for a directory client), not a client that happens to listen at
+            // a configured address.
+            let expect = if self.inner.cfg.directory {
+                wire::identity::Dialed::Directory
+            } else {
+                wire::identity::Dialed::Server
+            };
+            wire::identity::check_dialed(&conn, expect)
                 .map_err(|e| conn_err(format!("{addr}: {e}")))?;
 
             let hello = async {
@@ -869,6 +875,17 @@ impl Client {
             })
             .await?,
         )
+    }
+}
+
+impl Client {
+    /// The map of prefixes to cells, from a directory instance (a client made with
+    /// [`ClientConfig::directory`] set).
+    pub async fn directory(&self) -> Result<wire::directory::DirectoryMap, Error> {
+        match self.request(Op::Directory).await? {
+            Reply::Directory(map) => Ok(map),
+            other => Err(unexpected(&other)),
+        }
     }
 }
 

@@ -139,6 +139,31 @@ impl DevCell {
         }
     }
 
+    /// Like [`DevCell::start_of`], with the TLS files of `tls` (a dev cell's `tls/`)
+    /// copied in first: cells that trust one CA, as cells behind one directory do.
+    pub fn start_sharing(replicas: u16, extra: &[&str], tls: &std::path::Path) -> DevCell {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("cell");
+        std::fs::create_dir_all(data.join("tls")).unwrap();
+        for f in std::fs::read_dir(tls).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), data.join("tls").join(f.file_name())).unwrap();
+        }
+        let base = free_base(replicas);
+        let (dev, out) = start_dev_of(&data, base, replicas, extra);
+        DevCell {
+            endpoints: (0..replicas)
+                .map(|i| format!("127.0.0.1:{}", base + i))
+                .collect(),
+            ca: data.join("tls/ca.pem"),
+            data,
+            dir,
+            base,
+            out,
+            dev: DevGuard(Some(dev)),
+        }
+    }
+
     /// The endpoints as `lockctl --endpoints` takes them.
     pub fn eps(&self) -> String {
         self.endpoints.join(",")

@@ -1,0 +1,294 @@
+//! # directory: the map from prefixes to cells
+//!
+//! The authoritative map lives in a small **root cell** of our own service, as nodes
+//! (`wire::directory::ROOT_CELLS`, `ROOT_PREFIXES`; `lockctl dir set|rm|move` write
+//! them). A directory instance is a stateless server of a copy of it: it reads the map as
+//! a client of the root cell (its certificate, `lock://directory/<name>`, is a client
+//! there), keeps it current with watches on the two folders and on every entry, and
+//! answers `Op::Directory` over QUIC with the same mutual TLS as every hop. Instances
+//! share nothing: run, restart and scale them independently; each serves the same map
+//! once it has read it. With the root cell unreachable an instance goes on serving the
+//! last map it read; one that never read a map answers `Unavailable`. See
+//! `docs/directory.md`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use client_sdk::{Client, ClientConfig, Session};
+use wire::directory::{decode, CellInfo, DirectoryMap, PrefixEntry, ROOT_CELLS, ROOT_PREFIXES};
+use wire::hello::{HelloOk, HelloReply, ALPN_CLIENT};
+use wire::types::{Op, Request, Response, SessionId};
+use wire::{Error, CLIENT_FRAME_BYTES_MAX};
+
+/// A directory instance's settings.
+#[derive(Debug, Clone)]
+pub struct DirectoryConfig {
+    /// Where it listens (UDP, QUIC).
+    pub listen: SocketAddr,
+    /// The root cell's endpoints (replicas or proxies).
+    pub root: Vec<String>,
+    /// Its TLS files: a `lock://directory/<name>` certificate, presented to its clients
+    /// and to the root cell, and the CA both trust.
+    pub tls: wire::tls::TlsConfig,
+    /// How often the map is read again even without a watch firing (a safety net).
+    pub refresh: Duration,
+}
+
+/// What the instance serves: the last map read, if any.
+#[derive(Default)]
+pub struct Served {
+    map: RwLock<Option<DirectoryMap>>,
+}
+
+impl Served {
+    /// The map served now.
+    pub fn map(&self) -> Option<DirectoryMap> {
+        self.map.read().expect("map lock").clone()
+    }
+}
+
+/// Reads the whole map from the root cell under `session`, arming watches on both
+/// folders and every entry; returns it with a future that completes when any of them
+/// fires. A missing folder reads as empty (and is watched for its creation).
+pub async fn read_map(
+    session: &Session,
+) -> Result<(DirectoryMap, futures::future::BoxFuture<'static, ()>), Error> {
+    let mut watches: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
+    let mut map = DirectoryMap::default();
+    for folder in [ROOT_CELLS, ROOT_PREFIXES] {
+        let children = match session.children_watch(folder).await {
+            Ok((children, w)) => {
+                watches.push(Box::pin(async move {
+                    let _ = w.await;
+                }));
+                children
+            }
+            Err(Error::NoNode { .. }) => {
+                let (_, w) = session.exists_watch(folder).await?;
+                watches.push(Box::pin(async move {
+                    let _ = w.await;
+                }));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        for (name, _) in children {
+            let path = format!("{folder}/{name}");
+            let (data, stat, w) = match session.get_watch(&path).await {
+                Ok(r) => r,
+                // Removed since the listing: the folder's watch has fired already.
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            watches.push(Box::pin(async move {
+                let _ = w.await;
+            }));
+            map.index = map.index.max(stat.mod_index);
+            if folder == ROOT_CELLS {
+                map.cells.push(decode::<CellInfo>(&data, &path)?);
+            } else {
+                map.prefixes.push(decode::<PrefixEntry>(&data, &path)?);
+            }
+        }
+    }
+    map.cells.sort_by(|a, b| a.name.cmp(&b.name));
+    map.prefixes.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+    let any = Box::pin(async move {
+        let _ = futures::future::select_all(watches).await;
+    });
+    Ok((map, any))
+}
+
+/// Keeps `served` current: a session at the root cell, the map read again whenever a
+/// watch fires (or every `refresh`), a new session when one ends. Errors are logged and
+/// retried after a second; the last map stays served meanwhile.
+async fn follow(client: Client, served: Arc<Served>, refresh: Duration) {
+    let mut session: Option<Session> = None;
+    loop {
+        let s = match &session {
+            Some(s) if s.state() != client_sdk::SessionState::Expired => s.clone(),
+            _ => match client.open_session().await {
+                Ok(s) => {
+                    session = Some(s.clone());
+                    s
+                }
+                Err(e) => {
+                    tracing::warn!("root cell: cannot open a session: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            },
+        };
+        match read_map(&s).await {
+            Ok((map, changed)) => {
+                let fresh = served.map().as_ref() != Some(&map);
+                if fresh {
+                    tracing::info!(
+                        cells = map.cells.len(),
+                        prefixes = map.prefixes.len(),
+                        index = map.index,
+                        "serving a new map"
+                    );
+                }
+                *served.map.write().expect("map lock") = Some(map);
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep(refresh) => {}
+                    _ = s.expired() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("root cell: cannot read the map: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// One directory instance.
+struct Instance {
+    served: Arc<Served>,
+    tls_files: Arc<wire::tls::Reloading>,
+}
+
+impl wire::serve::Handler for Instance {
+    type Connection = ();
+    type Held = ();
+
+    fn hello(
+        &self,
+        _: &wire::serve::Caller,
+        hello: Result<wire::hello::Hello, Error>,
+    ) -> ((), (), HelloReply) {
+        let reply = hello.and_then(|h| {
+            h.check().map(|_| HelloOk {
+                protocol_version: wire::PROTOCOL_VERSION,
+                replica_id: 0,
+                proxy: false,
+            })
+        });
+        ((), (), reply)
+    }
+
+    async fn request(&self, _: &(), _: &wire::serve::Caller, req: Request, _: Instant) -> Response {
+        match req.op {
+            Op::Directory => match self.served.map() {
+                Some(map) => Ok(wire::types::Reply::Directory(map)),
+                None => Err(Error::Unavailable {
+                    reason: "this directory instance has not read the map from the root cell yet"
+                        .into(),
+                }),
+            },
+            other => Err(Error::BadRequest {
+                reason: format!(
+                    "a directory instance answers Directory only, not {}",
+                    other.name()
+                ),
+            }),
+        }
+    }
+
+    async fn events(
+        &self,
+        _: &(),
+        _: &wire::serve::Caller,
+        _: SessionId,
+        _: quinn::SendStream,
+        _: quinn::Connection,
+    ) {
+        // No sessions here: the stream is closed at once.
+    }
+}
+
+/// Runs a directory instance until `shutdown` completes; `ready` gets what it serves.
+pub async fn run(cfg: DirectoryConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if cfg.root.is_empty() {
+        anyhow::bail!("no root cell endpoints (--root)");
+    }
+    let (tls, me, tls_files) = wire::tls::server_config_reloading(&cfg.tls, &[ALPN_CLIENT])
+        .map_err(|e| anyhow::anyhow!("the directory's TLS files: {e}"))?;
+    if !matches!(me, wire::identity::Identity::Directory { .. }) {
+        anyhow::bail!(
+            "the certificate in {} is {me}, a {}'s; a directory instance needs one for \
+             lock://directory/<name> (lockctl certs issue --role directory)",
+            cfg.tls.cert.display(),
+            me.role()
+        );
+    }
+    let endpoint =
+        wire::quic::server_endpoint_on(&wire::quic::Sockets::Os, cfg.listen, tls, None, None)
+            .map_err(anyhow::Error::msg)?;
+    let mut ccfg = ClientConfig::new(cfg.root.clone(), cfg.tls.ca.clone());
+    ccfg.cert = cfg.tls.cert.clone();
+    ccfg.key = cfg.tls.key.clone();
+    ccfg.crls = cfg.tls.crls.clone();
+    ccfg.agent = format!("directory {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
+    let client = Client::connect(ccfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("root cell client: {e}"))?;
+    let served = Arc::new(Served::default());
+    let instance = Arc::new(Instance {
+        served: served.clone(),
+        tls_files,
+    });
+    let tasks = [
+        wire::rt::spawn(follow(client, served, cfg.refresh)),
+        wire::rt::spawn(serve(endpoint.clone(), instance)),
+    ];
+    tracing::info!(identity = %me, listen = %cfg.listen, root = ?cfg.root, "directory serving");
+    shutdown.await;
+    endpoint.close(0u32.into(), b"directory shutting down");
+    for t in tasks {
+        t.abort();
+    }
+    endpoint.wait_idle().await;
+    Ok(())
+}
+
+async fn serve(endpoint: quinn::Endpoint, instance: Arc<Instance>) {
+    let gate = wire::quic::ConnectionGate::new(wire::quic::ConnectionLimits {
+        connections_max: 20_000,
+        connections_per_source_max: 1_000,
+    });
+    while let Some(incoming) = endpoint.accept().await {
+        let Some(admitted) = gate.admit(incoming.remote_address()) else {
+            incoming.refuse();
+            continue;
+        };
+        let instance = instance.clone();
+        wire::rt::spawn(async move {
+            let _admitted = admitted;
+            let Ok(conn) = incoming.await else { return };
+            let listener = wire::identity::Listener::Directory;
+            let Ok(who) = wire::identity::check_accepted(&conn, listener, false) else {
+                return;
+            };
+            instance.tls_files.guard(conn.clone());
+            wire::quic::grant_streams(&conn);
+            wire::serve::serve(conn, who, instance, CLIENT_FRAME_BYTES_MAX * 4).await;
+        });
+    }
+}
+
+/// Runs a directory instance on its own runtime until SIGINT or SIGTERM.
+pub fn run_until_signal(cfg: DirectoryConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        run(cfg, shutdown).await
+    })
+}

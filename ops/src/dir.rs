@@ -1,0 +1,322 @@
+//! `lockctl dir`: the directory's map of prefixes to cells, kept in the root cell
+//! (`docs/directory.md`). `--endpoints` names the root cell; the cells are reached at the
+//! endpoints their entries list, with the same TLS files (the identity must be an admin
+//! of the root cell and of every cell it places or moves a prefix in).
+
+use clap::Subcommand;
+use client_sdk::{Client, ClientConfig, CreateMode, Session};
+use wire::directory::{
+    cell_node, check_cell_name, check_prefix, decode, encode, prefix_node, CellInfo, PrefixEntry,
+    PrefixState, ROOT_CELLS, ROOT_DIR, ROOT_PREFIXES,
+};
+use wire::Error;
+
+/// `lockctl dir ...`
+#[derive(Subcommand, Debug)]
+pub enum DirCommand {
+    /// Print the map: every cell with its endpoints, every prefix with its cell and
+    /// epoch (and a move under way).
+    Ls,
+    /// Describe a cell (create or replace its entry): its name and where clients reach
+    /// it (its proxies, or its replicas).
+    ///
+    /// Example: lockctl --endpoints ROOT dir cell cell-a 127.0.0.1:7101,127.0.0.1:7102
+    Cell {
+        /// The cell's name.
+        name: String,
+        /// Its endpoints, comma-separated.
+        #[arg(value_name = "ENDPOINTS", value_delimiter = ',', required = true)]
+        addrs: Vec<String>,
+    },
+    /// Place a prefix in a cell: the cell records it owned (epoch 0), then the directory
+    /// names the cell. Placing it where it already is does nothing; a prefix placed
+    /// elsewhere moves with `dir move`.
+    ///
+    /// Note: a cell that records its first prefix serves only its prefixes from then on.
+    ///
+    /// Example: lockctl --endpoints ROOT dir set /payments cell-a
+    Set {
+        /// The prefix (`/payments`).
+        prefix: String,
+        /// The cell.
+        cell: String,
+    },
+    /// Remove a prefix's entry from the map (its cell keeps its nodes and its record).
+    Rm {
+        /// The prefix.
+        prefix: String,
+    },
+    /// Move a prefix to another cell: freeze it in its cell (writes wait), copy its
+    /// persistent nodes (data, versions, ACLs), let the old cell go (its locks and other
+    /// ephemeral nodes there end), the new cell serves it at the next epoch, the old copy
+    /// is dropped, and the directory names the new cell. Safe to run again after a crash
+    /// at any step: it goes on from where the cells and the map stand.
+    Move {
+        /// The prefix.
+        prefix: String,
+        /// The cell it moves to.
+        #[arg(long)]
+        to: String,
+    },
+}
+
+/// Runs `cmd` against the root cell `root`; `template` is how cells are reached.
+pub async fn run(root: &Client, template: &ClientConfig, cmd: DirCommand) -> anyhow::Result<()> {
+    let session = root.open_session().await?;
+    let r = run_in(&session, template, cmd).await;
+    let _ = session.close().await;
+    r
+}
+
+async fn run_in(s: &Session, template: &ClientConfig, cmd: DirCommand) -> anyhow::Result<()> {
+    match cmd {
+        DirCommand::Ls => {
+            let map = read(s).await?;
+            for c in &map.cells {
+                println!("cell   {}\t{}", c.name, c.endpoints.join(","));
+            }
+            for p in &map.prefixes {
+                let moving = p
+                    .moving_to
+                    .as_ref()
+                    .map(|to| format!("\tmoving to {to}"))
+                    .unwrap_or_default();
+                println!("prefix {}\t{}\tepoch {}{moving}", p.prefix, p.cell, p.epoch);
+            }
+            Ok(())
+        }
+        DirCommand::Cell {
+            name,
+            addrs: endpoints,
+        } => {
+            check_cell_name(&name)?;
+            for e in &endpoints {
+                if e.parse::<std::net::SocketAddr>().is_err() {
+                    anyhow::bail!("bad endpoint {e:?}: expected host:port, e.g. 127.0.0.1:7101");
+                }
+            }
+            folders(s).await?;
+            put(
+                s,
+                &cell_node(&name),
+                encode(&CellInfo {
+                    name: name.clone(),
+                    endpoints,
+                }),
+                None,
+            )
+            .await?;
+            println!("cell {name} described");
+            Ok(())
+        }
+        DirCommand::Set { prefix, cell } => {
+            check_prefix(&prefix)?;
+            let info = cell_info(s, &cell).await?;
+            if let Some((e, _)) = entry(s, &prefix).await? {
+                if e.cell == cell {
+                    println!("{prefix} is in {cell} already (epoch {})", e.epoch);
+                    return Ok(());
+                }
+                anyhow::bail!(
+                    "{prefix} is placed in {} (epoch {}); move it with `lockctl dir move {prefix} --to {cell}`",
+                    e.cell,
+                    e.epoch
+                );
+            }
+            // The cell first: the map never names a cell that refuses the prefix.
+            connect(template, &info)
+                .await?
+                .set_prefix(&prefix, 0, PrefixState::Owned)
+                .await?;
+            folders(s).await?;
+            let e = PrefixEntry {
+                prefix: prefix.clone(),
+                cell: cell.clone(),
+                epoch: 0,
+                moving_to: None,
+            };
+            put(s, &prefix_node(&prefix), encode(&e), None).await?;
+            println!("{prefix} placed in {cell} (epoch 0)");
+            Ok(())
+        }
+        DirCommand::Rm { prefix } => {
+            check_prefix(&prefix)?;
+            match s.delete(&prefix_node(&prefix), None).await {
+                Ok(()) => println!("{prefix} removed from the map"),
+                Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
+                Err(e) => return Err(e.into()),
+            }
+            Ok(())
+        }
+        DirCommand::Move { prefix, to } => move_prefix(s, template, &prefix, &to).await,
+    }
+}
+
+/// The map as the root cell holds it.
+pub async fn read(s: &Session) -> anyhow::Result<wire::directory::DirectoryMap> {
+    let mut map = wire::directory::DirectoryMap::default();
+    for folder in [ROOT_CELLS, ROOT_PREFIXES] {
+        let children = match s.children(folder).await {
+            Ok(c) => c,
+            Err(Error::NoNode { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for (name, _) in children {
+            let path = format!("{folder}/{name}");
+            let (data, stat) = s.get(&path).await?;
+            map.index = map.index.max(stat.mod_index);
+            if folder == ROOT_CELLS {
+                map.cells.push(decode(&data, &path)?);
+            } else {
+                map.prefixes.push(decode(&data, &path)?);
+            }
+        }
+    }
+    Ok(map)
+}
+
+async fn folders(s: &Session) -> anyhow::Result<()> {
+    for f in [ROOT_DIR, ROOT_CELLS, ROOT_PREFIXES] {
+        match s.create(f, Vec::new(), CreateMode::default()).await {
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Creates `path` with `data`, or replaces its data (if at `version`, when given).
+async fn put(s: &Session, path: &str, data: Vec<u8>, version: Option<u64>) -> anyhow::Result<()> {
+    if version.is_none() {
+        match s.create(path, data.clone(), CreateMode::default()).await {
+            Ok(_) => return Ok(()),
+            Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    s.set_data(path, data, version).await?;
+    Ok(())
+}
+
+async fn cell_info(s: &Session, cell: &str) -> anyhow::Result<CellInfo> {
+    check_cell_name(cell)?;
+    match s.get(&cell_node(cell)).await {
+        Ok((data, _)) => Ok(decode(&data, &cell_node(cell))?),
+        Err(Error::NoNode { .. }) => anyhow::bail!(
+            "the map does not describe cell {cell}: add it with `lockctl dir cell {cell} ENDPOINTS`"
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A prefix's entry and its node's version, if the map has one.
+async fn entry(s: &Session, prefix: &str) -> anyhow::Result<Option<(PrefixEntry, u64)>> {
+    match s.get(&prefix_node(prefix)).await {
+        Ok((data, stat)) => Ok(Some((decode(&data, &prefix_node(prefix))?, stat.version))),
+        Err(Error::NoNode { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn connect(template: &ClientConfig, cell: &CellInfo) -> anyhow::Result<Client> {
+    let mut cfg = template.clone();
+    cfg.endpoints = cell.endpoints.clone();
+    cfg.directory = false;
+    Ok(Client::connect(cfg).await?)
+}
+
+/// A prefix's state in a cell, if recorded there.
+async fn state_in(c: &Client, prefix: &str) -> anyhow::Result<Option<(u64, PrefixState)>> {
+    Ok(c.prefixes()
+        .await?
+        .into_iter()
+        .find(|r| r.prefix == prefix)
+        .map(|r| (r.epoch, r.state)))
+}
+
+/// `dir move`: each step is skipped when the cells show it done, so a re-run after a
+/// crash goes on from there (`docs/directory.md`, "A move").
+async fn move_prefix(
+    s: &Session,
+    template: &ClientConfig,
+    prefix: &str,
+    to: &str,
+) -> anyhow::Result<()> {
+    check_prefix(prefix)?;
+    let to_info = cell_info(s, to).await?;
+    let Some((mut e, version)) = entry(s, prefix).await? else {
+        anyhow::bail!("{prefix} is not in the map: place it with `lockctl dir set {prefix} CELL`");
+    };
+    if e.cell == to && e.moving_to.is_none() {
+        println!("{prefix} is in {to} already (epoch {})", e.epoch);
+        return Ok(());
+    }
+    match &e.moving_to {
+        Some(t) if t != to => anyhow::bail!(
+            "a move of {prefix} to {t} is under way: finish it with `lockctl dir move {prefix} --to {t}`"
+        ),
+        Some(_) => println!("{prefix}: going on with the move to {to}"),
+        None => {
+            // The intent first, so that a crash leaves a map that says what to finish.
+            e.moving_to = Some(to.to_string());
+            put(s, &prefix_node(prefix), encode(&e), Some(version)).await?;
+        }
+    }
+    let from = connect(template, &cell_info(s, &e.cell).await?).await?;
+    let into = connect(template, &to_info).await?;
+    let (old, new) = (e.epoch, e.epoch + 1);
+    let started = std::time::Instant::now();
+    let mut frozen_at = None;
+
+    // 1. Freeze in the old cell (unless it has let go already).
+    let handed_over =
+        matches!(state_in(&from, prefix).await?, Some((ep, PrefixState::Gone)) if ep == new);
+    if !handed_over {
+        from.set_prefix(prefix, old, PrefixState::Frozen).await?;
+        frozen_at = Some(std::time::Instant::now());
+        // 2. Copy into the new cell (unless it serves the prefix already).
+        let owned =
+            matches!(state_in(&into, prefix).await?, Some((ep, PrefixState::Owned)) if ep == new);
+        if !owned {
+            into.set_prefix(prefix, new, PrefixState::Importing).await?;
+            let (mut after, mut first, mut nodes) = (None, true, 0usize);
+            loop {
+                let (page, more) = from.export_prefix(prefix, after.clone()).await?;
+                after = page.last().map(|n| n.path.clone());
+                nodes += page.len();
+                into.import_prefix(prefix, new, first, page).await?;
+                first = false;
+                if !more {
+                    break;
+                }
+            }
+            println!("{prefix}: {nodes} nodes copied");
+        }
+        // 3. The old cell lets go: its locks there end before the new cell serves.
+        from.set_prefix(prefix, new, PrefixState::Gone).await?;
+    }
+    // 4. The new cell serves.
+    into.set_prefix(prefix, new, PrefixState::Owned).await?;
+    // 5. The old copy goes.
+    from.drop_prefix(prefix, new).await?;
+    // 6. The map names the new cell.
+    let (_, version) = entry(s, prefix)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{prefix}'s entry vanished from the map during the move"))?;
+    let done = PrefixEntry {
+        prefix: prefix.to_string(),
+        cell: to.to_string(),
+        epoch: new,
+        moving_to: None,
+    };
+    put(s, &prefix_node(prefix), encode(&done), Some(version)).await?;
+    match frozen_at {
+        Some(f) => println!(
+            "{prefix} moved to {to} (epoch {new}): frozen {} ms, move {} ms",
+            f.elapsed().as_millis(),
+            started.elapsed().as_millis()
+        ),
+        None => println!("{prefix} moved to {to} (epoch {new})"),
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! Many cells behind one directory (issue 25; docs/directory.md), with real processes on
+//! loopback: a root cell holding the map, two cells, directory instances and a routed
+//! client.
+//!
+//! - One client works with two prefixes in two cells; each cell serves only its own
+//!   (the other's paths are `WrongCell`; `replica/tests/prefixes.rs` checks every
+//!   replica's state).
+//! - Directory instances killed, all of them: the client goes on from its cached map; a
+//!   new instance serves the same map.
+//! - `lockctl dir move` while the client's map is stale: its next write is corrected
+//!   through `WrongCell` without anyone's help; the data, versions and sequence names came
+//!   along; the lock token in the new cell is above the old holder's, whose sequencer is
+//!   no longer current; a second run finds the move done.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use client_sdk::{Client, ClientConfig, CreateMode, Lock, Router, RouterConfig};
+use common::{free_base, lockctl, serial, text, DevCell, LOCKCTL};
+use wire::Error;
+
+/// A `lockctl directory` process, killed on drop.
+struct DirectoryInstance {
+    child: Child,
+    addr: String,
+}
+
+impl DirectoryInstance {
+    fn start(root: &DevCell, tls: &std::path::Path, port: u16) -> DirectoryInstance {
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(LOCKCTL)
+            .args([
+                "directory",
+                "--listen",
+                &addr,
+                "--root",
+                &root.eps(),
+                "--tls-dir",
+            ])
+            .arg(tls)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        DirectoryInstance { child, addr }
+    }
+}
+
+impl Drop for DirectoryInstance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ok(o: std::process::Output) -> String {
+    assert!(o.status.success(), "{}", text(&o));
+    text(&o)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits until a directory instance at `addr` serves a map naming `prefixes` prefixes.
+async fn served(
+    addr: &str,
+    ca: &std::path::Path,
+    prefixes: usize,
+) -> wire::directory::DirectoryMap {
+    let mut cfg = ClientConfig::new(vec![addr.to_string()], ca.to_path_buf());
+    cfg.directory = true;
+    cfg.request_timeout = Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(c) = Client::connect(cfg.clone()).await {
+            if let Ok(m) = c.directory().await {
+                if m.prefixes.len() == prefixes {
+                    return m;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{addr} never served the map"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn two_cells_one_namespace_a_directory_and_a_move() {
+    let _g = serial();
+    let root = DevCell::start_of(1, &["--no-demo"]);
+    let tls = root.data.join("tls");
+    let ca = root.ca.clone();
+    let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
+    let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
+    // A directory instance's certificate.
+    let dtls = root.dir.path().join("dtls");
+    let o = Command::new(LOCKCTL)
+        .args(["certs", "issue", "--ca-dir"])
+        .arg(&tls)
+        .args(["--role", "directory", "--name", "d1", "--out"])
+        .arg(&dtls)
+        .output()
+        .unwrap();
+    ok(o);
+    let r = root.eps();
+    ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
+    ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
+    ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+    ok(lockctl(&r, &ca, &["dir", "set", "/idx", "cell-b"]));
+    let again = ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+    assert!(again.contains("already"), "{again}");
+    let refused = lockctl(&r, &ca, &["dir", "set", "/pay", "cell-b"]);
+    assert!(
+        !refused.status.success() && text(&refused).contains("dir move"),
+        "{}",
+        text(&refused)
+    );
+    let ls = ok(lockctl(&r, &ca, &["dir", "ls"]));
+    assert!(ls.contains("prefix /pay\tcell-a\tepoch 0"), "{ls}");
+
+    // Two free ports at once (an instance binds its own only once it runs).
+    let ports = free_base(2);
+    let d1 = DirectoryInstance::start(&root, &dtls, ports);
+    let d2 = DirectoryInstance::start(&root, &dtls, ports + 1);
+    rt().block_on(async {
+        let map = served(&d1.addr, &ca, 2).await;
+        assert_eq!(served(&d2.addr, &ca, 2).await, map);
+        let router = Router::connect(RouterConfig::new(
+            vec![d1.addr.clone(), d2.addr.clone()],
+            ClientConfig::new(Vec::new(), ca.clone()),
+        ))
+        .await
+        .unwrap();
+
+        // 1. One client, two prefixes, two cells.
+        for p in ["/pay", "/pay/cfg", "/pay/locks", "/idx", "/idx/doc"] {
+            router
+                .create(p, b"v0".to_vec(), CreateMode::default())
+                .await
+                .unwrap();
+        }
+        router
+            .set_data("/pay/cfg", b"v1".to_vec(), Some(0))
+            .await
+            .unwrap();
+        assert_eq!(router.cell_of("/pay/cfg").await.unwrap(), "cell-a");
+        assert_eq!(router.cell_of("/idx/doc").await.unwrap(), "cell-b");
+        let direct = |c: &DevCell| {
+            let cfg = ClientConfig::new(c.endpoints.clone(), ca.clone());
+            async move { Client::connect(cfg).await.unwrap() }
+        };
+        let (ca_client, cb_client) = (direct(&a).await, direct(&b).await);
+        let (sa, sb) = (
+            ca_client.open_session().await.unwrap(),
+            cb_client.open_session().await.unwrap(),
+        );
+        let names = |v: Vec<(String, wire::types::NodeStat)>| -> Vec<String> {
+            v.into_iter().map(|(n, _)| n).collect()
+        };
+        assert_eq!(names(sa.children("/").await.unwrap()), ["pay"]);
+        assert_eq!(names(sb.children("/").await.unwrap()), ["idx"]);
+        assert!(matches!(
+            sa.get("/idx/doc").await,
+            Err(Error::WrongCell { .. })
+        ));
+        assert!(matches!(
+            sb.get("/pay/cfg").await,
+            Err(Error::WrongCell { .. })
+        ));
+        // A lock in cell A, fenced by its token.
+        let sp = router.session_for("/pay/locks/job").await.unwrap();
+        let old = Lock::exclusive(&sp, "/pay/locks/job")
+            .acquire()
+            .await
+            .unwrap();
+        let old_seq = old.sequencer().clone();
+
+        // 2. Every directory instance killed: the client goes on from its cached map.
+        drop(d1);
+        drop(d2);
+        router
+            .set_data("/pay/cfg", b"v2".to_vec(), Some(1))
+            .await
+            .unwrap();
+        router
+            .set_data("/idx/doc", b"v1".to_vec(), Some(0))
+            .await
+            .unwrap();
+        // A new instance, at the first one's address, serves the same map.
+        let d3 = DirectoryInstance::start(&root, &dtls, ports);
+        assert_eq!(served(&d3.addr, &ca, 2).await, map);
+
+        // 5. The prefix moves; the router's map (cached for minutes) is stale.
+        let moved = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", "cell-b"]));
+        assert!(moved.contains("moved to cell-b (epoch 1)"), "{moved}");
+        println!(
+            "FIGURE dir move (a handful of nodes): {}",
+            moved.trim().replace('\n', "; ")
+        );
+        let again = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", "cell-b"]));
+        assert!(again.contains("already"), "{again}");
+        // The old holder's lock ended with the hand-over; its sequencer is not current.
+        assert!(!sp.check_sequencer(&old_seq).await.unwrap());
+        // The router learns of the move from the old cell's WrongCell, and writes in B.
+        let st = router
+            .set_data("/pay/cfg", b"v3".to_vec(), Some(2))
+            .await
+            .unwrap();
+        assert_eq!(st.version, 3);
+        assert_eq!(router.cell_of("/pay/cfg").await.unwrap(), "cell-b");
+        assert_eq!(sb.get("/pay/cfg").await.unwrap().0, b"v3");
+        assert!(matches!(
+            sa.get("/pay/cfg").await,
+            Err(Error::WrongCell { epoch: 1, .. })
+        ));
+        // The first grant in the new cell is above every token the old cell gave.
+        let sp2 = router.session_for("/pay/locks/job").await.unwrap();
+        let new = Lock::exclusive(&sp2, "/pay/locks/job")
+            .acquire()
+            .await
+            .unwrap();
+        assert!(new.sequencer().token > old_seq.token);
+        new.release().await.unwrap();
+        drop(old);
+        let ls = ok(lockctl(&r, &ca, &["dir", "ls"]));
+        assert!(ls.contains("prefix /pay\tcell-b\tepoch 1"), "{ls}");
+        router.close().await;
+        let _ = (sa.close().await, sb.close().await);
+        drop(d3);
+    });
+}
