@@ -234,8 +234,24 @@ async fn state_in(c: &Client, prefix: &str) -> anyhow::Result<Option<(u64, Prefi
         .map(|r| (r.epoch, r.state)))
 }
 
+/// The test hook that stops a move after a step, as a crash there would
+/// (`LOCKCTL_MOVE_STOP_AFTER=<step>`; the steps are numbered in [`move_prefix`]): the
+/// process exits with status 9 at once.
+fn stop_after(step: u32) {
+    if std::env::var("LOCKCTL_MOVE_STOP_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        == Some(step)
+    {
+        crate::say!("lockctl: stopping the move after step {step} (LOCKCTL_MOVE_STOP_AFTER)");
+        std::process::exit(9);
+    }
+}
+
 /// `dir move`: each step is skipped when the cells show it done, so a re-run after a
-/// crash goes on from there (`docs/directory.md`, "A move").
+/// crash goes on from there (`docs/directory.md`, "A move"). Steps: 0 the intent in the
+/// map, 1 frozen, 2 importing, 3 the first page copied, 4 the copy done, 5 the old cell
+/// gone, 6 the new cell owns, 7 the old copy dropped, then the map names the new cell.
 async fn move_prefix(
     s: &Session,
     template: &ClientConfig,
@@ -262,6 +278,7 @@ async fn move_prefix(
             put(s, &prefix_node(prefix), encode(&e), Some(version)).await?;
         }
     }
+    stop_after(0);
     let from = connect(template, &cell_info(s, &e.cell).await?).await?;
     let into = connect(template, &to_info).await?;
     let (old, new) = (e.epoch, e.epoch + 1);
@@ -274,31 +291,40 @@ async fn move_prefix(
     if !handed_over {
         from.set_prefix(prefix, old, PrefixState::Frozen).await?;
         frozen_at = Some(std::time::Instant::now());
+        stop_after(1);
         // 2. Copy into the new cell (unless it serves the prefix already).
         let owned =
             matches!(state_in(&into, prefix).await?, Some((ep, PrefixState::Owned)) if ep == new);
         if !owned {
             into.set_prefix(prefix, new, PrefixState::Importing).await?;
+            stop_after(2);
             let (mut after, mut first, mut nodes) = (None, true, 0usize);
             loop {
                 let (page, more) = from.export_prefix(prefix, after.clone()).await?;
                 after = page.last().map(|n| n.path.clone());
                 nodes += page.len();
                 into.import_prefix(prefix, new, first, page).await?;
+                if first {
+                    stop_after(3);
+                }
                 first = false;
                 if !more {
                     break;
                 }
             }
             println!("{prefix}: {nodes} nodes copied");
+            stop_after(4);
         }
         // 3. The old cell lets go: its locks there end before the new cell serves.
         from.set_prefix(prefix, new, PrefixState::Gone).await?;
+        stop_after(5);
     }
     // 4. The new cell serves.
     into.set_prefix(prefix, new, PrefixState::Owned).await?;
+    stop_after(6);
     // 5. The old copy goes.
     from.drop_prefix(prefix, new).await?;
+    stop_after(7);
     // 6. The map names the new cell.
     let (_, version) = entry(s, prefix)
         .await?
