@@ -39,6 +39,12 @@ pub struct DevArgs {
     /// Stop after the demonstration instead of running until Ctrl-C.
     #[arg(long)]
     exit_after_demo: bool,
+    /// Start several cells behind a directory instead of one cell: a root cell (one
+    /// replica) holding the map, this many cells (--replicas each, ports base-port,
+    /// base-port + 10, ...), one directory instance, and prefixes /cell-1-demo, ... placed
+    /// one in each (`docs/directory.md`).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(2..=8))]
+    cells: Option<u16>,
 }
 
 /// Writes the configuration files of a dev cell and returns their paths.
@@ -169,13 +175,17 @@ impl Drop for Children {
     }
 }
 
-/// `lockctl dev`.
-pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+/// Starts the replicas of the cell `args` describes (as `name-N` children); returns
+/// their endpoints.
+fn spawn_replicas(
+    args: &DevArgs,
+    name: &str,
+    children: &mut Children,
+) -> anyhow::Result<Vec<String>> {
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("create {}", args.data.display()))?;
-    let configs = write_configs(&args)?;
+    let configs = write_configs(args)?;
     let exe = std::env::current_exe()?;
-    let mut children = Children(Vec::new());
     for (i, cfg) in configs.iter().enumerate() {
         let id = i as u64 + 1;
         let log = std::fs::File::create(args.data.join(format!("replica-{id}.log")))?;
@@ -186,12 +196,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()
-            .with_context(|| format!("start replica {id}"))?;
-        children.0.push((format!("replica-{id}"), child));
+            .with_context(|| format!("start {name} replica {id}"))?;
+        children.0.push((format!("{name}-{id}"), child));
     }
-    let endpoints: Vec<String> = (1..=args.replicas)
+    Ok((1..=args.replicas)
         .map(|id| format!("127.0.0.1:{}", args.base_port as u64 + id - 1))
-        .collect();
+        .collect())
+}
+
+/// `lockctl dev`.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    if let Some(n) = args.cells {
+        return run_cells(args, n).await;
+    }
+    let mut children = Children(Vec::new());
+    let endpoints = spawn_replicas(&args, "replica", &mut children)?;
+    let exe = std::env::current_exe()?;
     println!(
         "started {} replicas on {} (data, configs and logs in {})",
         args.replicas,
@@ -426,5 +446,139 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
             .collect();
         println!("members: {}", list.join(", "));
     }
+    Ok(())
+}
+
+/// `lockctl dev --cells N`: a root cell, N cells trusting one CA, a directory instance,
+/// and a prefix placed in each cell.
+async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
+    let tls = args.data.join("tls");
+    if !wire::tls::DevCa::complete_in(&tls) {
+        wire::tls::DevCa::generate()
+            .map_err(anyhow::Error::msg)?
+            .write_to(&tls)?;
+    }
+    // The directory instance's certificate, from the same CA.
+    let ca_pem = std::fs::read_to_string(tls.join(wire::tls::CA_FILE))?;
+    let ca_key = std::fs::read_to_string(tls.join(wire::tls::CA_KEY_FILE))?;
+    let ca = wire::tls::Ca::from_pem(&ca_pem, &ca_key).map_err(anyhow::Error::msg)?;
+    let dir_id = wire::identity::Identity::Directory { name: "dev".into() };
+    let issued = ca.issue(&dir_id, 365).map_err(anyhow::Error::msg)?;
+    std::fs::write(tls.join("directory.pem"), &issued.cert_pem)?;
+    std::fs::write(tls.join("directory.key"), &issued.key_pem)?;
+    let copy_tls = |to: &Path| -> anyhow::Result<()> {
+        std::fs::create_dir_all(to.join("tls"))?;
+        for f in std::fs::read_dir(&tls)? {
+            let f = f?;
+            std::fs::copy(f.path(), to.join("tls").join(f.file_name()))?;
+        }
+        Ok(())
+    };
+    let mut children = Children(Vec::new());
+    let sub = |name: &str, base_port: u16, replicas: u64| DevArgs {
+        replicas,
+        data: args.data.join(name),
+        base_port,
+        proxies: 0,
+        proxy_base_port: None,
+        lease_ms: args.lease_ms,
+        no_demo: true,
+        exit_after_demo: false,
+        cells: None,
+    };
+    let root_args = sub("root", args.base_port + 100, 1);
+    copy_tls(&root_args.data)?;
+    let root = spawn_replicas(&root_args, "root", &mut children)?;
+    let mut cells = Vec::new();
+    for i in 1..=n {
+        let name = format!("cell-{i}");
+        let a = sub(&name, args.base_port + 10 * (i - 1), args.replicas);
+        copy_tls(&a.data)?;
+        let eps = spawn_replicas(&a, &name, &mut children)?;
+        cells.push((name, eps));
+    }
+    let ca_file = tls.join(wire::tls::CA_FILE);
+    let root_client = Client::connect(ClientConfig::new(root.clone(), ca_file.clone())).await?;
+    wait_for_leader(&root_client, Duration::from_secs(30)).await?;
+    for (_, eps) in &cells {
+        let c = Client::connect(ClientConfig::new(eps.clone(), ca_file.clone())).await?;
+        wait_for_leader(&c, Duration::from_secs(30)).await?;
+    }
+    println!("started a root cell on {} and {n} cells", root.join(","));
+    let template = root_client.config().clone();
+    for (i, (name, eps)) in cells.iter().enumerate() {
+        let cmd = crate::dir::DirCommand::Cell {
+            name: name.clone(),
+            addrs: eps.clone(),
+        };
+        crate::dir::run(&root_client, &template, cmd).await?;
+        let cmd = crate::dir::DirCommand::Set {
+            prefix: format!("/cell-{}-demo", i + 1),
+            cell: name.clone(),
+        };
+        crate::dir::run(&root_client, &template, cmd).await?;
+    }
+    let listen = format!("127.0.0.1:{}", args.base_port + 200);
+    let log = std::fs::File::create(args.data.join("directory.log"))?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "directory",
+            "--listen",
+            &listen,
+            "--root",
+            &root.join(","),
+            "--tls-dir",
+        ])
+        .arg(&tls)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .context("start the directory")?;
+    children.0.push(("directory".into(), child));
+    // A routed client: one namespace over the cells.
+    let router = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match client_sdk::Router::connect(client_sdk::RouterConfig::new(
+                vec![listen.clone()],
+                ClientConfig::new(Vec::new(), ca_file.clone()),
+            ))
+            .await
+            {
+                Ok(r) if r.map().await.is_ok_and(|m| m.prefixes.len() == n as usize) => return r,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .context("the directory did not serve the map within 30 s")?;
+    for i in 1..=n {
+        let p = format!("/cell-{i}-demo");
+        match router
+            .create(&p, b"hello".to_vec(), CreateMode::default())
+            .await
+        {
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        println!("{p} lives in {}", router.cell_of(&p).await?);
+    }
+    router.close().await;
+    println!(
+        "\ncells running. The map is in the root cell; try, in another terminal:\n  \
+         export LOCKCTL_ENDPOINTS={} LOCKCTL_CA={}\n  \
+         cargo run -q --bin lockctl -- dir ls\n  \
+         cargo run -q --bin lockctl -- dir move /cell-1-demo --to cell-2\n\
+         The directory serves the map at {listen} (SDK: client_sdk::Router).\n\
+         Ctrl-C stops everything.",
+        root.join(","),
+        ca_file.display()
+    );
+    if args.exit_after_demo {
+        children.stop();
+        return Ok(());
+    }
+    tokio::signal::ctrl_c().await?;
+    println!("stopping the cells");
+    children.stop();
     Ok(())
 }

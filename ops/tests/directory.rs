@@ -343,3 +343,65 @@ fn a_move_stopped_at_any_step_finishes_when_run_again() {
         }
     });
 }
+
+/// `lockctl dev --cells 2`: a root cell, two cells and a directory come up with a prefix
+/// in each; the commands it prints work (`dir ls`, `dir move`), and Ctrl-C stops it all.
+#[test]
+fn dev_with_two_cells_runs_the_commands_it_prints() {
+    use std::io::BufRead;
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cells");
+    let base = free_base(3);
+    let mut dev = Command::new(LOCKCTL)
+        .args([
+            "dev",
+            "--cells",
+            "2",
+            "--replicas",
+            "1",
+            "--base-port",
+            &base.to_string(),
+        ])
+        .arg("--data")
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = dev.stdout.take().unwrap();
+    let mut guard = common::DevGuard(Some(dev));
+    let mut out = String::new();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while std::time::Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        out.push_str(&line);
+        out.push('\n');
+        if line.starts_with("Ctrl-C") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    assert!(out.contains("cells running"), "{out}");
+    assert!(out.contains("/cell-1-demo lives in cell-1"), "{out}");
+    assert!(out.contains("/cell-2-demo lives in cell-2"), "{out}");
+    // The endpoints and CA it prints.
+    let export = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export "))
+        .unwrap_or_else(|| panic!("no export line:\n{out}"));
+    let mut vars = export.split(' ').filter_map(|kv| kv.split_once('='));
+    let (_, eps) = vars.next().unwrap();
+    let (_, ca) = vars.next().unwrap();
+    let ls = ok(lockctl(eps, std::path::Path::new(ca), &["dir", "ls"]));
+    assert!(ls.contains("prefix /cell-1-demo\tcell-1\tepoch 0"), "{ls}");
+    let moved = ok(lockctl(
+        eps,
+        std::path::Path::new(ca),
+        &["dir", "move", "/cell-1-demo", "--to", "cell-2"],
+    ));
+    assert!(moved.contains("moved to cell-2 (epoch 1)"), "{moved}");
+    let status = common::stop_dev(guard.0.take().unwrap());
+    assert!(status.success(), "{status}");
+}
