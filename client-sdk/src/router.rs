@@ -132,24 +132,47 @@ impl Router {
 
     /// The session this router holds in the cell of `path`, opened on first use.
     pub async fn session_for(&self, path: &str) -> Result<Session, Error> {
-        let cell = self.cell_of(path).await?;
+        wire::path::validate(path)?;
         let map = self.map().await?;
-        let mut cells = self.inner.cells.lock().await;
-        if let Some((_, s)) = cells.get(&cell) {
-            if s.state() != crate::SessionState::Expired {
-                return Ok(s.clone());
+        let entry = map.entry_for(path).ok_or_else(|| Error::NoNode {
+            path: format!(
+                "{} (the directory maps no cell for this prefix)",
+                wire::directory::prefix_of(path).unwrap_or(path)
+            ),
+        })?;
+        let cell = entry.cell.clone();
+        {
+            let cells = self.inner.cells.lock().await;
+            if let Some((_, s)) = cells.get(&cell) {
+                if s.state() != crate::SessionState::Expired {
+                    return Ok(s.clone());
+                }
             }
         }
         let info = map.cell(&cell).ok_or_else(|| Error::Unavailable {
             reason: format!("the directory names cell {cell:?} but does not describe it"),
         })?;
+        // Connected outside the lock: a cell that does not answer holds up only the
+        // operations bound for it.
         let mut ccfg = self.inner.cfg.client.clone();
         ccfg.endpoints = info.endpoints.clone();
         ccfg.directory = false;
         let client = Client::connect(ccfg).await?;
         let session = client.open_session().await?;
-        cells.insert(cell, (client, session.clone()));
-        Ok(session)
+        let mut cells = self.inner.cells.lock().await;
+        match cells.get(&cell) {
+            // Another operation opened one meanwhile: use it, close this one.
+            Some((_, s)) if s.state() != crate::SessionState::Expired => {
+                let s = s.clone();
+                drop(cells);
+                let _ = session.close().await;
+                Ok(s)
+            }
+            _ => {
+                cells.insert(cell, (client, session.clone()));
+                Ok(session)
+            }
+        }
     }
 
     /// The cells this router holds sessions in, with their sessions (subscribe to each

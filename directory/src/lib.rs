@@ -51,11 +51,18 @@ impl Served {
 }
 
 /// Reads the whole map from the root cell under `session`, arming watches on both
-/// folders and every entry; returns it with a future that completes when any of them
-/// fires. A missing folder reads as empty (and is watched for its creation).
+/// folders and every entry (`arm`); returns it with a future that completes when any of
+/// them fires (never, unarmed). A missing folder reads as empty (and is watched for its
+/// creation).
 pub async fn read_map(
     session: &Session,
+    arm: bool,
 ) -> Result<(DirectoryMap, futures::future::BoxFuture<'static, ()>), Error> {
+    if !arm {
+        return read_plain(session)
+            .await
+            .map(|m| (m, Box::pin(futures::future::pending()) as _));
+    }
     let mut watches: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
     let mut map = DirectoryMap::default();
     for folder in [ROOT_CELLS, ROOT_PREFIXES] {
@@ -87,10 +94,15 @@ pub async fn read_map(
                 let _ = w.await;
             }));
             map.index = map.index.max(stat.mod_index);
-            if folder == ROOT_CELLS {
-                map.cells.push(decode::<CellInfo>(&data, &path)?);
+            // An entry that does not decode (written by hand, or by a newer build) is
+            // left out and logged; the rest of the map is served.
+            let decoded = if folder == ROOT_CELLS {
+                decode::<CellInfo>(&data, &path).map(|c| map.cells.push(c))
             } else {
-                map.prefixes.push(decode::<PrefixEntry>(&data, &path)?);
+                decode::<PrefixEntry>(&data, &path).map(|p| map.prefixes.push(p))
+            };
+            if let Err(e) = decoded {
+                tracing::warn!("left out of the map: {e}");
             }
         }
     }
@@ -100,6 +112,50 @@ pub async fn read_map(
         let _ = futures::future::select_all(watches).await;
     });
     Ok((map, any))
+}
+
+/// [`read_map`] without watches.
+async fn read_plain(session: &Session) -> Result<DirectoryMap, Error> {
+    let mut map = DirectoryMap::default();
+    for folder in [ROOT_CELLS, ROOT_PREFIXES] {
+        let children = match session.children(folder).await {
+            Ok(c) => c,
+            Err(Error::NoNode { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        for (name, _) in children {
+            let path = format!("{folder}/{name}");
+            let (data, stat) = match session.get(&path).await {
+                Ok(r) => r,
+                Err(Error::NoNode { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            map.index = map.index.max(stat.mod_index);
+            let decoded = if folder == ROOT_CELLS {
+                decode::<CellInfo>(&data, &path).map(|c| map.cells.push(c))
+            } else {
+                decode::<PrefixEntry>(&data, &path).map(|p| map.prefixes.push(p))
+            };
+            if let Err(e) = decoded {
+                tracing::warn!("left out of the map: {e}");
+            }
+        }
+    }
+    map.cells.sort_by(|a, b| a.name.cmp(&b.name));
+    map.prefixes.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+    Ok(map)
+}
+
+fn publish(served: &Served, map: DirectoryMap) {
+    if served.map().as_ref() != Some(&map) {
+        tracing::info!(
+            cells = map.cells.len(),
+            prefixes = map.prefixes.len(),
+            index = map.index,
+            "serving a new map"
+        );
+        *served.map.write().expect("map lock") = Some(map);
+    }
 }
 
 /// Keeps `served` current: a session at the root cell, the map read again whenever a
@@ -122,22 +178,22 @@ async fn follow(client: Client, served: Arc<Served>, refresh: Duration) {
                 }
             },
         };
-        match read_map(&s).await {
-            Ok((map, changed)) => {
-                let fresh = served.map().as_ref() != Some(&map);
-                if fresh {
-                    tracing::info!(
-                        cells = map.cells.len(),
-                        prefixes = map.prefixes.len(),
-                        index = map.index,
-                        "serving a new map"
-                    );
-                }
-                *served.map.write().expect("map lock") = Some(map);
-                tokio::select! {
-                    _ = changed => {}
-                    _ = tokio::time::sleep(refresh) => {}
-                    _ = s.expired() => {}
+        match read_map(&s, true).await {
+            Ok((map, mut changed)) => {
+                publish(&served, map);
+                // Until a watch fires: the watches armed stay armed (arming them again on
+                // a timer would pile up waiters in the session for nodes that never
+                // change); the timer only reads the map again, unwatched.
+                loop {
+                    tokio::select! {
+                        _ = &mut changed => break,
+                        _ = s.expired() => break,
+                        _ = tokio::time::sleep(refresh) => {
+                            if let Ok(m) = read_plain(&s).await {
+                                publish(&served, m);
+                            }
+                        }
+                    }
                 }
             }
             Err(e) => {

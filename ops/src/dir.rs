@@ -63,12 +63,17 @@ pub enum DirCommand {
 /// Runs `cmd` against the root cell `root`; `template` is how cells are reached.
 pub async fn run(root: &Client, template: &ClientConfig, cmd: DirCommand) -> anyhow::Result<()> {
     let session = root.open_session().await?;
-    let r = run_in(&session, template, cmd).await;
+    let r = run_in(&session, root, template, cmd).await;
     let _ = session.close().await;
     r
 }
 
-async fn run_in(s: &Session, template: &ClientConfig, cmd: DirCommand) -> anyhow::Result<()> {
+async fn run_in(
+    s: &Session,
+    root: &Client,
+    template: &ClientConfig,
+    cmd: DirCommand,
+) -> anyhow::Result<()> {
     match cmd {
         DirCommand::Ls => {
             let map = read(s).await?;
@@ -95,7 +100,7 @@ async fn run_in(s: &Session, template: &ClientConfig, cmd: DirCommand) -> anyhow
                     anyhow::bail!("bad endpoint {e:?}: expected host:port, e.g. 127.0.0.1:7101");
                 }
             }
-            folders(s).await?;
+            folders(s, root).await?;
             put(
                 s,
                 &cell_node(&name),
@@ -123,24 +128,57 @@ async fn run_in(s: &Session, template: &ClientConfig, cmd: DirCommand) -> anyhow
                     e.epoch
                 );
             }
-            // The cell first: the map never names a cell that refuses the prefix.
-            connect(template, &info)
-                .await?
-                .set_prefix(&prefix, 0, PrefixState::Owned)
-                .await?;
-            folders(s).await?;
+            // The entry first, created only if there is none (two placements at once: one
+            // wins, the other is refused before it touches its cell); then the cell.
+            // Until the cell records the prefix, clients sent there get `WrongCell` and
+            // retry.
+            folders(s, root).await?;
             let e = PrefixEntry {
                 prefix: prefix.clone(),
                 cell: cell.clone(),
                 epoch: 0,
                 moving_to: None,
             };
-            put(s, &prefix_node(&prefix), encode(&e), None).await?;
+            match s
+                .create(&prefix_node(&prefix), encode(&e), CreateMode::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(Error::NodeExists { .. }) => {
+                    let (now, _) = entry(s, &prefix).await?.ok_or_else(|| {
+                        anyhow::anyhow!("{prefix}'s entry came and went; run this again")
+                    })?;
+                    if now.cell != cell {
+                        anyhow::bail!("{prefix} was just placed in {} by someone else", now.cell);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+            connect(template, &info)
+                .await?
+                .set_prefix(&prefix, 0, PrefixState::Owned)
+                .await?;
             println!("{prefix} placed in {cell} (epoch 0)");
             Ok(())
         }
         DirCommand::Rm { prefix } => {
             check_prefix(&prefix)?;
+            if let Some((e, _)) = entry(s, &prefix).await? {
+                // A cell that still serves the prefix keeps it: removing the entry then
+                // would let `dir set` place it in a second cell.
+                if let Ok(info) = cell_info(s, &e.cell).await {
+                    let c = connect(template, &info).await?;
+                    if let Some((ep, st)) = state_in(&c, &prefix).await? {
+                        if st != PrefixState::Gone {
+                            anyhow::bail!(
+                                "{} still records {prefix} as {st} (epoch {ep}): move it away \
+                                 first; the entry stays",
+                                e.cell
+                            );
+                        }
+                    }
+                }
+            }
             match s.delete(&prefix_node(&prefix), None).await {
                 Ok(()) => println!("{prefix} removed from the map"),
                 Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
@@ -175,9 +213,20 @@ pub async fn read(s: &Session) -> anyhow::Result<wire::directory::DirectoryMap> 
     Ok(map)
 }
 
-async fn folders(s: &Session) -> anyhow::Result<()> {
+/// Creates the map's folders if missing. `/directory` is made readable by everyone and
+/// changeable by the root cell's admins only (its children inherit that).
+async fn folders(s: &Session, root: &Client) -> anyhow::Result<()> {
     for f in [ROOT_DIR, ROOT_CELLS, ROOT_PREFIXES] {
         match s.create(f, Vec::new(), CreateMode::default()).await {
+            Ok(_) if f == ROOT_DIR => {
+                let acl = wire::acl::Acl {
+                    read: vec![wire::acl::Principal::Everyone],
+                    write: Vec::new(),
+                    create: Vec::new(),
+                    admin: Vec::new(),
+                };
+                root.set_acl(ROOT_DIR, acl).await?;
+            }
             Ok(_) | Err(Error::NodeExists { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -234,6 +283,52 @@ async fn state_in(c: &Client, prefix: &str) -> anyhow::Result<Option<(u64, Prefi
         .map(|r| (r.epoch, r.state)))
 }
 
+/// Where a running move holds its lease: an ephemeral node of the mover's session.
+const ROOT_MOVES: &str = "/directory/moves";
+
+/// One mover per prefix at a time: an ephemeral node under [`ROOT_MOVES`], gone with the
+/// mover's session (at once when it ends, within the root cell's lease when it crashed).
+/// A move that finds one waits for it to go (a crashed mover's session expiring) for up
+/// to a minute.
+async fn take_move_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
+    match s
+        .create(ROOT_MOVES, Vec::new(), CreateMode::default())
+        .await
+    {
+        Ok(_) | Err(Error::NodeExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let node = format!("{ROOT_MOVES}/{}", prefix.trim_start_matches('/'));
+    let ephemeral = CreateMode {
+        ephemeral: true,
+        sequential: false,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut said = false;
+    loop {
+        match s.create(&node, Vec::new(), ephemeral).await {
+            Ok(_) => return Ok(()),
+            Err(Error::NodeExists { .. }) if std::time::Instant::now() < deadline => {
+                if !said {
+                    crate::say!(
+                        "lockctl: another move of {prefix} holds {node}; waiting for it to end \
+                         (a crashed mover's session expires within the root cell's lease)"
+                    );
+                    said = true;
+                }
+                let (stat, w) = s.exists_watch(&node).await?;
+                if stat.is_some() {
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), w).await;
+                }
+            }
+            Err(Error::NodeExists { .. }) => {
+                anyhow::bail!("another move of {prefix} still holds {node} after a minute")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// The test hook that stops a move after a step, as a crash there would
 /// (`LOCKCTL_MOVE_STOP_AFTER=<step>`; the steps are numbered in [`move_prefix`]): the
 /// process exits with status 9 at once.
@@ -260,6 +355,7 @@ async fn move_prefix(
 ) -> anyhow::Result<()> {
     check_prefix(prefix)?;
     let to_info = cell_info(s, to).await?;
+    take_move_lease(s, prefix).await?;
     let Some((mut e, version)) = entry(s, prefix).await? else {
         anyhow::bail!("{prefix} is not in the map: place it with `lockctl dir set {prefix} CELL`");
     };
@@ -326,9 +422,14 @@ async fn move_prefix(
     from.drop_prefix(prefix, new).await?;
     stop_after(7);
     // 6. The map names the new cell.
-    let (_, version) = entry(s, prefix)
+    let (now, version) = entry(s, prefix)
         .await?
         .ok_or_else(|| anyhow::anyhow!("{prefix}'s entry vanished from the map during the move"))?;
+    if now.moving_to.as_deref() != Some(to) {
+        anyhow::bail!(
+            "{prefix}'s entry changed during the move (now {now:?}); the map was not flipped"
+        );
+    }
     let done = PrefixEntry {
         prefix: prefix.to_string(),
         cell: to.to_string(),

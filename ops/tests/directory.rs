@@ -127,6 +127,14 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
     );
     let ls = ok(lockctl(&r, &ca, &["dir", "ls"]));
     assert!(ls.contains("prefix /pay\tcell-a\tepoch 0"), "{ls}");
+    // An entry whose cell still serves the prefix stays (else `dir set` could place it
+    // in a second cell).
+    let rm = lockctl(&r, &ca, &["dir", "rm", "/idx"]);
+    assert!(
+        !rm.status.success() && text(&rm).contains("still records /idx as owned"),
+        "{}",
+        text(&rm)
+    );
 
     // Two free ports at once (an instance binds its own only once it runs).
     let ports = free_base(2);
@@ -248,7 +256,8 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
 #[test]
 fn a_move_stopped_at_any_step_finishes_when_run_again() {
     let _g = serial();
-    let root = DevCell::start_of(1, &["--no-demo"]);
+    // A short lease: a stopped mover's hold on the move ends with its session.
+    let root = DevCell::start_of(1, &["--no-demo", "--lease-ms", "3000"]);
     let tls = root.data.join("tls");
     let ca = root.ca.clone();
     let a = DevCell::start_sharing(3, &["--no-demo"], &tls);

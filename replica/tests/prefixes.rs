@@ -113,6 +113,24 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
         let st = writer.await.unwrap().unwrap();
         assert_eq!(st.version, 2);
 
+        // A write applied whose answer was lost, retried (same request id) after the
+        // prefix froze: it gets its first answer, not `Frozen` (which would make a router
+        // send it again elsewhere, applying it twice).
+        let raw = wire::types::Request {
+            session: sa.id(),
+            request_id: 1 << 40,
+            ack_below: 0,
+            op: wire::types::Op::Create {
+                path: "/pay/once".into(),
+                data: b"1".to_vec(),
+                mode: CreateMode::default(),
+            },
+        };
+        let first = ca.call(raw.clone()).await.unwrap();
+        ca.set_prefix("/pay", 0, PrefixState::Frozen).await.unwrap();
+        assert_eq!(ca.call(raw.clone()).await.unwrap(), first);
+        ca.set_prefix("/pay", 0, PrefixState::Owned).await.unwrap();
+
         // Not exported while writes go on.
         assert!(matches!(
             ca.export_prefix("/pay", None).await.unwrap_err(),
@@ -122,7 +140,7 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
         // interrupted after one page, then the whole copy); B owns; A lets go and drops.
         ca.set_prefix("/pay", 0, PrefixState::Frozen).await.unwrap();
         let nodes = export_all(&ca, "/pay").await;
-        assert_eq!(nodes.len(), 303, "the lock's ephemeral node is not copied");
+        assert_eq!(nodes.len(), 304, "the lock's ephemeral node is not copied");
         let (first_page, more) = ca.export_prefix("/pay", None).await.unwrap();
         assert!(more && first_page.len() < nodes.len(), "several pages");
         cb.set_prefix("/pay", 1, PrefixState::Importing)

@@ -19,14 +19,18 @@ impl Gateway {
         // joins a retry in flight below): decided here, before anything is held or
         // proposed, and for good, since an owner never changes.
         self.check_owner(req.session, me).await?;
-        // A write the ACLs refuse now is refused here, before it holds anyone's cached
-        // copies or takes a log entry (apply decides in any case, at the state it meets).
-        self.state.read().expect("state lock").sm.precheck_write(
-            &me.identity,
-            req.session,
-            &ops,
-            single,
-        )?;
+        // A write the ACLs or the cell's prefixes refuse now is refused here, before it
+        // holds anyone's cached copies or takes a log entry (apply decides in any case, at
+        // the state it meets). Not a retry of a write already answered: apply returns its
+        // first answer, which a refusal judged at today's state must not hide (the write
+        // applied, its answer was lost, and the prefix froze or moved since: the client
+        // would send it again elsewhere).
+        {
+            let s = self.state.read().expect("state lock");
+            if !s.sm.has_answer(req.session, req.request_id) {
+                s.sm.precheck_write(&me.identity, req.session, &ops, single)?;
+            }
+        }
         // A retry (same session and request id) of a write still in flight here joins it:
         // under load clients and proxies resend while a write is held or queued, and each
         // resend would otherwise be one more log entry (applied as a duplicate, but paid

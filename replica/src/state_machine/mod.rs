@@ -227,6 +227,14 @@ impl StateMachine {
         }
     }
 
+    /// Whether applying a write of `session` with `request_id` would answer from the
+    /// session's record rather than decide afresh (its first answer, or `StaleRequest`).
+    pub fn has_answer(&self, session: SessionId, request_id: RequestId) -> bool {
+        self.sessions
+            .get(&session)
+            .is_some_and(|s| s.results.contains_key(&request_id) || request_id < s.forgotten_below)
+    }
+
     /// What applying `ops` for `session` (owned by `who`) would refuse for want of a
     /// right, judged at this state: the gateway refuses such a write early, before it
     /// holds cached copies or takes a log entry. Only ops whose node no earlier op of the
