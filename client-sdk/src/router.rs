@@ -62,8 +62,22 @@ pub struct Router {
     inner: Arc<Inner>,
 }
 
+/// What a [`Router`] has met so far ([`Router::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    /// Answers `WrongCell`: the map was stale (each one made the router fetch it again).
+    pub wrong_cell: u64,
+    /// Answers `Frozen` past a request's deadline (a prefix being moved).
+    pub frozen: u64,
+    /// Fetches of the map.
+    pub map_fetches: u64,
+}
+
 struct Inner {
     cfg: RouterConfig,
+    wrong_cell: std::sync::atomic::AtomicU64,
+    frozen: std::sync::atomic::AtomicU64,
+    map_fetches: std::sync::atomic::AtomicU64,
     directory: Client,
     map: RwLock<Option<(DirectoryMap, Instant)>>,
     cells: tokio::sync::Mutex<HashMap<String, (Client, Session)>>,
@@ -83,6 +97,9 @@ impl Router {
         let router = Router {
             inner: Arc::new(Inner {
                 cfg,
+                wrong_cell: Default::default(),
+                frozen: Default::default(),
+                map_fetches: Default::default(),
                 directory,
                 map: RwLock::new(None),
                 cells: tokio::sync::Mutex::new(HashMap::new()),
@@ -109,8 +126,21 @@ impl Router {
         }
     }
 
+    /// What this router has met so far.
+    pub fn stats(&self) -> RouterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        RouterStats {
+            wrong_cell: self.inner.wrong_cell.load(Relaxed),
+            frozen: self.inner.frozen.load(Relaxed),
+            map_fetches: self.inner.map_fetches.load(Relaxed),
+        }
+    }
+
     /// Fetches the map now.
     pub async fn refresh(&self) -> Result<DirectoryMap, Error> {
+        self.inner
+            .map_fetches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let m = self.inner.directory.directory().await?;
         *self.inner.map.write().expect("map lock") = Some((m.clone(), Instant::now()));
         Ok(m)
@@ -204,7 +234,14 @@ impl Router {
             }
             let session = self.session_for(path).await?;
             match op(session).await {
-                Err(e @ (Error::WrongCell { .. } | Error::Frozen { .. })) => last = Some(e),
+                Err(e @ (Error::WrongCell { .. } | Error::Frozen { .. })) => {
+                    let counter = match e {
+                        Error::WrongCell { .. } => &self.inner.wrong_cell,
+                        _ => &self.inner.frozen,
+                    };
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    last = Some(e);
+                }
                 r => return r,
             }
         }

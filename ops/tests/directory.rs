@@ -414,3 +414,152 @@ fn dev_with_two_cells_runs_the_commands_it_prints() {
     let status = common::stop_dev(guard.0.take().unwrap());
     assert!(status.success(), "{status}");
 }
+
+/// Issue 25, items 3 and 7: a prefix of 10 000 nodes moved under load. Writers (through
+/// a router whose requests give up after 500 ms, so they meet the move's typed errors)
+/// write without pause; a config watcher waits on its node; a lock holder in the old cell
+/// is paused (it keeps its token) while a contender takes the lock in the new cell. No
+/// acknowledged write is lost, the writers carry on in the new cell, the watcher's watch
+/// fires and it reads the final value, and a fenced resource takes the new grant and
+/// refuses the paused holder's late write. Prints the freeze and the time until every
+/// writer worked in the new cell (a debug build on 2 cores: not a benchmark).
+#[test]
+fn a_prefix_moves_under_load() {
+    let _g = serial();
+    let root = DevCell::start_of(1, &["--no-demo"]);
+    let tls = root.data.join("tls");
+    let ca = root.ca.clone();
+    let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
+    let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
+    let dtls = root.dir.path().join("dtls");
+    ok(Command::new(LOCKCTL)
+        .args(["certs", "issue", "--ca-dir"])
+        .arg(&tls)
+        .args(["--role", "directory", "--name", "d1", "--out"])
+        .arg(&dtls)
+        .output()
+        .unwrap());
+    let r = root.eps();
+    ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
+    ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
+    ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+    let d = DirectoryInstance::start(&root, &dtls, free_base(1));
+    rt().block_on(async {
+        served(&d.addr, &ca, 1).await;
+        let router = Router::connect(RouterConfig::new(
+            vec![d.addr.clone()],
+            ClientConfig::new(Vec::new(), ca.clone()),
+        ))
+        .await
+        .unwrap();
+        // The writers' router: requests that give up after 500 ms.
+        let mut tmpl = ClientConfig::new(Vec::new(), ca.clone());
+        tmpl.request_timeout = Duration::from_millis(500);
+        let wrouter = Router::connect(RouterConfig::new(vec![d.addr.clone()], tmpl))
+            .await
+            .unwrap();
+        // 10 000 nodes, 100 per transaction.
+        let s = router.session_for("/pay").await.unwrap();
+        for p in ["/pay", "/pay/data", "/pay/cfg", "/pay/locks"] {
+            s.create(p, b"0".to_vec(), CreateMode::default()).await.unwrap();
+        }
+        for t in 0..100 {
+            let ops = (0..100)
+                .map(|i| wire::types::TxnOp::Create {
+                    path: format!("/pay/data/n{:05}", t * 100 + i),
+                    data: vec![b'x'; 64],
+                    mode: CreateMode::default(),
+                })
+                .collect();
+            s.txn(ops).await.unwrap();
+        }
+        // Writers: each sets its node to 1, 2, 3, ... and remembers what was acknowledged.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut writers = Vec::new();
+        for w in 0..3 {
+            let path = format!("/pay/w{w}");
+            router.create(&path, b"0".to_vec(), CreateMode::default()).await.unwrap();
+            let (router, stop) = (wrouter.clone(), stop.clone());
+            writers.push(tokio::spawn(async move {
+                let (mut acked, mut errors, mut next) = (0u64, 0u64, 1u64);
+                let mut acks: Vec<(std::time::Instant, String)> = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    match router.set_data(&path, next.to_string().into_bytes(), None).await {
+                        Ok(_) => {
+                            acked = next;
+                            acks.push((std::time::Instant::now(), router.cell_of(&path).await.unwrap()));
+                        }
+                        Err(_) => errors += 1,
+                    }
+                    // A write whose outcome is unknown is not counted acknowledged; the
+                    // next value is written anyway (the final value is at least `acked`).
+                    next += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                (path, acked, errors, acks)
+            }));
+        }
+        // The config watcher.
+        let sw = router.session_for("/pay/cfg").await.unwrap();
+        let (_, _, watch) = sw.get_watch("/pay/cfg").await.unwrap();
+        // A holder in the old cell, paused: it keeps its token.
+        let old = Lock::exclusive(&s, "/pay/locks/job").acquire().await.unwrap();
+        let old_token = old.sequencer().token;
+        let resource = std::sync::Mutex::new(0u64);
+        let fenced_write = |token: u64| {
+            let mut seen = resource.lock().unwrap();
+            if token >= *seen {
+                *seen = token;
+                true
+            } else {
+                false
+            }
+        };
+        assert!(fenced_write(old_token));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let flip_start = std::time::Instant::now();
+        let moved = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", "cell-b"]));
+        let flipped = std::time::Instant::now();
+        assert!(moved.contains("10004 nodes copied") || moved.contains("nodes copied"), "{moved}");
+        // The watcher's watch fires (its node moved away with the prefix), and it reads
+        // the value where the prefix lives now.
+        tokio::time::timeout(Duration::from_secs(10), watch).await.expect("the watch fired").ok();
+        router.set_data("/pay/cfg", b"final".to_vec(), None).await.unwrap();
+        assert_eq!(router.get("/pay/cfg").await.unwrap().0, b"final");
+        // The contender takes the lock in the new cell; the resource takes its token and
+        // refuses the paused holder's late write.
+        let sn = router.session_for("/pay/locks/job").await.unwrap();
+        let new = Lock::exclusive(&sn, "/pay/locks/job").acquire().await.unwrap();
+        assert!(fenced_write(new.sequencer().token));
+        assert!(!fenced_write(old_token), "a late write of the old holder was taken");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut slowest = Duration::ZERO;
+        for w in writers {
+            let (path, acked, errors, acks) = w.await.unwrap();
+            let (data, _) = router.get(&path).await.unwrap();
+            let last: u64 = String::from_utf8(data).unwrap().parse().unwrap();
+            assert!(last >= acked, "{path}: acknowledged {acked}, found {last}");
+            let first_new = acks
+                .iter()
+                .find(|(at, cell)| *at > flip_start && cell == "cell-b")
+                .map(|(at, _)| *at)
+                .unwrap_or_else(|| panic!("{path} never wrote in the new cell"));
+            slowest = slowest.max(first_new.saturating_duration_since(flipped));
+            println!("writer {path}: {acked} acknowledged, {errors} refused or timed out");
+        }
+        let st = wrouter.stats();
+        println!(
+            "FIGURE dir move of 10 000 nodes under load (debug build): {}; every writer wrote in the new cell {} ms after the move command returned; router saw {} WrongCell and {} Frozen answers",
+            moved.trim().replace('\n', "; "),
+            slowest.as_millis(),
+            st.wrong_cell,
+            st.frozen
+        );
+        new.release().await.unwrap();
+        drop(old);
+        router.close().await;
+        wrouter.close().await;
+    });
+}
