@@ -41,7 +41,9 @@ mod watch;
 pub use cache::CacheStats;
 pub use client::{Client, ClientConfig, Security, SESSIONS_PER_CLIENT_MAX};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
-pub use router::{Router, RouterConfig, RouterStats, DIRECTORY_TIMEOUT, ROUTE_ATTEMPTS};
+pub use router::{
+    Router, RouterConfig, RouterEvent, RouterStats, DIRECTORY_TIMEOUT, ROUTE_ATTEMPTS,
+};
 pub use session::{Created, Session, SessionEvent, SessionState};
 pub use watch::Watch;
 pub use wire::types::{

@@ -62,6 +62,31 @@ pub struct Router {
     inner: Arc<Inner>,
 }
 
+/// What a [`Router`] reports as it goes ([`Router::events`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouterEvent {
+    /// An event of the router's session in `cell` (jeopardy, safe, expired, fail-over).
+    Session {
+        /// The cell.
+        cell: String,
+        /// The session's event.
+        event: crate::SessionEvent,
+    },
+    /// A prefix moved (a map fetched names another cell or a new epoch for it): its
+    /// ephemeral nodes, locks and watches in the old cell are gone; start them again in
+    /// the new one (a fail-over, for that prefix).
+    Moved {
+        /// The prefix.
+        prefix: String,
+        /// The cell it was in, as the previous map said.
+        from: String,
+        /// The cell it is in now.
+        to: String,
+        /// Its epoch now.
+        epoch: u64,
+    },
+}
+
 /// What a [`Router`] has met so far ([`Router::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RouterStats {
@@ -78,6 +103,7 @@ struct Inner {
     wrong_cell: std::sync::atomic::AtomicU64,
     frozen: std::sync::atomic::AtomicU64,
     map_fetches: std::sync::atomic::AtomicU64,
+    events: tokio::sync::broadcast::Sender<RouterEvent>,
     directory: Client,
     map: RwLock<Option<(DirectoryMap, Instant)>>,
     cells: tokio::sync::Mutex<HashMap<String, (Client, Session)>>,
@@ -100,6 +126,7 @@ impl Router {
                 wrong_cell: Default::default(),
                 frozen: Default::default(),
                 map_fetches: Default::default(),
+                events: tokio::sync::broadcast::channel(256).0,
                 directory,
                 map: RwLock::new(None),
                 cells: tokio::sync::Mutex::new(HashMap::new()),
@@ -126,6 +153,12 @@ impl Router {
         }
     }
 
+    /// The router's events: each cell's session events, and prefixes that moved. Subscribe
+    /// before the operations whose events matter.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<RouterEvent> {
+        self.inner.events.subscribe()
+    }
+
     /// What this router has met so far.
     pub fn stats(&self) -> RouterStats {
         use std::sync::atomic::Ordering::Relaxed;
@@ -142,7 +175,26 @@ impl Router {
             .map_fetches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let m = self.inner.directory.directory().await?;
-        *self.inner.map.write().expect("map lock") = Some((m.clone(), Instant::now()));
+        let before = self
+            .inner
+            .map
+            .write()
+            .expect("map lock")
+            .replace((m.clone(), Instant::now()));
+        if let Some((old, _)) = before {
+            for e in &m.prefixes {
+                if let Some(o) = old.prefixes.iter().find(|o| o.prefix == e.prefix) {
+                    if (o.cell != e.cell || o.epoch != e.epoch) && e.epoch > o.epoch {
+                        let _ = self.inner.events.send(RouterEvent::Moved {
+                            prefix: e.prefix.clone(),
+                            from: o.cell.clone(),
+                            to: e.cell.clone(),
+                            epoch: e.epoch,
+                        });
+                    }
+                }
+            }
+        }
         Ok(m)
     }
 
@@ -199,6 +251,21 @@ impl Router {
                 Ok(s)
             }
             _ => {
+                // The session's events, as the router's, until the session ends.
+                let mut rx = session.events();
+                let (tx, name) = (self.inner.events.clone(), cell.clone());
+                wire::rt::spawn(async move {
+                    while let Ok(event) = rx.recv().await {
+                        let expired = event == crate::SessionEvent::Expired;
+                        let _ = tx.send(RouterEvent::Session {
+                            cell: name.clone(),
+                            event,
+                        });
+                        if expired {
+                            return;
+                        }
+                    }
+                });
                 cells.insert(cell, (client, session.clone()));
                 Ok(session)
             }

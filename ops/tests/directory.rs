@@ -209,6 +209,7 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
         assert_eq!(served(&d3.addr, &ca, 2).await, map);
 
         // 5. The prefix moves; the router's map (cached for minutes) is stale.
+        let mut events = router.events();
         let moved = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", "cell-b"]));
         assert!(moved.contains("moved to cell-b (epoch 1)"), "{moved}");
         println!(
@@ -226,6 +227,18 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
             .unwrap();
         assert_eq!(st.version, 3);
         assert_eq!(router.cell_of("/pay/cfg").await.unwrap(), "cell-b");
+        // It says so: a fail-over event for the prefix.
+        let moved_event = client_sdk::RouterEvent::Moved {
+            prefix: "/pay".into(),
+            from: "cell-a".into(),
+            to: "cell-b".into(),
+            epoch: 1,
+        };
+        let mut seen = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            seen.push(e);
+        }
+        assert!(seen.contains(&moved_event), "{seen:?}");
         assert_eq!(sb.get("/pay/cfg").await.unwrap().0, b"v3");
         assert!(matches!(
             sa.get("/pay/cfg").await,
