@@ -50,7 +50,7 @@ pub struct Cluster {
     _tmp: Option<tempfile::TempDir>,
 }
 
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     if let Ok(p) = std::env::var(format!("LOADGEN_{}", name.to_uppercase())) {
         return Ok(p.into());
     }
@@ -112,7 +112,7 @@ impl Ports {
 /// went away with the first test (`a_quiet_connection_is_not_sent_away_for_its_pings`
 /// failed with a broken pipe when run beside another etcd test). A process starts tens of
 /// clusters at most, so the ports are not handed back.
-fn free_base(n: u16, from: u16) -> u16 {
+pub(crate) fn free_base(n: u16, from: u16) -> u16 {
     static TAKEN: std::sync::Mutex<Vec<(u16, u16)>> = std::sync::Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
     let candidates = (from..60_000).step_by(16).chain((10_000..from).step_by(16));

@@ -161,6 +161,17 @@ enum Cmd {
     /// well-behaved clients looping acquire and release: their latency alone, beside it,
     /// and beside the same abuse from an identity without limits.
     Abuse,
+    /// Ours only: a prefix of `nodes` nodes moved between two cells (`lockctl dev --cells
+    /// 2`, --members replicas each) while writers write through a router: how long it
+    /// was frozen, what the writers met, when every writer worked in the new cell.
+    Move {
+        /// Nodes under the prefix.
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+        /// Writers (one node each, a write every 10 ms).
+        #[arg(long, default_value_t = 8)]
+        writers: usize,
+    },
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
         /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
@@ -217,6 +228,10 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "burst" => Cmd::Burst,
         "state" => Cmd::State,
         "abuse" => Cmd::Abuse,
+        "move" => Cmd::Move {
+            nodes: 10_000,
+            writers: 8,
+        },
         "profile" => Cmd::Profile {
             secs: None,
             fault: None,
@@ -224,7 +239,7 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         },
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
-             max-writes, burst, profile, state, abuse)"
+             max-writes, burst, profile, state, abuse, move)"
         ),
     })
 }
@@ -334,6 +349,15 @@ async fn run_one(
     } else {
         0
     };
+    if let Cmd::Move { nodes, writers } = cmd {
+        anyhow::ensure!(system == System::Ours, "move is ours only");
+        let nodes = ((*nodes as f64) * cli.scale).round().max(10.0) as usize;
+        let r = scenarios::move_prefix::run(cli.members, nodes, *writers, cli.scale).await?;
+        r.print();
+        let (json, svg) = r.write(out)?;
+        println!("  wrote {} and {}", json.display(), svg.display());
+        return Ok(r);
+    }
     if matches!(cmd, Cmd::Abuse) {
         // The replicas' default limits per identity, which the abuser meets (the dev
         // identity of the well-behaved clients is exempt in `lockctl dev`'s cell).
@@ -379,6 +403,7 @@ async fn run_one(
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,
         Cmd::Abuse => scenarios::abuse(&ctx).await,
+        Cmd::Move { .. } => unreachable!("run above, on its own cells"),
         Cmd::Profile {
             secs,
             fault,

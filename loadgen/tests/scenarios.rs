@@ -402,3 +402,33 @@ fn abuse_holds_the_abuser_to_its_limits() {
         "{v}"
     );
 }
+
+/// `move` (issue 25): a prefix moved between two cells under writers; nothing
+/// acknowledged is lost, and every writer ends up writing in the new cell.
+#[test]
+fn a_prefix_moves_between_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run(&["--members", "1", "move"], dir.path());
+    let f = &v["figures"];
+    assert_eq!(
+        f["writers with an acknowledged write lost"].as_f64(),
+        Some(0.0),
+        "{v}"
+    );
+    assert!(
+        f["prefix frozen (ms, lockctl's own clock)"]
+            .as_f64()
+            .is_some(),
+        "{v}"
+    );
+    assert!(
+        f["every writer working in the new cell, after the command returned (ms)"]
+            .as_f64()
+            .is_some(),
+        "{v}"
+    );
+    assert!(
+        v["latencies"]["write"]["count"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+}

@@ -210,6 +210,7 @@ mod burst;
 mod failover;
 mod herd;
 mod max_writes;
+pub mod move_prefix;
 
 pub use abuse::abuse;
 pub use acquire::acquire;
