@@ -93,17 +93,7 @@ pub async fn read_map(
             watches.push(Box::pin(async move {
                 let _ = w.await;
             }));
-            map.index = map.index.max(stat.mod_index);
-            // An entry that does not decode (written by hand, or by a newer build) is
-            // left out and logged; the rest of the map is served.
-            let decoded = if folder == ROOT_CELLS {
-                decode::<CellInfo>(&data, &path).map(|c| map.cells.push(c))
-            } else {
-                decode::<PrefixEntry>(&data, &path).map(|p| map.prefixes.push(p))
-            };
-            if let Err(e) = decoded {
-                tracing::warn!("left out of the map: {e}");
-            }
+            add(&mut map, folder, &path, &data, stat.mod_index);
         }
     }
     map.cells.sort_by(|a, b| a.name.cmp(&b.name));
@@ -112,6 +102,21 @@ pub async fn read_map(
         let _ = futures::future::select_all(watches).await;
     });
     Ok((map, any))
+}
+
+/// Adds the entry at `path` (in `folder`) to `map`. An entry that does not decode
+/// (written by hand, or by a newer build) is left out and logged; the rest of the map is
+/// served.
+fn add(map: &mut DirectoryMap, folder: &str, path: &str, data: &[u8], mod_index: u64) {
+    map.index = map.index.max(mod_index);
+    let decoded = if folder == ROOT_CELLS {
+        decode::<CellInfo>(data, path).map(|c| map.cells.push(c))
+    } else {
+        decode::<PrefixEntry>(data, path).map(|p| map.prefixes.push(p))
+    };
+    if let Err(e) = decoded {
+        tracing::warn!("left out of the map: {e}");
+    }
 }
 
 /// [`read_map`] without watches.
@@ -130,15 +135,7 @@ async fn read_plain(session: &Session) -> Result<DirectoryMap, Error> {
                 Err(Error::NoNode { .. }) => continue,
                 Err(e) => return Err(e),
             };
-            map.index = map.index.max(stat.mod_index);
-            let decoded = if folder == ROOT_CELLS {
-                decode::<CellInfo>(&data, &path).map(|c| map.cells.push(c))
-            } else {
-                decode::<PrefixEntry>(&data, &path).map(|p| map.prefixes.push(p))
-            };
-            if let Err(e) = decoded {
-                tracing::warn!("left out of the map: {e}");
-            }
+            add(&mut map, folder, &path, &data, stat.mod_index);
         }
     }
     map.cells.sort_by(|a, b| a.name.cmp(&b.name));

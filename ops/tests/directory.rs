@@ -55,6 +55,20 @@ impl Drop for DirectoryInstance {
     }
 }
 
+/// A directory instance's certificate (`lockctl certs issue --role directory`) from the
+/// root cell's CA, in a TLS directory of its own.
+fn directory_cert(root: &DevCell) -> std::path::PathBuf {
+    let dtls = root.dir.path().join("dtls");
+    ok(Command::new(LOCKCTL)
+        .args(["certs", "issue", "--ca-dir"])
+        .arg(root.data.join("tls"))
+        .args(["--role", "directory", "--name", "d1", "--out"])
+        .arg(&dtls)
+        .output()
+        .unwrap());
+    dtls
+}
+
 fn ok(o: std::process::Output) -> String {
     assert!(o.status.success(), "{}", text(&o));
     text(&o)
@@ -102,16 +116,7 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
     let ca = root.ca.clone();
     let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
     let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    // A directory instance's certificate.
-    let dtls = root.dir.path().join("dtls");
-    let o = Command::new(LOCKCTL)
-        .args(["certs", "issue", "--ca-dir"])
-        .arg(&tls)
-        .args(["--role", "directory", "--name", "d1", "--out"])
-        .arg(&dtls)
-        .output()
-        .unwrap();
-    ok(o);
+    let dtls = directory_cert(&root);
     let r = root.eps();
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
@@ -444,14 +449,7 @@ fn a_prefix_moves_under_load() {
     let ca = root.ca.clone();
     let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
     let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let dtls = root.dir.path().join("dtls");
-    ok(Command::new(LOCKCTL)
-        .args(["certs", "issue", "--ca-dir"])
-        .arg(&tls)
-        .args(["--role", "directory", "--name", "d1", "--out"])
-        .arg(&dtls)
-        .output()
-        .unwrap());
+    let dtls = directory_cert(&root);
     let r = root.eps();
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));

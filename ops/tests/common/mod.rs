@@ -122,33 +122,25 @@ impl DevCell {
 
     /// Starts `lockctl dev --replicas N` with `extra` arguments on free ports.
     pub fn start_of(replicas: u16, extra: &[&str]) -> DevCell {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("cell");
-        let base = free_base(replicas);
-        let (dev, out) = start_dev_of(&data, base, replicas, extra);
-        DevCell {
-            endpoints: (0..replicas)
-                .map(|i| format!("127.0.0.1:{}", base + i))
-                .collect(),
-            ca: data.join("tls/ca.pem"),
-            data,
-            dir,
-            base,
-            out,
-            dev: DevGuard(Some(dev)),
-        }
+        DevCell::start_in(tempfile::tempdir().unwrap(), replicas, extra)
     }
 
     /// Like [`DevCell::start_of`], with the TLS files of `tls` (a dev cell's `tls/`)
     /// copied in first: cells that trust one CA, as cells behind one directory do.
     pub fn start_sharing(replicas: u16, extra: &[&str], tls: &std::path::Path) -> DevCell {
         let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("cell");
-        std::fs::create_dir_all(data.join("tls")).unwrap();
+        let into = dir.path().join("cell/tls");
+        std::fs::create_dir_all(&into).unwrap();
         for f in std::fs::read_dir(tls).unwrap() {
             let f = f.unwrap();
-            std::fs::copy(f.path(), data.join("tls").join(f.file_name())).unwrap();
+            std::fs::copy(f.path(), into.join(f.file_name())).unwrap();
         }
+        DevCell::start_in(dir, replicas, extra)
+    }
+
+    /// `lockctl dev` with its data in `dir`'s `cell/`.
+    fn start_in(dir: tempfile::TempDir, replicas: u16, extra: &[&str]) -> DevCell {
+        let data = dir.path().join("cell");
         let base = free_base(replicas);
         let (dev, out) = start_dev_of(&data, base, replicas, extra);
         DevCell {

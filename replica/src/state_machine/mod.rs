@@ -248,15 +248,7 @@ impl StateMachine {
         single: bool,
     ) -> Result<(), Error> {
         self.security.check_bootstrapped()?;
-        for op in ops {
-            let p = match op {
-                TxnOp::Check { path, .. }
-                | TxnOp::Create { path, .. }
-                | TxnOp::Delete { path, .. }
-                | TxnOp::SetData { path, .. } => path,
-            };
-            self.check_owned(p, !matches!(op, TxnOp::Check { .. }))?;
-        }
+        self.check_ops_owned(ops)?;
         let mut touched: BTreeSet<&str> = BTreeSet::new();
         for (i, op) in ops.iter().enumerate() {
             let (node, right) = match op {
@@ -763,15 +755,7 @@ impl StateMachine {
         // A prefix this cell does not serve, or one frozen for a move: not applied and not
         // remembered (like the window check below), so a retry is evaluated afresh here,
         // and the same write may go to the prefix's new cell.
-        for op in ops {
-            let p = match op {
-                TxnOp::Check { path, .. }
-                | TxnOp::Create { path, .. }
-                | TxnOp::Delete { path, .. }
-                | TxnOp::SetData { path, .. } => path,
-            };
-            self.check_owned(p, !matches!(op, TxnOp::Check { .. }))?;
-        }
+        self.check_ops_owned(ops)?;
         let session = self.sessions.get_mut(&session_id).expect("checked above");
         session.forget_below(ack_below.min(request_id));
         if session.window_full() {

@@ -57,6 +57,20 @@ impl StateMachine {
         }
     }
 
+    /// [`StateMachine::check_owned`] for each op of a write (a check op reads).
+    pub fn check_ops_owned(&self, ops: &[TxnOp]) -> Result<(), Error> {
+        for op in ops {
+            let p = match op {
+                TxnOp::Check { path, .. }
+                | TxnOp::Create { path, .. }
+                | TxnOp::Delete { path, .. }
+                | TxnOp::SetData { path, .. } => path,
+            };
+            self.check_owned(p, !matches!(op, TxnOp::Check { .. }))?;
+        }
+        Ok(())
+    }
+
     /// Whether reads of `p` may be cached: not under a prefix being moved (a copy cached
     /// from the old cell must not outlive the move).
     pub fn cachable(&self, p: &str) -> bool {
