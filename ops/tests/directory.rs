@@ -69,6 +69,41 @@ fn directory_cert(root: &DevCell) -> std::path::PathBuf {
     dtls
 }
 
+/// A root cell, cells A and B (three replicas each) described in its map, `/pay` placed
+/// in A, and a directory instance's certificate.
+struct Cells {
+    root: DevCell,
+    a: DevCell,
+    b: DevCell,
+    ca: std::path::PathBuf,
+    dtls: std::path::PathBuf,
+    /// The root cell's endpoints.
+    r: String,
+}
+
+impl Cells {
+    fn start() -> Cells {
+        let root = DevCell::start_of(1, &["--no-demo"]);
+        let tls = root.data.join("tls");
+        let ca = root.ca.clone();
+        let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
+        let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
+        let dtls = directory_cert(&root);
+        let r = root.eps();
+        ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
+        ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
+        ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+        Cells {
+            root,
+            a,
+            b,
+            ca,
+            dtls,
+            r,
+        }
+    }
+}
+
 fn ok(o: std::process::Output) -> String {
     assert!(o.status.success(), "{}", text(&o));
     text(&o)
@@ -111,16 +146,14 @@ async fn served(
 #[test]
 fn two_cells_one_namespace_a_directory_and_a_move() {
     let _g = serial();
-    let root = DevCell::start_of(1, &["--no-demo"]);
-    let tls = root.data.join("tls");
-    let ca = root.ca.clone();
-    let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let dtls = directory_cert(&root);
-    let r = root.eps();
-    ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
-    ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
-    ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+    let Cells {
+        root,
+        a,
+        b,
+        ca,
+        dtls,
+        r,
+    } = Cells::start();
     ok(lockctl(&r, &ca, &["dir", "set", "/idx", "cell-b"]));
     let again = ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
     assert!(again.contains("already"), "{again}");
@@ -444,16 +477,15 @@ fn dev_with_two_cells_runs_the_commands_it_prints() {
 #[test]
 fn a_prefix_moves_under_load() {
     let _g = serial();
-    let root = DevCell::start_of(1, &["--no-demo"]);
-    let tls = root.data.join("tls");
-    let ca = root.ca.clone();
-    let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let dtls = directory_cert(&root);
-    let r = root.eps();
-    ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
-    ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));
-    ok(lockctl(&r, &ca, &["dir", "set", "/pay", "cell-a"]));
+    // Cells A and B kept (dropping one stops it).
+    let Cells {
+        root,
+        a: _a,
+        b: _b,
+        ca,
+        dtls,
+        r,
+    } = Cells::start();
     let d = DirectoryInstance::start(&root, &dtls, free_base(1));
     rt().block_on(async {
         served(&d.addr, &ca, 1).await;
