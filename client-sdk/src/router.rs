@@ -115,6 +115,7 @@ impl Router {
         let mut dcfg = cfg.client.clone();
         dcfg.endpoints = cfg.directory.clone();
         dcfg.directory = true;
+        dcfg.cell = None;
         // A map fetch that fails leaves the cached map in use: it must not hold an
         // operation up for a whole request timeout per attempt.
         dcfg.request_timeout = dcfg.request_timeout.min(DIRECTORY_TIMEOUT);
@@ -239,6 +240,8 @@ impl Router {
         let mut ccfg = self.inner.cfg.client.clone();
         ccfg.endpoints = info.endpoints.clone();
         ccfg.directory = false;
+        // The servers there must be that cell's.
+        ccfg.cell = Some(cell.clone());
         let client = Client::connect(ccfg).await?;
         let session = client.open_session().await?;
         let mut cells = self.inner.cells.lock().await;

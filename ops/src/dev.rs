@@ -466,11 +466,40 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
     let issued = ca.issue(&dir_id, 365).map_err(anyhow::Error::msg)?;
     std::fs::write(tls.join("directory.pem"), &issued.cert_pem)?;
     std::fs::write(tls.join("directory.key"), &issued.key_pem)?;
-    let copy_tls = |to: &Path| -> anyhow::Result<()> {
-        std::fs::create_dir_all(to.join("tls"))?;
+    // Each cell's TLS directory: the CA (not its key), the client's and the directory's
+    // files, and replica and proxy certificates naming that cell, so a client that
+    // expects a cell (the router, `lockctl dir`) can tell them apart.
+    let copy_tls = |to: &Path, cell: &str| -> anyhow::Result<()> {
+        let dir = to.join("tls");
+        std::fs::create_dir_all(&dir)?;
         for f in std::fs::read_dir(&tls)? {
             let f = f?;
-            std::fs::copy(f.path(), to.join("tls").join(f.file_name()))?;
+            if f.file_name() != wire::tls::CA_KEY_FILE {
+                std::fs::copy(f.path(), dir.join(f.file_name()))?;
+            }
+        }
+        let name = "dev".to_string();
+        for (id, cert, key) in [
+            (
+                wire::identity::Identity::Replica {
+                    cell: cell.into(),
+                    name: name.clone(),
+                },
+                wire::tls::REPLICA_CERT_FILE,
+                wire::tls::REPLICA_KEY_FILE,
+            ),
+            (
+                wire::identity::Identity::Proxy {
+                    cell: cell.into(),
+                    name: name.clone(),
+                },
+                wire::tls::PROXY_CERT_FILE,
+                wire::tls::PROXY_KEY_FILE,
+            ),
+        ] {
+            let issued = ca.issue(&id, 365).map_err(anyhow::Error::msg)?;
+            std::fs::write(dir.join(cert), &issued.cert_pem)?;
+            wire::tls::write_private(&dir.join(key), &issued.key_pem)?;
         }
         Ok(())
     };
@@ -487,13 +516,13 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
         cells: None,
     };
     let root_args = sub("root", args.base_port + 100, 1);
-    copy_tls(&root_args.data)?;
+    copy_tls(&root_args.data, "root")?;
     let root = spawn_replicas(&root_args, "root", &mut children)?;
     let mut cells = Vec::new();
     for i in 1..=n {
         let name = format!("cell-{i}");
         let a = sub(&name, args.base_port + 10 * (i - 1), args.replicas);
-        copy_tls(&a.data)?;
+        copy_tls(&a.data, &name)?;
         let eps = spawn_replicas(&a, &name, &mut children)?;
         cells.push((name, eps));
     }

@@ -3,6 +3,7 @@
 //! endpoints their entries list, with the same TLS files (the identity must be an admin
 //! of the root cell and of every cell it places or moves a prefix in).
 
+use anyhow::Context;
 use clap::Subcommand;
 use client_sdk::{Client, ClientConfig, CreateMode, Session};
 use wire::directory::{
@@ -100,17 +101,21 @@ async fn run_in(
                     anyhow::bail!("bad endpoint {e:?}: expected host:port, e.g. 127.0.0.1:7101");
                 }
             }
+            let info = CellInfo {
+                name: name.clone(),
+                endpoints,
+            };
+            // The endpoints must be that cell's (their certificates name it), and answer.
+            let cell = connect(template, &info).await?;
+            cell.prefixes().await.with_context(|| {
+                format!(
+                    "{} is not reachable as cell {name} (do its certificates say \
+                     lock://{name}/...?)",
+                    info.endpoints.join(",")
+                )
+            })?;
             folders(s, root).await?;
-            put(
-                s,
-                &cell_node(&name),
-                encode(&CellInfo {
-                    name: name.clone(),
-                    endpoints,
-                }),
-                None,
-            )
-            .await?;
+            put(s, &cell_node(&name), encode(&info), None).await?;
             println!("cell {name} described");
             Ok(())
         }
@@ -267,10 +272,12 @@ async fn entry(s: &Session, prefix: &str) -> anyhow::Result<Option<(PrefixEntry,
     }
 }
 
+/// A client of `cell`, whose servers must be that cell's (their certificates name it).
 async fn connect(template: &ClientConfig, cell: &CellInfo) -> anyhow::Result<Client> {
     let mut cfg = template.clone();
     cfg.endpoints = cell.endpoints.clone();
     cfg.directory = false;
+    cfg.cell = Some(cell.name.clone());
     Ok(Client::connect(cfg).await?)
 }
 

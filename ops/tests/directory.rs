@@ -86,8 +86,8 @@ impl Cells {
         let root = DevCell::start_of(1, &["--no-demo"]);
         let tls = root.data.join("tls");
         let ca = root.ca.clone();
-        let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
-        let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
+        let a = DevCell::start_sharing(3, &["--no-demo"], &tls, "cell-a");
+        let b = DevCell::start_sharing(3, &["--no-demo"], &tls, "cell-b");
         let dtls = directory_cert(&root);
         let r = root.eps();
         ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
@@ -165,6 +165,15 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
     );
     let ls = ok(lockctl(&r, &ca, &["dir", "ls"]));
     assert!(ls.contains("prefix /pay\tcell-a\tepoch 0"), "{ls}");
+    // A cell described at another cell's endpoints is refused: its servers' certificates
+    // name cell-a.
+    let wrong = lockctl(&r, &ca, &["dir", "cell", "cell-x", &a.eps()]);
+    assert!(
+        !wrong.status.success()
+            && text(&wrong).contains("not a replica or a proxy of cell \"cell-x\""),
+        "{}",
+        text(&wrong)
+    );
     // An entry whose cell still serves the prefix stays (else `dir set` could place it
     // in a second cell).
     let rm = lockctl(&r, &ca, &["dir", "rm", "/idx"]);
@@ -311,8 +320,8 @@ fn a_move_stopped_at_any_step_finishes_when_run_again() {
     let root = DevCell::start_of(1, &["--no-demo", "--lease-ms", "3000"]);
     let tls = root.data.join("tls");
     let ca = root.ca.clone();
-    let a = DevCell::start_sharing(3, &["--no-demo"], &tls);
-    let b = DevCell::start_sharing(3, &["--no-demo"], &tls);
+    let a = DevCell::start_sharing(3, &["--no-demo"], &tls, "cell-a");
+    let b = DevCell::start_sharing(3, &["--no-demo"], &tls, "cell-b");
     let r = root.eps();
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-a", &a.eps()]));
     ok(lockctl(&r, &ca, &["dir", "cell", "cell-b", &b.eps()]));

@@ -302,6 +302,12 @@ pub enum Dialed<'a> {
     Server,
     /// A directory instance.
     Directory,
+    /// A replica or a proxy of this cell (a router reaching the cell the directory
+    /// names: a wrong endpoint in the map must not be served by another cell).
+    Cell {
+        /// The cell.
+        cell: &'a str,
+    },
 }
 
 /// Whether `who`, found at the other end of a connection dialed expecting `expect`, is
@@ -316,6 +322,14 @@ pub fn expect_dialed(expect: Dialed<'_>, who: &Identity) -> Result<(), String> {
             who.role()
         )),
         (Dialed::Directory, Identity::Directory { .. }) => Ok(()),
+        (
+            Dialed::Cell { cell },
+            Identity::Replica { cell: c, .. } | Identity::Proxy { cell: c, .. },
+        ) if c == cell => Ok(()),
+        (Dialed::Cell { cell }, _) => Err(format!(
+            "{who} is not a replica or a proxy of cell {cell:?} (the directory names that \
+             cell at this endpoint)"
+        )),
         (Dialed::Directory, _) => Err(format!(
             "{who} is a {}, not a directory instance (lock://directory/<name>)",
             who.role()
@@ -359,6 +373,21 @@ mod tests {
         let e = expect_dialed(Dialed::Server, &id("lock://directory/d1")).unwrap_err();
         assert!(e.contains("not a replica or a proxy"), "{e}");
         assert!(expect_dialed(Dialed::Directory, &id("lock://directory/d1")).is_ok());
+        let a = Dialed::Cell { cell: "a" };
+        assert!(expect_dialed(a, &id("lock://a/replica/1")).is_ok());
+        assert!(expect_dialed(a, &id("lock://a/proxy/p")).is_ok());
+        for other in [
+            "lock://b/replica/1",
+            "lock://b/proxy/p",
+            "lock://client/x",
+            "lock://directory/d",
+        ] {
+            let e = expect_dialed(a, &id(other)).unwrap_err();
+            assert!(
+                e.contains("not a replica or a proxy of cell \"a\""),
+                "{other}: {e}"
+            );
+        }
         for other in ["lock://a/replica/1", "lock://a/proxy/p", "lock://client/x"] {
             let e = expect_dialed(Dialed::Directory, &id(other)).unwrap_err();
             assert!(e.contains("not a directory instance"), "{other}: {e}");

@@ -58,6 +58,10 @@ pub struct ClientConfig {
     /// not a cell's replicas or proxies (default false): what [`crate::Router`] uses to
     /// fetch the map of prefixes to cells.
     pub directory: bool,
+    /// The cell the endpoints belong to, if known (default none): each server's
+    /// certificate must then be a replica's or a proxy's of this cell. The
+    /// [`crate::Router`] sets it to the cell the directory names.
+    pub cell: Option<String>,
 }
 
 /// Most sessions one client holds open: each keeps an event stream open on the client's
@@ -117,6 +121,7 @@ impl ClientConfig {
             crls: Vec::new(),
             retry_limit_refusals: true,
             directory: false,
+            cell: None,
         }
     }
 }

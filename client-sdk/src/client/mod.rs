@@ -269,10 +269,10 @@ impl Client {
             // The CA signed it; it must also be a replica or a proxy (a directory
             // instance, for a directory client), not a client that happens to listen at
             // a configured address.
-            let expect = if self.inner.cfg.directory {
-                wire::identity::Dialed::Directory
-            } else {
-                wire::identity::Dialed::Server
+            let expect = match (&self.inner.cfg.cell, self.inner.cfg.directory) {
+                (_, true) => wire::identity::Dialed::Directory,
+                (Some(cell), false) => wire::identity::Dialed::Cell { cell },
+                (None, false) => wire::identity::Dialed::Server,
             };
             wire::identity::check_dialed(&conn, expect)
                 .map_err(|e| conn_err(format!("{addr}: {e}")))?;

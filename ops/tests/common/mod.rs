@@ -125,16 +125,34 @@ impl DevCell {
         DevCell::start_in(tempfile::tempdir().unwrap(), replicas, extra)
     }
 
-    /// Like [`DevCell::start_of`], with the TLS files of `tls` (a dev cell's `tls/`)
-    /// copied in first: cells that trust one CA, as cells behind one directory do.
-    pub fn start_sharing(replicas: u16, extra: &[&str], tls: &std::path::Path) -> DevCell {
+    /// Like [`DevCell::start_of`], for the cell `cell` of the CA in `tls` (a dev cell's
+    /// `tls/`): its files are copied in (not the CA's key), with a replica certificate
+    /// naming `cell` (`lock://<cell>/replica/dev`), as cells behind one directory are.
+    pub fn start_sharing(
+        replicas: u16,
+        extra: &[&str],
+        tls: &std::path::Path,
+        cell: &str,
+    ) -> DevCell {
         let dir = tempfile::tempdir().unwrap();
         let into = dir.path().join("cell/tls");
         std::fs::create_dir_all(&into).unwrap();
         for f in std::fs::read_dir(tls).unwrap() {
             let f = f.unwrap();
-            std::fs::copy(f.path(), into.join(f.file_name())).unwrap();
+            if f.file_name() != wire::tls::CA_KEY_FILE {
+                std::fs::copy(f.path(), into.join(f.file_name())).unwrap();
+            }
         }
+        let read = |f: &str| std::fs::read_to_string(tls.join(f)).unwrap();
+        let ca = wire::tls::Ca::from_pem(&read(wire::tls::CA_FILE), &read(wire::tls::CA_KEY_FILE))
+            .unwrap();
+        let id = wire::identity::Identity::Replica {
+            cell: cell.into(),
+            name: "dev".into(),
+        };
+        let issued = ca.issue(&id, 30).unwrap();
+        std::fs::write(into.join(wire::tls::REPLICA_CERT_FILE), issued.cert_pem).unwrap();
+        wire::tls::write_private(&into.join(wire::tls::REPLICA_KEY_FILE), &issued.key_pem).unwrap();
         DevCell::start_in(dir, replicas, extra)
     }
 
