@@ -105,7 +105,10 @@ struct Inner {
     map_fetches: std::sync::atomic::AtomicU64,
     events: tokio::sync::broadcast::Sender<RouterEvent>,
     directory: Client,
-    map: RwLock<Option<(DirectoryMap, Instant)>>,
+    /// The map, when it was fetched, and the fetch's number (a fetch answered late
+    /// never replaces a newer one's map).
+    map: RwLock<Option<(DirectoryMap, Instant, u64)>>,
+    fetches_started: std::sync::atomic::AtomicU64,
     cells: tokio::sync::Mutex<HashMap<String, (Client, Session)>>,
 }
 
@@ -130,6 +133,7 @@ impl Router {
                 events: tokio::sync::broadcast::channel(256).0,
                 directory,
                 map: RwLock::new(None),
+                fetches_started: Default::default(),
                 cells: tokio::sync::Mutex::new(HashMap::new()),
             }),
         };
@@ -142,8 +146,8 @@ impl Router {
     pub async fn map(&self) -> Result<DirectoryMap, Error> {
         let cached = self.inner.map.read().expect("map lock").clone();
         match cached {
-            Some((m, at)) if at.elapsed() < self.inner.cfg.map_ttl => Ok(m),
-            Some((m, _)) => match self.refresh().await {
+            Some((m, at, _)) if at.elapsed() < self.inner.cfg.map_ttl => Ok(m),
+            Some((m, _, _)) => match self.refresh().await {
                 Ok(fresh) => Ok(fresh),
                 Err(e) => {
                     tracing::warn!("directory unreachable, the cached map stays: {e}");
@@ -175,14 +179,20 @@ impl Router {
         self.inner
             .map_fetches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let m = self.inner.directory.directory().await?;
-        let before = self
+        let number = self
             .inner
-            .map
-            .write()
-            .expect("map lock")
-            .replace((m.clone(), Instant::now()));
-        if let Some((old, _)) = before {
+            .fetches_started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let m = self.inner.directory.directory().await?;
+        let before = {
+            let mut held = self.inner.map.write().expect("map lock");
+            match held.as_ref() {
+                // A later fetch answered first: its map stays.
+                Some((newer, _, n)) if *n > number => return Ok(newer.clone()),
+                _ => held.replace((m.clone(), Instant::now(), number)),
+            }
+        };
+        if let Some((old, _, _)) = before {
             for e in &m.prefixes {
                 if let Some(o) = old.prefixes.iter().find(|o| o.prefix == e.prefix) {
                     if (o.cell != e.cell || o.epoch != e.epoch) && e.epoch > o.epoch {
@@ -258,7 +268,12 @@ impl Router {
                 let mut rx = session.events();
                 let (tx, name) = (self.inner.events.clone(), cell.clone());
                 wire::rt::spawn(async move {
-                    while let Ok(event) = rx.recv().await {
+                    loop {
+                        let event = match rx.recv().await {
+                            Ok(e) => e,
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        };
                         let expired = event == crate::SessionEvent::Expired;
                         let _ = tx.send(RouterEvent::Session {
                             cell: name.clone(),

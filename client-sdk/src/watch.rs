@@ -85,15 +85,16 @@ impl Registry {
             drop(tx); // resolves the watch with SessionExpired
             return (id, Watch { rx, session });
         }
-        r.waiters
-            .entry((path.to_string(), kind))
-            .or_default()
-            .push(Waiter {
-                id,
-                since: None,
-                exists_read,
-                tx,
-            });
+        let list = r.waiters.entry((path.to_string(), kind)).or_default();
+        // Waiters whose `Watch` was dropped wait for nobody: a process that reads and
+        // watches a node again and again (the directory's map) would pile them up.
+        list.retain(|w| !w.tx.is_closed());
+        list.push(Waiter {
+            id,
+            since: None,
+            exists_read,
+            tx,
+        });
         (id, Watch { rx, session })
     }
 

@@ -168,7 +168,7 @@ enum Cmd {
         /// Nodes under the prefix.
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
-        /// Writers (one node each, a write every 10 ms).
+        /// Writers (each creates a node every 10 ms under its own).
         #[arg(long, default_value_t = 8)]
         writers: usize,
     },

@@ -123,7 +123,12 @@ async fn run_in(
             check_prefix(&prefix)?;
             let info = cell_info(s, &cell).await?;
             if let Some((e, _)) = entry(s, &prefix).await? {
-                if e.cell == cell {
+                if e.cell == cell && e.moving_to.is_none() {
+                    // Told again (an earlier run may have stopped before telling it).
+                    connect(template, &info)
+                        .await?
+                        .set_prefix(&prefix, e.epoch, PrefixState::Owned)
+                        .await?;
                     println!("{prefix} is in {cell} already (epoch {})", e.epoch);
                     return Ok(());
                 }
@@ -169,6 +174,12 @@ async fn run_in(
         DirCommand::Rm { prefix } => {
             check_prefix(&prefix)?;
             if let Some((e, _)) = entry(s, &prefix).await? {
+                if let Some(to) = &e.moving_to {
+                    anyhow::bail!(
+                        "a move of {prefix} to {to} is under way: finish it first with \
+                         `lockctl dir move {prefix} --to {to}`; the entry stays"
+                    );
+                }
                 // A cell that still serves the prefix keeps it: removing the entry then
                 // would let `dir set` place it in a second cell.
                 if let Ok(info) = cell_info(s, &e.cell).await {

@@ -86,6 +86,7 @@ fn start_cells(replicas: u16, lockctl: &std::path::Path) -> anyhow::Result<Cells
         }),
         _ => {
             let _ = dev.kill();
+            let _ = dev.wait();
             bail!("lockctl dev --cells 2 did not come up")
         }
     }
@@ -125,8 +126,16 @@ pub async fn run(
     tmpl.request_timeout = Duration::from_secs(1);
     let wrouter = Router::connect(RouterConfig::new(vec![cells.directory.clone()], tmpl)).await?;
     let stop = Arc::new(AtomicBool::new(false));
+    // Stops the writers on every way out of this function, errors included.
+    let _stop = StopOnDrop(stop.clone());
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
+    // Each write creates a node of its own (a sequential child of the writer's node), so
+    // that every acknowledged write can be looked for in the new cell afterwards.
+    let sequential = CreateMode {
+        ephemeral: false,
+        sequential: true,
+    };
     for w in 0..writers {
         let path = format!("{PREFIX}/w{w}");
         router
@@ -135,15 +144,19 @@ pub async fn run(
         let (r, stop) = (wrouter.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut lat = Lat::new(start);
-            let (mut acked, mut failed, mut next) = (0u64, 0u64, 1u64);
+            let mut failed = 0u64;
+            let mut acked: Vec<String> = Vec::new();
             let mut in_new: Option<Instant> = None;
             while !stop.load(Ordering::SeqCst) {
                 let t0 = tokio::time::Instant::now();
-                match r.set_data(&path, next.to_string().into_bytes(), None).await {
-                    Ok(_) => {
+                match r
+                    .create(&format!("{path}/e-"), Vec::new(), sequential)
+                    .await
+                {
+                    Ok(c) => {
                         let t1 = tokio::time::Instant::now();
                         lat.record(t1 - t0, t1);
-                        acked = next;
+                        acked.push(c.path);
                         if in_new.is_none()
                             && r.cell_of(&path).await.ok().as_deref() == Some("cell-2")
                         {
@@ -152,7 +165,6 @@ pub async fn run(
                     }
                     Err(_) => failed += 1,
                 }
-                next += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             (path, lat, acked, failed, in_new)
@@ -185,18 +197,23 @@ pub async fn run(
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::SeqCst);
     let mut lat = Lat::new(start);
-    let (mut failed, mut slowest, mut lost) = (0u64, Duration::ZERO, 0u64);
+    let (mut failed, mut slowest) = (0u64, Duration::ZERO);
+    let (mut lost, mut acked_all) = (0u64, 0u64);
     for t in tasks {
         let (path, l, acked, f, in_new) = t.await?;
         lat.merge(&l);
         failed += f;
         let at = in_new.with_context(|| format!("{path} never wrote in the new cell"))?;
         slowest = slowest.max(at.saturating_duration_since(returned));
-        let (data, _) = router.get(&path).await?;
-        let last: u64 = String::from_utf8_lossy(&data).parse().unwrap_or(0);
-        if last < acked {
-            lost += 1;
-        }
+        // Every acknowledged write, in the cell the prefix lives in now.
+        let present: std::collections::HashSet<String> = router
+            .children(&path)
+            .await?
+            .into_iter()
+            .map(|(name, _)| format!("{path}/{name}"))
+            .collect();
+        acked_all += acked.len() as u64;
+        lost += acked.iter().filter(|p| !present.contains(*p)).count() as u64;
     }
     let stats = wrouter.stats();
     router.close().await;
@@ -223,10 +240,26 @@ pub async fn run(
         "WrongCell answers met by the writers' router",
         stats.wrong_cell as f64,
     );
-    r.figure("writers with an acknowledged write lost", lost as f64);
+    r.figure(
+        "acknowledged writes (each a node of its own)",
+        acked_all as f64,
+    );
+    r.figure(
+        "acknowledged writes lost (not found in the new cell)",
+        lost as f64,
+    );
     r.latency_failed("write", &lat, failed);
     if lost > 0 {
-        bail!("{lost} writers lost an acknowledged write");
+        bail!("{lost} acknowledged writes were not found in the new cell");
     }
     Ok(r)
+}
+
+/// Sets the flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
