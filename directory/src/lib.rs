@@ -51,18 +51,11 @@ impl Served {
 }
 
 /// Reads the whole map from the root cell under `session`, arming watches on both
-/// folders and every entry (`arm`); returns it with a future that completes when any of
-/// them fires (never, unarmed). A missing folder reads as empty (and is watched for its
-/// creation).
+/// folders and every entry; returns it with a future that completes when any of them
+/// fires. A missing folder reads as empty (and is watched for its creation).
 pub async fn read_map(
     session: &Session,
-    arm: bool,
 ) -> Result<(DirectoryMap, futures::future::BoxFuture<'static, ()>), Error> {
-    if !arm {
-        return read_plain(session)
-            .await
-            .map(|m| (m, Box::pin(futures::future::pending()) as _));
-    }
     let mut watches: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
     let mut map = DirectoryMap::default();
     for folder in [ROOT_CELLS, ROOT_PREFIXES] {
@@ -175,7 +168,7 @@ async fn follow(client: Client, served: Arc<Served>, refresh: Duration) {
                 }
             },
         };
-        match read_map(&s, true).await {
+        match read_map(&s).await {
             Ok((map, mut changed)) => {
                 publish(&served, map);
                 // Until a watch fires: the watches armed stay armed (arming them again on
@@ -332,16 +325,5 @@ pub fn run_until_signal(cfg: DirectoryConfig) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        run(cfg, shutdown).await
-    })
+    rt.block_on(async move { run(cfg, wire::rt::shutdown_signal()).await })
 }

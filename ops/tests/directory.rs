@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Router, RouterConfig};
-use common::{free_base, lockctl, serial, text, DevCell, LOCKCTL};
+use common::{free_base, lockctl, rt, serial, text, DevCell, LOCKCTL};
 use wire::Error;
 
 /// A `lockctl directory` process, killed on drop.
@@ -107,14 +107,6 @@ impl Cells {
 fn ok(o: std::process::Output) -> String {
     assert!(o.status.success(), "{}", text(&o));
     text(&o)
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// Waits until a directory instance at `addr` serves a map naming `prefixes` prefixes.

@@ -123,18 +123,7 @@ pub fn run_until_signal(cfg: ProxyConfig) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        run(cfg, shutdown).await
-    })
+    rt.block_on(async move { run(cfg, wire::rt::shutdown_signal()).await })
 }
 
 async fn stats_loop(p: Arc<Proxy>) {

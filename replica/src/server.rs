@@ -262,16 +262,5 @@ pub fn run_until_signal(cfg: ReplicaConfig) -> anyhow::Result<()> {
             .build()
             .expect("tokio runtime")
     });
-    system.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("signal handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        run(cfg, shutdown).await
-    })
+    system.block_on(async move { run(cfg, wire::rt::shutdown_signal()).await })
 }

@@ -37,6 +37,17 @@ pub fn spawns_locally() -> bool {
     LOCAL.load(Ordering::Relaxed)
 }
 
+/// Completes on SIGINT or SIGTERM: what a server process (replica, proxy, directory)
+/// waits for before it shuts down cleanly.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
 /// Spawns a task: `tokio::spawn`, or a local task after [`spawn_on_local_sets`].
 #[track_caller]
 pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>

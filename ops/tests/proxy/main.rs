@@ -115,14 +115,6 @@ impl Cell {
     }
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()

@@ -36,26 +36,11 @@ impl Gateway {
             .send(BeginRead(p.to_string()))
             .await
             .map_err(internal)?;
-        let (value, index) = {
+        let (value, index, may_cache) = {
             let s = self.state.read().expect("state lock");
             s.sm.check_session(req.session)?;
             // Checked at the state the value is taken from.
             s.sm.check_read(&me.identity, p)?;
-            if !s.sm.cachable(p) {
-                // Under a prefix being moved: served, never cached (the freeze's hold
-                // dropped every copy; none may be made until the prefix is owned again).
-                let value = s.sm.node(p).map(|n| {
-                    let mut stat = n.stat();
-                    stat.children_count = 0;
-                    stat.children_version = 0;
-                    (n.data.clone(), stat)
-                });
-                return Ok(Reply::CachedData {
-                    value,
-                    index: s.sm.last_index(),
-                    cachable: false,
-                });
-            }
             // A node's children are not part of what is cached: a child's create or
             // delete does not hold its parent, so the children fields would go stale in
             // a cache. They are 0 in every cached read (`children` reads them).
@@ -65,8 +50,17 @@ impl Gateway {
                 stat.children_version = 0;
                 (n.data.clone(), stat)
             });
-            (value, s.sm.last_index())
+            (value, s.sm.last_index(), s.sm.cachable(p))
         };
+        if !may_cache {
+            // Under a prefix being moved: served, never cached (the freeze's hold dropped
+            // every copy; none may be made until the prefix is owned again).
+            return Ok(Reply::CachedData {
+                value,
+                index,
+                cachable: false,
+            });
+        }
         let owner = value.as_ref().and_then(|(_, stat)| stat.ephemeral_owner);
         let seen = value
             .as_ref()
