@@ -12,7 +12,11 @@
 //! - a certificate added to the replicas' revocation list stops working within seconds,
 //!   open connections included; the others go on;
 //! - a client whose own revocation list names the replicas' certificate refuses them at
-//!   the handshake.
+//!   the handshake;
+//! - the CA itself is rotated (a bundle of the old and the new CA, then the replicas'
+//!   certificate from the new one, then the new CA alone): a client of the new CA gets in
+//!   once the bundle is taken, the cell goes on throughout, and once the old CA is gone
+//!   its clients are cut off, open connections included, with no replica restarted.
 
 mod common;
 
@@ -213,5 +217,130 @@ fn certificates_rotate_expire_and_are_revoked_while_the_cell_runs() {
             "a client connected to servers whose certificate its list revokes"
         );
         assert!(a.get("/a").await.is_ok());
+    });
+}
+
+#[test]
+fn a_ca_is_rotated_while_the_cell_runs() {
+    let _s = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        cell.keep_on_panic();
+        let admin = cell.client().await;
+        cell.wait_leader(&admin, Duration::from_secs(20), None)
+            .await;
+        let dir = cell.dir.path();
+        let tls = cell.ca.parent().unwrap();
+        let old_ca = std::fs::read_to_string(&cell.ca).unwrap();
+
+        // A client of the old CA, with its own copy of the old CA, and a session.
+        client_files(&cell, &dir.join("old"), "lock://client/old", 86_400);
+        let old = client_in(&cell, &dir.join("old")).await;
+        let s_old = old.open_session().await.unwrap();
+        s_old
+            .create("/rot", b"0".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+
+        // A new CA (a subject name of its own, as every CA generation needs) and a client
+        // certificate from it, trusting both CAs (the replicas still present the old
+        // CA's certificate).
+        let new_ca = wire::tls::Ca::generate("lockservice rotated CA", 30).unwrap();
+        let bundle = format!("{old_ca}{}", new_ca.cert_pem());
+        let n_dir = dir.join("new");
+        std::fs::create_dir_all(&n_dir).unwrap();
+        let n = new_ca
+            .issue(&Identity::parse("lock://client/new").unwrap(), 1)
+            .unwrap();
+        replace(&n_dir.join(wire::tls::CA_FILE), &bundle);
+        replace(&n_dir.join(wire::tls::CLIENT_KEY_FILE), &n.key_pem);
+        replace(&n_dir.join(wire::tls::CLIENT_CERT_FILE), &n.cert_pem);
+        let n_cfg = || {
+            let mut cfg = cell.client_config();
+            cfg.ca = n_dir.join(wire::tls::CA_FILE);
+            cfg.cert = n_dir.join(wire::tls::CLIENT_CERT_FILE);
+            cfg.key = n_dir.join(wire::tls::CLIENT_KEY_FILE);
+            cfg.request_timeout = Duration::from_secs(5);
+            cfg
+        };
+        // Before the replicas trust the new CA, its client is refused.
+        let early = match Client::connect(n_cfg()).await {
+            Ok(c) => c.get("/rot").await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(
+            early.is_err(),
+            "a client of a CA the cell does not trust got in"
+        );
+
+        // Step 1: the replicas trust both CAs. The new CA's client gets in without a
+        // restart; the old one goes on.
+        replace(&cell.ca, &bundle);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let newc = loop {
+            if let Ok(c) = Client::connect(n_cfg()).await {
+                if c.get("/rot").await.is_ok() {
+                    break c;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replicas never took the CA bundle"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let s_new = newc.open_session().await.unwrap();
+        s_new.set_data("/rot", b"1".to_vec(), None).await.unwrap();
+        s_old.set_data("/rot", b"2".to_vec(), None).await.unwrap();
+
+        // Step 2: the replicas' certificate reissued by the new CA; every replica
+        // presents it, and the cell (peers dialing each other) goes on.
+        let r = new_ca
+            .issue(&Identity::parse("lock://dev/replica/dev").unwrap(), 30)
+            .unwrap();
+        let serial_r = wire::tls::serial_of(&r.cert_pem).unwrap();
+        replace(&tls.join("replica.key"), &r.key_pem);
+        replace(&tls.join("replica.pem"), &r.cert_pem);
+        for id in cell.procs.keys() {
+            let addr = cell.addr(*id);
+            let seen = eventually(Duration::from_secs(10), || async {
+                presented_serial(&cell, &addr).await == serial_r
+            })
+            .await;
+            assert!(seen, "replica {id} still presents the old CA's certificate");
+        }
+        s_new.set_data("/rot", b"3".to_vec(), None).await.unwrap();
+
+        // Step 3: the old CA withdrawn, from the replicas and from the new client. The
+        // old CA's client is cut off, its open connections included; the new one goes
+        // on with its session, and writes still commit (the replicas replicate to each
+        // other under the new CA alone).
+        replace(&cell.ca, new_ca.cert_pem());
+        replace(&n_dir.join(wire::tls::CA_FILE), new_ca.cert_pem());
+        let cut = eventually(Duration::from_secs(15), || async {
+            old.get("/rot").await.is_err()
+        })
+        .await;
+        assert!(cut, "a client of a withdrawn CA still works");
+        for v in 4..8u8 {
+            s_new.set_data("/rot", vec![b'0' + v], None).await.unwrap();
+        }
+        assert_eq!(newc.get("/rot").await.unwrap().0, b"7".to_vec());
+        assert!(
+            s_new.lease_valid(),
+            "the new client's session lost its lease"
+        );
+        let late = match Client::connect(n_cfg()).await {
+            Ok(c) => c.get("/rot").await.map(|(v, _)| v),
+            Err(e) => Err(e),
+        };
+        assert_eq!(
+            late.unwrap(),
+            b"7".to_vec(),
+            "a new connection of the new CA"
+        );
     });
 }
