@@ -9,6 +9,16 @@
 //! A read that races an invalidation is not cached: every flush or invalidation bumps a
 //! generation, and a read's answer is stored only if the generation did not move while it
 //! was in flight.
+//!
+//! The same list of cachers tells a lock holder that its node is gone: a [`Pin`] is a
+//! holder's cached read of its own node. While the leader knows the session caches the
+//! node, no delete or change of it (a release by someone else, an admin's delete, a
+//! prefix's move to another cell) commits before the holder dropped it: the invalidation
+//! marks the pin lost before it is acknowledged. A flush (the event stream broke, or the
+//! lease is in doubt) leaves a pin unconfirmed until it is read again at the leader.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use wire::hash::HashMap;
 
@@ -42,6 +52,50 @@ struct Entry {
     bytes: usize,
 }
 
+/// A lock holder's claim on its own node (module docs): `pinned` while the leader is known
+/// to hold the session as a cacher of the node, `lost` for good once the node was deleted
+/// or changed by a write the session was invalidated for, or found gone or elsewhere.
+#[derive(Debug)]
+pub(crate) struct Pin {
+    pub(crate) path: String,
+    /// The node's token when it was granted: a node found with another is not ours.
+    pub(crate) token: u64,
+    pinned: AtomicBool,
+    lost: AtomicBool,
+    released: AtomicBool,
+}
+
+impl Pin {
+    pub(crate) fn new(path: &str, token: u64) -> Pin {
+        Pin {
+            path: path.to_string(),
+            token,
+            pinned: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    /// The leader is known to invalidate this session before the node changes.
+    pub(crate) fn pinned(&self) -> bool {
+        self.pinned.load(Ordering::Acquire)
+    }
+
+    /// The node was deleted or changed, or is no longer this cell's: for good.
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    /// Its holder let it go (released or dropped the guard).
+    pub(crate) fn released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+}
+
 /// A bounded LRU cache.
 pub(crate) struct Cache {
     entries: HashMap<String, Entry>,
@@ -50,6 +104,10 @@ pub(crate) struct Cache {
     clock: u64,
     generation: u64,
     stats: CacheStats,
+    /// Lock holders' pins, by node path.
+    pins: HashMap<String, Vec<Arc<Pin>>>,
+    /// Woken when pins become unconfirmed (a flush) or one is let go.
+    pins_changed: Arc<tokio::sync::Notify>,
 }
 
 impl Cache {
@@ -61,7 +119,42 @@ impl Cache {
             clock: 0,
             generation: 0,
             stats: CacheStats::default(),
+            pins: HashMap::default(),
+            pins_changed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Adds a pin (not yet confirmed: see [`Cache::confirm_pin`]).
+    pub(crate) fn add_pin(&mut self, pin: Arc<Pin>) {
+        self.pins.entry(pin.path.clone()).or_default().push(pin);
+    }
+
+    /// Its holder let `pin` go.
+    pub(crate) fn remove_pin(&mut self, pin: &Arc<Pin>) {
+        pin.released.store(true, Ordering::Release);
+        if let Some(v) = self.pins.get_mut(&pin.path) {
+            v.retain(|p| !Arc::ptr_eq(p, pin));
+            if v.is_empty() {
+                self.pins.remove(&pin.path);
+            }
+        }
+        self.pins_changed.notify_waiters();
+    }
+
+    /// The leader answered a cachable read of the pin's node, which was still ours,
+    /// begun at `generation`: the pin holds, unless an invalidation or a flush came
+    /// since (then the answer may predate it, and the pin is read again).
+    pub(crate) fn confirm_pin(&mut self, pin: &Pin, generation: u64) -> bool {
+        if generation != self.generation || pin.lost() || pin.released() {
+            return false;
+        }
+        pin.pinned.store(true, Ordering::Release);
+        true
+    }
+
+    /// What pin keepers wait on.
+    pub(crate) fn pins_changed(&self) -> Arc<tokio::sync::Notify> {
+        self.pins_changed.clone()
     }
 
     /// A hit, or `None` (counted as a miss).
@@ -130,18 +223,32 @@ impl Cache {
     /// Drops these entries (an invalidation from the leader).
     pub(crate) fn invalidate(&mut self, paths: &[String]) {
         self.generation += 1;
+        let mut lost = false;
         for p in paths {
+            for pin in self.pins.get(p).into_iter().flatten() {
+                pin.set_lost();
+                lost = true;
+            }
             if let Some(e) = self.entries.remove(p) {
                 self.stats.bytes -= e.bytes;
                 self.stats.invalidated += 1;
             }
         }
         self.stats.entries = self.entries.len();
+        if lost {
+            self.pins_changed.notify_waiters();
+        }
     }
 
     /// Drops everything.
     pub(crate) fn flush(&mut self) {
         self.generation += 1;
+        if !self.pins.is_empty() {
+            for pin in self.pins.values().flatten() {
+                pin.pinned.store(false, Ordering::Release);
+            }
+            self.pins_changed.notify_waiters();
+        }
         self.entries.clear();
         self.stats.bytes = 0;
         self.stats.entries = 0;
@@ -188,6 +295,41 @@ mod tests {
         assert_eq!((s.hits, s.misses, s.invalidated, s.entries), (2, 2, 1, 1));
         c.flush();
         assert_eq!(c.stats().entries, 0);
+    }
+
+    #[test]
+    fn pins_are_lost_to_invalidations_and_unconfirmed_by_flushes() {
+        let mut c = Cache::new(0, 0);
+        let pin = Arc::new(Pin::new("/l/lock-1", 7));
+        c.add_pin(pin.clone());
+        assert!(!pin.pinned() && !pin.lost());
+        // A read begun before an invalidation of anything does not confirm.
+        let g = c.generation();
+        c.invalidate(&["/other".to_string()]);
+        assert!(!c.confirm_pin(&pin, g));
+        let g = c.generation();
+        assert!(
+            c.confirm_pin(&pin, g),
+            "a cache that stores nothing still pins"
+        );
+        assert!(pin.pinned());
+        // A flush leaves it unconfirmed, not lost.
+        c.flush();
+        assert!(!pin.pinned() && !pin.lost());
+        let g = c.generation();
+        assert!(c.confirm_pin(&pin, g));
+        // An invalidation of its node: lost for good.
+        c.invalidate(&["/l/lock-1".to_string()]);
+        assert!(pin.lost());
+        let g = c.generation();
+        assert!(!c.confirm_pin(&pin, g));
+        // Let go: no longer marked by anything.
+        let other = Arc::new(Pin::new("/l/lock-2", 8));
+        c.add_pin(other.clone());
+        c.remove_pin(&other);
+        assert!(other.released());
+        c.invalidate(&["/l/lock-2".to_string()]);
+        assert!(!other.lost());
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - **Expired** (the lock is lost): SIGTERM then SIGCONT (a stopped group cannot act on
 //!   SIGTERM until it runs), SIGKILL if the group has not ended `--kill-after-secs` later;
 //!   with `--on-expiry keep`, SIGCONT only.
+//! - **Lost** while the session lives on (the lock's node was deleted by someone else, or
+//!   its prefix moved to another cell; `LockGuard::lost`): as on expiry.
 //!
 //! Signals sent to lockctl (SIGINT, SIGTERM, SIGHUP) are passed on to the group. When
 //! lockctl runs in the terminal's foreground, the command's group is made the foreground
@@ -48,7 +50,8 @@ pub struct LockArgs {
     /// then protects the resource).
     #[arg(long, default_value = "stop", value_parser = ["stop", "term", "ignore"])]
     pub on_jeopardy: String,
-    /// What to do with the command if the session expires (the lock is lost): `term`
+    /// What to do with the command if the session expires, or the lock is lost while it
+    /// lives on (its node deleted by someone else, or its prefix moved to another cell): `term`
     /// (SIGTERM, and SIGCONT in case it was stopped, then SIGKILL after --kill-after-secs)
     /// or `keep` (let it run, continuing it if stopped; its writes must then be refused by
     /// fencing).
@@ -103,6 +106,16 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
+                _ = guard.wait_lost(), if session.state() != SessionState::Expired => {
+                    crate::say!(
+                        "lockctl: lock {} lost at {}: its node was deleted or its prefix moved to another cell",
+                        seq.lock,
+                        now_stamp()
+                    );
+                    drop(guard);
+                    let _ = session.close().await;
+                    return Ok(4);
+                }
                 e = events.recv() => {
                     let ev = event_or_state(&session, e);
                     report_hold(&seq.lock, &session, ev);
@@ -174,6 +187,9 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
             _ = sigint.recv() => sup.forward(libc::SIGINT, "SIGINT"),
             _ = sigterm.recv() => sup.forward(libc::SIGTERM, "SIGTERM"),
             _ = sighup.recv() => sup.forward(libc::SIGHUP, "SIGHUP"),
+            _ = guard.wait_lost(), if sup.ended.is_none() && session.state() != SessionState::Expired => {
+                sup.lost();
+            }
             st = child.wait() => break st?,
         }
     };
@@ -187,6 +203,15 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
                 "lockctl: exit status 4: the session expired and the lock {} was lost while the command ran ({status})",
                 seq.lock
             );
+            return Ok(4);
+        }
+        Some(Ended::Lost) => {
+            crate::say!(
+                "lockctl: exit status 4: the lock {} was lost while the command ran (its node was deleted or its prefix moved) ({status})",
+                seq.lock
+            );
+            drop(guard);
+            let _ = session.close().await;
             return Ok(4);
         }
         Some(Ended::Jeopardy) => {
@@ -230,6 +255,8 @@ enum Ended {
     Expired,
     /// The session fell into jeopardy and `--on-jeopardy term` was given.
     Jeopardy,
+    /// The lock's node went while the session lived on (deleted, or its prefix moved).
+    Lost,
 }
 
 /// Acts on the command's process group as the session's events arrive. Every action is a
@@ -303,6 +330,31 @@ impl Supervisor {
                 );
             }
         }));
+    }
+
+    /// The lock was lost while the session lives on: as on expiry.
+    fn lost(&mut self) {
+        let group = self.group;
+        if self.keep_on_expiry {
+            if self.stopped {
+                self.signal(libc::SIGCONT);
+                self.stopped = false;
+            }
+            self.ended = Some(Ended::Lost);
+            crate::say!(
+                "lockctl: lock {} lost at {} (its node was deleted or its prefix moved): the command goes on (--on-expiry keep: only fencing protects the resource)",
+                self.lock,
+                now_stamp()
+            );
+        } else {
+            self.end(Ended::Lost);
+            crate::say!(
+                "lockctl: lock {} lost at {} (its node was deleted or its prefix moved): ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
+                self.lock,
+                now_stamp(),
+                self.kill_after.as_secs()
+            );
+        }
     }
 
     fn on_event(&mut self, ev: SessionEvent) {

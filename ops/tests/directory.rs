@@ -231,6 +231,7 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
             .await
             .unwrap();
         let old_seq = old.sequencer().clone();
+        assert!(old.may_act());
 
         // 2. Every directory instance killed: the client goes on from its cached map.
         drop(d1);
@@ -257,7 +258,15 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
         );
         let again = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", "cell-b"]));
         assert!(again.contains("already"), "{again}");
-        // The old holder's lock ended with the hand-over; its sequencer is not current.
+        // The old holder's lock ended with the hand-over, and the holder knew before the
+        // move went on (its session lives on in cell A): it may no longer act on it, and
+        // its sequencer is not current.
+        assert!(
+            !old.may_act(),
+            "the old cell's holder may still act after the move"
+        );
+        assert!(old.lost());
+        assert!(sp.lease_valid(), "the holder's session in cell A goes on");
         assert!(!sp.check_sequencer(&old_seq).await.unwrap());
         // The router learns of the move from the old cell's WrongCell, and writes in B.
         let st = router
@@ -575,6 +584,10 @@ fn a_prefix_moves_under_load() {
         // refuses the paused holder's late write.
         let sn = router.session_for("/pay/locks/job").await.unwrap();
         let new = Lock::exclusive(&sn, "/pay/locks/job").acquire().await.unwrap();
+        // The old holder learned of the hand-over before the new cell served: its lease
+        // alone no longer lets it act; only its token is left to refuse.
+        assert!(!old.may_act() && old.lost(), "the old holder may still act");
+        assert!(new.may_act());
         assert!(fenced_write(new.sequencer().token));
         assert!(!fenced_write(old_token), "a late write of the old holder was taken");
         tokio::time::sleep(Duration::from_millis(1500)).await;

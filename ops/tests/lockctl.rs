@@ -1086,3 +1086,48 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
         let _ = c.wait();
     }
 }
+
+/// A holder whose lock's node is deleted by someone else (here the admin; a prefix moved
+/// to another cell ends it the same way) while its session lives on: `lockctl lock`
+/// learns before the delete is answered, ends the command as on expiry and exits 4.
+#[test]
+fn a_holder_whose_node_is_deleted_ends_its_command() {
+    let _g = serial();
+    let mut cell = DevCell::start_of(1, &["--no-demo"]);
+    let (ca, eps) = (cell.ca.clone(), cell.eps());
+    let o = lockctl(&eps, &ca, &["create", "/locks"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut holder = Heartbeating::start(cell.dir.path(), &eps, &ca, &[], HEARTBEAT);
+    let (_, line) = holder
+        .out
+        .wait_for("acquired /locks/job", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the holder did not acquire:\n{}", holder.output()));
+    let node = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("node="))
+        .expect("node=")
+        .to_string();
+    assert!(
+        wait_until(Duration::from_secs(10), || holder.beats().len() >= 3),
+        "the command wrote no heartbeats:\n{}",
+        holder.output()
+    );
+    let o = lockctl(&eps, &ca, &["rm", &node]);
+    assert!(o.status.success(), "{}", text(&o));
+    let deleted = now_us();
+    let status = holder.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(4), "{}", holder.output());
+    let out = holder.output();
+    assert!(out.contains("lock /locks/job lost at"), "{out}");
+    assert!(out.contains("ending the command (SIGTERM"), "{out}");
+    // It was told before the delete was answered; the command's last heartbeat comes
+    // within moments of it (SIGTERM is immediate; a margin for a loaded machine).
+    let last = holder.beats().last().copied().unwrap_or(0);
+    assert!(
+        last < deleted + 1_500_000,
+        "the command went on {:.0} ms after its node was deleted:\n{out}",
+        ms(deleted, last)
+    );
+    drop(holder);
+    assert!(cell.stop().success());
+}

@@ -96,6 +96,14 @@ impl Leadership {
         self.guard.may_act()
     }
 
+    /// True once the leadership is gone for good: its node was deleted by someone else,
+    /// its prefix moved to another cell, or the session ended ([`LockGuard::lost`]).
+    ///
+    /// [`LockGuard::lost`]: crate::LockGuard::lost
+    pub fn lost(&self) -> bool {
+        self.guard.lost()
+    }
+
     /// Steps down: the next candidate takes over.
     pub async fn resign(self) -> Result<(), Error> {
         self.guard.release().await

@@ -103,6 +103,15 @@ pub struct Lock {
 pub struct LockGuard {
     session: Session,
     sequencer: Sequencer,
+    /// The holder's cached read of its own node: no delete of the node (by anyone, or by
+    /// its prefix moving to another cell) commits before this session learned of it.
+    pin: std::sync::Arc<crate::cache::Pin>,
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.session.unpin(&self.pin);
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -126,8 +135,18 @@ impl LockGuard {
     }
 
     /// True while the session is healthy and its local lease has not run out
-    /// ([`Session::lease_valid`]): act on the lock only then. In jeopardy (or once
-    /// expired) the lock may already belong to someone else.
+    /// ([`Session::lease_valid`]), and the leader is known to tell this session before
+    /// the lock's node is deleted or changed: act on the lock only then. In jeopardy (or
+    /// once expired) the lock may already belong to someone else.
+    ///
+    /// The second condition is how a holder learns that its node went other than with its
+    /// session: deleted by someone else, or ended because its prefix moved to another
+    /// cell (`lockctl dir move`). The holder reads its node through the session's cache
+    /// at the grant, so the leader invalidates it before such a delete commits; the
+    /// invalidation makes this false (and [`LockGuard::lost`] true) before it is
+    /// acknowledged. After the session's event stream broke (a fail-over, a lost
+    /// connection) this is false until the node has been read again at the leader, which
+    /// the library does at once.
     ///
     /// Ask before every action, and keep each action short: one that began while this
     /// said yes may still be running when the lease falls into doubt (the local lease ends
@@ -136,18 +155,18 @@ impl LockGuard {
     ///
     /// ```no_run
     /// # async fn demo(session: client_sdk::Session) -> Result<(), client_sdk::Error> {
-    /// use client_sdk::{Lock, SessionState};
+    /// use client_sdk::Lock;
     /// use std::time::Duration;
     /// let guard = Lock::exclusive(&session, "/locks/db").acquire().await?;
     /// let mut state = session.subscribe();
     /// for step in 0..1_000 {
     ///     while !guard.may_act() {
-    ///         if session.state() == SessionState::Expired {
+    ///         if guard.lost() {
     ///             // The lock is gone (someone else may hold it): start again with a new
-    ///             // session and a new token.
+    ///             // grant (a new session if this one expired) and a new token.
     ///             return Ok(());
     ///         }
-    ///         // In jeopardy: act on nothing until the session is safe again or expired.
+    ///         // In jeopardy, or reconnecting: act on nothing until it is settled.
     ///         let _ = tokio::time::timeout(Duration::from_millis(100), state.changed()).await;
     ///     }
     ///     // One short step of the work, its writes checked against guard.token().
@@ -157,7 +176,39 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn may_act(&self) -> bool {
-        self.session.lease_valid()
+        self.session.lease_valid() && self.pin.pinned() && !self.pin.lost()
+    }
+
+    /// True once the lock's node is known to be gone other than by this guard's release:
+    /// deleted by someone else, or ended by a move of its prefix to another cell (or by
+    /// the session's end, which [`Session::state`] also says). For good: start again
+    /// with a new grant (in the cell that now serves the path).
+    pub fn lost(&self) -> bool {
+        self.pin.lost() || self.session.state() == crate::SessionState::Expired
+    }
+
+    /// Completes once [`LockGuard::lost`] is true (at once if it is): the node was
+    /// deleted by someone else, its prefix moved away, or the session ended.
+    pub async fn wait_lost(&self) {
+        let changed = self.session.pins_changed();
+        let mut state = self.session.subscribe();
+        loop {
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lost() {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                r = state.changed() => {
+                    if r.is_err() {
+                        // The session is gone with its state.
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// Releases the lock (deletes the node). If the delete's outcome is unknown (the
@@ -325,6 +376,7 @@ impl Lock {
         match self.wait_for_turn(&created, wait).await {
             Ok(true) => {
                 node.settle();
+                let pin = self.session.pin(&created.path, created.stat.token).await;
                 Ok(Some(LockGuard {
                     session: self.session.clone(),
                     sequencer: Sequencer {
@@ -334,6 +386,7 @@ impl Lock {
                         token: created.stat.token,
                         session: self.session.id(),
                     },
+                    pin,
                 }))
             }
             // Gave up (try, timeout): delete the node so we leave nothing in the queue.

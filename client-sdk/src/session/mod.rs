@@ -24,6 +24,7 @@ use crate::watch::Registry;
 
 mod events;
 mod keepalive;
+mod pins;
 mod watches;
 
 use events::event_loop;

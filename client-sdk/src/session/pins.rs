@@ -1,0 +1,107 @@
+//! Lock holders' pins on their own nodes (see [`crate::cache`]): taken at a grant, read
+//! again at the leader after every flush, let go with the guard.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use wire::types::{Op, Reply};
+use wire::Error;
+
+use super::{Inner, Session, SessionState};
+use crate::cache::Pin;
+
+impl Session {
+    /// Pins `path`, a node this session holds with `token`: reads it at the leader
+    /// through the cache, then keeps the pin confirmed (read again after every flush)
+    /// until it is let go ([`Session::unpin`]), lost, or the session ends.
+    pub(crate) async fn pin(&self, path: &str, token: u64) -> Arc<Pin> {
+        let pin = Arc::new(Pin::new(path, token));
+        let changed = {
+            let mut cache = self.inner.cache.lock().expect("cache lock");
+            cache.add_pin(pin.clone());
+            cache.pins_changed()
+        };
+        self.confirm(&pin).await;
+        wire::rt::spawn(keep_pinned(
+            Arc::downgrade(&self.inner),
+            pin.clone(),
+            changed,
+        ));
+        pin
+    }
+
+    /// Woken whenever a pin of this session is lost, unconfirmed or let go.
+    pub(crate) fn pins_changed(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.cache.lock().expect("cache lock").pins_changed()
+    }
+
+    /// Lets `pin` go.
+    pub(crate) fn unpin(&self, pin: &Arc<Pin>) {
+        self.inner.cache.lock().expect("cache lock").remove_pin(pin);
+    }
+
+    /// One cachable read of the pin's node at the leader: confirms the pin if the node is
+    /// still ours and the leader recorded us as its cacher; marks it lost if the node is
+    /// gone, another's, or no longer this cell's.
+    async fn confirm(&self, pin: &Pin) {
+        if !self.lease_valid() {
+            return;
+        }
+        let generation = self.inner.cache.lock().expect("cache lock").generation();
+        match self
+            .read(Op::CachedGet {
+                path: pin.path.clone(),
+            })
+            .await
+        {
+            Ok(Reply::CachedData {
+                value, cachable, ..
+            }) => match value {
+                Some((_, stat)) if stat.token == pin.token => {
+                    if cachable && self.lease_valid() {
+                        self.inner
+                            .cache
+                            .lock()
+                            .expect("cache lock")
+                            .confirm_pin(pin, generation);
+                    }
+                }
+                _ => pin.set_lost(),
+            },
+            Err(Error::WrongCell { .. }) => pin.set_lost(),
+            Ok(_) | Err(_) => {}
+        }
+    }
+}
+
+/// Keeps `pin` confirmed: waits while it is, reads it again (with a growing pause between
+/// tries, 100 ms to 2 s) while it is not. Ends when the pin is let go or lost, or the
+/// session ends or is dropped.
+async fn keep_pinned(inner: Weak<Inner>, pin: Arc<Pin>, changed: Arc<tokio::sync::Notify>) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if pin.released() || pin.lost() {
+            return;
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.state() == SessionState::Expired {
+            return;
+        }
+        if pin.pinned() {
+            drop(inner);
+            notified.await;
+            pause = Duration::from_millis(100);
+            continue;
+        }
+        let session = Session { inner };
+        session.confirm(&pin).await;
+        drop(session);
+        if !pin.pinned() {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+}
