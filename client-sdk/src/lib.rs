@@ -43,6 +43,7 @@ pub use client::{Client, ClientConfig, Security, SESSIONS_PER_CLIENT_MAX};
 pub use recipes::lock::{Lock, LockGuard, Sequencer};
 pub use router::{
     Router, RouterConfig, RouterEvent, RouterStats, DIRECTORY_TIMEOUT, ROUTE_ATTEMPTS,
+    UNKNOWN_PREFIX_REFETCH,
 };
 pub use session::{Created, Session, SessionEvent, SessionState};
 pub use watch::Watch;

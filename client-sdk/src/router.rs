@@ -7,7 +7,8 @@
 //! per cell it uses, opened on first use. An operation answered `WrongCell` (a stale
 //! map: the prefix moved) or `Frozen` past the request's deadline makes the router fetch
 //! the map again and send the operation where it now points, at most
-//! [`ROUTE_ATTEMPTS`] times. Only those definite refusals are re-sent elsewhere: any
+//! [`ROUTE_ATTEMPTS`] times. A path whose prefix the cached map does not name makes it
+//! fetch the map again, at most once a second ([`UNKNOWN_PREFIX_REFETCH`]). Only those definite refusals are re-sent elsewhere: any
 //! other error (a timeout, whose write the old cell may have applied) is returned, since
 //! sessions, and so the cell's deduplication of retries, do not move between cells.
 //!
@@ -31,6 +32,11 @@ pub const ROUTE_ATTEMPTS: u32 = 6;
 
 /// How long one fetch of the map may take, retries over the instances included.
 pub const DIRECTORY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A cached map that names no cell for a path is fetched again for it if it is at least
+/// this old (a prefix placed since it was fetched), so unknown paths cost at most one
+/// fetch a second.
+pub const UNKNOWN_PREFIX_REFETCH: Duration = Duration::from_secs(1);
 
 /// A [`Router`]'s settings.
 #[derive(Debug, Clone)]
@@ -209,10 +215,30 @@ impl Router {
         Ok(m)
     }
 
+    /// [`Router::map`], fetched again if it names no cell for `path` and is at least
+    /// [`UNKNOWN_PREFIX_REFETCH`] old (the prefix may have been placed since).
+    async fn map_for(&self, path: &str) -> Result<DirectoryMap, Error> {
+        let map = self.map().await?;
+        if map.entry_for(path).is_some() {
+            return Ok(map);
+        }
+        let age = self
+            .inner
+            .map
+            .read()
+            .expect("map lock")
+            .as_ref()
+            .map(|(_, at, _)| at.elapsed());
+        if age.is_some_and(|a| a >= UNKNOWN_PREFIX_REFETCH) {
+            return self.refresh().await;
+        }
+        Ok(map)
+    }
+
     /// The cell the map names for `path`.
     pub async fn cell_of(&self, path: &str) -> Result<String, Error> {
         wire::path::validate(path)?;
-        let map = self.map().await?;
+        let map = self.map_for(path).await?;
         map.entry_for(path)
             .map(|e| e.cell.clone())
             .ok_or_else(|| Error::NoNode {
@@ -226,7 +252,7 @@ impl Router {
     /// The session this router holds in the cell of `path`, opened on first use.
     pub async fn session_for(&self, path: &str) -> Result<Session, Error> {
         wire::path::validate(path)?;
-        let map = self.map().await?;
+        let map = self.map_for(path).await?;
         let entry = map.entry_for(path).ok_or_else(|| Error::NoNode {
             path: format!(
                 "{} (the directory maps no cell for this prefix)",

@@ -303,6 +303,25 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
         drop(old);
         let ls = ok(lockctl(&r, &ca, &["dir", "ls"]));
         assert!(ls.contains("prefix /pay\tcell-b\tepoch 1"), "{ls}");
+        // A prefix placed after the router fetched its map: the router fetches the map
+        // again for a path it does not know (at most once a second), not only when its
+        // five-minute TTL runs out.
+        ok(lockctl(&r, &ca, &["dir", "set", "/late", "cell-a"]));
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match router
+                .create("/late", b"1".to_vec(), CreateMode::default())
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if std::time::Instant::now() < until => {
+                    eprintln!("/late not yet routed: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("a prefix placed after the map was fetched: {e}"),
+            }
+        }
+        assert_eq!(router.cell_of("/late").await.unwrap(), "cell-a");
         router.close().await;
         let _ = (sa.close().await, sb.close().await);
         drop(d3);
