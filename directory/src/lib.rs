@@ -249,8 +249,18 @@ impl wire::serve::Handler for Instance {
     }
 }
 
-/// Runs a directory instance until `shutdown` completes; `ready` gets what it serves.
+/// Runs a directory instance until `shutdown` completes.
 pub async fn run(cfg: DirectoryConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    run_on(cfg, wire::quic::Sockets::Os, shutdown).await
+}
+
+/// [`run`] on `sockets` (the fault suite's simulation gives simulated ones), which serve
+/// both its listener and its client of the root cell.
+pub async fn run_on(
+    cfg: DirectoryConfig,
+    sockets: wire::quic::Sockets,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     if cfg.root.is_empty() {
         anyhow::bail!("no root cell endpoints (--root)");
     }
@@ -264,14 +274,14 @@ pub async fn run(cfg: DirectoryConfig, shutdown: impl Future<Output = ()>) -> an
             me.role()
         );
     }
-    let endpoint =
-        wire::quic::server_endpoint_on(&wire::quic::Sockets::Os, cfg.listen, tls, None, None)
-            .map_err(anyhow::Error::msg)?;
+    let endpoint = wire::quic::server_endpoint_on(&sockets, cfg.listen, tls, None, None)
+        .map_err(anyhow::Error::msg)?;
     let mut ccfg = ClientConfig::new(cfg.root.clone(), cfg.tls.ca.clone());
     ccfg.cert = cfg.tls.cert.clone();
     ccfg.key = cfg.tls.key.clone();
     ccfg.crls = cfg.tls.crls.clone();
     ccfg.agent = format!("directory {} at {}", env!("CARGO_PKG_VERSION"), cfg.listen);
+    ccfg.sockets = sockets;
     let client = Client::connect(ccfg)
         .await
         .map_err(|e| anyhow::anyhow!("root cell client: {e}"))?;

@@ -202,8 +202,37 @@ async fn run_in(
             }
             Ok(())
         }
-        DirCommand::Move { prefix, to } => move_prefix(s, template, &prefix, &to).await,
+        DirCommand::Move { prefix, to } => {
+            let stop = |step| {
+                stop_after(step);
+                false
+            };
+            move_prefix(s, template, &prefix, &to, &stop)
+                .await
+                .map(|_| ())
+        }
     }
+}
+
+/// `dir move` as the fault suite's simulation runs it: stopped after step `stop_after`
+/// (as a crash there would: the mover's session is left to expire, so its lease on the
+/// move holds until then), or to the end. True if the move finished.
+pub async fn move_or_stop(
+    root: &Client,
+    template: &ClientConfig,
+    prefix: &str,
+    to: &str,
+    stop_after: Option<u32>,
+) -> anyhow::Result<bool> {
+    let session = root.open_session().await?;
+    let stop = |step| stop_after == Some(step);
+    let r = move_prefix(&session, template, prefix, to, &stop).await;
+    if matches!(r, Ok(false)) {
+        session.stop_keepalives();
+    } else {
+        let _ = session.close().await;
+    }
+    r
 }
 
 /// The map as the root cell holds it.
@@ -321,12 +350,12 @@ async fn take_move_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
         ephemeral: true,
         sequential: false,
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut said = false;
     loop {
         match s.create(&node, Vec::new(), ephemeral).await {
             Ok(_) => return Ok(()),
-            Err(Error::NodeExists { .. }) if std::time::Instant::now() < deadline => {
+            Err(Error::NodeExists { .. }) if tokio::time::Instant::now() < deadline => {
                 if !said {
                     crate::say!(
                         "lockctl: another move of {prefix} holds {node}; waiting for it to end \
@@ -370,7 +399,8 @@ async fn move_prefix(
     template: &ClientConfig,
     prefix: &str,
     to: &str,
-) -> anyhow::Result<()> {
+    stop: &(dyn Fn(u32) -> bool + Sync),
+) -> anyhow::Result<bool> {
     check_prefix(prefix)?;
     let to_info = cell_info(s, to).await?;
     take_move_lease(s, prefix).await?;
@@ -379,7 +409,7 @@ async fn move_prefix(
     };
     if e.cell == to && e.moving_to.is_none() {
         println!("{prefix} is in {to} already (epoch {})", e.epoch);
-        return Ok(());
+        return Ok(true);
     }
     match &e.moving_to {
         Some(t) if t != to => anyhow::bail!(
@@ -392,11 +422,13 @@ async fn move_prefix(
             put(s, &prefix_node(prefix), encode(&e), Some(version)).await?;
         }
     }
-    stop_after(0);
+    if stop(0) {
+        return Ok(false);
+    }
     let from = connect(template, &cell_info(s, &e.cell).await?).await?;
     let into = connect(template, &to_info).await?;
     let (old, new) = (e.epoch, e.epoch + 1);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let mut frozen_at = None;
 
     // 1. Freeze in the old cell (unless it has let go already).
@@ -404,22 +436,26 @@ async fn move_prefix(
         matches!(state_in(&from, prefix).await?, Some((ep, PrefixState::Gone)) if ep == new);
     if !handed_over {
         from.set_prefix(prefix, old, PrefixState::Frozen).await?;
-        frozen_at = Some(std::time::Instant::now());
-        stop_after(1);
+        frozen_at = Some(tokio::time::Instant::now());
+        if stop(1) {
+            return Ok(false);
+        }
         // 2. Copy into the new cell (unless it serves the prefix already).
         let owned =
             matches!(state_in(&into, prefix).await?, Some((ep, PrefixState::Owned)) if ep == new);
         if !owned {
             into.set_prefix(prefix, new, PrefixState::Importing).await?;
-            stop_after(2);
+            if stop(2) {
+                return Ok(false);
+            }
             let (mut after, mut first, mut nodes) = (None, true, 0usize);
             loop {
                 let (page, more) = from.export_prefix(prefix, after.clone()).await?;
                 after = page.last().map(|n| n.path.clone());
                 nodes += page.len();
                 into.import_prefix(prefix, new, first, page).await?;
-                if first {
-                    stop_after(3);
+                if first && stop(3) {
+                    return Ok(false);
                 }
                 first = false;
                 if !more {
@@ -427,18 +463,26 @@ async fn move_prefix(
                 }
             }
             println!("{prefix}: {nodes} nodes copied");
-            stop_after(4);
+            if stop(4) {
+                return Ok(false);
+            }
         }
         // 3. The old cell lets go: its locks there end before the new cell serves.
         from.set_prefix(prefix, new, PrefixState::Gone).await?;
-        stop_after(5);
+        if stop(5) {
+            return Ok(false);
+        }
     }
     // 4. The new cell serves.
     into.set_prefix(prefix, new, PrefixState::Owned).await?;
-    stop_after(6);
+    if stop(6) {
+        return Ok(false);
+    }
     // 5. The old copy goes.
     from.drop_prefix(prefix, new).await?;
-    stop_after(7);
+    if stop(7) {
+        return Ok(false);
+    }
     // 6. The map names the new cell.
     let (now, version) = entry(s, prefix)
         .await?
@@ -463,5 +507,5 @@ async fn move_prefix(
         ),
         None => println!("{prefix} moved to {to} (epoch {new})"),
     }
-    Ok(())
+    Ok(true)
 }

@@ -7,20 +7,11 @@
 mod acl;
 mod certs;
 mod dev;
-mod dir;
+use ops::dir;
 mod fenced;
 mod lock;
 
-/// Writes one line to stderr with a single write, so lines from several processes sharing
-/// the stream (a `lockctl lock` and its command) never interleave mid-line.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let line = format!("{}\n", format_args!($($arg)*));
-        let _ = std::io::stderr().write_all(line.as_bytes());
-    }};
-}
-pub(crate) use say;
+pub(crate) use ops::say;
 
 use std::path::PathBuf;
 use std::time::Duration;

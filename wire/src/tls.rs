@@ -147,22 +147,32 @@ impl DevCa {
     /// every run. For the fault
     /// suite's simulation only: whoever knows the seed holds the keys.
     pub fn generate_ed25519_from_seed(seed: u64) -> Result<DevCa, String> {
+        DevCa::build(|n| ed25519_from_seed(seed, n), true)
+    }
+
+    /// A certificate for `identity` from a CA made by [`DevCa::generate_ed25519_from_seed`]
+    /// with `seed`: its key derived from `seed` and `n` (above 3: 0 to 3 are the CA's and
+    /// the three roles'), serial `n + 1`. The same in every run, as the CA's are (the
+    /// simulation's second cell and its directory instance). For the fault suite's
+    /// simulation only.
+    pub fn issue_ed25519_from_seed(
+        &self,
+        seed: u64,
+        n: u64,
+        identity: &Identity,
+    ) -> Result<CertAndKey, String> {
+        if n <= 3 {
+            return Err(format!("key {n} is one of the dev CA's own (0 to 3)"));
+        }
         let e = |e: rcgen::Error| e.to_string();
-        let key = |n: u64| -> Result<rcgen::KeyPair, String> {
-            // PKCS#8 v1 of an Ed25519 key: a fixed prefix, then the 32-byte secret.
-            let mut der = vec![
-                0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
-                0x04, 0x20,
-            ];
-            for i in 0..4u64 {
-                let mut h = std::hash::DefaultHasher::new();
-                std::hash::Hasher::write_u64(&mut h, seed);
-                std::hash::Hasher::write_u64(&mut h, n * 4 + i);
-                der.extend_from_slice(&std::hash::Hasher::finish(&h).to_le_bytes());
-            }
-            rcgen::KeyPair::try_from(der.as_slice()).map_err(e)
-        };
-        DevCa::build(key, true)
+        let ca = self.ca()?;
+        let key = ed25519_from_seed(seed, n)?;
+        let params = leaf_params(identity, serial(true, n + 1))?;
+        let cert = params.signed_by(&key, &ca.issuer).map_err(e)?;
+        Ok(CertAndKey {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 
     /// `key(n)` gives the n-th key: 0 the CA's, then the replicas', proxies' and client's.
@@ -248,6 +258,23 @@ impl DevCa {
         .iter()
         .all(|f| dir.join(f).exists())
     }
+}
+
+/// The `n`-th Ed25519 key derived from `seed` (see [`DevCa::generate_ed25519_from_seed`]).
+#[cfg(feature = "dev-ca")]
+fn ed25519_from_seed(seed: u64, n: u64) -> Result<rcgen::KeyPair, String> {
+    // PKCS#8 v1 of an Ed25519 key: a fixed prefix, then the 32-byte secret.
+    let mut der = vec![
+        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    for i in 0..4u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hasher::write_u64(&mut h, seed);
+        std::hash::Hasher::write_u64(&mut h, n * 4 + i);
+        der.extend_from_slice(&std::hash::Hasher::finish(&h).to_le_bytes());
+    }
+    rcgen::KeyPair::try_from(der.as_slice()).map_err(|e| e.to_string())
 }
 
 /// A certificate authority that issues certificates with identities: what

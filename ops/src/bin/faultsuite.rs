@@ -80,6 +80,10 @@ enum Hidden {
         /// Where each seed's histories and verdict.json go (default: target/faultsuite/sim).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Add a second cell and a directory instance, and let the nemesis move a prefix
+        /// between the cells (the `move` fault), with its workloads and checks.
+        #[arg(long)]
+        moves: bool,
     },
     /// (internal) The clients and the nemesis, run inside the client host.
     #[command(hide = true)]
@@ -145,7 +149,8 @@ fn main() -> ExitCode {
             lease_ms,
             skew,
             out,
-        }) => sim(*seeds, *seed, *time, *lease_ms, *skew, out.clone()),
+            moves,
+        }) => sim(*seeds, *seed, *time, *lease_ms, *skew, out.clone(), *moves),
         None => outer(cli),
     };
     r.unwrap_or_else(|e| {
@@ -185,9 +190,14 @@ fn check(history: &Path) -> anyhow::Result<ExitCode> {
 /// One line of what a run did and checked.
 fn summary(v: &Verdict) -> String {
     format!(
-        "{} faults; {} grants, {} fenced writes accepted, {} refused as stale; {} register ops \
+        "{} faults{}; {} grants, {} fenced writes accepted, {} refused as stale; {} register ops \
          linearizable; {} sessions kept, {} abandoned; {} watches checked",
         v.faults.len(),
+        if v.moves > 0 {
+            format!(" ({} prefix moves finished)", v.moves)
+        } else {
+            String::new()
+        },
         v.grants,
         v.fenced_accepted,
         v.fenced_refused,
@@ -233,6 +243,7 @@ fn sim(
     lease_ms: u64,
     skew: f64,
     out: Option<PathBuf>,
+    moves: bool,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         time >= Duration::from_secs(5) && time <= Duration::from_secs(3_600),
@@ -250,11 +261,13 @@ fn sim(
             time,
             lease_ms,
             skew,
+            moves,
         };
         let t = Instant::now();
         let replay = format!(
-            "faultsuite sim --seed {s} --time {} --lease-ms {lease_ms} --skew {skew}",
-            humantime::format_duration(time)
+            "faultsuite sim --seed {s} --time {} --lease-ms {lease_ms} --skew {skew}{}",
+            humantime::format_duration(time),
+            if moves { " --moves" } else { "" }
         );
         match sim::run_seed(&plan, &dir) {
             Ok(v) if v.passed() => {
@@ -326,6 +339,10 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         !cli.faults.contains(&Fault::KillProxy),
         "kill-proxy runs only in the simulation tier (faultsuite sim): this tier runs no proxy"
+    );
+    anyhow::ensure!(
+        !cli.faults.contains(&Fault::Move),
+        "move runs only in the simulation tier (faultsuite sim --moves): this tier runs one cell"
     );
     if skew > 0.0 && faketime_library().is_none() {
         eprintln!("faultsuite: libfaketime not found (apt-get install -y faketime): no clock skew");

@@ -39,6 +39,10 @@ pub enum Fault {
     /// clients' sessions, locks and cache coherence must survive it. Simulation tier only
     /// (the namespace tier runs no proxy).
     KillProxy,
+    /// Move a prefix to the other cell (`lockctl dir move`), half of the time stopped
+    /// after a seeded step as a killed mover would be, to be finished by the next move.
+    /// Simulation tier only, with `faultsuite sim --moves` (a second cell and a directory).
+    Move,
 }
 
 impl Fault {
@@ -112,6 +116,9 @@ pub struct Verdict {
     pub sessions_abandoned: usize,
     /// Watchers whose last read was checked against the final value.
     pub watches_checked: usize,
+    /// Prefix moves that finished (`faultsuite sim --moves`).
+    #[serde(default)]
+    pub moves: usize,
     /// Violations found; empty when the run passed.
     pub violations: Vec<String>,
 }

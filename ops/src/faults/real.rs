@@ -347,6 +347,9 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
             (Fault::KillProxy, _) => {
                 target = "no proxy in this tier: skipped".into();
             }
+            (Fault::Move, _) => {
+                target = "one cell in this tier: skipped".into();
+            }
             (_, None) => {
                 target = "no leader: skipped".into();
             }

@@ -393,7 +393,8 @@ pub fn check_fenced_lock(events: &[Event]) -> Result<FencedStats, String> {
         });
         if let Some(g) = later {
             return Err(format!(
-                "{lock}: {} acted under token {token} at {} µs, after {} was granted token {}                  at {} µs (two holders acting at once)",
+                "{lock}: {} acted under token {token} at {} µs, after {} was granted token {} \
+                 at {} µs (two holders acting at once)",
                 e.process, e.at_us, g.process, g.token, g.done
             ));
         }

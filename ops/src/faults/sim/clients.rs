@@ -11,7 +11,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use wire::types::{Op as WireOp, Reply};
 
-use super::{Admin, Shared};
+use super::moves::{MoveRun, Places};
+use super::{moves, Admin, Shared};
 use crate::faults::plan::{Plan, Verdict};
 use crate::faults::workloads::{finish_workloads, start_workloads};
 
@@ -22,10 +23,17 @@ pub(super) async fn clients(
     proxied: ClientConfig,
     plan: Plan,
     replicas: Vec<(u64, SocketAddr)>,
+    places: Option<Places>,
     out: &Path,
     shared: Arc<Mutex<Shared>>,
 ) -> anyhow::Result<Verdict> {
     let client = Client::connect(config.clone()).await?;
+    // With moves: the prefixes placed, both cells in the map, the moving prefix's nodes.
+    let a: Vec<SocketAddr> = replicas.iter().map(|(_, a)| *a).collect();
+    let mut moves = match &places {
+        Some(p) => Some(moves::setup(&client, &config, &a, p).await?),
+        None => None,
+    };
     let admin = wire::rt::spawn(admin_loop(client.clone(), replicas.clone(), shared.clone()));
     let watch = wire::rt::spawn(watch_leader(
         client.clone(),
@@ -34,6 +42,10 @@ pub(super) async fn clients(
     ));
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let workloads = start_workloads(&client, &config, Some(&proxied), &plan, &mut rng).await?;
+    let mover = moves.as_mut().map(|m| {
+        m.start(workloads.run.clone(), plan.seed);
+        wire::rt::spawn(move_loop(m.mover(), shared.clone()))
+    });
     {
         // The client host's clock is the simulation's (never skewed).
         let mut s = shared.lock().expect("shared");
@@ -43,16 +55,49 @@ pub(super) async fn clients(
     tokio::time::sleep_until(workloads.deadline()).await;
     // The nemesis heals everything when the time is up; give it a moment.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let verdict = Verdict {
+    let mut verdict = Verdict {
         seed: plan.seed,
         secs: plan.time.as_secs(),
         ..Verdict::default()
     };
-    // The proxy keeps a session of its own for as long as it runs.
-    let r = finish_workloads(workloads, &client, &replicas, 1, &plan, verdict, out).await;
+    // The proxy keeps a session of its own for as long as it runs, and so does the
+    // directory instance in its root cell (this one).
+    let mut sessions_left = 1;
+    if let (Some(m), Some(p)) = (moves, &places) {
+        let finished = m.finished.clone();
+        verdict.violations = m.finish(&p.b).await;
+        verdict.moves = *finished.lock().expect("finished");
+        sessions_left += 1;
+    }
+    if let Some(t) = mover {
+        t.abort();
+    }
+    let r = finish_workloads(
+        workloads,
+        &client,
+        &replicas,
+        sessions_left,
+        &plan,
+        verdict,
+        out,
+    )
+    .await;
     watch.abort();
     admin.abort();
     r
+}
+
+/// Makes the prefix moves the nemesis asks for ([`Shared::move_ask`]), one at a time,
+/// and reports each outcome in [`Shared::move_result`].
+async fn move_loop(mut mover: impl FnMut(moves::MoveAsk) -> MoveRun, shared: Arc<Mutex<Shared>>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Some(ask) = shared.lock().expect("shared").move_ask.take() else {
+            continue;
+        };
+        let r = mover(ask).await;
+        shared.lock().expect("shared").move_result = Some(r);
+    }
 }
 
 /// Makes the membership changes the nemesis asks for ([`Admin`]), one at a time, and

@@ -72,6 +72,7 @@ use wire::quic::Sockets;
 use crate::faults::plan::{Fault, Plan, Verdict};
 
 mod clients;
+pub mod moves;
 mod nemesis;
 mod net;
 
@@ -101,6 +102,8 @@ pub struct SimPlan {
     /// The clients' SDK trusts its lease only while the cell's clock is at most
     /// [`wire::CLOCK_DRIFT_PERMILLE_MAX`] fast, so values above 0.025 leave that bound.
     pub skew: f64,
+    /// A second cell and a directory instance, and the `move` fault ([`moves`]).
+    pub moves: bool,
 }
 
 impl SimPlan {
@@ -197,6 +200,10 @@ struct Shared {
     /// outcome.
     admin: Option<Admin>,
     admin_result: Option<Result<(), String>>,
+    /// A prefix move for the client host to make (the `move` fault), and its outcome
+    /// (true: finished; false: stopped as asked).
+    move_ask: Option<moves::MoveAsk>,
+    move_result: Option<Result<bool, String>>,
 }
 
 /// A membership change the nemesis asks the client host to make.
@@ -249,9 +256,9 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     wire::hash::fix_seed(plan.seed);
     wire::tls::fix_random(plan.seed);
     let tls = out.join("tls");
-    wire::tls::DevCa::generate_ed25519_from_seed(plan.seed)
-        .map_err(anyhow::Error::msg)?
-        .write_to(&tls)?;
+    let dev_ca =
+        wire::tls::DevCa::generate_ed25519_from_seed(plan.seed).map_err(anyhow::Error::msg)?;
+    dev_ca.write_to(&tls)?;
     // Every task of replicas, proxy and clients goes to its host's LocalSet, so a host can
     // be paused (`pausable`).
     wire::rt::spawn_on_local_sets();
@@ -384,6 +391,13 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         });
     }
 
+    let places = if plan.moves {
+        Some(moves::add_hosts(
+            &mut sim, plan, out, &tls, &dev_ca, &addrs,
+        )?)
+    } else {
+        None
+    };
     let shared = Arc::new(Mutex::new(Shared::default()));
     {
         let shared = shared.clone();
@@ -407,8 +421,18 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
             .enumerate()
             .map(|(i, a)| (i as u64 + 1, *a))
             .collect();
+        let places = places.clone();
         sim.client(CLIENTS, async move {
-            let r = clients(config, proxied, suite_plan, replicas, &out, shared.clone()).await;
+            let r = clients(
+                config,
+                proxied,
+                suite_plan,
+                replicas,
+                places,
+                &out,
+                shared.clone(),
+            )
+            .await;
             shared.lock().expect("shared").verdict = Some(r);
             Ok(())
         });

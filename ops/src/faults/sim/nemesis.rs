@@ -12,6 +12,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use replica::raft::mem_log::MemLog;
 
+use super::moves::{self, MoveAsk};
 use super::{
     host, Active, Admin, MemberStep, Pauses, Shared, SimPlan, Slot, CLIENTS, MAX_LATENCY, PROXY,
     REPLICAS,
@@ -33,17 +34,20 @@ pub const SIM_FAULTS: [Fault; 11] = [
     Fault::Member,
 ];
 
-/// Every host of the simulation.
-fn all_hosts() -> Vec<String> {
+/// Every host of the simulation (with `moves`, the second cell's and the directory's).
+fn all_hosts(with_moves: bool) -> Vec<String> {
     let mut v: Vec<String> = (1..=REPLICAS).map(host).collect();
     v.push(PROXY.into());
     v.push(CLIENTS.into());
+    if with_moves {
+        v.extend(moves::hosts());
+    }
     v
 }
 
 /// Undoes every network fault: repairs and releases every link, no loss, normal latency.
-fn heal_network(sim: &mut turmoil::Sim<'_>) {
-    let hosts = all_hosts();
+fn heal_network(sim: &mut turmoil::Sim<'_>, with_moves: bool) {
+    let hosts = all_hosts(with_moves);
     for a in &hosts {
         for b in &hosts {
             if a < b {
@@ -63,7 +67,9 @@ fn inject(
     fault: Fault,
     leader: Option<usize>,
     rng: &mut StdRng,
+    with_moves: bool,
 ) -> (String, Option<String>, Option<Arc<AtomicBool>>) {
+    let all_hosts = || all_hosts(with_moves);
     let leader = leader.unwrap_or_else(|| rng.gen_range(1..=REPLICAS));
     let follower = {
         let others: Vec<usize> = (1..=REPLICAS).filter(|i| *i != leader).collect();
@@ -145,7 +151,7 @@ fn inject(
             sim.crash(PROXY);
             (PROXY.into(), Some(PROXY.into()))
         }
-        Fault::Member => unreachable!("a membership change is driven by `nemesis`"),
+        Fault::Member | Fault::Move => unreachable!("{fault:?} is driven by `nemesis`"),
     };
     (target, crashed, None)
 }
@@ -167,6 +173,16 @@ pub(super) fn nemesis(
     let mut next_at: Option<Duration> = None;
     let mut bag: Vec<Fault> = Vec::new();
     let mut healed = false;
+    let with_moves = plan.moves;
+    let mut kinds = SIM_FAULTS.to_vec();
+    if with_moves {
+        // Twice a round: a move costs no turn of the others.
+        kinds.extend([Fault::Move, Fault::Move]);
+    }
+    // Where the next move takes the prefix: the other cell, until a move finishes.
+    let mut move_to = moves::CELL_B.to_string();
+    // A move asked for and not answered yet.
+    let mut moving = false;
     loop {
         let finished = sim.step().map_err(|e| anyhow::anyhow!("simulation: {e}"))?;
         if finished {
@@ -181,12 +197,25 @@ pub(super) fn nemesis(
         if healed {
             continue;
         }
+        if moving {
+            let result = shared.lock().expect("shared").move_result.take();
+            if let Some(r) = result {
+                moving = false;
+                if r == Ok(true) {
+                    move_to = if move_to == moves::CELL_B {
+                        moves::CELL_A.to_string()
+                    } else {
+                        moves::CELL_B.to_string()
+                    };
+                }
+            }
+        }
         if now >= ends_at {
             if let Some(a) = active.take() {
                 let error = a.member.map(|m| format!("unfinished at the end: {m:?}"));
-                log.push(heal(sim, a, now, zero, error));
+                log.push(heal(sim, a, now, zero, error, with_moves));
             }
-            heal_network(sim);
+            heal_network(sim, with_moves);
             healed = true;
             continue;
         }
@@ -227,7 +256,7 @@ pub(super) fn nemesis(
             }
             if let Some(error) = done {
                 let a = active.take().expect("active");
-                log.push(heal(sim, a, now, zero, error));
+                log.push(heal(sim, a, now, zero, error, with_moves));
                 next_at = Some(now + Duration::from_millis(rng.gen_range(1_000..3_000)));
             }
             continue;
@@ -241,12 +270,12 @@ pub(super) fn nemesis(
             // Rounds of every kind in a seeded order. The first round of seed `s` opens
             // with kinds 3s, 3s+1 and 3s+2 (mod 11, in a seeded order), so any four
             // consecutive seeds open with every kind between them.
-            bag = SIM_FAULTS.to_vec();
+            bag = kinds.clone();
             bag.shuffle(&mut rng);
             if log.is_empty() {
-                let n = SIM_FAULTS.len() as u64;
+                let n = kinds.len() as u64;
                 let front: Vec<Fault> = (0..3)
-                    .map(|j| SIM_FAULTS[((3 * plan.seed + j) % n) as usize])
+                    .map(|j| kinds[((3 * plan.seed + j) % n) as usize])
                     .collect();
                 // `pop` takes from the end: the front kinds go last.
                 bag.sort_by_key(|f| front.contains(f));
@@ -264,11 +293,39 @@ pub(super) fn nemesis(
             Fault::KillProxy | Fault::ClientCut => {
                 Duration::from_millis(rng.gen_range(300..=plan.lease_ms / 4))
             }
+            // Runs beside the others (below); one still running at the end is finished by
+            // the client host before the checks.
+            Fault::Move => Duration::ZERO,
             _ => hold,
         };
         if now + hold + Duration::from_secs(1) >= ends_at {
             // Too long for the time left: try another kind first.
             bag.insert(0, fault);
+            continue;
+        }
+        if fault == Fault::Move {
+            // A move runs beside the faults that follow it (it is not the one fault held
+            // at a time): the nemesis goes on at once. Half of the moves stop after a
+            // seeded step, as a killed mover would; the next one goes on from there (after
+            // the stopped mover's session expired), and so does the client host at the end.
+            if moving {
+                // The last one is still running: this turn goes to another fault.
+                continue;
+            }
+            let stop_after = rng.gen_bool(0.5).then(|| rng.gen_range(0..=7u32));
+            shared.lock().expect("shared").move_ask = Some(MoveAsk {
+                to: move_to.clone(),
+                stop_after,
+            });
+            moving = true;
+            let stop = stop_after.map_or(String::new(), |s| format!(", stopped after step {s}"));
+            log.push(Injected {
+                at_ms: now.saturating_sub(zero).as_millis() as u64,
+                fault,
+                target: format!("{} to cell {move_to}{stop}", moves::PREFIX),
+                held_ms: 0,
+                error: None,
+            });
             continue;
         }
         if fault == Fault::Member {
@@ -294,7 +351,7 @@ pub(super) fn nemesis(
             continue;
         }
 
-        let (target, crashed, paused) = inject(sim, pauses, fault, leader, &mut rng);
+        let (target, crashed, paused) = inject(sim, pauses, fault, leader, &mut rng, with_moves);
         active = Some(Active {
             fault,
             target,
@@ -315,6 +372,7 @@ fn heal(
     now: Duration,
     zero: Duration,
     error: Option<String>,
+    with_moves: bool,
 ) -> Injected {
     if let Some(h) = &a.crashed {
         sim.bounce(h.as_str());
@@ -322,7 +380,7 @@ fn heal(
     if let Some(p) = &a.paused {
         p.store(false, Ordering::SeqCst);
     }
-    heal_network(sim);
+    heal_network(sim, with_moves);
     Injected {
         at_ms: a.from.saturating_sub(zero).as_millis() as u64,
         fault: a.fault,
