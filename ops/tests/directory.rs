@@ -639,3 +639,123 @@ fn a_prefix_moves_under_load() {
         wrouter.close().await;
     });
 }
+
+/// Issue 24 on the directory's and the proxy's hops (real processes): a directory
+/// instance serves clients of its CA only (another CA's client, a replica's certificate
+/// and a directory's own are refused), and a proxy pointed at another cell's replicas
+/// (which share its CA) serves nothing while one pointed at its own cell serves. Both
+/// ends refuse there: the replicas admit only their own cell's proxies, and the proxy
+/// accepts only servers of its cell (`ClientConfig::cell`; that side alone is checked by
+/// `wire::identity`'s unit test of `expect_dialed`, since a server of another cell that
+/// took the proxy would have to be a rogue one).
+#[test]
+fn a_directory_serves_only_clients_and_a_proxy_only_its_own_cell() {
+    let _g = serial();
+    let root = DevCell::start_of(1, &["--no-demo"]);
+    let tls = root.data.join("tls");
+    let ca = root.ca.clone();
+    // Another cell, with the same CA.
+    let other = DevCell::start_sharing(1, &["--no-demo"], &tls, "cell-b");
+    let dtls = directory_cert(&root);
+    let d = DirectoryInstance::start(&root, &dtls, free_base(1));
+    let work = root.dir.path().to_path_buf();
+    // A client of another CA.
+    ok(Command::new(LOCKCTL)
+        .args(["certs", "init"])
+        .arg(work.join("otherca"))
+        .output()
+        .unwrap());
+    ok(Command::new(LOCKCTL)
+        .args(["certs", "issue", "--ca-dir"])
+        .arg(work.join("otherca"))
+        .args(["--role", "client", "--name", "stranger", "--out"])
+        .arg(work.join("stranger"))
+        .output()
+        .unwrap());
+    // A proxy certificate of the root cell (`dev`).
+    ok(Command::new(LOCKCTL)
+        .args(["certs", "issue", "--ca-dir"])
+        .arg(&tls)
+        .args(["--role", "proxy", "--cell", "dev", "--name", "p1", "--out"])
+        .arg(work.join("p1"))
+        .output()
+        .unwrap());
+    rt().block_on(async {
+        // A client of the CA is served.
+        served(&d.addr, &ca, 0).await;
+        let ask = |cert: std::path::PathBuf, key: std::path::PathBuf| {
+            let mut cfg = ClientConfig::new(vec![d.addr.clone()], ca.clone());
+            (cfg.cert, cfg.key) = (cert, key);
+            cfg.directory = true;
+            cfg.request_timeout = Duration::from_secs(3);
+            async move {
+                match Client::connect(cfg).await {
+                    Ok(c) => c.directory().await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        for (what, dir, stem) in [
+            ("another CA's client", work.join("stranger"), "client"),
+            ("a replica's certificate", tls.clone(), "replica"),
+            ("a directory's own certificate", dtls.clone(), "directory"),
+        ] {
+            let r = ask(dir.join(format!("{stem}.pem")), dir.join(format!("{stem}.key"))).await;
+            assert!(r.is_err(), "{what} was served the map");
+            println!("{what}: refused: {}", r.unwrap_err());
+        }
+
+        // A proxy of cell `dev` pointed at cell-b's replicas refuses them; pointed at its
+        // own cell's, it serves.
+        for (replicas, own) in [(other.eps(), false), (root.eps(), true)] {
+            let port = free_base(1);
+            let conf = work.join(format!("proxy-{port}.toml"));
+            let list: Vec<String> = replicas.split(',').map(|a| format!("\"{a}\"")).collect();
+            std::fs::write(
+                &conf,
+                format!(
+                    "listen = \"127.0.0.1:{port}\"\nreplicas = [{}]\n\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+                    list.join(", "),
+                    ca.display(),
+                    work.join("p1/proxy.pem").display(),
+                    work.join("p1/proxy.key").display()
+                ),
+            )
+            .unwrap();
+            let mut proxy = Command::new(LOCKCTL)
+                .args(["proxy", "--config"])
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut cfg = ClientConfig::new(vec![format!("127.0.0.1:{port}")], ca.clone());
+            cfg.request_timeout = Duration::from_secs(4);
+            let mut r = Err(Error::Unavailable {
+                reason: "not tried".into(),
+            });
+            // Up to 20 s for the proxy to start; one try once it answers.
+            let until = std::time::Instant::now() + Duration::from_secs(20);
+            while std::time::Instant::now() < until {
+                r = match Client::connect(cfg.clone()).await {
+                    Ok(c) => c.get("/").await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if r.is_ok() || !own {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let _ = proxy.kill();
+            let _ = proxy.wait();
+            if own {
+                r.unwrap_or_else(|e| panic!("a proxy of its own cell did not serve: {e}"));
+            } else {
+                assert!(r.is_err(), "a proxy of cell dev served from cell-b's replicas");
+                println!("a proxy before another cell's replicas: {}", r.unwrap_err());
+            }
+        }
+    });
+    drop(d);
+    drop(other);
+}

@@ -69,8 +69,10 @@ pub async fn run_on(
     let mut ccfg = ClientConfig::new(cfg.replicas.clone(), cfg.tls.ca.clone());
     ccfg.cert = cfg.tls.cert.clone();
     ccfg.key = cfg.tls.key.clone();
-    // The replicas' certificates are checked against the proxy's revocation lists too.
+    // The replicas' certificates are checked against the proxy's revocation lists too,
+    // and must be of the proxy's own cell (cells may share a CA).
     ccfg.crls = cfg.tls.crls.clone();
+    ccfg.cell = Some(cell.clone());
     // A replica's refusal of a client's request by its identity's limit goes back to
     // that client (who retries), rather than being retried here for the forward
     // timeout while the client's places are held.

@@ -327,8 +327,8 @@ pub fn expect_dialed(expect: Dialed<'_>, who: &Identity) -> Result<(), String> {
             Identity::Replica { cell: c, .. } | Identity::Proxy { cell: c, .. },
         ) if c == cell => Ok(()),
         (Dialed::Cell { cell }, _) => Err(format!(
-            "{who} is not a replica or a proxy of cell {cell:?} (the directory names that \
-             cell at this endpoint)"
+            "{who} is not a replica or a proxy of cell {cell:?}, the cell expected at this \
+             endpoint"
         )),
         (Dialed::Directory, _) => Err(format!(
             "{who} is a {}, not a directory instance (lock://directory/<name>)",
