@@ -1010,6 +1010,52 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
     // another identity queue (create) there, not read or write.
     let o = issue(&["--role", "client", "--name", "search", "--out", "other"]);
     assert!(o.status.success(), "{}", text(&o));
+    // `certs revoke` writes a list the CA signed that names the certificate; a second run
+    // adds to it under a higher number (the servers' use of it: replica/tests/rotation.rs).
+    let serial_of =
+        |f: &str| wire::tls::serial_of(&std::fs::read_to_string(p(f)).unwrap()).unwrap();
+    let o = certs(&[
+        "revoke",
+        "--ca-dir",
+        "ca",
+        "--crl",
+        "ca/revoked.crl",
+        "other/client.pem",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (listed, n1) =
+        wire::tls::crl_contents(&std::fs::read_to_string(p("ca/revoked.crl")).unwrap()).unwrap();
+    assert_eq!(listed, vec![serial_of("other/client.pem")]);
+    let o = certs(&[
+        "revoke",
+        "--ca-dir",
+        "ca",
+        "--crl",
+        "ca/revoked.crl",
+        "app/client.pem",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (listed, n2) =
+        wire::tls::crl_contents(&std::fs::read_to_string(p("ca/revoked.crl")).unwrap()).unwrap();
+    assert!(n2 > n1, "the list's number did not grow: {n1} then {n2}");
+    assert!(
+        listed.contains(&serial_of("other/client.pem"))
+            && listed.contains(&serial_of("app/client.pem")),
+        "{listed:?}"
+    );
+    let o = certs(&[
+        "revoke",
+        "--ca-dir",
+        "ca",
+        "--crl",
+        "ca/revoked.crl",
+        "no-such.pem",
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("no-such.pem"),
+        "{}",
+        text(&o)
+    );
     let admin = |args: &[&str]| lockctl(&addr, &p("app/ca.pem"), args);
     let other = |args: &[&str]| lockctl(&addr, &p("other/ca.pem"), args);
     let o = other(&["create", "/payments"]);

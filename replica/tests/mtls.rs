@@ -319,9 +319,19 @@ fn only_certified_identities_in_their_roles_get_in_and_nothing_changes() {
 
 /// Starts a replica with `tls` and returns its exit status and output (it must exit).
 fn start_replica(cell: &TestCell, tls: TlsConfig) -> (bool, String) {
+    start_replica_with(cell, tls, |_| {})
+}
+
+/// [`start_replica`] with a change to the rest of the configuration.
+fn start_replica_with(
+    cell: &TestCell,
+    tls: TlsConfig,
+    change: impl FnOnce(&mut replica::config::ReplicaConfig),
+) -> (bool, String) {
     let (_, cfg) = &cell.configs[&1];
     let mut cfg = cfg.clone();
     cfg.tls = tls;
+    change(&mut cfg);
     cfg.data_dir = cell.dir.path().join("misconfigured");
     let path = cell.dir.path().join("misconfigured.toml");
     std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
@@ -399,4 +409,12 @@ fn a_misconfigured_replica_refuses_to_start_and_says_what_to_fix() {
         assert!(!ok, "a replica started with {what}");
         assert!(out.contains(says), "{what}: {out}");
     }
+    // A cell always has an admin: none configured is refused, and the error says what to
+    // set.
+    let (ok, out) = start_replica_with(&cell, good, |c| c.security.initial_admins.clear());
+    assert!(!ok, "a replica started without an admin");
+    assert!(
+        out.contains("security.initial_admins is empty"),
+        "no admin: {out}"
+    );
 }
