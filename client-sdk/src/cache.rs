@@ -10,12 +10,15 @@
 //! generation, and a read's answer is stored only if the generation did not move while it
 //! was in flight.
 //!
-//! The same list of cachers tells a lock holder that its node is gone: a [`Pin`] is a
-//! holder's cached read of its own node. While the leader knows the session caches the
-//! node, no delete or change of it (a release by someone else, an admin's delete, a
-//! prefix's move to another cell) commits before the holder dropped it: the invalidation
-//! marks the pin lost before it is acknowledged. A flush (the event stream broke, or the
-//! lease is in doubt) leaves a pin unconfirmed until it is read again at the leader.
+//! The same list of cachers tells a lock holder that its node may be going: a [`Pin`] is
+//! a holder's cached read of its own node. While the leader knows the session caches the
+//! node, no delete or change of it (by someone else, an admin, a prefix's move to another
+//! cell) commits before the holder dropped it: the invalidation leaves the pin
+//! unconfirmed before it is acknowledged, and so does a flush (the event stream broke, the
+//! lease is in doubt). An unconfirmed pin is read again at the leader: found with its
+//! token, it is confirmed again (an invalidation can come without a change: a proxy
+//! drops every copy when its upstream reconnects); found gone, another's, or in no longer
+//! this cell, it is lost for good.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,8 +56,8 @@ struct Entry {
 }
 
 /// A lock holder's claim on its own node (module docs): `pinned` while the leader is known
-/// to hold the session as a cacher of the node, `lost` for good once the node was deleted
-/// or changed by a write the session was invalidated for, or found gone or elsewhere.
+/// to hold the session as a cacher of the node; `lost` for good once a read found the
+/// node gone, another's (another token), or no longer in this cell.
 #[derive(Debug)]
 pub(crate) struct Pin {
     pub(crate) path: String,
@@ -87,6 +90,7 @@ impl Pin {
     }
 
     pub(crate) fn set_lost(&self) {
+        self.pinned.store(false, Ordering::Release);
         self.lost.store(true, Ordering::Release);
     }
 
@@ -149,6 +153,7 @@ impl Cache {
             return false;
         }
         pin.pinned.store(true, Ordering::Release);
+        self.pins_changed.notify_waiters();
         true
     }
 
@@ -223,11 +228,12 @@ impl Cache {
     /// Drops these entries (an invalidation from the leader).
     pub(crate) fn invalidate(&mut self, paths: &[String]) {
         self.generation += 1;
-        let mut lost = false;
+        let mut unconfirmed = false;
         for p in paths {
             for pin in self.pins.get(p).into_iter().flatten() {
-                pin.set_lost();
-                lost = true;
+                // Its node may be going: not to be acted on until it is read again.
+                pin.pinned.store(false, Ordering::Release);
+                unconfirmed = true;
             }
             if let Some(e) = self.entries.remove(p) {
                 self.stats.bytes -= e.bytes;
@@ -235,7 +241,7 @@ impl Cache {
             }
         }
         self.stats.entries = self.entries.len();
-        if lost {
+        if unconfirmed {
             self.pins_changed.notify_waiters();
         }
     }
@@ -298,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn pins_are_lost_to_invalidations_and_unconfirmed_by_flushes() {
+    fn pins_are_unconfirmed_by_invalidations_and_flushes_and_lost_only_for_good() {
         let mut c = Cache::new(0, 0);
         let pin = Arc::new(Pin::new("/l/lock-1", 7));
         c.add_pin(pin.clone());
@@ -318,18 +324,25 @@ mod tests {
         assert!(!pin.pinned() && !pin.lost());
         let g = c.generation();
         assert!(c.confirm_pin(&pin, g));
-        // An invalidation of its node: lost for good.
+        // An invalidation of its node: unconfirmed (a read decides whether it is lost).
         c.invalidate(&["/l/lock-1".to_string()]);
-        assert!(pin.lost());
+        assert!(!pin.pinned() && !pin.lost());
         let g = c.generation();
-        assert!(!c.confirm_pin(&pin, g));
+        assert!(
+            c.confirm_pin(&pin, g),
+            "read again and found: confirmed again"
+        );
+        pin.set_lost();
+        assert!(!pin.pinned() && pin.lost());
+        let g = c.generation();
+        assert!(!c.confirm_pin(&pin, g), "lost for good");
         // Let go: no longer marked by anything.
         let other = Arc::new(Pin::new("/l/lock-2", 8));
         c.add_pin(other.clone());
         c.remove_pin(&other);
         assert!(other.released());
         c.invalidate(&["/l/lock-2".to_string()]);
-        assert!(!other.lost());
+        assert!(!other.lost() && !other.pinned());
     }
 
     #[test]

@@ -165,6 +165,7 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         keep_on_expiry: args.on_expiry == "keep",
         kill_after: Duration::from_secs(args.kill_after_secs),
         stopped: false,
+        held_unconfirmed: false,
         ended: None,
         reaped: Arc::new(AtomicBool::new(false)),
         killer: None,
@@ -174,6 +175,16 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
     let mut sighup = signal(SignalKind::hangup())?;
     let mut events_open = true;
     let status = loop {
+        // The lock's own state (`LockGuard::confirmed`, `lost`): a listener first, then a
+        // look, so that no change falls in between.
+        let mut pin_changed = Box::pin(guard.changed());
+        if sup.ended.is_none() && session.state() != SessionState::Expired {
+            if guard.lost() {
+                sup.lost();
+            } else {
+                sup.confirmed(guard.confirmed());
+            }
+        }
         tokio::select! {
             // Events first: a jeopardy reported is acted on before anything else.
             biased;
@@ -187,8 +198,8 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
             _ = sigint.recv() => sup.forward(libc::SIGINT, "SIGINT"),
             _ = sigterm.recv() => sup.forward(libc::SIGTERM, "SIGTERM"),
             _ = sighup.recv() => sup.forward(libc::SIGHUP, "SIGHUP"),
-            _ = guard.wait_lost(), if sup.ended.is_none() && session.state() != SessionState::Expired => {
-                sup.lost();
+            _ = &mut pin_changed, if sup.ended.is_none() => {
+                // Looked at below, with a new listener taken first.
             }
             st = child.wait() => break st?,
         }
@@ -271,6 +282,9 @@ struct Supervisor {
     kill_after: Duration,
     /// SIGSTOPped and not continued since.
     stopped: bool,
+    /// Stopped (also) because the lock is unconfirmed (`LockGuard::confirmed`): continued
+    /// only once it is confirmed again and the session is not in jeopardy.
+    held_unconfirmed: bool,
     ended: Option<Ended>,
     /// Set once the command has been waited for: its pid (the group's id) may be reused
     /// from then on, so the killer thread must not signal it.
@@ -330,6 +344,37 @@ impl Supervisor {
                 );
             }
         }));
+    }
+
+    /// The lock is (`true`) or is not confirmed: while it is not, its node may be changing
+    /// hands (an invalidation of it came, or the session's event stream broke and the
+    /// library is reading it again at the leader), so the command is stopped as at
+    /// jeopardy (unless `--on-jeopardy ignore`), and continued once it is confirmed again.
+    fn confirmed(&mut self, confirmed: bool) {
+        let group = self.group;
+        if !confirmed && !self.held_unconfirmed && self.on_jeopardy != "ignore" {
+            self.held_unconfirmed = true;
+            if !self.stopped {
+                self.signal(libc::SIGSTOP);
+                self.stopped = true;
+                crate::say!(
+                    "lockctl: lock {} unconfirmed at {} (its node is being read again at the leader): stopped the command (SIGSTOP to process group {group})",
+                    self.lock,
+                    now_stamp()
+                );
+            }
+        } else if confirmed && self.held_unconfirmed {
+            self.held_unconfirmed = false;
+            if self.stopped && self.session.state() == SessionState::Healthy {
+                self.signal(libc::SIGCONT);
+                self.stopped = false;
+                crate::say!(
+                    "lockctl: lock {} confirmed again at {}: continued the command (SIGCONT to process group {group})",
+                    self.lock,
+                    now_stamp()
+                );
+            }
+        }
     }
 
     /// The lock was lost while the session lives on: as on expiry.
@@ -402,7 +447,13 @@ impl Supervisor {
                 );
             }
             SessionEvent::Safe => {
-                if self.stopped {
+                if self.stopped && self.held_unconfirmed {
+                    crate::say!(
+                        "lockctl: session safe again at {}: still holding {}, not yet confirmed: the command stays stopped",
+                        now_stamp(),
+                        self.lock
+                    );
+                } else if self.stopped {
                     self.signal(libc::SIGCONT);
                     self.stopped = false;
                     crate::say!(

@@ -29,6 +29,18 @@ async fn until_may_act(guard: &LockGuard, within: Duration) -> bool {
     false
 }
 
+/// Waits (bounded) until the guard knows its lock is gone for good.
+async fn until_lost(guard: &LockGuard, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if guard.lost() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 #[test]
 fn a_holder_learns_before_its_node_is_deleted_by_someone_else() {
     let _g = serial();
@@ -54,7 +66,12 @@ fn a_holder_learns_before_its_node_is_deleted_by_someone_else() {
             !guard.may_act(),
             "the holder may still act although its node's delete committed"
         );
-        assert!(guard.lost());
+        // A read of the node right after finds it gone: lost for good.
+        assert!(
+            until_lost(&guard, Duration::from_secs(10)).await,
+            "never lost"
+        );
+        assert!(!guard.may_act());
         assert!(holder.lease_valid(), "the session itself goes on");
         drop(guard);
 
@@ -92,7 +109,10 @@ fn a_holder_learns_before_its_node_is_deleted_by_someone_else() {
             !guard.may_act(),
             "a holder acts after a delete at the new leader"
         );
-        assert!(guard.lost());
+        assert!(
+            until_lost(&guard, Duration::from_secs(10)).await,
+            "never lost"
+        );
         drop(guard);
 
         // A holder's own release and the next holder's grant: nothing is lost.

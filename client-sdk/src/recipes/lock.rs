@@ -143,10 +143,12 @@ impl LockGuard {
     /// session: deleted by someone else, or ended because its prefix moved to another
     /// cell (`lockctl dir move`). The holder reads its node through the session's cache
     /// at the grant, so the leader invalidates it before such a delete commits; the
-    /// invalidation makes this false (and [`LockGuard::lost`] true) before it is
-    /// acknowledged. After the session's event stream broke (a fail-over, a lost
-    /// connection) this is false until the node has been read again at the leader, which
-    /// the library does at once.
+    /// invalidation makes this false before it is acknowledged, and a read of the node
+    /// right after tells whether it is gone for good ([`LockGuard::lost`]) or still held
+    /// (an invalidation without a change: a proxy reconnecting upstream drops every
+    /// copy). After the session's event stream broke (a fail-over, a lost connection) this
+    /// is false until the node has been read again at the leader, which the library does
+    /// at once.
     ///
     /// Ask before every action, and keep each action short: one that began while this
     /// said yes may still be running when the lease falls into doubt (the local lease ends
@@ -176,13 +178,40 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn may_act(&self) -> bool {
-        self.session.lease_valid() && self.pin.pinned() && !self.pin.lost()
+        self.session.lease_valid() && self.confirmed()
+    }
+
+    /// The second half of [`LockGuard::may_act`]: the leader is known to tell this session
+    /// before the lock's node is deleted or changed. False for a moment after every
+    /// break of the session's event stream and every invalidation of the node, until the
+    /// library has read the node at the leader again.
+    pub fn confirmed(&self) -> bool {
+        self.pin.pinned() && !self.pin.lost()
+    }
+
+    /// A future that completes at the next change, after this call, of what
+    /// [`LockGuard::confirmed`] or [`LockGuard::lost`] may say (or of the session's
+    /// state). It listens from the call on, not from its first poll: take it, then look at
+    /// the guard, then await it, and no change falls in between. For a supervisor that
+    /// acts on the change, as `lockctl lock` stops its command while the lock is
+    /// unconfirmed.
+    pub fn changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut notified = Box::pin(self.session.pins_changed().notified_owned());
+        notified.as_mut().enable();
+        let mut state = self.session.subscribe();
+        async move {
+            tokio::select! {
+                _ = notified => {}
+                _ = state.changed() => {}
+            }
+        }
     }
 
     /// True once the lock's node is known to be gone other than by this guard's release:
     /// deleted by someone else, or ended by a move of its prefix to another cell (or by
     /// the session's end, which [`Session::state`] also says). For good: start again
-    /// with a new grant (in the cell that now serves the path).
+    /// with a new grant (in the cell that now serves the path). Known from a read of the
+    /// node after its invalidation, so [`LockGuard::may_act`] turns false first.
     pub fn lost(&self) -> bool {
         self.pin.lost() || self.session.state() == crate::SessionState::Expired
     }
@@ -375,8 +404,10 @@ impl Lock {
         };
         match self.wait_for_turn(&created, wait).await {
             Ok(true) => {
-                node.settle();
+                // Pinned before the node is settled: an attempt dropped during the pin's
+                // read still removes its node.
                 let pin = self.session.pin(&created.path, created.stat.token).await;
+                node.settle();
                 Ok(Some(LockGuard {
                     session: self.session.clone(),
                     sequencer: Sequencer {

@@ -65,6 +65,13 @@ pub(super) async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionS
         if failed_over {
             let _ = inner.events.send(SessionEvent::FailOver);
         }
+        // Pins left unconfirmed by the break are read again now, at this server.
+        inner
+            .cache
+            .lock()
+            .expect("cache lock")
+            .pins_changed()
+            .notify_waiters();
         serving = Some(addr);
         connected_before = true;
         // Frames are read by their own task (a frame read is not cancel-safe), so the

@@ -15,13 +15,24 @@ impl Session {
     /// through the cache, then keeps the pin confirmed (read again after every flush)
     /// until it is let go ([`Session::unpin`]), lost, or the session ends.
     pub(crate) async fn pin(&self, path: &str, token: u64) -> Arc<Pin> {
+        /// Lets the pin go if the future is dropped before it is handed over.
+        struct Unpin<'a>(&'a Session, Option<Arc<Pin>>);
+        impl Drop for Unpin<'_> {
+            fn drop(&mut self) {
+                if let Some(p) = self.1.take() {
+                    self.0.unpin(&p);
+                }
+            }
+        }
         let pin = Arc::new(Pin::new(path, token));
         let changed = {
             let mut cache = self.inner.cache.lock().expect("cache lock");
             cache.add_pin(pin.clone());
             cache.pins_changed()
         };
+        let mut held = Unpin(self, Some(pin.clone()));
         self.confirm(&pin).await;
+        held.1 = None;
         wire::rt::spawn(keep_pinned(
             Arc::downgrade(&self.inner),
             pin.clone(),
@@ -74,9 +85,10 @@ impl Session {
     }
 }
 
-/// Keeps `pin` confirmed: waits while it is, reads it again (with a growing pause between
-/// tries, 100 ms to 2 s) while it is not. Ends when the pin is let go or lost, or the
-/// session ends or is dropped.
+/// Keeps `pin` confirmed: waits while it is, reads it again while it is not, at once and
+/// then with a growing pause (100 ms to 1 s) cut short by any change of the session's
+/// pins or a reconnection of its event stream. Ends when the pin is let go or lost, or
+/// the session ends or is dropped.
 async fn keep_pinned(inner: Weak<Inner>, pin: Arc<Pin>, changed: Arc<tokio::sync::Notify>) {
     let mut pause = Duration::from_millis(100);
     loop {
@@ -100,8 +112,14 @@ async fn keep_pinned(inner: Weak<Inner>, pin: Arc<Pin>, changed: Arc<tokio::sync
         session.confirm(&pin).await;
         drop(session);
         if !pin.pinned() {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
+            let notified = changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = notified => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 }

@@ -393,3 +393,82 @@ fn leader_kill_behind_proxies_answers_exactly_once() {
     });
     cell.stop();
 }
+
+/// A lock held through a proxy across a leader kill: the proxy drops every cached copy
+/// when its upstream reconnects (invalidating its clients), which leaves the holder's
+/// pin unconfirmed, never lost; the holder may act again once it has read its node at
+/// the new leader. Then someone else deletes the node: the holder may not act from the
+/// moment the delete is answered, and soon knows the lock is gone.
+#[test]
+fn a_proxied_holder_keeps_its_lock_across_a_leader_kill_and_learns_of_a_delete() {
+    let _g = serial();
+    let cell = Cell::start(1);
+    rt().block_on(async {
+        let direct = cell.client(&cell.replicas).await;
+        let admin = direct.open_session().await.unwrap();
+        admin
+            .create("/locks", Vec::new(), CreateMode::default())
+            .await
+            .unwrap();
+        let holder_client = cell.client(&cell.proxies).await;
+        let holder = holder_client.open_session().await.unwrap();
+        let guard = Lock::exclusive(&holder, "/locks/p")
+            .acquire()
+            .await
+            .unwrap();
+        assert!(guard.may_act(), "a fresh grant through a proxy may act");
+        let replicas = cell.replicas.join(",");
+        let data = cell.data.clone();
+        tokio::task::spawn_blocking(move || kill_leader(&data, &replicas))
+            .await
+            .unwrap()
+            .expect("leader killed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut unconfirmed_seen = false;
+        loop {
+            unconfirmed_seen |= !guard.confirmed();
+            if guard.may_act() && Instant::now() > deadline - Duration::from_secs(25) {
+                break;
+            }
+            assert!(!guard.lost(), "a leader kill lost a proxied holder's lock");
+            assert!(
+                Instant::now() < deadline,
+                "the proxied holder never may act again after the leader kill"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "proxied holder after the leader kill: unconfirmed for a while: {unconfirmed_seen}"
+        );
+        assert!(
+            holder.check_sequencer(guard.sequencer()).await.unwrap(),
+            "the holder's node is still current"
+        );
+        // A delete by someone else, at the new leader.
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            match admin.delete(&guard.sequencer().node, None).await {
+                Ok(()) => break,
+                Err(e) if Instant::now() < until => {
+                    eprintln!("delete: {e}; again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("delete: {e}"),
+            }
+        }
+        assert!(
+            !guard.may_act(),
+            "a proxied holder may act after its node's delete committed"
+        );
+        let until = Instant::now() + Duration::from_secs(10);
+        while !guard.lost() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            guard.lost(),
+            "the proxied holder never learned of the delete"
+        );
+        assert_eq!(holder.state(), SessionState::Healthy);
+    });
+    cell.stop();
+}

@@ -166,12 +166,21 @@ impl Cachers {
             .iter()
             .filter(|(_, h)| h.waiting.contains(&session))
             .map(|(id, h)| {
-                let paths = h
-                    .paths
-                    .iter()
-                    .filter(|p| cached.is_some_and(|c| c.contains(*p)))
-                    .cloned()
-                    .collect();
+                let mut paths: Vec<String> = Vec::new();
+                for p in &h.paths {
+                    let Some(c) = cached else { break };
+                    if is_prefix_key(p) {
+                        // A prefix hold names no node: what it invalidates here is every
+                        // node of the session's cache under it (sent again with the
+                        // nodes, as at first; an empty list would be acknowledged without
+                        // dropping anything).
+                        paths.extend(c.iter().filter(|n| under_key(n, p)).cloned());
+                    } else if c.contains(p) {
+                        paths.push(p.clone());
+                    }
+                }
+                paths.sort();
+                paths.dedup();
                 (*id, paths)
             })
             .collect();
@@ -406,6 +415,14 @@ mod tests {
             "a read begun before the hold"
         );
         assert!(c.begin_read("/payroll/y").is_some(), "another prefix");
+        // Sent again (a reconnected stream, a KeepAlive reply) with the nodes it
+        // invalidates, never with none: an empty list would be acknowledged as done.
+        assert_eq!(c.unacknowledged(1), vec![(id, p("/pay/a"))]);
+        assert_eq!(c.unacknowledged(2), vec![(id, p("/pay"))]);
+        assert_eq!(
+            c.unacknowledged_older(1, now + Duration::from_secs(2), Duration::from_secs(1), 8),
+            vec![(id, p("/pay/a"))]
+        );
         assert!(!c.ack(1, id));
         assert!(c.ack(2, id));
         assert!(c.hold_complete(id));
@@ -416,6 +433,7 @@ mod tests {
         let racing = c.begin_read("/x").unwrap();
         let (all, sends) = c.hold(&[ALL.to_string()], now, HashSet::default());
         assert_eq!(sends, vec![(3, p("/payroll/x"))]);
+        assert_eq!(c.unacknowledged(3), vec![(all, p("/payroll/x"))]);
         assert_eq!(c.begin_read("/pay/b"), None);
         assert!(!c.record(5, "/x", racing));
         assert!(c.ack(3, all));

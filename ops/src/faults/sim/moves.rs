@@ -14,17 +14,19 @@
 //!   left half done meets crashes, partitions and pauses. A move still unfinished when the
 //!   workloads end is finished before the checks.
 //! - **Workloads** through a [`Router`] (the SDK's routing, by the directory's map):
-//!   writers set a node each to 1, 2, 3, ... and remember what was acknowledged; lock
+//!   writers create nodes `n1`, `n2`, ... under a folder each and remember which creates
+//!   were acknowledged; lock
 //!   workers take a lock under the prefix, act on it while `may_act` says so (for up to
 //!   two seconds, so that moves fall inside their holds) and write to a fenced resource
 //!   with their token. Their grants, acts and fenced writes go into the suite's history,
 //!   so the fenced-lock checker's three rules cover them across moves: tokens grow, no
 //!   write with an older token after a newer one, and no holder acting after another's
 //!   grant of a higher token completed.
-//! - **Checks** ([`check`]): every writer's node holds at least its last acknowledged
-//!   value and no value never written; exactly one cell serves the prefix, at the map's
-//!   epoch, and the other records it gone (or nothing); the map names the owner with no
-//!   move under way; cell `b`'s replicas hold the same state.
+//! - **Checks** (`Moves::finish`): every create a writer had acknowledged is there, with
+//!   its data, and nothing it never wrote; exactly one cell serves the prefix, at the
+//!   map's epoch, and the other records it gone at that epoch (or, for cell `b` before its
+//!   first move, nothing); the map names the owner with no move under way; cell `b`'s
+//!   replicas hold the same state.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -229,11 +231,12 @@ pub(super) struct Moves {
     pub finished: Arc<Mutex<usize>>,
 }
 
-/// What a writer did.
+/// What a writer did: under its folder it created `n1`, `n2`, ... (a node per write, so
+/// that a write lost by a move shows as a missing node, not hidden by a later value).
 #[derive(Debug, Default)]
 struct Writer {
     path: String,
-    acked: u64,
+    acked: Vec<u64>,
     attempted: u64,
 }
 
@@ -294,6 +297,7 @@ pub(super) async fn setup(
     };
     crate::dir::run(root, template, cmd).await?;
     let s = root.open_session().await?;
+    // The writers' folders.
     let mut paths: Vec<String> = vec![PREFIX.into(), LOCK.into()];
     paths.extend((0..WRITERS).map(|i| format!("{PREFIX}/w{i}")));
     for p in &paths {
@@ -466,8 +470,13 @@ impl Moves {
                         );
                         owners.push(name);
                     }
-                    Some(r) if r.state == PrefixState::Gone => {}
-                    None => {}
+                    // The cell that let go last did so at the map's epoch.
+                    Some(r) if r.state == PrefixState::Gone && r.epoch == entry.epoch => {}
+                    // Cell b before any move finished (a record stays once set).
+                    None if entry.epoch == 0 => {}
+                    None => {
+                        anyhow::bail!("{name} has no record of {PREFIX} at epoch {}", entry.epoch)
+                    }
                     Some(r) => anyhow::bail!("{name} records {PREFIX} as {r:?} after the moves"),
                 }
             }
@@ -482,20 +491,48 @@ impl Moves {
             Ok(_) => {}
             Err(e) => violations.push(format!("move: {e:#}")),
         }
-        // No acknowledged write lost, no value never written.
+        // No acknowledged write lost, none that was never made, each with its data.
         for w in writers {
-            let read = retry("read a writer's node", Duration::from_secs(30), || async {
-                Ok(router.get(&w.path).await?)
+            let read = retry("list a writer's nodes", Duration::from_secs(30), || async {
+                Ok(router.children(&w.path).await?)
             })
             .await;
             match read {
-                Ok((data, _)) => {
-                    let v: u64 = String::from_utf8_lossy(&data).parse().unwrap_or(u64::MAX);
-                    if v < w.acked || v > w.attempted {
+                Ok(children) => {
+                    let found: std::collections::BTreeSet<u64> = children
+                        .iter()
+                        .filter_map(|(name, _)| name.strip_prefix('n')?.parse().ok())
+                        .collect();
+                    let lost: Vec<u64> = w
+                        .acked
+                        .iter()
+                        .filter(|n| !found.contains(n))
+                        .copied()
+                        .collect();
+                    if !lost.is_empty() {
                         violations.push(format!(
-                            "move: {} holds {v}; acknowledged up to {}, attempted up to {}",
-                            w.path, w.acked, w.attempted
+                            "move: {}: acknowledged creates missing: {lost:?} (of {})",
+                            w.path,
+                            w.acked.len()
                         ));
+                    }
+                    if let Some(n) = found.iter().find(|n| **n > w.attempted || **n == 0) {
+                        violations.push(format!(
+                            "move: {}: n{n} exists, never written (attempted up to {})",
+                            w.path, w.attempted
+                        ));
+                    }
+                    if children.len() != found.len() {
+                        violations.push(format!("move: {}: unexpected children", w.path));
+                    }
+                    // The data came along (spot check: the last acknowledged node's).
+                    if let Some(last) = w.acked.last() {
+                        match router.get(&format!("{}/n{last}", w.path)).await {
+                            Ok((d, _)) if d == last.to_string().into_bytes() => {}
+                            other => {
+                                violations.push(format!("move: {}/n{last} reads {other:?}", w.path))
+                            }
+                        }
                     }
                 }
                 Err(e) => violations.push(format!("move: {e:#}")),
@@ -539,13 +576,14 @@ async fn writer(router: Router, path: String, deadline: Instant) -> Writer {
     };
     while Instant::now() < deadline {
         w.attempted += 1;
-        let v = w.attempted;
+        let n = w.attempted;
+        let node = format!("{}/n{n}", w.path);
         if router
-            .set_data(&w.path, v.to_string().into_bytes(), None)
+            .create(&node, n.to_string().into_bytes(), CreateMode::default())
             .await
             .is_ok()
         {
-            w.acked = v;
+            w.acked.push(n);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
