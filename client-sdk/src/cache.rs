@@ -157,6 +157,13 @@ impl Cache {
         true
     }
 
+    /// A read found `pin`'s node gone, another's, or elsewhere: lost for good, and every
+    /// listener told.
+    pub(crate) fn lose_pin(&mut self, pin: &Pin) {
+        pin.set_lost();
+        self.pins_changed.notify_waiters();
+    }
+
     /// What pin keepers wait on.
     pub(crate) fn pins_changed(&self) -> Arc<tokio::sync::Notify> {
         self.pins_changed.clone()

@@ -193,7 +193,9 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
                     events_open = false;
                 }
                 let ev = event_or_state(&session, e);
-                sup.on_event(ev);
+                // With the lock's state as it is now (a change since the loop's look
+                // is looked at again at the loop's top).
+                sup.on_event(ev, guard.confirmed());
             }
             _ = sigint.recv() => sup.forward(libc::SIGINT, "SIGINT"),
             _ = sigterm.recv() => sup.forward(libc::SIGTERM, "SIGTERM"),
@@ -365,7 +367,7 @@ impl Supervisor {
             }
         } else if confirmed && self.held_unconfirmed {
             self.held_unconfirmed = false;
-            if self.stopped && self.session.state() == SessionState::Healthy {
+            if self.stopped && self.session.lease_valid() {
                 self.signal(libc::SIGCONT);
                 self.stopped = false;
                 crate::say!(
@@ -402,7 +404,10 @@ impl Supervisor {
         }
     }
 
-    fn on_event(&mut self, ev: SessionEvent) {
+    fn on_event(&mut self, ev: SessionEvent, confirmed: bool) {
+        if !confirmed && self.ended.is_none() {
+            self.confirmed(false);
+        }
         let group = self.group;
         match ev {
             SessionEvent::FailOver => {}
@@ -418,7 +423,9 @@ impl Supervisor {
             }
             SessionEvent::Jeopardy => {
                 let what = match self.on_jeopardy.as_str() {
-                    "stop" if self.stopped => return,
+                    "stop" if self.stopped => {
+                        "the command is stopped already (its lock was unconfirmed)".to_string()
+                    }
                     "stop" => {
                         self.signal(libc::SIGSTOP);
                         self.stopped = true;

@@ -68,10 +68,15 @@ pub const KEEPALIVE_BATCH_MAX: usize = 10_000;
 /// acknowledgement normally arrives first and nothing is sent twice.
 pub const INVALIDATION_RESEND_MS: u64 = 1_000;
 
-/// Unacknowledged invalidations carried by one KeepAlive reply, at most (the oldest
-/// first; the rest come with later KeepAlives). With paths of at most
-/// [`PATH_BYTES_MAX`], the reply stays far below [`CLIENT_FRAME_BYTES_MAX`].
+/// Unacknowledged invalidations carried by one KeepAlive reply for one session, at most
+/// (the oldest first; the rest come with later KeepAlives).
 pub const KEEPALIVE_UNACKED_MAX: usize = 64;
+
+/// Bytes of paths (with a few bytes of overhead each) the unacknowledged invalidations of
+/// one KeepAlive reply (or batch reply) carry, at most: a prefix-wide hold names every
+/// node cached under it, which could otherwise outgrow [`CLIENT_FRAME_BYTES_MAX`]. An
+/// invalidation left out is sent again on the event stream, or waited out with the lease.
+pub const KEEPALIVE_UNACKED_BYTES_MAX: usize = 256 * 1024;
 
 /// How much faster, at most, a replica's clock may run than a client's, in parts per
 /// thousand. A client (or proxy) counts its local lease as the cell's lease shortened by

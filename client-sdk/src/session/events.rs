@@ -29,6 +29,8 @@ pub(super) async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionS
             // does not hear from the cell that its session ended either.
             return;
         }
+        // Reads begun from now on are not trusted for the cache until the stream is back.
+        inner.stream_up.store(false, Ordering::SeqCst);
         if connected_before {
             // The stream broke: invalidations may have been lost with it (and a new leader
             // knows nothing of what we cached). Drop everything before reconnecting; the
@@ -65,13 +67,10 @@ pub(super) async fn event_loop(inner: Arc<Inner>, _slot: crate::client::SessionS
         if failed_over {
             let _ = inner.events.send(SessionEvent::FailOver);
         }
-        // Pins left unconfirmed by the break are read again now, at this server.
-        inner
-            .cache
-            .lock()
-            .expect("cache lock")
-            .pins_changed()
-            .notify_waiters();
+        // Cached reads are trusted again, on this connection; pins left unconfirmed by the
+        // break are read again now, at this server.
+        inner.stream_up.store(true, Ordering::SeqCst);
+        inner.reconnected.notify_waiters();
         serving = Some(addr);
         connected_before = true;
         // Frames are read by their own task (a frame read is not cancel-safe), so the

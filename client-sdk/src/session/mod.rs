@@ -97,11 +97,32 @@ struct Inner {
     cache: Mutex<Cache>,
     /// Bumped each time the event stream (re)connects.
     stream_generation: std::sync::atomic::AtomicU64,
+    /// True while the event stream is connected and its watches re-armed: a cached read
+    /// (or a pin's read) is trusted only if it began and ended while this held, on one
+    /// connection of the stream (the leader that answered it may otherwise be one whose
+    /// successor took the stream's reconnection as proof that this session dropped
+    /// everything it cached).
+    stream_up: AtomicBool,
+    /// Woken when the event stream is back, and when the session is safe again: pins
+    /// left unconfirmed are read again then.
+    reconnected: Arc<tokio::sync::Notify>,
     /// The last successful KeepAlive: when it was answered, and its round trip.
     last_keepalive: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Inner {
+    /// Where the event stream stands now, for a read to compare with at its end.
+    fn stream_mark(&self) -> Option<u64> {
+        self.stream_up
+            .load(Ordering::SeqCst)
+            .then(|| self.stream_generation.load(Ordering::SeqCst))
+    }
+
+    /// True if the event stream was up at `mark` and still is, on the same connection.
+    fn stream_unchanged(&self, mark: Option<u64>) -> bool {
+        mark.is_some() && self.stream_mark() == mark
+    }
+
     /// The state, without taking the watch's lock.
     fn state(&self) -> SessionState {
         match self.state_now.load(Ordering::Acquire) {
@@ -146,6 +167,9 @@ impl Inner {
         if to != SessionState::Healthy {
             // The lease is in doubt (or over): cached values may no longer be trusted.
             self.cache.lock().expect("cache lock").flush();
+        } else {
+            // Safe again: pins left unconfirmed are read again now.
+            self.reconnected.notify_waiters();
         }
         let ev = match (from, to) {
             (_, SessionState::Jeopardy) => {
@@ -218,6 +242,8 @@ impl Session {
             watch_events: std::sync::atomic::AtomicU64::new(0),
             cache,
             stream_generation: std::sync::atomic::AtomicU64::new(0),
+            stream_up: AtomicBool::new(false),
+            reconnected: Arc::new(tokio::sync::Notify::new()),
             last_keepalive: Mutex::new(None),
         });
         inner.set_local_deadline(sent + wire::local_lease(lease));
@@ -464,6 +490,7 @@ impl Session {
         wire::path::validate(path)?;
         let usable =
             || self.state() == SessionState::Healthy && Instant::now() < self.local_deadline();
+        let mark = self.inner.stream_mark();
         let generation = {
             let mut cache = self.inner.cache.lock().expect("cache lock");
             if usable() {
@@ -479,7 +506,7 @@ impl Session {
             Reply::CachedData {
                 value, cachable, ..
             } => {
-                if cachable && usable() {
+                if cachable && usable() && self.inner.stream_unchanged(mark) {
                     self.inner.cache.lock().expect("cache lock").insert(
                         path,
                         value.clone(),

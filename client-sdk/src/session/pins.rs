@@ -1,5 +1,5 @@
 //! Lock holders' pins on their own nodes (see [`crate::cache`]): taken at a grant, read
-//! again at the leader after every flush, let go with the guard.
+//! again at the leader after every flush or invalidation, let go with the guard.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -12,8 +12,8 @@ use crate::cache::Pin;
 
 impl Session {
     /// Pins `path`, a node this session holds with `token`: reads it at the leader
-    /// through the cache, then keeps the pin confirmed (read again after every flush)
-    /// until it is let go ([`Session::unpin`]), lost, or the session ends.
+    /// through the cache, then keeps the pin confirmed (read again after every flush or
+    /// invalidation) until it is let go ([`Session::unpin`]), lost, or the session ends.
     pub(crate) async fn pin(&self, path: &str, token: u64) -> Arc<Pin> {
         /// Lets the pin go if the future is dropped before it is handed over.
         struct Unpin<'a>(&'a Session, Option<Arc<Pin>>);
@@ -31,6 +31,20 @@ impl Session {
             cache.pins_changed()
         };
         let mut held = Unpin(self, Some(pin.clone()));
+        // A read counts only with the event stream up (see `Inner::stream_up`): a fresh
+        // session's stream may still be connecting. Waited for up to a request timeout;
+        // past it the pin's keeper reads it once the stream is up.
+        let until = tokio::time::Instant::now() + self.request_timeout();
+        loop {
+            let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());
+            back.as_mut().enable();
+            if self.inner.stream_mark().is_some() {
+                break;
+            }
+            if tokio::time::timeout_at(until, back).await.is_err() {
+                break;
+            }
+        }
         self.confirm(&pin).await;
         held.1 = None;
         wire::rt::spawn(keep_pinned(
@@ -41,7 +55,7 @@ impl Session {
         pin
     }
 
-    /// Woken whenever a pin of this session is lost, unconfirmed or let go.
+    /// Woken whenever a pin of this session is lost, unconfirmed, confirmed or let go.
     pub(crate) fn pins_changed(&self) -> Arc<tokio::sync::Notify> {
         self.inner.cache.lock().expect("cache lock").pins_changed()
     }
@@ -51,25 +65,32 @@ impl Session {
         self.inner.cache.lock().expect("cache lock").remove_pin(pin);
     }
 
-    /// One cachable read of the pin's node at the leader: confirms the pin if the node is
-    /// still ours and the leader recorded us as its cacher; marks it lost if the node is
-    /// gone, another's, or no longer this cell's.
+    /// One cachable read of the pin's node at the leader, trusted only if the event
+    /// stream was up, on one connection, from its start to its answer: confirms the pin
+    /// if the node is still ours and the leader recorded us as its cacher; marks it lost
+    /// if the node is gone, another's, or no longer this cell's.
     async fn confirm(&self, pin: &Pin) {
         if !self.lease_valid() {
             return;
         }
+        let mark = self.inner.stream_mark();
+        if mark.is_none() {
+            // Read again once the stream is back (`keep_pinned`).
+            return;
+        }
         let generation = self.inner.cache.lock().expect("cache lock").generation();
-        match self
+        let lose = |pin: &Pin| self.inner.cache.lock().expect("cache lock").lose_pin(pin);
+        let read = self
             .read(Op::CachedGet {
                 path: pin.path.clone(),
             })
-            .await
-        {
+            .await;
+        match read {
             Ok(Reply::CachedData {
                 value, cachable, ..
             }) => match value {
                 Some((_, stat)) if stat.token == pin.token => {
-                    if cachable && self.lease_valid() {
+                    if cachable && self.lease_valid() && self.inner.stream_unchanged(mark) {
                         self.inner
                             .cache
                             .lock()
@@ -77,18 +98,19 @@ impl Session {
                             .confirm_pin(pin, generation);
                     }
                 }
-                _ => pin.set_lost(),
+                // Gone, or another's node now: a linearizable answer.
+                _ => lose(pin),
             },
-            Err(Error::WrongCell { .. }) => pin.set_lost(),
+            Err(Error::WrongCell { .. }) => lose(pin),
             Ok(_) | Err(_) => {}
         }
     }
 }
 
 /// Keeps `pin` confirmed: waits while it is, reads it again while it is not, at once and
-/// then with a growing pause (100 ms to 1 s) cut short by any change of the session's
-/// pins or a reconnection of its event stream. Ends when the pin is let go or lost, or
-/// the session ends or is dropped.
+/// then with a growing pause (100 ms to 1 s) cut short when the event stream is back or
+/// the session is safe again. Ends when the pin is let go or lost, or the session ends
+/// or is dropped.
 async fn keep_pinned(inner: Weak<Inner>, pin: Arc<Pin>, changed: Arc<tokio::sync::Notify>) {
     let mut pause = Duration::from_millis(100);
     loop {
@@ -108,16 +130,15 @@ async fn keep_pinned(inner: Weak<Inner>, pin: Arc<Pin>, changed: Arc<tokio::sync
             pause = Duration::from_millis(100);
             continue;
         }
+        let mut back = Box::pin(inner.reconnected.clone().notified_owned());
+        back.as_mut().enable();
         let session = Session { inner };
         session.confirm(&pin).await;
         drop(session);
-        if !pin.pinned() {
-            let notified = changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+        if !pin.pinned() && !pin.lost() {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = notified => {}
+                _ = back => {}
             }
             pause = (pause * 2).min(Duration::from_secs(1));
         }

@@ -189,13 +189,15 @@ impl Cachers {
     }
 
     /// Like [`Cachers::unacknowledged`], only the invalidations sent at least `age` before
-    /// `now`, the oldest first, at most `max` of them (for KeepAlive replies).
+    /// `now`, the oldest first, at most `max` of them and of at most `bytes_max` bytes of
+    /// paths, which is lowered by what they take (for KeepAlive replies).
     pub fn unacknowledged_older(
         &self,
         session: SessionId,
         now: Instant,
         age: std::time::Duration,
         max: usize,
+        bytes_max: &mut usize,
     ) -> Vec<(u64, Vec<String>)> {
         if !self.by_session.contains_key(&session)
             && !self.holds.values().any(|h| h.waiting.contains(&session))
@@ -214,6 +216,18 @@ impl Cachers {
         let mut out = self.unacknowledged(session);
         out.retain(|(id, _)| old.contains(id));
         out.truncate(max);
+        // Within `bytes_max` (a prefix hold names every node cached under it): one that
+        // does not fit is left to the event stream's resend, or the session's lease.
+        let mut left = *bytes_max;
+        out.retain(|(_, paths)| {
+            let bytes = 16 + paths.iter().map(|p| p.len() + 8).sum::<usize>();
+            if bytes > left {
+                return false;
+            }
+            left -= bytes;
+            true
+        });
+        *bytes_max = left;
         out
     }
 
@@ -420,7 +434,13 @@ mod tests {
         assert_eq!(c.unacknowledged(1), vec![(id, p("/pay/a"))]);
         assert_eq!(c.unacknowledged(2), vec![(id, p("/pay"))]);
         assert_eq!(
-            c.unacknowledged_older(1, now + Duration::from_secs(2), Duration::from_secs(1), 8),
+            c.unacknowledged_older(
+                1,
+                now + Duration::from_secs(2),
+                Duration::from_secs(1),
+                8,
+                &mut 1_000
+            ),
             vec![(id, p("/pay/a"))]
         );
         assert!(!c.ack(1, id));
@@ -444,6 +464,35 @@ mod tests {
 
     fn p(s: &str) -> Vec<String> {
         vec![s.to_string()]
+    }
+
+    /// KeepAlive replies carry unacknowledged invalidations within a byte budget: a
+    /// prefix hold over many cached nodes that does not fit is left out (to the event
+    /// stream's resend), and what fits is sent whole, never cut.
+    #[test]
+    fn keepalive_resends_stay_within_their_byte_budget() {
+        let now = Instant::now();
+        let mut c = Cachers::new();
+        for i in 0..100 {
+            let path = format!("/big/n{i:03}");
+            let e = c.begin_read(&path).unwrap();
+            assert!(c.record(1, &path, e));
+        }
+        let e = c.begin_read("/small").unwrap();
+        assert!(c.record(1, "/small", e));
+        let (big, _) = c.hold(&[prefix_hold("/big")], now, HashSet::default());
+        let (small, _) = c.hold(&p("/small"), now, HashSet::default());
+        let later = now + Duration::from_secs(2);
+        let age = Duration::from_secs(1);
+        let mut budget = 200;
+        let sent = c.unacknowledged_older(1, later, age, 64, &mut budget);
+        assert_eq!(sent, vec![(small, p("/small"))], "the big one does not fit");
+        assert!(budget < 200);
+        let mut budget = 100_000;
+        let sent = c.unacknowledged_older(1, later, age, 64, &mut budget);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0].0, big);
+        assert_eq!(sent[0].1.len(), 100, "sent whole");
     }
 
     #[test]
@@ -499,13 +548,21 @@ mod tests {
         let age = Duration::from_secs(1);
         let at = t0 + Duration::from_millis(2_500);
         assert_eq!(
-            c.unacknowledged_older(1, at, age, 64),
+            c.unacknowledged_older(1, at, age, 64, &mut 1_000),
             vec![(h1, p("/a")), (h2, p("/b"))]
         );
-        assert_eq!(c.unacknowledged_older(1, at, age, 1), vec![(h1, p("/a"))]);
-        assert!(c.unacknowledged_older(2, at, age, 64).is_empty());
+        assert_eq!(
+            c.unacknowledged_older(1, at, age, 1, &mut 1_000),
+            vec![(h1, p("/a"))]
+        );
+        assert!(c
+            .unacknowledged_older(2, at, age, 64, &mut 1_000)
+            .is_empty());
         assert!(c.ack(1, h1), "its only cacher acknowledged");
-        assert_eq!(c.unacknowledged_older(1, at, age, 64), vec![(h2, p("/b"))]);
+        assert_eq!(
+            c.unacknowledged_older(1, at, age, 64, &mut 1_000),
+            vec![(h2, p("/b"))]
+        );
     }
 
     #[test]

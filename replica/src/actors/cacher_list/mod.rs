@@ -570,6 +570,7 @@ impl Handler<Unacknowledged> for CacherListActor {
             Instant::now(),
             std::time::Duration::from_millis(wire::INVALIDATION_RESEND_MS),
             wire::KEEPALIVE_UNACKED_MAX,
+            &mut { wire::KEEPALIVE_UNACKED_BYTES_MAX },
         )
     }
 }
@@ -580,15 +581,20 @@ impl Handler<UnacknowledgedMany> for CacherListActor {
     fn handle(&mut self, msg: UnacknowledgedMany, _: &mut Context<Self>) -> Self::Result {
         let now = Instant::now();
         let age = std::time::Duration::from_millis(wire::INVALIDATION_RESEND_MS);
-        msg.0
-            .into_iter()
-            .flat_map(|s| {
-                self.cachers
-                    .unacknowledged_older(s, now, age, wire::KEEPALIVE_UNACKED_MAX)
-                    .into_iter()
-                    .map(move |(id, paths)| (s, id, paths))
-            })
-            .collect()
+        // One budget for the whole reply, whatever the number of sessions.
+        let mut bytes = wire::KEEPALIVE_UNACKED_BYTES_MAX;
+        let mut out = Vec::new();
+        for s in msg.0 {
+            let some = self.cachers.unacknowledged_older(
+                s,
+                now,
+                age,
+                wire::KEEPALIVE_UNACKED_MAX,
+                &mut bytes,
+            );
+            out.extend(some.into_iter().map(|(id, paths)| (s, id, paths)));
+        }
+        out
     }
 }
 
