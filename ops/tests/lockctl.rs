@@ -1029,43 +1029,23 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
     // adds to it under a higher number (the servers' use of it: replica/tests/rotation.rs).
     let serial_of =
         |f: &str| wire::tls::serial_of(&std::fs::read_to_string(p(f)).unwrap()).unwrap();
-    let o = certs(&[
-        "revoke",
-        "--ca-dir",
-        "ca",
-        "--crl",
-        "ca/revoked.crl",
-        "other/client.pem",
-    ]);
+    let revoke = |cert: &str| certs(&["revoke", "--ca-dir", "ca", "--crl", "ca/revoked.crl", cert]);
+    let listed =
+        || wire::tls::crl_contents(&std::fs::read_to_string(p("ca/revoked.crl")).unwrap()).unwrap();
+    let o = revoke("other/client.pem");
     assert!(o.status.success(), "{}", text(&o));
-    let (listed, n1) =
-        wire::tls::crl_contents(&std::fs::read_to_string(p("ca/revoked.crl")).unwrap()).unwrap();
-    assert_eq!(listed, vec![serial_of("other/client.pem")]);
-    let o = certs(&[
-        "revoke",
-        "--ca-dir",
-        "ca",
-        "--crl",
-        "ca/revoked.crl",
-        "app/client.pem",
-    ]);
+    let (first, n1) = listed();
+    assert_eq!(first, vec![serial_of("other/client.pem")]);
+    let o = revoke("app/client.pem");
     assert!(o.status.success(), "{}", text(&o));
-    let (listed, n2) =
-        wire::tls::crl_contents(&std::fs::read_to_string(p("ca/revoked.crl")).unwrap()).unwrap();
+    let (both, n2) = listed();
     assert!(n2 > n1, "the list's number did not grow: {n1} then {n2}");
     assert!(
-        listed.contains(&serial_of("other/client.pem"))
-            && listed.contains(&serial_of("app/client.pem")),
-        "{listed:?}"
+        both.contains(&serial_of("other/client.pem"))
+            && both.contains(&serial_of("app/client.pem")),
+        "{both:?}"
     );
-    let o = certs(&[
-        "revoke",
-        "--ca-dir",
-        "ca",
-        "--crl",
-        "ca/revoked.crl",
-        "no-such.pem",
-    ]);
+    let o = revoke("no-such.pem");
     assert!(
         !o.status.success() && text(&o).contains("no-such.pem"),
         "{}",

@@ -490,6 +490,17 @@ impl Session {
         wire::path::validate(path)?;
         let usable =
             || self.state() == SessionState::Healthy && Instant::now() < self.local_deadline();
+        // A fresh session's event stream may still be connecting: its first cached reads
+        // wait for it (up to a second), or they could not be kept.
+        if self.inner.stream_mark().is_none()
+            && self.inner.stream_generation.load(Ordering::SeqCst) <= 1
+        {
+            let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());
+            back.as_mut().enable();
+            if self.inner.stream_mark().is_none() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), back).await;
+            }
+        }
         let mark = self.inner.stream_mark();
         let generation = {
             let mut cache = self.inner.cache.lock().expect("cache lock");

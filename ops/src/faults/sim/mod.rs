@@ -249,6 +249,46 @@ const MAX_LATENCY: Duration = Duration::from_millis(5);
 /// turmoil's step: every host's clock moves on by this much per step.
 const TICK: Duration = Duration::from_millis(1);
 
+/// A simulated replica's configuration: replica `id` of `members`, advertised at `addr`,
+/// its files in `tls`, its election timeout fixed at `election` ms (a range one
+/// millisecond wide), the first one bootstrapping.
+fn replica_config(
+    id: u64,
+    addr: SocketAddr,
+    members: &[Member],
+    data_dir: std::path::PathBuf,
+    tls: &Path,
+    election: u64,
+    lease_ms: u64,
+) -> anyhow::Result<ReplicaConfig> {
+    let cfg = ReplicaConfig {
+        id,
+        // turmoil binds only the unspecified address; peers know the host's.
+        listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
+        advertise: Some(addr.to_string()),
+        data_dir,
+        bootstrap: id == 1,
+        members: members.to_vec(),
+        tls: TlsConfig::replica_in_dir(tls),
+        raft: RaftConfig {
+            election_timeout_min_ms: election,
+            election_timeout_max_ms: election + 1,
+            ..RaftConfig::default()
+        },
+        session: SessionConfig {
+            lease_ms,
+            ..SessionConfig::default()
+        },
+        request_timeout_ms: 5_000,
+        // The dev client drives a whole cell's load (loadgen, the tests).
+        limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
+        faults: Default::default(),
+        security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
 /// Runs one seed: builds the simulated cell, runs the workloads under the nemesis, heals,
 /// checks. Histories and `verdict.json` go to `out`.
 pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
@@ -293,32 +333,15 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     let mut timeouts: Vec<u64> = (0..10u64).map(|k| 500 + 50 * k).collect();
     timeouts.shuffle(&mut StdRng::seed_from_u64(plan.seed ^ 0x656c_6563));
     for i in 1..=REPLICAS {
-        let election = timeouts[i - 1];
-        let cfg = ReplicaConfig {
-            id: i as u64,
-            // turmoil binds only the unspecified address; peers know the host's.
-            listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
-            advertise: Some(addrs[i - 1].to_string()),
-            data_dir: out.join(format!("data-{i}")),
-            bootstrap: i == 1,
-            members: members.clone(),
-            tls: TlsConfig::replica_in_dir(&tls),
-            raft: RaftConfig {
-                election_timeout_min_ms: election,
-                election_timeout_max_ms: election + 1,
-                ..RaftConfig::default()
-            },
-            session: SessionConfig {
-                lease_ms: plan.lease_ms,
-                ..SessionConfig::default()
-            },
-            request_timeout_ms: 5_000,
-            // The dev client drives a whole cell's load (loadgen, the tests).
-            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
-            faults: Default::default(),
-            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
-        };
-        cfg.validate()?;
+        let cfg = replica_config(
+            i as u64,
+            addrs[i - 1],
+            &members,
+            out.join(format!("data-{i}")),
+            &tls,
+            timeouts[i - 1],
+            plan.lease_ms,
+        )?;
         let slot = Arc::new(Mutex::new(Slot {
             cfg,
             log: MemLog::new(),

@@ -36,7 +36,7 @@ use std::time::Duration;
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Router, RouterConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use replica::config::{Member, RaftConfig, ReplicaConfig, SessionConfig, TlsConfig};
+use replica::config::{Member, TlsConfig};
 use replica::raft::mem_log::MemLog;
 use replica::server::Plumbing;
 use tokio::time::Instant;
@@ -125,29 +125,15 @@ pub(super) fn add_hosts(
     for i in 1..=B_REPLICAS {
         // Fixed election timeouts, distinct, as the first cell's (see `run_seed`).
         let election = 520 + 100 * i as u64 + rng.gen_range(0..40);
-        let cfg = ReplicaConfig {
-            id: i as u64,
-            listen: SocketAddr::from(([0, 0, 0, 0], PORT)),
-            advertise: Some(b[i - 1].to_string()),
-            data_dir: out.join(format!("data-b{i}")),
-            bootstrap: i == 1,
-            members: members.clone(),
-            tls: TlsConfig::replica_in_dir(&tls_b),
-            raft: RaftConfig {
-                election_timeout_min_ms: election,
-                election_timeout_max_ms: election + 1,
-                ..RaftConfig::default()
-            },
-            session: SessionConfig {
-                lease_ms: plan.lease_ms,
-                ..SessionConfig::default()
-            },
-            request_timeout_ms: 5_000,
-            limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
-            faults: Default::default(),
-            security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
-        };
-        cfg.validate()?;
+        let cfg = super::replica_config(
+            i as u64,
+            b[i - 1],
+            &members,
+            out.join(format!("data-b{i}")),
+            &tls_b,
+            election,
+            plan.lease_ms,
+        )?;
         let log = MemLog::new();
         let seed = plan.seed;
         sim.host(b_host(i), move || {
