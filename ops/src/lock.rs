@@ -203,6 +203,11 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
             _ = &mut pin_changed, if sup.ended.is_none() => {
                 // Looked at below, with a new listener taken first.
             }
+            // While stopped, looked at again every 200 ms: a lease renewed without a
+            // jeopardy in between wakes nothing else.
+            _ = tokio::time::sleep(Duration::from_millis(200)), if sup.stopped && sup.ended.is_none() => {
+                sup.resume(guard.confirmed(), "lock confirmed and lease valid again");
+            }
             st = child.wait() => break st?,
         }
     };
@@ -366,17 +371,32 @@ impl Supervisor {
                 );
             }
         } else if confirmed && self.held_unconfirmed {
-            self.held_unconfirmed = false;
-            if self.stopped && self.session.lease_valid() {
-                self.signal(libc::SIGCONT);
-                self.stopped = false;
-                crate::say!(
-                    "lockctl: lock {} confirmed again at {}: continued the command (SIGCONT to process group {group})",
-                    self.lock,
-                    now_stamp()
-                );
-            }
+            self.resume(true, "lock confirmed again");
         }
+    }
+
+    /// Continues the command if it is stopped and may act again: its lock confirmed
+    /// (`confirmed`), the session healthy and its lease valid. Otherwise it stays stopped
+    /// (and `held_unconfirmed` as it was), to be looked at again: at the next change, or
+    /// at the loop's tick while stopped.
+    fn resume(&mut self, confirmed: bool, why: &str) {
+        if !self.stopped
+            || !confirmed
+            || self.ended.is_some()
+            || self.session.state() != SessionState::Healthy
+            || !self.session.lease_valid()
+        {
+            return;
+        }
+        let group = self.group;
+        self.held_unconfirmed = false;
+        self.signal(libc::SIGCONT);
+        self.stopped = false;
+        crate::say!(
+            "lockctl: {why} at {}: still holding {}: continued the command (SIGCONT to process group {group})",
+            now_stamp(),
+            self.lock
+        );
     }
 
     /// The lock was lost while the session lives on: as on expiry.
@@ -405,8 +425,14 @@ impl Supervisor {
     }
 
     fn on_event(&mut self, ev: SessionEvent, confirmed: bool) {
+        // A jeopardy flushes the session's cache, and with it the lock's confirmation:
+        // the jeopardy is the reason given, the lock is held unconfirmed without a word.
         if !confirmed && self.ended.is_none() {
-            self.confirmed(false);
+            if ev == SessionEvent::Jeopardy && self.on_jeopardy != "ignore" {
+                self.held_unconfirmed = true;
+            } else {
+                self.confirmed(false);
+            }
         }
         let group = self.group;
         match ev {
@@ -454,20 +480,14 @@ impl Supervisor {
                 );
             }
             SessionEvent::Safe => {
-                if self.stopped && self.held_unconfirmed {
+                if self.stopped && !confirmed {
                     crate::say!(
                         "lockctl: session safe again at {}: still holding {}, not yet confirmed: the command stays stopped",
                         now_stamp(),
                         self.lock
                     );
                 } else if self.stopped {
-                    self.signal(libc::SIGCONT);
-                    self.stopped = false;
-                    crate::say!(
-                        "lockctl: session safe again at {}: still holding {}: continued the command (SIGCONT to process group {group})",
-                        now_stamp(),
-                        self.lock
-                    );
+                    self.resume(confirmed, "session safe again");
                 } else {
                     crate::say!(
                         "lockctl: session safe again at {}: still holding {}",

@@ -406,7 +406,10 @@ impl Lock {
             Ok(true) => {
                 // Pinned before the node is settled: an attempt dropped during the pin's
                 // read still removes its node.
-                let pin = self.session.pin(&created.path, created.stat.token).await;
+                let pin = self
+                    .session
+                    .pin(&created.path, created.stat.token, give_up)
+                    .await;
                 node.settle();
                 Ok(Some(LockGuard {
                     session: self.session.clone(),

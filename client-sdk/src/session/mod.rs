@@ -492,7 +492,8 @@ impl Session {
             || self.state() == SessionState::Healthy && Instant::now() < self.local_deadline();
         // A fresh session's event stream may still be connecting: its first cached reads
         // wait for it (up to a second), or they could not be kept.
-        if self.inner.stream_mark().is_none()
+        if usable()
+            && self.inner.stream_mark().is_none()
             && self.inner.stream_generation.load(Ordering::SeqCst) <= 1
         {
             let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());

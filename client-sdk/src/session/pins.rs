@@ -14,7 +14,12 @@ impl Session {
     /// Pins `path`, a node this session holds with `token`: reads it at the leader
     /// through the cache, then keeps the pin confirmed (read again after every flush or
     /// invalidation) until it is let go ([`Session::unpin`]), lost, or the session ends.
-    pub(crate) async fn pin(&self, path: &str, token: u64) -> Arc<Pin> {
+    pub(crate) async fn pin(
+        &self,
+        path: &str,
+        token: u64,
+        until: Option<tokio::time::Instant>,
+    ) -> Arc<Pin> {
         /// Lets the pin go if the future is dropped before it is handed over.
         struct Unpin<'a>(&'a Session, Option<Arc<Pin>>);
         impl Drop for Unpin<'_> {
@@ -32,9 +37,14 @@ impl Session {
         };
         let mut held = Unpin(self, Some(pin.clone()));
         // A read counts only with the event stream up (see `Inner::stream_up`): a fresh
-        // session's stream may still be connecting. Waited for up to a request timeout;
-        // past it the pin's keeper reads it once the stream is up.
-        let until = tokio::time::Instant::now() + self.request_timeout();
+        // session's stream may still be connecting. Waited for up to a request timeout
+        // (and not past the acquire's own deadline, `until`); past it the pin's keeper
+        // reads it once the stream is up.
+        let mut until_up = tokio::time::Instant::now() + self.request_timeout();
+        if let Some(u) = until {
+            until_up = until_up.min(u);
+        }
+        let until = until_up;
         loop {
             let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());
             back.as_mut().enable();
