@@ -401,24 +401,31 @@ impl Supervisor {
 
     /// The lock was lost while the session lives on: as on expiry.
     fn lost(&mut self) {
+        let what = format!(
+            "lock {} lost at {} (its node was deleted or its prefix moved)",
+            self.lock,
+            now_stamp()
+        );
+        self.gone(Ended::Lost, &what);
+    }
+
+    /// The lock is gone (`why`, said as `what`): the command is ended, or with
+    /// `--on-expiry keep` continued and left to run.
+    fn gone(&mut self, why: Ended, what: &str) {
         let group = self.group;
         if self.keep_on_expiry {
             if self.stopped {
                 self.signal(libc::SIGCONT);
                 self.stopped = false;
             }
-            self.ended = Some(Ended::Lost);
+            self.ended = Some(why);
             crate::say!(
-                "lockctl: lock {} lost at {} (its node was deleted or its prefix moved): the command goes on (--on-expiry keep: only fencing protects the resource)",
-                self.lock,
-                now_stamp()
+                "lockctl: {what}: the command goes on (--on-expiry keep: only fencing protects the resource)"
             );
         } else {
-            self.end(Ended::Lost);
+            self.end(why);
             crate::say!(
-                "lockctl: lock {} lost at {} (its node was deleted or its prefix moved): ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
-                self.lock,
-                now_stamp(),
+                "lockctl: {what}: ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
                 self.kill_after.as_secs()
             );
         }
@@ -497,26 +504,12 @@ impl Supervisor {
                 }
             }
             SessionEvent::Expired => {
-                if self.keep_on_expiry {
-                    if self.stopped {
-                        self.signal(libc::SIGCONT);
-                        self.stopped = false;
-                    }
-                    self.ended = Some(Ended::Expired);
-                    crate::say!(
-                        "lockctl: session expired at {}: lock {} lost: the command goes on (--on-expiry keep: only fencing protects the resource)",
-                        now_stamp(),
-                        self.lock
-                    );
-                } else {
-                    self.end(Ended::Expired);
-                    crate::say!(
-                        "lockctl: session expired at {}: lock {} lost: ending the command (SIGTERM to process group {group}, SIGKILL in {} s)",
-                        now_stamp(),
-                        self.lock,
-                        self.kill_after.as_secs()
-                    );
-                }
+                let what = format!(
+                    "session expired at {}: lock {} lost",
+                    now_stamp(),
+                    self.lock
+                );
+                self.gone(Ended::Expired, &what);
             }
         }
     }

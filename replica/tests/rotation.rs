@@ -48,13 +48,40 @@ fn client_files(cell: &TestCell, dir: &Path, uri: &str, secs: u32) -> String {
     c.cert_pem
 }
 
-async fn client_in(cell: &TestCell, dir: &Path) -> Client {
+/// A client configuration on the files in `dir` (its CA, certificate and key).
+fn config_in(cell: &TestCell, dir: &Path) -> client_sdk::ClientConfig {
     let mut cfg = cell.client_config();
     cfg.ca = dir.join(wire::tls::CA_FILE);
     cfg.cert = dir.join(wire::tls::CLIENT_CERT_FILE);
     cfg.key = dir.join(wire::tls::CLIENT_KEY_FILE);
     cfg.request_timeout = Duration::from_secs(5);
-    Client::connect(cfg).await.unwrap()
+    cfg
+}
+
+async fn client_in(cell: &TestCell, dir: &Path) -> Client {
+    Client::connect(config_in(cell, dir)).await.unwrap()
+}
+
+/// Reissues the replicas' certificate and key in place from `ca` and waits (up to 10 s
+/// each) until every replica presents the new one to a new connection; returns its
+/// serial.
+async fn reissue_replicas(cell: &TestCell, ca: &wire::tls::Ca) -> Vec<u8> {
+    let tls = cell.ca.parent().unwrap();
+    let r = ca
+        .issue(&Identity::parse("lock://dev/replica/dev").unwrap(), 30)
+        .unwrap();
+    let serial = wire::tls::serial_of(&r.cert_pem).unwrap();
+    replace(&tls.join("replica.key"), &r.key_pem);
+    replace(&tls.join("replica.pem"), &r.cert_pem);
+    for id in cell.procs.keys() {
+        let addr = cell.addr(*id);
+        let seen = eventually(Duration::from_secs(10), || async {
+            presented_serial(cell, &addr).await == serial
+        })
+        .await;
+        assert!(seen, "replica {id} still presents its earlier certificate");
+    }
+    serial
 }
 
 /// The serial of the certificate the replica at `addr` presents to a new connection.
@@ -128,22 +155,8 @@ fn certificates_rotate_expire_and_are_revoked_while_the_cell_runs() {
         let tls = cell.ca.parent().unwrap();
         let old = wire::tls::serial_of(&std::fs::read_to_string(tls.join("replica.pem")).unwrap())
             .unwrap();
-        let r = cell
-            .ca_issuer()
-            .issue(&Identity::parse("lock://dev/replica/dev").unwrap(), 30)
-            .unwrap();
-        let new = wire::tls::serial_of(&r.cert_pem).unwrap();
+        let new = reissue_replicas(&cell, &cell.ca_issuer()).await;
         assert_ne!(old, new);
-        replace(&tls.join("replica.key"), &r.key_pem);
-        replace(&tls.join("replica.pem"), &r.cert_pem);
-        for id in cell.procs.keys() {
-            let addr = cell.addr(*id);
-            let seen = eventually(Duration::from_secs(10), || async {
-                presented_serial(&cell, &addr).await == new
-            })
-            .await;
-            assert!(seen, "replica {id} still presents its old certificate");
-        }
         sa.set_data("/a", b"2".to_vec(), None).await.unwrap();
 
         // A's certificate reissued (valid a day) before the old one expires.
@@ -190,12 +203,8 @@ fn certificates_rotate_expire_and_are_revoked_while_the_cell_runs() {
         client_files(&cell, &dir.join("d"), "lock://client/d", 86_400);
         let d_crl = dir.join("d").join("servers.crl");
         let d_cfg = || {
-            let mut cfg = cell.client_config();
-            cfg.ca = dir.join("d").join(wire::tls::CA_FILE);
-            cfg.cert = dir.join("d").join(wire::tls::CLIENT_CERT_FILE);
-            cfg.key = dir.join("d").join(wire::tls::CLIENT_KEY_FILE);
+            let mut cfg = config_in(&cell, &dir.join("d"));
             cfg.crls = vec![d_crl.clone()];
-            cfg.request_timeout = Duration::from_secs(5);
             cfg
         };
         replace(&d_crl, &cell.ca_issuer().crl(&[], 1, 30).unwrap());
@@ -233,7 +242,6 @@ fn a_ca_is_rotated_while_the_cell_runs() {
         cell.wait_leader(&admin, Duration::from_secs(20), None)
             .await;
         let dir = cell.dir.path();
-        let tls = cell.ca.parent().unwrap();
         let old_ca = std::fs::read_to_string(&cell.ca).unwrap();
 
         // A client of the old CA, with its own copy of the old CA, and a session.
@@ -258,14 +266,7 @@ fn a_ca_is_rotated_while_the_cell_runs() {
         replace(&n_dir.join(wire::tls::CA_FILE), &bundle);
         replace(&n_dir.join(wire::tls::CLIENT_KEY_FILE), &n.key_pem);
         replace(&n_dir.join(wire::tls::CLIENT_CERT_FILE), &n.cert_pem);
-        let n_cfg = || {
-            let mut cfg = cell.client_config();
-            cfg.ca = n_dir.join(wire::tls::CA_FILE);
-            cfg.cert = n_dir.join(wire::tls::CLIENT_CERT_FILE);
-            cfg.key = n_dir.join(wire::tls::CLIENT_KEY_FILE);
-            cfg.request_timeout = Duration::from_secs(5);
-            cfg
-        };
+        let n_cfg = || config_in(&cell, &n_dir);
         // Before the replicas trust the new CA, its client is refused.
         let early = match Client::connect(n_cfg()).await {
             Ok(c) => c.get("/rot").await.map(|_| ()),
@@ -298,20 +299,7 @@ fn a_ca_is_rotated_while_the_cell_runs() {
 
         // Step 2: the replicas' certificate reissued by the new CA; every replica
         // presents it, and the cell (peers dialing each other) goes on.
-        let r = new_ca
-            .issue(&Identity::parse("lock://dev/replica/dev").unwrap(), 30)
-            .unwrap();
-        let serial_r = wire::tls::serial_of(&r.cert_pem).unwrap();
-        replace(&tls.join("replica.key"), &r.key_pem);
-        replace(&tls.join("replica.pem"), &r.cert_pem);
-        for id in cell.procs.keys() {
-            let addr = cell.addr(*id);
-            let seen = eventually(Duration::from_secs(10), || async {
-                presented_serial(&cell, &addr).await == serial_r
-            })
-            .await;
-            assert!(seen, "replica {id} still presents the old CA's certificate");
-        }
+        reissue_replicas(&cell, &new_ca).await;
         s_new.set_data("/rot", b"3".to_vec(), None).await.unwrap();
 
         // Step 3: the old CA withdrawn, from the replicas and from the new client. The

@@ -219,24 +219,12 @@ impl LockGuard {
     /// Completes once [`LockGuard::lost`] is true (at once if it is): the node was
     /// deleted by someone else, its prefix moved away, or the session ended.
     pub async fn wait_lost(&self) {
-        let changed = self.session.pins_changed();
-        let mut state = self.session.subscribe();
         loop {
-            let notified = changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            let changed = self.changed();
             if self.lost() {
                 return;
             }
-            tokio::select! {
-                _ = notified => {}
-                r = state.changed() => {
-                    if r.is_err() {
-                        // The session is gone with its state.
-                        return;
-                    }
-                }
-            }
+            changed.await;
         }
     }
 

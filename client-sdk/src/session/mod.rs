@@ -123,6 +123,20 @@ impl Inner {
         mark.is_some() && self.stream_mark() == mark
     }
 
+    /// Waits until the event stream is up or `until` passes; true if it is up.
+    async fn wait_stream_up(&self, until: Instant) -> bool {
+        loop {
+            let mut back = Box::pin(self.reconnected.clone().notified_owned());
+            back.as_mut().enable();
+            if self.stream_mark().is_some() {
+                return true;
+            }
+            if tokio::time::timeout_at(until, back).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// The state, without taking the watch's lock.
     fn state(&self) -> SessionState {
         match self.state_now.load(Ordering::Acquire) {
@@ -496,11 +510,9 @@ impl Session {
             && self.inner.stream_mark().is_none()
             && self.inner.stream_generation.load(Ordering::SeqCst) <= 1
         {
-            let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());
-            back.as_mut().enable();
-            if self.inner.stream_mark().is_none() {
-                let _ = tokio::time::timeout(Duration::from_secs(1), back).await;
-            }
+            self.inner
+                .wait_stream_up(Instant::now() + Duration::from_secs(1))
+                .await;
         }
         let mark = self.inner.stream_mark();
         let generation = {

@@ -44,17 +44,7 @@ impl Session {
         if let Some(u) = until {
             until_up = until_up.min(u);
         }
-        let until = until_up;
-        loop {
-            let mut back = Box::pin(self.inner.reconnected.clone().notified_owned());
-            back.as_mut().enable();
-            if self.inner.stream_mark().is_some() {
-                break;
-            }
-            if tokio::time::timeout_at(until, back).await.is_err() {
-                break;
-            }
-        }
+        self.inner.wait_stream_up(until_up).await;
         self.confirm(&pin).await;
         held.1 = None;
         wire::rt::spawn(keep_pinned(

@@ -249,6 +249,18 @@ const MAX_LATENCY: Duration = Duration::from_millis(5);
 /// turmoil's step: every host's clock moves on by this much per step.
 const TICK: Duration = Duration::from_millis(1);
 
+/// The members of a cell whose replicas, ids 1, 2, ..., are at `addrs`.
+fn members(addrs: &[SocketAddr]) -> Vec<Member> {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Member {
+            id: i as u64 + 1,
+            addr: a.to_string(),
+        })
+        .collect()
+}
+
 /// A simulated replica's configuration: replica `id` of `members`, advertised at `addr`,
 /// its files in `tls`, its election timeout fixed at `election` ms (a range one
 /// millisecond wide), the first one bootstrapping.
@@ -317,14 +329,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
     let addrs: Vec<SocketAddr> = (1..=REPLICAS)
         .map(|i| SocketAddr::new(sim.lookup(host(i)), PORT))
         .collect();
-    let members: Vec<Member> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Member {
-            id: i as u64 + 1,
-            addr: a.to_string(),
-        })
-        .collect();
+    let members = members(&addrs);
     // openraft draws each election timeout from the operating system's randomness; a
     // range one millisecond wide makes it a constant, drawn here per replica from the seed
     // (distinct, so elections do not tie).

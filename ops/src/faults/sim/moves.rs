@@ -36,7 +36,7 @@ use std::time::Duration;
 use client_sdk::{Client, ClientConfig, CreateMode, Lock, Router, RouterConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use replica::config::{Member, TlsConfig};
+use replica::config::TlsConfig;
 use replica::raft::mem_log::MemLog;
 use replica::server::Plumbing;
 use tokio::time::Instant;
@@ -113,14 +113,7 @@ pub(super) fn add_hosts(
         .map_err(anyhow::Error::msg)?;
     std::fs::write(tls_b.join(wire::tls::REPLICA_CERT_FILE), &rb.cert_pem)?;
     wire::tls::write_private(&tls_b.join(wire::tls::REPLICA_KEY_FILE), &rb.key_pem)?;
-    let members: Vec<Member> = b
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Member {
-            id: i as u64 + 1,
-            addr: a.to_string(),
-        })
-        .collect();
+    let members = super::members(&b);
     let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x0063_656c_6c62);
     for i in 1..=B_REPLICAS {
         // Fixed election timeouts, distinct, as the first cell's (see `run_seed`).
