@@ -291,6 +291,21 @@ fn raise_open_files() {
 
 /// Runs `cmd` on `system` `--runs` times; prints and writes each run's report, and with
 /// more than one run the median report as well.
+/// The report's parameter naming the CPU binding.
+const BINDING: &str = "CPU binding (sched_setaffinity, every thread)";
+
+/// How the servers and loadgen were bound to CPUs, for the report.
+fn cpu_binding(cli: &Cli) -> String {
+    match (&cli.server_cpus, &cli.loadgen_cpus) {
+        (None, None) => "none: servers and loadgen share every CPU".to_string(),
+        (s, l) => format!(
+            "servers on CPUs {}, loadgen on CPUs {}",
+            s.as_ref().map_or("any".into(), |c| c.to_string()),
+            l.as_ref().map_or("any".into(), |c| c.to_string())
+        ),
+    }
+}
+
 async fn run_repeated(cli: &Cli, system: System, cmd: &Cmd) -> anyhow::Result<Report> {
     if cli.runs == 1 {
         return run_one(cli, system, cmd, &cli.out).await;
@@ -352,7 +367,15 @@ async fn run_one(
     if let Cmd::Move { nodes, writers } = cmd {
         anyhow::ensure!(system == System::Ours, "move is ours only");
         let nodes = ((*nodes as f64) * cli.scale).round().max(10.0) as usize;
-        let r = scenarios::move_prefix::run(cli.members, nodes, *writers, cli.scale).await?;
+        let mut r = scenarios::move_prefix::run(
+            cli.members,
+            nodes,
+            *writers,
+            cli.scale,
+            cli.server_cpus.as_ref(),
+        )
+        .await?;
+        r.param(BINDING, cpu_binding(cli));
         r.print();
         let (json, svg) = r.write(out)?;
         println!("  wrote {} and {}", json.display(), svg.display());
@@ -467,17 +490,7 @@ async fn run_one(
     if cli.client_nice > 0 {
         r.param("loadgen niceness (servers 0)", cli.client_nice);
     }
-    r.param(
-        "CPU binding (sched_setaffinity, every thread)",
-        match (&cli.server_cpus, &cli.loadgen_cpus) {
-            (None, None) => "none: servers and loadgen share every CPU".to_string(),
-            (s, l) => format!(
-                "servers on CPUs {}, loadgen on CPUs {}",
-                s.as_ref().map_or("any".into(), |c| c.to_string()),
-                l.as_ref().map_or("any".into(), |c| c.to_string())
-            ),
-        },
-    );
+    r.param(BINDING, cpu_binding(cli));
     if let Some((bound, total)) = checked {
         r.param(
             "server threads on the server CPUs at the end",

@@ -176,6 +176,55 @@ pub fn check_servers(system: System, dir: &std::path::Path, cpus: &Cpus) -> (usi
     (bound, total)
 }
 
+/// How many threads of process `root` and of every process below it are bound to exactly
+/// `cpus`, of how many: for a cluster started as one process tree (`lockctl dev
+/// --cells 2`, which [`start_on`] bound at its start).
+pub fn check_tree(root: u32, cpus: &Cpus) -> (usize, usize) {
+    let (mut bound, mut total) = (0, 0);
+    for pid in tree_of(root) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            total += 1;
+            bound += usize::from(bound_to(tid, cpus));
+        }
+    }
+    (bound, total)
+}
+
+/// `root` and every live process below it, from each process's parent in `/proc`.
+fn tree_of(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the command may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
 /// True if the thread `tid`'s affinity is exactly `cpus`.
 fn bound_to(tid: i32, cpus: &Cpus) -> bool {
     // SAFETY: as in `bind`; sched_getaffinity writes within the set it is given.
@@ -215,6 +264,43 @@ mod tests {
         assert!(bound_to(child.id() as i32, &cpus));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// Every thread of a process tree started with `start_on` counts as bound, the
+    /// children's included; a tree started without it does not.
+    #[test]
+    fn a_process_tree_started_on_cpus_is_counted_bound_to_them() {
+        let cpus = Cpus(vec![0]);
+        let spawn = |pin: bool| {
+            let mut cmd = std::process::Command::new("sh");
+            cmd.args(["-c", "sleep 30 & sleep 30 & wait"]);
+            if pin {
+                start_on(&mut cmd, &cpus);
+            }
+            cmd.spawn().unwrap()
+        };
+        let (mut pinned, mut free) = (spawn(true), spawn(false));
+        // Both sleeps started (bounded wait).
+        for _ in 0..100 {
+            if tree_of(pinned.id()).len() == 3 && tree_of(free.id()).len() == 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let (bound, total) = check_tree(pinned.id(), &cpus);
+        assert_eq!(total, 3, "the shell and its two children");
+        assert_eq!(bound, total);
+        if online_cpus() >= 2 {
+            assert_eq!(check_tree(free.id(), &cpus).0, 0);
+        }
+        for c in [&mut pinned, &mut free] {
+            for pid in tree_of(c.id()).into_iter().skip(1) {
+                // SAFETY: kill(2) on a sleep this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
     }
 
     /// A process started with `start_on` runs bound from its first instruction: what it

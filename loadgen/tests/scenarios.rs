@@ -404,11 +404,31 @@ fn abuse_holds_the_abuser_to_its_limits() {
 }
 
 /// `move` (issue 25): a prefix moved between two cells under writers; nothing
-/// acknowledged is lost, and every writer ends up writing in the new cell.
+/// acknowledged is lost, and every writer ends up writing in the new cell. With two CPUs,
+/// the cells run on one and loadgen on the other, every server thread bound.
 #[test]
 fn a_prefix_moves_between_cells() {
+    let two_cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
     let dir = tempfile::tempdir().unwrap();
-    let v = run(&["--members", "1", "move"], dir.path());
+    let mut args = vec!["--members", "1"];
+    if two_cpus {
+        args.extend(["--server-cpus", "0", "--loadgen-cpus", "1"]);
+    }
+    args.push("move");
+    let v = run(&args, dir.path());
+    if two_cpus {
+        let checked = v["params"]["server threads on the server CPUs at the end"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no binding check in {v}"));
+        let (bound, total) = checked.split_once(" of ").unwrap();
+        assert_eq!(bound, total, "{v}");
+        assert!(total.parse::<usize>().unwrap() > 10, "{v}");
+        assert_eq!(
+            v["params"]["CPU binding (sched_setaffinity, every thread)"],
+            "servers on CPUs 0, loadgen on CPUs 1",
+            "{v}"
+        );
+    }
     let f = &v["figures"];
     let lost = "acknowledged writes lost (not found in the new cell)";
     assert_eq!(f[lost].as_f64(), Some(0.0), "{v}");

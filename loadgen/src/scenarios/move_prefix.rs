@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use client_sdk::{ClientConfig, CreateMode, Router, RouterConfig, TxnOp};
 
+use crate::pinning::Cpus;
 use crate::report::{Lat, Report};
 
 /// The prefix `lockctl dev --cells 2` places in cell-1, moved to cell-2.
@@ -43,17 +44,24 @@ impl Drop for Cells {
     }
 }
 
-fn start_cells(replicas: u16, lockctl: &std::path::Path) -> anyhow::Result<Cells> {
+fn start_cells(
+    replicas: u16,
+    lockctl: &std::path::Path,
+    server_cpus: Option<&Cpus>,
+) -> anyhow::Result<Cells> {
     let tmp = tempfile::Builder::new().prefix("loadgen-move-").tempdir()?;
     let base = crate::cluster::free_base(40, 23_000);
-    let mut dev = Command::new(lockctl)
-        .args(["dev", "--cells", "2", "--replicas", &replicas.to_string()])
+    let mut cmd = Command::new(lockctl);
+    cmd.args(["dev", "--cells", "2", "--replicas", &replicas.to_string()])
         .args(["--base-port", &base.to_string(), "--data"])
         .arg(tmp.path().join("cells"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start lockctl dev --cells 2")?;
+        .stderr(Stdio::null());
+    // Bound from its start, and with it every replica, proxy and directory it starts.
+    if let Some(cpus) = server_cpus {
+        crate::pinning::start_on(&mut cmd, cpus);
+    }
+    let mut dev = cmd.spawn().context("start lockctl dev --cells 2")?;
     let mut lines = BufReader::new(dev.stdout.take().context("stdout")?).lines();
     let (mut root, mut ca, mut directory) = (None, None, None);
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -92,15 +100,17 @@ fn start_cells(replicas: u16, lockctl: &std::path::Path) -> anyhow::Result<Cells
     }
 }
 
-/// One run: `nodes` nodes under the prefix, `writers` writers, the move.
+/// One run: `nodes` nodes under the prefix, `writers` writers, the move; the cells on
+/// `server_cpus` if given.
 pub async fn run(
     replicas: u16,
     nodes: usize,
     writers: usize,
     scale: f64,
+    server_cpus: Option<&Cpus>,
 ) -> anyhow::Result<Report> {
     let lockctl = crate::cluster::sibling("lockctl")?;
-    let cells = tokio::task::block_in_place(|| start_cells(replicas, &lockctl))?;
+    let cells = tokio::task::block_in_place(|| start_cells(replicas, &lockctl, server_cpus))?;
     let router = Router::connect(RouterConfig::new(
         vec![cells.directory.clone()],
         ClientConfig::new(Vec::new(), cells.ca.clone()),
@@ -216,6 +226,7 @@ pub async fn run(
         lost += acked.iter().filter(|p| !present.contains(*p)).count() as u64;
     }
     let stats = wrouter.stats();
+    let checked = server_cpus.map(|c| crate::pinning::check_tree(cells.dev.id(), c));
     router.close().await;
     wrouter.close().await;
     let mut r = Report::new("move", "ours", scale);
@@ -249,6 +260,12 @@ pub async fn run(
         lost as f64,
     );
     r.latency_failed("write", &lat, failed);
+    if let Some((bound, total)) = checked {
+        r.param(
+            "server threads on the server CPUs at the end",
+            format!("{bound} of {total}"),
+        );
+    }
     if lost > 0 {
         bail!("{lost} acknowledged writes were not found in the new cell");
     }
