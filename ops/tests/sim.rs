@@ -202,7 +202,9 @@ fn prefix_moves_under_the_nemesis_keep_every_checker_green() {
         for line in history.lines().filter(|l| l.contains("\"mv-lock-")) {
             let e: serde_json::Value = serde_json::from_str(line).unwrap();
             if e["kind"] == "ok" && e["op"]["f"] == "acquire" {
-                epochs.insert(e["op"]["token"].as_u64().unwrap() >> 48);
+                epochs.insert(wire::directory::token_epoch(
+                    e["op"]["token"].as_u64().unwrap(),
+                ));
             }
         }
         if s != 2 {

@@ -440,8 +440,8 @@ fn dedup_and_bad_input() {
 /// Writes that reach the leader together share log entries (openraft 0.9 appends and
 /// syncs each entry alone, so the leader coalesces what waits), but never a fencing token
 /// or a session id: 48 sessions opened at once get 48 ids; 48 contenders creating
-/// ephemeral sequential nodes under one lock parent at once get 48 distinct tokens, in
-/// the order of their names (the lock recipe grants in name order); and 48 writers of
+/// ephemeral sequential nodes under one lock parent at once share entries and get 48
+/// distinct tokens, in the order of their names (the lock recipe grants in name order); and 48 writers of
 /// 10 writes each need fewer log entries than writes, and 48 sessions opened at once fewer
 /// entries than sessions. Every replica agrees afterwards.
 #[test]
@@ -481,14 +481,19 @@ fn concurrent_writes_share_entries_but_never_a_token_or_a_session_id() {
         created.sort_by(|a, b| a.path.cmp(&b.path));
         for w in created.windows(2) {
             assert!(
-                w[0].stat.create_index < w[1].stat.create_index,
+                w[0].stat.token < w[1].stat.token,
                 "{} has token {} but {} has token {}",
                 w[0].path,
-                w[0].stat.create_index,
+                w[0].stat.token,
                 w[1].path,
-                w[1].stat.create_index
+                w[1].stat.token
             );
         }
+        // The contenders shared entries (each create has a token of its own).
+        let entries: std::collections::BTreeSet<u64> =
+            created.iter().map(|c| c.stat.create_index).collect();
+        println!("FIGURE 48 contenders under one parent took {} log entries", entries.len());
+        assert!(entries.len() < 48, "no two contenders created in one entry");
 
         for (i, s) in sessions.iter().enumerate() {
             s.create(&format!("/w{i}"), vec![], CreateMode::default()).await.unwrap();

@@ -91,10 +91,10 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
         assert_eq!(sa.get("/other").await.unwrap_err(), wrong);
         assert!(sa.get("/").await.is_ok());
 
-        // A lock granted in A: its token is A's create index (epoch 0).
+        // A lock granted in A: its token is of epoch 0 (its create index × 1024 + position).
         let held = Lock::exclusive(&sa, "/pay/lock").acquire().await.unwrap();
         let old_token = held.sequencer().token;
-        assert!(old_token < 1 << wire::directory::TOKEN_INDEX_BITS);
+        assert_eq!(wire::directory::token_epoch(old_token), 0);
 
         // Frozen: reads are served, a write waits (the SDK retries `Frozen`) and is
         // applied once the freeze is lifted, under its first request id.
@@ -196,10 +196,7 @@ fn a_cell_serves_its_prefixes_and_a_prefix_moves_to_another_cell() {
             .unwrap();
         let new = Lock::exclusive(&sb, "/pay/lock").acquire().await.unwrap();
         assert!(new.sequencer().token > old_token);
-        assert_eq!(
-            new.sequencer().token >> wire::directory::TOKEN_INDEX_BITS,
-            1
-        );
+        assert_eq!(wire::directory::token_epoch(new.sequencer().token), 1);
 
         // A refuses /pay with the epoch of the move, then drops it; its holder's
         // ephemeral node goes with it, and the session goes on.

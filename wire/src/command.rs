@@ -75,8 +75,9 @@ pub enum Command {
     /// Commands proposed together, applied in order at this one log index, each with its
     /// own answer ([`CommandOutput::batch`]). The leader coalesces the proposals that
     /// arrive while earlier entries are in flight (openraft 0.9 appends and syncs each
-    /// entry alone). An entry's index is each create's fencing token, so a batch never
-    /// holds two commands that create under the same parent, nor more than
+    /// entry alone). Each create gets its own fencing token from the entry's index and its
+    /// position among the entry's creates, so a batch holds at most
+    /// [`crate::directory::CREATES_PER_ENTRY`] create ops and
     /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s ([`BatchRule`]); a batch holds
     /// no batch.
     Batch(#[serde(deserialize_with = "batch_commands")] Vec<Command>),
@@ -274,44 +275,53 @@ fn acl_bytes(acl: &crate::acl::Acl) -> usize {
 
 /// Which commands may share one [`Command::Batch`]: at most
 /// [`crate::types::SESSIONS_PER_ENTRY`] `CreateSession`s (each gets the next id of the
-/// entry's range) and, per parent, creates from at most one command (two lock contenders
-/// created in one entry would get the same token). The leader forms batches
-/// with it, and applying a batch checks it again, so a batch that breaks it applies only
-/// the commands it admits.
+/// entry's range) and at most [`crate::directory::CREATES_PER_ENTRY`] create ops (each
+/// gets the next token of the entry's range, [`crate::directory::token`]). Creates under
+/// one parent share an entry freely: their tokens differ by position. The leader forms
+/// batches with it, and applying a batch checks it again, so a batch that breaks it
+/// applies only the commands it admits.
 #[derive(Debug, Default)]
 pub struct BatchRule {
     sessions: u64,
-    parents: std::collections::HashSet<String>,
+    creates: u64,
 }
 
 impl BatchRule {
     /// Whether `cmd` may join the commands admitted so far; if so, it is admitted.
     pub fn admit(&mut self, cmd: &Command) -> bool {
-        let mut parents = Vec::new();
         match Self::inner(cmd) {
-            Command::Batch(_) => return false,
+            Command::Batch(_) => false,
             Command::CreateSession { .. } if self.sessions >= crate::types::SESSIONS_PER_ENTRY => {
-                return false
+                false
             }
             Command::CreateSession { .. } => {
                 self.sessions += 1;
-                return true;
+                true
             }
             Command::Write { ops, .. } => {
-                for op in ops {
-                    if let TxnOp::Create { path, .. } = op {
-                        let parent = crate::path::parent(path);
-                        if self.parents.contains(parent) {
-                            return false;
-                        }
-                        parents.push(parent.to_string());
-                    }
+                let creates = Self::creates_in(ops);
+                if self.creates + creates > crate::directory::CREATES_PER_ENTRY {
+                    return false;
                 }
+                self.creates += creates;
+                true
             }
-            _ => {}
+            _ => true,
         }
-        self.parents.extend(parents);
-        true
+    }
+
+    /// How many create ops `ops` holds (each takes one position of its entry, whether it
+    /// succeeds or not).
+    pub fn creates_in(ops: &[TxnOp]) -> u64 {
+        ops.iter()
+            .filter(|op| matches!(op, TxnOp::Create { .. }))
+            .count() as u64
+    }
+
+    /// How many create ops were admitted so far: the position of the next command's
+    /// first create.
+    pub fn creates(&self) -> u64 {
+        self.creates
     }
 
     /// How many `CreateSession`s were admitted so far.

@@ -8,30 +8,55 @@
 //! [`crate::Error::WrongCell`], one under a prefix being moved out with
 //! [`crate::Error::Frozen`] (writes only).
 //!
-//! **Fencing tokens across moves**: a node's token is `epoch << 48 | create index`
-//! ([`token`]). A prefix's epoch in its new cell is above its epoch in the old one, so
-//! every grant in the new cell carries a larger token than any grant the old cell ever
-//! made for that prefix, whatever the two cells' log indexes. A protected resource
-//! compares tokens as before: a `u64` that only grows.
+//! **Fencing tokens across moves**: a node's token is `epoch << 54 | sequence`, the
+//! sequence being `create index × 1024 + position` ([`token`]). A prefix's epoch in its
+//! new cell is above its epoch in the old one, so every grant in the new cell carries a
+//! larger token than any grant the old cell ever made for that prefix, whatever the two
+//! cells' log indexes. A protected resource compares tokens as before: a `u64` that only
+//! grows.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
-/// Bits of a fencing token below the epoch: the create index must stay under `2^48`
-/// (2.8 × 10^14 entries: 89 years at 100 000 entries a second).
-pub const TOKEN_INDEX_BITS: u32 = 48;
+/// Bits of a fencing token below the epoch: its *sequence*, `create index ×`
+/// [`CREATES_PER_ENTRY`] ` + position`, which stays under `2^54` while the create index is
+/// under `2^44` (1.8 × 10^13 entries: 5.5 years at 100 000 entries a second, 55 at a
+/// more than busy cell's 10 000).
+pub const TOKEN_SEQUENCE_BITS: u32 = 54;
 
-/// The largest epoch a token can carry (16 bits: 65 535 moves of one prefix).
-pub const EPOCH_MAX: u64 = (1 << (64 - TOKEN_INDEX_BITS)) - 1;
+/// The largest epoch a token can carry (10 bits: 1 023 moves of one prefix).
+pub const EPOCH_MAX: u64 = (1 << (64 - TOKEN_SEQUENCE_BITS)) - 1;
 
-/// The fencing token of a node created at log index `index` under a prefix at `epoch`:
-/// `epoch << 48 | index`. With epoch 0 (a cell outside any directory, or a prefix never
-/// moved) the token is the create index, as it always was. `None` if either part is out
+/// At most this many nodes are created by one log entry, each with a token of its own:
+/// the `position`th create (from 0, in apply order) of the entry at `index` has the
+/// sequence `index × CREATES_PER_ENTRY + position`, so creates that share an entry (lock
+/// contenders under one parent included) get distinct tokens that grow in the order they
+/// apply, and every token of an entry is above every token of the entries before it.
+pub const CREATES_PER_ENTRY: u64 = 1024;
+
+// One transaction's creates always fit in one entry.
+const _: () = assert!(crate::TXN_OPS_MAX as u64 <= CREATES_PER_ENTRY);
+
+/// The fencing token of the `position`th create in the log entry at `index`, under a
+/// prefix at `epoch`: `epoch << 54 | (index × 1024 + position)`. `None` if a part is out
 /// of range (the create is then refused rather than given a token that could repeat).
-pub fn token(epoch: u64, index: u64) -> Option<u64> {
-    (epoch <= EPOCH_MAX && index < (1 << TOKEN_INDEX_BITS))
-        .then_some(epoch << TOKEN_INDEX_BITS | index)
+pub fn token(epoch: u64, index: u64, position: u64) -> Option<u64> {
+    if epoch > EPOCH_MAX || position >= CREATES_PER_ENTRY {
+        return None;
+    }
+    let sequence = index.checked_mul(CREATES_PER_ENTRY)? + position;
+    (sequence < 1 << TOKEN_SEQUENCE_BITS).then_some(epoch << TOKEN_SEQUENCE_BITS | sequence)
+}
+
+/// The epoch a token carries (the prefix's epoch in the cell that created the node).
+pub fn token_epoch(token: u64) -> u64 {
+    token >> TOKEN_SEQUENCE_BITS
+}
+
+/// The log index of the entry that created the node a token was given to.
+pub fn token_index(token: u64) -> u64 {
+    (token & ((1 << TOKEN_SEQUENCE_BITS) - 1)) / CREATES_PER_ENTRY
 }
 
 /// The prefix a path belongs to: its first component with the leading slash
@@ -253,16 +278,37 @@ mod tests {
         assert!(check_cell_name("Cell").is_err() && check_cell_name("").is_err());
     }
 
-    /// Tokens: the create index alone at epoch 0; any token of a later epoch is above
-    /// every token of an earlier one; out-of-range parts give none.
+    /// Tokens: at epoch 0, the create index × 1024 + position; every token of an entry
+    /// above every token of the entries before it; any token of a later epoch above every
+    /// token of an earlier one; out-of-range parts give none.
     #[test]
-    fn tokens_grow_with_the_epoch() {
-        assert_eq!(token(0, 17), Some(17));
-        let last_old = token(3, (1 << TOKEN_INDEX_BITS) - 1).unwrap();
-        let first_new = token(4, 1).unwrap();
+    fn tokens_grow_with_the_position_the_index_and_the_epoch() {
+        assert_eq!(token(0, 17, 0), Some(17 * 1024));
+        assert_eq!(token(0, 17, 5), Some(17 * 1024 + 5));
+        assert!(token(0, 18, 0) > token(0, 17, CREATES_PER_ENTRY - 1));
+        let index_max = (1 << (TOKEN_SEQUENCE_BITS - 10)) - 1;
+        let last_old = token(3, index_max, CREATES_PER_ENTRY - 1).unwrap();
+        let first_new = token(4, 1, 0).unwrap();
         assert!(first_new > last_old);
-        assert_eq!(token(EPOCH_MAX + 1, 1), None);
-        assert_eq!(token(1, 1 << TOKEN_INDEX_BITS), None);
-        assert_eq!(token(EPOCH_MAX, 5), Some(EPOCH_MAX << TOKEN_INDEX_BITS | 5));
+        assert_eq!(token_epoch(last_old), 3);
+        assert_eq!(token_index(last_old), index_max);
+        assert_eq!(token_index(token(2, 17, 9).unwrap()), 17);
+        assert_eq!(token(EPOCH_MAX + 1, 1, 0), None);
+        assert_eq!(token(1, index_max + 1, 0), None);
+        assert_eq!(token(1, 1, CREATES_PER_ENTRY), None);
+        assert_eq!(token(0, u64::MAX, 0), None);
+        assert_eq!(
+            token(EPOCH_MAX, 5, 1),
+            Some(EPOCH_MAX << TOKEN_SEQUENCE_BITS | (5 * 1024 + 1))
+        );
+        // A token of the layout before (epoch << 48 | index) stays below every token of
+        // the same epoch made now, and of epoch 0 too: an upgraded cell's tokens go on
+        // growing.
+        for epoch in [0u64, 1, 7, 1023] {
+            let before = epoch << 48 | ((1 << 48) - 1);
+            let before = if epoch == 0 { (1 << 40) - 1 } else { before };
+            let now = token(epoch, 1 << 40, 0).unwrap();
+            assert!(now > before, "epoch {epoch}");
+        }
     }
 }

@@ -48,9 +48,10 @@ pub struct NodeStat {
     pub data_len: u32,
     /// Number of children.
     pub children_count: u32,
-    /// The node's fencing token: `epoch << 48 | create_index`
-    /// ([`crate::directory::token`]); the create index itself while its prefix was never
-    /// moved. A lock's grant carries it; a protected resource accepts only tokens at
+    /// The node's fencing token: `epoch << 54 | (create_index × 1024 + position)`, the
+    /// position being the create's place among the entry's creates
+    /// ([`crate::directory::token`]); unique in the cell, and growing in the order
+    /// creates apply. A lock's grant carries it; a protected resource accepts only tokens at
     /// least as high as the highest it has seen.
     pub token: u64,
 }
@@ -368,13 +369,13 @@ pub enum Op {
         /// The watches to re-arm.
         watches: Vec<WatchSpec>,
     },
-    /// Is this sequencer still the current holder (node present, same create index, same
+    /// Is this sequencer still the current holder (node present, same fencing token, same
     /// owner)? Linearizable. Reply: [`Reply::Sequencer`].
     CheckSequencer {
         /// The lock node's full path.
         path: String,
-        /// Its fencing token (create index).
-        token: LogIndex,
+        /// Its fencing token ([`NodeStat::token`]).
+        token: u64,
         /// The holder's session.
         session: SessionId,
     },
@@ -632,7 +633,7 @@ pub enum Reply {
     Created {
         /// Its actual path (with the sequence suffix when sequential).
         path: String,
-        /// Its metadata (`create_index` is the fencing token).
+        /// Its metadata (`token` is the fencing token).
         stat: NodeStat,
         /// For sequential nodes: the sibling just below at the create's log position.
         predecessor: Option<Predecessor>,

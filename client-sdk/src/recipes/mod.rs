@@ -14,7 +14,7 @@ pub mod membership;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use wire::types::{LogIndex, Op, Reply};
+use wire::types::{Op, Reply};
 use wire::Error;
 
 use crate::client::unexpected;
@@ -42,11 +42,11 @@ enum State {
     Settled,
     /// The create was (or is about to be) sent under `slot`; its outcome is unknown.
     Creating { slot: RequestSlot, op: Op },
-    /// Created: `path` with the fencing token `create_index` (`NodeStat::token`); `unique` when the path
+    /// Created: `path` with the fencing token `token` (`NodeStat::token`); `unique` when the path
     /// cannot be created again (sequential), so deleting by path alone is exact.
     Created {
         path: String,
-        create_index: LogIndex,
+        token: u64,
         unique: bool,
     },
 }
@@ -61,12 +61,12 @@ impl Pending {
     }
 
     /// A node that exists (a granted lock being released).
-    pub(crate) fn created(session: &Session, path: &str, create_index: LogIndex) -> Pending {
+    pub(crate) fn created(session: &Session, path: &str, token: u64) -> Pending {
         Pending {
             session: session.clone(),
             state: State::Created {
                 path: path.to_string(),
-                create_index,
+                token,
                 unique: true,
             },
         }
@@ -108,7 +108,7 @@ impl Pending {
             }) => {
                 self.state = State::Created {
                     path: path.clone(),
-                    create_index: stat.token,
+                    token: stat.token,
                     unique,
                 };
                 Ok(crate::Created {
@@ -177,13 +177,13 @@ impl Drop for Pending {
 
 /// Finds out what a create left (with its own request id) and deletes it.
 async fn remove_in_background(session: Session, state: State) {
-    let (path, create_index, unique) = match state {
+    let (path, token, unique) = match state {
         State::Settled => return,
         State::Created {
             path,
-            create_index,
+            token,
             unique,
-        } => (path, create_index, unique),
+        } => (path, token, unique),
         State::Creating { slot, op } => {
             let unique = matches!(&op, Op::Create { mode, .. } if mode.sequential);
             match session.call_until_known(&slot, op, None).await {
@@ -197,20 +197,20 @@ async fn remove_in_background(session: Session, state: State) {
         }
     };
     tracing::debug!(session = session.id(), %path, "removing an abandoned node");
-    delete_own(&session, &path, create_index, unique).await;
+    delete_own(&session, &path, token, unique).await;
 }
 
-/// Deletes `path` if it is still the node created at `create_index`, retrying while the
+/// Deletes `path` if it is still the node with fencing token `token`, retrying while the
 /// outcome is unknown, until it is gone or the session is over. A path that may have been
 /// created again (a member's name) is checked first and deleted at the version seen.
-async fn delete_own(session: &Session, path: &str, create_index: LogIndex, unique: bool) {
+async fn delete_own(session: &Session, path: &str, token: u64, unique: bool) {
     let mut pause = Duration::from_millis(50);
     while !session.is_over() {
         let version = if unique {
             Ok(None)
         } else {
             match session.exists(path).await {
-                Ok(Some(st)) if st.token == create_index => Ok(Some(st.version)),
+                Ok(Some(st)) if st.token == token => Ok(Some(st.version)),
                 // Gone, or someone else's node now.
                 Ok(_) => return,
                 Err(e) => Err(e),

@@ -133,7 +133,7 @@ fn holder_survives_its_proxy_dying() {
         );
         let (data, stat) = direct.get(&guard.sequencer().node).await.unwrap();
         assert!(data.is_empty());
-        assert_eq!(stat.create_index, token);
+        assert_eq!(stat.token, token);
         assert_eq!(stat.ephemeral_owner, Some(holder.id()));
         println!(
             "FIGURE proxy: holder kept session {} and token {token} for {} s after its proxy \

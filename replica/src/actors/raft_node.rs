@@ -81,22 +81,18 @@ struct Proposal {
 /// the cores 44 % idle at 256 writers). Proposals that arrive while this many entries
 /// are in flight wait and go together in the next.
 const ENTRIES_IN_FLIGHT: usize = 2;
-/// Entries proposed beyond [`ENTRIES_IN_FLIGHT`] because the [`BatchRule`] cut the run
-/// before them: a command that may not share the waiting entry (a lock contender behind
-/// another under the same parent) gains nothing by waiting for a slot, so it goes at once,
-/// as it did before batching, while at most this many such entries are in flight. A herd
-/// of contenders on one lock is then as fast as without batching, not two entries per
-/// commit.
-const CUT_ENTRIES_IN_FLIGHT: usize = 30;
 /// At most this many commands, and about this many bytes of them, in one entry.
 const BATCH_COMMANDS_MAX: usize = 512;
 const BATCH_BYTES_MAX: usize = 1 << 20;
 
-/// Takes the longest run from the front of `queue` that may share one entry (in order:
-/// a command the [`BatchRule`] refuses waits for the next entry, and so do the ones after
-/// it, so no client's commands are reordered). The flag is true when the rule, not a
-/// limit, ended the run.
-fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> (Vec<Proposal>, bool) {
+/// Takes the longest run from the front of `queue` that may share one entry: at most
+/// [`BATCH_COMMANDS_MAX`] commands of about [`BATCH_BYTES_MAX`] bytes, and what the
+/// [`BatchRule`](wire::command::BatchRule) admits (1024 creates, 1024 new sessions). In
+/// order: the first command that does not fit waits for the next entry, and so do the
+/// ones after it, so no client's commands are reordered. The first command always goes
+/// (one the rule refuses even alone goes alone, to be refused at apply with an error
+/// naming it; the gateway refuses such a transaction before it gets here).
+fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> Vec<Proposal> {
     let mut rule = wire::command::BatchRule::default();
     let (mut batch, mut bytes) = (Vec::new(), 0);
     while let Some(p) = queue.front() {
@@ -104,15 +100,20 @@ fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> (Vec<Proposal
         let fits = batch.is_empty()
             || (batch.len() < BATCH_COMMANDS_MAX && bytes + size <= BATCH_BYTES_MAX);
         if !fits {
-            return (batch, false);
+            return batch;
         }
-        if !rule.admit(&p.cmd) {
-            return (batch, true);
+        let admitted = rule.admit(&p.cmd);
+        if !admitted && !batch.is_empty() {
+            return batch;
         }
         bytes += size;
         batch.push(queue.pop_front().expect("front"));
+        if !admitted {
+            // Alone, in an entry of its own.
+            return batch;
+        }
     }
-    (batch, false)
+    batch
 }
 
 /// Completes once this replica does not lead (at once if it does not now).
@@ -130,15 +131,11 @@ async fn not_leading(raft: &Raft) {
 
 /// Proposes what arrives on `rx`: each command in an entry of its own while fewer than
 /// [`ENTRIES_IN_FLIGHT`] entries are in flight, else together with the others that
-/// waited, as one [`Command::Batch`]; a run the rule cut is followed at once by the next
-/// ([`CUT_ENTRIES_IN_FLIGHT`]). Entries go to openraft in the order their commands
+/// waited, as one [`Command::Batch`]. Entries go to openraft in the order their commands
 /// arrived. Ends when the actor is gone.
 async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Proposal>) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ENTRIES_IN_FLIGHT));
-    let cut_slots = std::sync::Arc::new(tokio::sync::Semaphore::new(CUT_ENTRIES_IN_FLIGHT));
     let mut queue = std::collections::VecDeque::new();
-    // The last run was cut by the rule: its refused command heads the queue.
-    let mut cut = false;
     loop {
         if queue.is_empty() {
             match rx.recv().await {
@@ -146,27 +143,18 @@ async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Propos
                 None => return,
             }
         }
-        // After a cut, the refused command goes at once if a cut slot is free. Otherwise it
-        // waits for a slot, except on a replica that does not lead, which proposes at once
-        // (openraft refuses with the leader's address): entries it proposed while leading
-        // keep their slots until they are applied or truncated, which may be long after it
-        // stepped down, and waiting for them would turn every `NotLeader` into a commit
-        // timeout.
-        let early = cut
-            .then(|| cut_slots.clone().try_acquire_owned().ok())
-            .flatten();
-        let slot = match early {
-            Some(s) => Some(s),
-            None => tokio::select! {
-                s = slots.clone().acquire_owned() => Some(s.expect("never closed")),
-                _ = not_leading(&raft) => None,
-            },
+        // A replica that does not lead proposes at once (openraft refuses with the
+        // leader's address): entries it proposed while leading keep their slots until they
+        // are applied or truncated, which may be long after it stepped down, and waiting
+        // for them would turn every `NotLeader` into a commit timeout.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => Some(s.expect("never closed")),
+            _ = not_leading(&raft) => None,
         };
         while let Ok(p) = rx.try_recv() {
             queue.push_back(p);
         }
-        let (batch, was_cut) = take_batch(&mut queue);
-        cut = was_cut;
+        let batch = take_batch(&mut queue);
         let cmd = if batch.len() == 1 {
             batch[0].cmd.clone()
         } else {
@@ -462,13 +450,14 @@ mod tests {
     fn sizes(queue: &mut std::collections::VecDeque<Proposal>) -> Vec<usize> {
         let mut out = Vec::new();
         while !queue.is_empty() {
-            out.push(take_batch(queue).0.len());
+            out.push(take_batch(queue).len());
         }
         out
     }
 
-    /// Batches are runs from the front of the queue, in order: a command the rule refuses
-    /// ends the run (and starts the next), and so do the count and size limits.
+    /// Batches are runs from the front of the queue, in order: lock contenders under one
+    /// parent and new sessions share an entry; the rule's 1024 creates, and the count and
+    /// size limits, end a run (and start the next).
     #[test]
     fn batches_are_ordered_runs_cut_by_the_rule_and_the_limits() {
         let mut q: std::collections::VecDeque<Proposal> = [
@@ -486,25 +475,44 @@ mod tests {
         .into_iter()
         .map(proposal)
         .collect();
-        let (first, cut) = take_batch(&mut q);
-        assert!(cut, "the second create under /a ends the run");
-        assert_eq!(
-            first.len(),
-            3,
-            "{:?}",
-            first.iter().map(|p| &p.cmd).collect::<Vec<_>>()
-        );
-        assert_eq!(sizes(&mut q), vec![3]);
+        assert_eq!(sizes(&mut q), vec![6], "creates under /a share the entry");
+
+        // A transaction of 128 creates (the most one may hold) fills an entry's 1024
+        // creates eight times over.
+        let txn = |i: u64| Command::Write {
+            session: 1,
+            request_id: i,
+            ack_below: 0,
+            ops: (0..wire::TXN_OPS_MAX)
+                .map(|k| TxnOp::Create {
+                    path: format!("/a/n{i}-{k}"),
+                    data: Vec::new(),
+                    mode: CreateMode::default(),
+                })
+                .collect(),
+            single: false,
+        };
+        let mut q: std::collections::VecDeque<Proposal> =
+            (0..20).map(|i| proposal(txn(i))).collect();
+        assert_eq!(sizes(&mut q), vec![8, 8, 4]);
+        // One that the rule refuses even alone still goes, alone, to be refused at apply.
+        let mut huge = txn(99);
+        if let Command::Write { ops, .. } = &mut huge {
+            let more = ops.clone();
+            for _ in 0..8 {
+                ops.extend(more.iter().cloned());
+            }
+        }
+        let mut q: std::collections::VecDeque<Proposal> = [proposal(huge), proposal(Command::Noop)]
+            .into_iter()
+            .collect();
+        assert_eq!(sizes(&mut q), vec![1, 1]);
 
         let mut q: std::collections::VecDeque<Proposal> = (0..BATCH_COMMANDS_MAX + 5)
             .map(|_| proposal(Command::Noop))
             .collect();
-        let (first, cut) = take_batch(&mut q);
-        assert_eq!(
-            (first.len(), cut),
-            (BATCH_COMMANDS_MAX, false),
-            "the count ends it"
-        );
+        let first = take_batch(&mut q);
+        assert_eq!(first.len(), BATCH_COMMANDS_MAX, "the count ends it");
         assert_eq!(sizes(&mut q), vec![5]);
 
         // 64 KiB values: about 16 to a MiB; one larger than the limit still goes alone.

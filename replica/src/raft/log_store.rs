@@ -37,8 +37,11 @@ const FORMAT_KEY: &[u8] = b"format";
 /// apply (an older log replayed under the new rules could answer differently than it
 /// did), 4 since prefixes are owned and moved (`SetPrefix`, `ImportPrefix`,
 /// `DropPrefix`; a store written by 3 would decode, but an older build could not read
-/// what this one writes); stores from before 2 carry no mark.
-pub const LOG_FORMAT: u32 = 4;
+/// what this one writes), 5 since each create gets its own fencing token (`index × 1024 +
+/// position`) and creates under one parent share entries (an older log replayed would
+/// give its nodes other tokens than the ones its clients were told); stores from before
+/// 2 carry no mark.
+pub const LOG_FORMAT: u32 = 5;
 
 /// Counters of the flusher, for status and benchmarks.
 #[derive(Debug, Default)]

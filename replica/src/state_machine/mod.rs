@@ -13,11 +13,13 @@
 //!   [`wire::VALUE_BYTES_MAX`] bytes; a transaction has at most [`wire::TXN_OPS_MAX`] ops.
 //! - A node's parent must exist and must not be ephemeral; a node with children cannot be
 //!   deleted; the root can be neither created, deleted nor written.
-//! - `create_index` (the fencing token) is the log index of the creating entry, so tokens
-//!   only go up, across leader changes too. A [`Command::Batch`] applies several commands
-//!   at one index, but never two that create under one parent ([`BatchRule`], checked
-//!   here again), so contenders for one lock never share a token. The sessions one entry
-//!   opens get consecutive ids from its range ([`wire::types::session_id`]).
+//! - Every create gets its own fencing token, `epoch << 54 | (index × 1024 + position)`
+//!   ([`wire::directory::token`]), the position being its place among the entry's
+//!   creates; so tokens are unique and only go up, in apply order, across leader changes
+//!   too. A [`Command::Batch`] applies several commands at one index, creates under one
+//!   parent (lock contenders) included; it holds at most 1024 creates and 1024
+//!   `CreateSession`s ([`BatchRule`], checked here again). The sessions one entry opens
+//!   get consecutive ids from its range ([`wire::types::session_id`]).
 //! - A write from a session that is not open fails here, at apply, whatever the leader
 //!   believed when it proposed it (etcd-io/etcd#11456 was a grant to a lapsed lease).
 //! - (session, request id) → result is remembered, so a retried write returns its first
@@ -50,6 +52,15 @@ pub use wire::path::validate_write;
 
 pub use wire::path::SEQUENCE_DIGITS;
 
+/// Where a command stands among the commands of its log entry: how many sessions and
+/// create ops the commands before it took (its own take the next ids and tokens of the
+/// entry's ranges, [`wire::types::session_id`], [`wire::directory::token`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Place {
+    sessions: u64,
+    creates: u64,
+}
+
 /// One node of the namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
@@ -60,7 +71,7 @@ pub struct Node {
     pub version: u64,
     /// Changes to the set of children.
     pub children_version: u64,
-    /// Index of the creating entry (the fencing token).
+    /// Index of the creating entry (its fencing token is `token`).
     pub create_index: LogIndex,
     /// Index of the last data change.
     pub mod_index: LogIndex,
@@ -74,8 +85,9 @@ pub struct Node {
     pub children: BTreeSet<String>,
     /// Its ACL (an index into [`Security`]'s table; a new node gets its parent's).
     pub acl: AclId,
-    /// Its fencing token: `epoch << 48 | create_index`, the epoch of its prefix when it
-    /// was created ([`wire::directory::token`]); kept when a move copies it.
+    /// Its fencing token: `epoch << 54 | (create_index × 1024 + position)`, the epoch of
+    /// its prefix when it was created ([`wire::directory::token`]); kept when a move
+    /// copies it.
     pub token: u64,
 }
 
@@ -420,7 +432,7 @@ impl StateMachine {
     ) -> (Result<Reply, Error>, Vec<Effect>) {
         self.advance_to(index);
         let mut effects = Vec::new();
-        let result = self.apply_command(index, term, cmd, 0, &mut effects);
+        let result = self.apply_command(index, term, cmd, Place::default(), &mut effects);
         self.security.sweep();
         (result, effects)
     }
@@ -463,9 +475,12 @@ impl StateMachine {
         let mut rule = BatchRule::default();
         cmds.iter()
             .map(|c| {
-                let opened = rule.sessions();
+                let place = Place {
+                    sessions: rule.sessions(),
+                    creates: rule.creates(),
+                };
                 if rule.admit(c) {
-                    self.apply_command(index, term, c, opened, effects)
+                    self.apply_command(index, term, c, place, effects)
                 } else {
                     Err(Error::Unavailable {
                         reason: "proposed in one entry with a command it may not share an \
@@ -477,14 +492,13 @@ impl StateMachine {
             .collect()
     }
 
-    /// Applies one command at `index`; `opened` is how many sessions this entry opened
-    /// before it (the next `CreateSession` takes the id after theirs).
+    /// Applies one command at `index`, at `place` among the entry's commands.
     fn apply_command(
         &mut self,
         index: LogIndex,
         term: u64,
         cmd: &Command,
-        opened: u64,
+        place: Place,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Error> {
         match cmd {
@@ -506,11 +520,11 @@ impl StateMachine {
                         leader_addr: None,
                     });
                 }
-                self.apply_command(index, term, command, opened, effects)
+                self.apply_command(index, term, command, place, effects)
             }
             Command::Noop => Ok(Reply::Closed),
             Command::CreateSession { owner } => {
-                let id = wire::types::session_id(index, opened);
+                let id = wire::types::session_id(index, place.sessions);
                 *self.owners.entry(owner.clone()).or_default() += 1;
                 self.sessions.insert(
                     id,
@@ -558,7 +572,7 @@ impl StateMachine {
                 ops,
                 single,
             } => self.apply_write(
-                index,
+                (index, place.creates),
                 *session,
                 *request_id,
                 *ack_below,
@@ -728,7 +742,7 @@ impl StateMachine {
     #[allow(clippy::too_many_arguments)]
     fn apply_write(
         &mut self,
-        index: LogIndex,
+        at: (LogIndex, u64),
         session_id: SessionId,
         request_id: RequestId,
         ack_below: RequestId,
@@ -770,7 +784,7 @@ impl StateMachine {
         // gateway, for good: an owner never changes), and its rights are checked here,
         // against the ACLs as they are at this entry.
         let who = session.owner.clone();
-        let result = self.execute(index, session_id, &who, ops, single, effects);
+        let result = self.execute(at, session_id, &who, ops, single, effects);
         let session = self
             .sessions
             .get_mut(&session_id)
@@ -779,9 +793,11 @@ impl StateMachine {
         result
     }
 
+    /// Executes `ops` at `(index, position)`: the entry's index and the position its
+    /// first create takes among the entry's creates; each create op takes the next.
     fn execute(
         &mut self,
-        index: LogIndex,
+        (index, position): (LogIndex, u64),
         session: SessionId,
         who: &str,
         ops: &[TxnOp],
@@ -791,7 +807,8 @@ impl StateMachine {
         validate_write(ops, single)?;
         if single {
             let mut undo = None;
-            return match self.execute_op(index, session, who, &ops[0], &mut undo, effects) {
+            let at = (index, position);
+            return match self.execute_op(at, session, who, &ops[0], &mut undo, effects) {
                 Ok(TxnResult::Created { path, stat }) => {
                     let predecessor = if ops_is_sequential(&ops[0]) {
                         self.predecessor(&path)
@@ -815,8 +832,13 @@ impl StateMachine {
         let mut undo = Some(Vec::new());
         let mut txn_effects = Vec::new();
         let mut results = Vec::with_capacity(ops.len());
+        let mut next = position;
         for (i, op) in ops.iter().enumerate() {
-            match self.execute_op(index, session, who, op, &mut undo, &mut txn_effects) {
+            let at = (index, next);
+            if matches!(op, TxnOp::Create { .. }) {
+                next += 1;
+            }
+            match self.execute_op(at, session, who, op, &mut undo, &mut txn_effects) {
                 Ok(r) => results.push(r),
                 Err(e) => {
                     self.rollback(undo.take().unwrap_or_default());
@@ -870,9 +892,10 @@ impl StateMachine {
         }
     }
 
+    /// Executes one op at `(index, position)` (the position is a create's).
     fn execute_op(
         &mut self,
-        index: LogIndex,
+        (index, position): (LogIndex, u64),
         session: SessionId,
         who: &str,
         op: &TxnOp,
@@ -894,7 +917,16 @@ impl StateMachine {
                 path: p,
                 data,
                 mode,
-            } => self.create(index, session, who, p, data, *mode, undo, effects),
+            } => self.create(
+                (index, position),
+                session,
+                who,
+                p,
+                data,
+                *mode,
+                undo,
+                effects,
+            ),
             TxnOp::Delete { path: p, version } => {
                 path::validate(p)?;
                 if p == "/" {
@@ -966,7 +998,7 @@ impl StateMachine {
     #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
-        index: LogIndex,
+        (index, position): (LogIndex, u64),
         session: SessionId,
         who: &str,
         p: &str,
@@ -1011,13 +1043,15 @@ impl StateMachine {
         let owner = mode.ephemeral.then_some(session);
         // Inherited at create: the parent's ACL.
         let acl = parent.acl;
-        let token = wire::directory::token(self.epoch_of(&full), index).ok_or_else(|| {
-            Error::BadRequest {
-                reason: format!(
-                    "no fencing token for {full}: its prefix's epoch or this index is out of range"
-                ),
-            }
-        })?;
+        let token =
+            wire::directory::token(self.epoch_of(&full), index, position).ok_or_else(|| {
+                Error::BadRequest {
+                    reason: format!(
+                        "no fencing token for {full}: its prefix's epoch, this index or its \
+                     position in the entry ({position}) is out of range"
+                    ),
+                }
+            })?;
         let parent = self.nodes.get_mut(&parent_path).expect("checked above");
         if mode.sequential {
             parent.sequence_next += 1;

@@ -241,7 +241,7 @@ impl StateMachine {
                 });
             }
             // Tokens only grow across a move: every copied token is of an earlier epoch.
-            if n.token >> wire::directory::TOKEN_INDEX_BITS >= epoch {
+            if wire::directory::token_epoch(n.token) >= epoch {
                 return Err(Error::BadRequest {
                     reason: format!(
                         "{} carries token {} of epoch {} or later; importing at epoch {epoch}",

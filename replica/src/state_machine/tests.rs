@@ -890,12 +890,12 @@ fn a_batch_applies_its_commands_in_order_at_one_index() {
     assert_eq!(again[0], answers[2]);
 }
 
-/// Two lock contenders are never both created by one batch, whoever proposed it: the
-/// second create under one parent (it would share the first one's fencing token) answers
-/// `Unavailable` and changes nothing; everything else still applies, and the sessions one
-/// entry opens get distinct, consecutive ids from its range, below the next entry's.
+/// Lock contenders created by one batch each get a token of their own, growing in apply
+/// order (the predecessor's lower), and the sessions one entry opens get distinct,
+/// consecutive ids from its range, below the next entry's; a batch inside a batch
+/// answers `Unavailable` and changes nothing.
 #[test]
-fn a_batch_never_gives_two_contenders_one_token_and_its_sessions_distinct_ids() {
+fn a_batch_gives_each_create_its_own_token_and_its_sessions_distinct_ids() {
     let mut h = Harness::new();
     let (a, b) = (h.session(), h.session());
     h.write(a, create("/lock", b"", false, false)).unwrap();
@@ -936,18 +936,36 @@ fn a_batch_never_gives_two_contenders_one_token_and_its_sessions_distinct_ids() 
     );
     assert!(opened.iter().all(|&s| wire::types::session_index(s) == at));
     assert!(opened[0] > b, "ids go up: {opened:?} after {b}");
-    assert!(
-        matches!(answers[1], Ok(Reply::Created { .. })),
-        "{answers:?}"
-    );
-    for i in [3, 5, 6] {
-        assert!(
-            matches!(answers[i], Err(Error::Unavailable { .. })),
-            "{i}: {answers:?}"
-        );
+    let created: Vec<(String, u64, Option<String>)> = [1, 3, 4, 5]
+        .iter()
+        .map(|&i| match &answers[i] {
+            Ok(Reply::Created {
+                path,
+                stat,
+                predecessor,
+            }) => (
+                path.clone(),
+                stat.token,
+                predecessor
+                    .as_ref()
+                    .map(|p| wire::path::join("/lock", &p.name)),
+            ),
+            other => panic!("{i}: {other:?}"),
+        })
+        .collect();
+    let tokens: Vec<u64> = created.iter().map(|c| c.1).collect();
+    let expected: Vec<u64> = (0..4)
+        .map(|k| wire::directory::token(0, at, k).unwrap())
+        .collect();
+    assert_eq!(tokens, expected, "{created:?}");
+    // The second contender's predecessor is the first, with the lower token.
+    assert_eq!(created[1].2.as_deref(), Some(created[0].0.as_str()));
+    for (path, token, _) in &created {
+        let n = h.sm.node(path).unwrap();
+        assert_eq!((n.token, n.create_index), (*token, at), "{path}");
     }
     assert!(
-        matches!(answers[4], Ok(Reply::Created { .. })),
+        matches!(answers[6], Err(Error::Unavailable { .. })),
         "{answers:?}"
     );
     assert_eq!(h.sm.session_count(), sessions_before + 2);
@@ -957,14 +975,13 @@ fn a_batch_never_gives_two_contenders_one_token_and_its_sessions_distinct_ids() 
     let Ok(Reply::Children { children, .. }) = h.sm.children("/lock") else {
         panic!("children of /lock")
     };
-    assert_eq!(children.len(), 1, "{children:?}");
-    // Refused, not recorded: the same request in an entry of its own applies.
-    let Ok(Reply::Created { path, .. }) = h.write_id(b, 40, create("/lock/n-", b"", true, true))
+    assert_eq!(children.len(), 3, "{children:?}");
+    // The next entry's create and session are above every token and id of this one's.
+    let Ok(Reply::Created { stat, .. }) = h.write_id(b, 43, create("/lock/n-", b"", true, true))
     else {
-        panic!("retried create")
+        panic!("create in the next entry")
     };
-    assert!(h.sm.node(&path).unwrap().create_index > at);
-    // The next entry's session is above every id of this one's range.
+    assert!(stat.token > wire::directory::token(0, at, 1023).unwrap());
     let next = h.session();
     assert!(next > wire::types::session_id(at, wire::types::SESSIONS_PER_ENTRY - 1));
 }
@@ -1003,34 +1020,55 @@ fn an_entry_opens_at_most_its_range_of_sessions() {
 }
 
 proptest! {
-    /// The rule the leader batches by: a run it admits never holds two commands creating
-    /// under one parent, and (below its range of session ids) it refuses nothing else.
+    /// The rule the leader batches by: it admits commands until the entry would hold more
+    /// than 1024 create ops or open more than 1024 sessions, whatever they create under,
+    /// and counts each command's creates as the position of the next one's first.
     #[test]
-    fn the_batch_rule_refuses_exactly_the_index_sharing_commands(
-        cmds in prop::collection::vec((0u8..4, 0u8..3), 1..30)
+    fn the_batch_rule_refuses_exactly_what_overflows_an_entrys_ranges(
+        cmds in prop::collection::vec((0u8..5, 0u8..3, 1usize..=wire::TXN_OPS_MAX), 1..60)
     ) {
         let cmds: Vec<Command> = cmds
             .into_iter()
             .enumerate()
-            .map(|(i, (kind, parent))| match kind {
+            .map(|(i, (kind, parent, n))| match kind {
                 0 => Command::CreateSession { owner: "lock://client/test".into() },
                 1 => write_cmd(1, i as u64, create(&format!("/p{parent}/n-"), b"", true, true)),
-                2 => write_cmd(1, i as u64, set(&format!("/p{parent}"), b"", None)),
+                2 => Command::Write {
+                    session: 1,
+                    request_id: i as u64,
+                    ack_below: 0,
+                    ops: (0..n)
+                        .map(|k| if k % 3 == 2 {
+                            set(&format!("/p{parent}"), b"", None)
+                        } else {
+                            create(&format!("/p{parent}/m{i}-{k}"), b"", false, false)
+                        })
+                        .collect(),
+                    single: false,
+                },
+                3 => write_cmd(1, i as u64, set(&format!("/p{parent}"), b"", None)),
                 _ => Command::CloseSession { session: 9 },
             })
             .collect();
         let mut rule = wire::command::BatchRule::default();
-        let mut parents = std::collections::BTreeSet::new();
+        let (mut sessions, mut creates) = (0u64, 0u64);
         for c in &cmds {
-            let expected = match c {
-                Command::CreateSession { .. } => true,
-                Command::Write { ops, .. } => match &ops[0] {
-                    TxnOp::Create { path, .. } => parents.insert(wire::path::parent(path).to_string()),
-                    _ => true,
-                },
-                _ => true,
+            let (s, n) = match c {
+                Command::CreateSession { .. } => (1, 0),
+                Command::Write { ops, .. } => (
+                    0,
+                    ops.iter().filter(|o| matches!(o, TxnOp::Create { .. })).count() as u64,
+                ),
+                _ => (0, 0),
             };
+            let expected = sessions + s <= wire::types::SESSIONS_PER_ENTRY
+                && creates + n <= wire::directory::CREATES_PER_ENTRY;
+            prop_assert_eq!(rule.creates(), creates);
             prop_assert_eq!(rule.admit(c), expected, "{:?}", c);
+            if expected {
+                sessions += s;
+                creates += n;
+            }
         }
     }
 }
@@ -2124,7 +2162,7 @@ mod prefixes {
         };
         assert_eq!(path, "/pay/locks/lock-0000000031");
         assert!(stat.token > last_old, "{} <= {last_old}", stat.token);
-        assert_eq!(stat.token >> wire::directory::TOKEN_INDEX_BITS, 1);
+        assert_eq!(wire::directory::token_epoch(stat.token), 1);
         // And a CAS on a copied node sees the copied version.
         assert!(matches!(
             w(&mut b, sb, set("/pay/cfg05", b"v3", Some(1))),
@@ -2241,7 +2279,7 @@ mod prefix_refusals {
             (true, vec![node("/pay", 5), node("/pay/a/b", 6)]),
             (
                 true,
-                vec![node("/pay", 1 << wire::directory::TOKEN_INDEX_BITS)],
+                vec![node("/pay", 1 << wire::directory::TOKEN_SEQUENCE_BITS)],
             ),
             (true, vec![node("/pay", 3), node("/other", 4)]),
         ] {
@@ -2294,5 +2332,219 @@ mod prefix_refusals {
                 epoch: 0
             })
         );
+    }
+}
+
+// ---- Fencing tokens: one per create, growing in apply order ----
+
+/// One command of a token history.
+#[derive(Debug, Clone)]
+enum TokenOp {
+    /// A lock contender: a sequential ephemeral child of `/lock{0}` by session `{1}`.
+    Contend(usize, usize),
+    /// A transaction of `{1}` sequential creates, alternately under `/lock{0}` and
+    /// `/data`, failing at its end (a check of a node that is not there) if `{2}`.
+    Txn(usize, usize, bool),
+    /// Session `{1}` releases its oldest node under `/lock{0}`.
+    Release(usize, usize),
+    /// An earlier write sent again with its request id.
+    Retry(usize),
+    /// A new session.
+    Session,
+}
+
+fn token_op() -> impl Strategy<Value = TokenOp> {
+    prop_oneof![
+        6 => (0..2usize, 0..4usize).prop_map(|(l, s)| TokenOp::Contend(l, s)),
+        2 => (0..2usize, 1..6usize, any::<bool>()).prop_map(|(l, n, f)| TokenOp::Txn(l, n, f)),
+        3 => (0..2usize, 0..4usize).prop_map(|(l, s)| TokenOp::Release(l, s)),
+        1 => (0..64usize).prop_map(TokenOp::Retry),
+        1 => Just(TokenOp::Session),
+    ]
+}
+
+/// A replica applying a token history, and what the checks remember.
+struct TokenRun {
+    sm: StateMachine,
+    index: u64,
+    sessions: Vec<SessionId>,
+    /// The highest token any create got so far.
+    last: u64,
+    /// Every node ever created, with its token.
+    token_of: BTreeMap<String, u64>,
+}
+
+impl TokenRun {
+    /// Applies `cmds` as one entry and checks every create in it.
+    fn entry(&mut self, cmds: &[Command]) -> Result<(), TestCaseError> {
+        self.index += 1;
+        let at = self.index;
+        let (answers, _) = self.sm.apply_batch_in_term(at, 0, cmds);
+        let mut created: Vec<(String, u64, Option<String>)> = Vec::new();
+        for a in &answers {
+            match a {
+                Ok(Reply::SessionCreated { session, .. }) => self.sessions.push(*session),
+                Ok(Reply::Created {
+                    path,
+                    stat,
+                    predecessor,
+                }) => {
+                    let parent = wire::path::parent(path);
+                    let pred = predecessor
+                        .as_ref()
+                        .map(|p| wire::path::join(parent, &p.name));
+                    created.push((path.clone(), stat.token, pred));
+                }
+                Ok(Reply::Txn { results }) => {
+                    for r in results {
+                        if let TxnResult::Created { path, stat } = r {
+                            created.push((path.clone(), stat.token, None));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (path, token, pred) in created {
+            if let Some(first) = self.token_of.get(&path) {
+                // A retried create: its first answer again.
+                prop_assert_eq!(*first, token, "{} answered another token", path);
+                continue;
+            }
+            prop_assert!(
+                token > self.last,
+                "{} got token {} after {}",
+                path,
+                token,
+                self.last
+            );
+            prop_assert_eq!(wire::directory::token_index(token), at);
+            self.last = token;
+            self.token_of.insert(path.clone(), token);
+            if let Some(pred) = pred {
+                let below = self.token_of.get(&pred).copied();
+                prop_assert!(
+                    below.is_some_and(|b| b < token),
+                    "{}'s predecessor {} has token {:?}, not below {}",
+                    path,
+                    pred,
+                    below,
+                    token
+                );
+            }
+        }
+        // Every lock's children, in queue order, have increasing tokens.
+        for lock in ["/lock0", "/lock1"] {
+            if self.sm.node(lock).is_none() {
+                // Not created yet (the entries that set the history up).
+                continue;
+            }
+            let Ok(Reply::Children { children, .. }) = self.sm.children(lock) else {
+                panic!("children of {lock}")
+            };
+            // Queue order: by sequence number, whatever the name before it.
+            let mut names: Vec<&String> = children.iter().map(|(n, _)| n).collect();
+            names.sort_by_key(|n| super::sequence_of(n));
+            let tokens: Vec<u64> = names
+                .iter()
+                .map(|n| self.sm.node(&wire::path::join(lock, n)).unwrap().token)
+                .collect();
+            prop_assert!(
+                tokens.windows(2).all(|w| w[0] < w[1]),
+                "{} in queue order: {:?} {:?}",
+                lock,
+                names,
+                tokens
+            );
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Issue 27, item 1: over random batches (lock contenders under one parent sharing
+    /// entries, transactions of several creates, failed ones, releases, retries, new
+    /// sessions), every create gets a token of its own: the tokens of the creates as they
+    /// apply strictly increase (so none repeats), each carries its entry's index, a
+    /// waiter's predecessor always has the lower token, and a lock's children in queue
+    /// (sequence) order have increasing tokens after every entry. A retried create answers its first
+    /// token again.
+    #[test]
+    fn every_create_gets_its_own_token_growing_in_apply_order(
+        ops in proptest::collection::vec((token_op(), 1..8usize), 1..80),
+    ) {
+        let mut run = TokenRun {
+            sm: open_state(),
+            index: 0,
+            sessions: Vec::new(),
+            last: 0,
+            token_of: BTreeMap::new(),
+        };
+        run.entry(&vec![Command::CreateSession { owner: "lock://client/test".into() }; 4])?;
+        let boot = run.sessions[0];
+        let parents = ["/lock0", "/lock1", "/data"];
+        let skeleton: Vec<Command> = parents
+            .iter()
+            .enumerate()
+            .map(|(i, p)| write_cmd(boot, i as u64 + 1, create(p, b"", false, false)))
+            .collect();
+        run.entry(&skeleton)?;
+        let mut sent: Vec<Command> = Vec::new();
+        let mut pending: Vec<Command> = Vec::new();
+        let mut rule = BatchRule::default();
+        // Request ids after the skeleton's.
+        for (req, (op, batch)) in (parents.len() as u64 + 1..).zip(ops) {
+            let session = |s: usize| run.sessions[s % run.sessions.len()];
+            let cmd = match op {
+                TokenOp::Contend(l, s) => write_cmd(session(s), req, create(&format!("/lock{l}/c-"), b"", true, true)),
+                TokenOp::Txn(l, n, fail) => {
+                    let mut ops: Vec<TxnOp> = (0..n)
+                        .map(|j| if j % 2 == 0 {
+                            create(&format!("/lock{l}/t-"), b"", false, true)
+                        } else {
+                            create("/data/d-", b"", false, true)
+                        })
+                        .collect();
+                    if fail {
+                        ops.push(TxnOp::Check { path: "/absent".into(), version: None });
+                    }
+                    Command::Write { session: boot, request_id: req, ack_below: 0, ops, single: false }
+                }
+                TokenOp::Release(l, s) => {
+                    let owner = session(s);
+                    let parent = format!("/lock{l}");
+                    let Ok(Reply::Children { children, .. }) = run.sm.children(&parent) else { panic!() };
+                    let mut names: Vec<String> = children.into_iter().map(|(n, _)| n).collect();
+                    names.sort();
+                    match names
+                        .into_iter()
+                        .map(|n| format!("{parent}/{n}"))
+                        .find(|p| run.sm.node(p).is_some_and(|n| n.ephemeral_owner == Some(owner)))
+                    {
+                        Some(p) => write_cmd(owner, req, del(&p, None)),
+                        None => continue,
+                    }
+                }
+                TokenOp::Retry(i) => match sent.get(i % sent.len().max(1)) {
+                    Some(c) => c.clone(),
+                    None => continue,
+                },
+                TokenOp::Session => Command::CreateSession { owner: "lock://client/test".into() },
+            };
+            if pending.len() >= batch || !rule.admit(&cmd) {
+                run.entry(&std::mem::take(&mut pending))?;
+                rule = BatchRule::default();
+                prop_assert!(rule.admit(&cmd), "an empty entry admits {:?}", cmd);
+            }
+            if matches!(cmd, Command::Write { .. }) {
+                sent.push(cmd.clone());
+            }
+            pending.push(cmd);
+        }
+        if !pending.is_empty() {
+            run.entry(&pending)?;
+        }
     }
 }
