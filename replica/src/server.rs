@@ -134,7 +134,14 @@ pub async fn run_on(
             (raft, Arc::default())
         }
         None => {
-            let log_store = LogStore::open(&log_dir)?;
+            // A slow disk on demand, for tests only (`LogStore::open_with_hook`).
+            let hook = (std::env::var(crate::raft::log_store::TEST_HOOKS_ENV).as_deref()
+                == Ok("1"))
+            .then(|| cfg.data_dir.join(crate::raft::log_store::SYNC_STALL_FILE));
+            if hook.is_some() {
+                tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks");
+            }
+            let log_store = LogStore::open_with_hook(&log_dir, hook)?;
             let log_stats = log_store.stats();
             let raft = Raft::new(cfg.id, config, network, log_store, sm_store).await?;
             (raft, log_stats)

@@ -447,3 +447,81 @@ fn a_follower_behind_by_many_large_entries_catches_up() {
         assert_eq!(st[&follower].node_count, st[&leader].node_count);
     });
 }
+
+/// Issue 27, item 3: the leader's fsyncs stall 300 ms each for 6 s (the log store's test
+/// hook, a slow disk) under a stream of writes, with a 3 s lease. No election (the same
+/// leader and term on every replica), no session event on the writing session nor on an
+/// idle one that only sends KeepAlives (no jeopardy, the lease clock runs on), every
+/// write succeeds, and the stall took effect (a write took 300 ms or more).
+#[test]
+fn a_slow_disk_on_the_leader_starts_no_election_and_puts_no_session_in_jeopardy() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 3,
+            lease_ms: 3_000,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(30))
+            .await;
+        let term = cell.statuses(&client).await[&leader].term;
+        let writer = client.open_session().await.unwrap();
+        let idle = client.open_session().await.unwrap();
+        let (mut writer_events, mut idle_events) = (writer.events(), idle.events());
+        writer
+            .create("/slow", vec![], CreateMode::default())
+            .await
+            .unwrap();
+
+        cell.stall_fsyncs(leader, 300);
+        let started = Instant::now();
+        let (mut writes, mut slowest) = (0u64, Duration::ZERO);
+        while started.elapsed() < Duration::from_secs(6) {
+            let t = Instant::now();
+            writer
+                .set_data("/slow", writes.to_be_bytes().to_vec(), None)
+                .await
+                .expect("a write while the leader's disk is slow");
+            slowest = slowest.max(t.elapsed());
+            writes += 1;
+        }
+        cell.stall_fsyncs(leader, 0);
+        println!(
+            "FIGURE slow disk: {writes} writes in 6 s with the leader's fsyncs stalled 300 ms, \
+             slowest {slowest:?}"
+        );
+        assert!(
+            slowest >= Duration::from_millis(300),
+            "the stall did not take effect: slowest write {slowest:?}"
+        );
+
+        let after = cell.statuses(&client).await;
+        assert_eq!(after.len(), 3, "{after:?}");
+        for (id, s) in &after {
+            assert_eq!(
+                (s.term, s.leader.as_ref().map(|l| l.id)),
+                (term, Some(leader)),
+                "replica {id} saw an election; logs in {}",
+                cell.dir.path().display()
+            );
+        }
+        for (name, events, s) in [
+            ("writer", &mut writer_events, &writer),
+            ("idle", &mut idle_events, &idle),
+        ] {
+            assert!(
+                matches!(
+                    events.try_recv(),
+                    Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+                ),
+                "the {name} session had an event"
+            );
+            assert_eq!(s.state(), SessionState::Healthy, "{name}");
+        }
+        idle.create("/after", vec![], CreateMode::default())
+            .await
+            .expect("the idle session is still open at the cell");
+    });
+}

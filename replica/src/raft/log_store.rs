@@ -85,9 +85,35 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StorageError<NodeId>> {
     postcard::to_allocvec(v).map_err(io_err)
 }
 
+/// The environment variable that turns the log's test hook on (`1`): see
+/// [`SYNC_STALL_FILE`]. Never set in production.
+pub const TEST_HOOKS_ENV: &str = "LOCKSERVICE_TEST_HOOKS";
+
+/// The test hook's file, in the replica's data directory: with [`TEST_HOOKS_ENV`] set to
+/// `1` when the replica started, the log flusher reads it before every fsync and, while it
+/// holds a number, sleeps that many milliseconds first, as a slow disk would (issue 27,
+/// item 3: a stall of the leader's fsync must not start an election or put a session in
+/// jeopardy). Without the variable the file is never looked at.
+pub const SYNC_STALL_FILE: &str = "test-sync-stall-ms";
+
+/// The stall [`SYNC_STALL_FILE`] asks for now, if any.
+fn asked_stall(file: &std::path::Path) -> Option<std::time::Duration> {
+    let ms: u64 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_millis(ms))
+}
+
 impl LogStore {
     /// Opens (or creates) the log under `dir`.
     pub fn open(dir: &std::path::Path) -> anyhow::Result<LogStore> {
+        Self::open_with_hook(dir, None)
+    }
+
+    /// [`LogStore::open`], with every fsync stalled as `stall_file` asks
+    /// ([`SYNC_STALL_FILE`]) if one is given.
+    pub fn open_with_hook(
+        dir: &std::path::Path,
+        stall_file: Option<std::path::PathBuf>,
+    ) -> anyhow::Result<LogStore> {
         let db = Database::builder(dir).open()?;
         let log = db.keyspace("log", KeyspaceCreateOptions::default)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default)?;
@@ -124,6 +150,9 @@ impl LogStore {
             .name("log-flusher".into())
             .spawn(move || {
                 let sync = || {
+                    if let Some(d) = stall_file.as_deref().and_then(asked_stall) {
+                        thread::sleep(d);
+                    }
                     flusher_db
                         .persist(PersistMode::SyncData)
                         .map_err(|e| e.to_string())

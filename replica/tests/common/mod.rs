@@ -157,11 +157,27 @@ impl TestCell {
                 "RUST_LOG",
                 "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn",
             )
+            // The slow-disk hook (`TestCell::stall_fsyncs`); inert while its file is absent.
+            .env(replica::raft::log_store::TEST_HOOKS_ENV, "1")
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log))
             .spawn()
             .expect("spawn replica");
         self.procs.insert(id, child);
+    }
+
+    /// Stalls every log fsync of replica `id` by `ms` milliseconds from now on (0: no
+    /// more), through the log store's test hook (`replica::raft::log_store::SYNC_STALL_FILE`).
+    pub fn stall_fsyncs(&self, id: u64, ms: u64) {
+        let file = self.configs[&id]
+            .1
+            .data_dir
+            .join(replica::raft::log_store::SYNC_STALL_FILE);
+        if ms == 0 {
+            let _ = std::fs::remove_file(file);
+        } else {
+            std::fs::write(file, ms.to_string()).expect("write the stall file");
+        }
     }
 
     /// `kill -9` replica `id` and reap it.
