@@ -312,6 +312,21 @@ async fn entry(s: &Session, prefix: &str) -> anyhow::Result<Option<(PrefixEntry,
     }
 }
 
+/// Refuses a move that would take `e`'s prefix past the last epoch a fencing token can
+/// carry, before anything changes: the new cell would refuse the import only after the
+/// old one froze the prefix, leaving it frozen.
+fn may_move_again(e: &PrefixEntry) -> anyhow::Result<()> {
+    if e.epoch >= wire::directory::EPOCH_MAX {
+        anyhow::bail!(
+            "{} is at epoch {}, the last a fencing token can carry: it cannot move again \
+             (docs/directory.md, \"Fencing tokens across a move\")",
+            e.prefix,
+            e.epoch
+        );
+    }
+    Ok(())
+}
+
 /// A client of `cell`, whose servers must be that cell's (their certificates name it).
 async fn connect(template: &ClientConfig, cell: &CellInfo) -> anyhow::Result<Client> {
     let mut cfg = template.clone();
@@ -411,6 +426,7 @@ async fn move_prefix(
         println!("{prefix} is in {to} already (epoch {})", e.epoch);
         return Ok(true);
     }
+    may_move_again(&e)?;
     match &e.moving_to {
         Some(t) if t != to => anyhow::bail!(
             "a move of {prefix} to {t} is under way: finish it with `lockctl dir move {prefix} --to {t}`"
@@ -508,4 +524,25 @@ async fn move_prefix(
         None => println!("{prefix} moved to {to} (epoch {new})"),
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A prefix at the last epoch a token can carry is refused before the move starts;
+    /// one below it may move.
+    #[test]
+    fn a_move_past_the_last_epoch_is_refused_before_anything_changes() {
+        let at = |epoch| PrefixEntry {
+            prefix: "/pay".into(),
+            cell: "cell-a".into(),
+            epoch,
+            moving_to: None,
+        };
+        assert!(may_move_again(&at(0)).is_ok());
+        assert!(may_move_again(&at(wire::directory::EPOCH_MAX - 1)).is_ok());
+        let e = may_move_again(&at(wire::directory::EPOCH_MAX)).unwrap_err();
+        assert!(e.to_string().contains("cannot move again"), "{e}");
+    }
 }

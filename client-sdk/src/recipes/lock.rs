@@ -23,8 +23,9 @@
 //! the session is over. A contender behind it (the same session's next attempt included)
 //! waits for that delete, not for the session to end.
 //!
-//! Every grant carries a [`Sequencer`] whose token is the node's create index: unique, and
-//! higher than every earlier holder's. Protected resources must check it on every write
+//! Every grant carries a [`Sequencer`] whose token is the node's fencing token
+//! ([`NodeStat::token`](wire::types::NodeStat::token)): unique, and higher than every
+//! earlier holder's. Protected resources must check it on every write
 //! (see [`crate::fencing`]).
 //!
 //! ```no_run
@@ -73,7 +74,8 @@ impl LockMode {
 }
 
 /// Proof of a grant, to hand to protected resources: which lock, which node, how, the
-/// fencing token (the node's create index) and the holder's session.
+/// fencing token (the node's [`NodeStat::token`](wire::types::NodeStat::token)) and the
+/// holder's session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Sequencer {
     /// The lock's path.
@@ -83,7 +85,7 @@ pub struct Sequencer {
     /// How it is held.
     pub mode: LockMode,
     /// The fencing token: higher than every earlier holder's.
-    pub token: LogIndex,
+    pub token: u64,
     /// The holder's session.
     pub session: SessionId,
 }

@@ -1,7 +1,8 @@
 //! One client session per system, with each system's standard lock recipe:
 //!
 //! - **ours**: the SDK's `Lock` (ephemeral sequential node; the grant names its
-//!   predecessor, a waiter watches only that one; the token is the create index).
+//!   predecessor, a waiter watches only that one; the token is the node's fencing token,
+//!   its create index × 1024 + its place among the entry's creates).
 //! - **etcd**: clientv3 3.4's `concurrency.Mutex`, step for step: a lease kept alive every
 //!   third of its TTL; `tryAcquire` is one txn, `If(CreateRevision(<prefix>/<lease>) == 0)
 //!   Then(Put(key, lease), Get(prefix, WithFirstCreate)) Else(Get(key), Get(prefix,

@@ -15,7 +15,7 @@ pub(super) async fn ensure_dir(s: &Session, dir: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Takes the exclusive lock `dir`; its guard and fencing token (the create index).
+/// Takes the exclusive lock `dir`; its guard and fencing token (`NodeStat::token`).
 pub(super) async fn acquire(s: &Session, dir: &str) -> anyhow::Result<(LockGuard, u64)> {
     let g = Lock::exclusive(s, dir).acquire().await?;
     let t = g.token();

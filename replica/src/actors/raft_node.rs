@@ -90,8 +90,9 @@ const BATCH_BYTES_MAX: usize = 1 << 20;
 /// [`BatchRule`](wire::command::BatchRule) admits (1024 creates, 1024 new sessions). In
 /// order: the first command that does not fit waits for the next entry, and so do the
 /// ones after it, so no client's commands are reordered. The first command always goes
-/// (one the rule refuses even alone goes alone, to be refused at apply with an error
-/// naming it; the gateway refuses such a transaction before it gets here).
+/// (one the rule refuses even alone, a transaction of more creates than an entry holds,
+/// goes alone and is refused at apply by `validate_write`, as the gateway refuses it
+/// before it gets here).
 fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> Vec<Proposal> {
     let mut rule = wire::command::BatchRule::default();
     let (mut batch, mut bytes) = (Vec::new(), 0);
