@@ -115,9 +115,11 @@ pub async fn run_on(
         SnapshotSink::Direct(snap_dir.clone())
     } else {
         let dir = snap_dir.clone();
-        SnapshotSink::Actor(
-            SyncArbiter::start(1, move || Snapshotter::new(dir.clone())).recipient(),
-        )
+        let snapshotter = SyncArbiter::start(1, move || Snapshotter::new(dir.clone()));
+        SnapshotSink::Actor {
+            write: snapshotter.clone().recipient(),
+            build: snapshotter.recipient(),
+        }
     };
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();
     let mut sm_store = SmStore::open(&snap_dir, sink, Some(applied_tx))?;

@@ -1,5 +1,7 @@
-//! The snapshotter: writes snapshot files (atomically, checksummed, with backups) on its own
-//! thread, so a large snapshot never blocks an arbiter or the Raft runtime.
+//! The snapshotter: serializes built snapshots and writes snapshot files (atomically,
+//! checksummed, with backups) on its own thread, at the lowest CPU and I/O priority, so a
+//! large snapshot never blocks an arbiter or the Raft runtime, and yields the core and the
+//! disk to the replica's commits.
 //!
 //! openraft decides *when* (every `snapshot_interval_entries` applied entries) and purges
 //! the log behind each snapshot; this actor owns the files.
@@ -8,7 +10,7 @@ use std::path::PathBuf;
 
 use actix::{Actor, Handler, SyncContext};
 
-use crate::raft::sm_store::WriteSnapshot;
+use crate::raft::sm_store::{BuildSnapshot, WriteSnapshot};
 use crate::raft::snapshot_file;
 
 /// The snapshotter actor (a sync actor on its own arbiter thread).
@@ -27,6 +29,54 @@ impl Snapshotter {
 
 impl Actor for Snapshotter {
     type Context = SyncContext<Self>;
+
+    fn started(&mut self, _: &mut SyncContext<Self>) {
+        lower_priority();
+    }
+}
+
+/// Makes this thread yield to the rest of the replica: nice 19 for the CPU (serializing a
+/// large state takes a core for a while; at the replica's priority, on a core shared
+/// with its other threads, it held back commits and KeepAlives), and the lowest
+/// best-effort I/O priority for the disk (the file's writeback competes with the log's
+/// fsyncs). Best-effort, not idle: an idle-class writer may never get the disk under a
+/// steady write load. A failure is logged and the thread runs as it is.
+fn lower_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    const IOPRIO_CLASS_BE: libc::c_int = 2;
+    const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+    const LOWEST: libc::c_int = 7;
+    // SAFETY: system calls on this thread's own id, with plain integer arguments.
+    let (nice, io) = unsafe {
+        let tid = libc::gettid();
+        (
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19),
+            libc::syscall(
+                libc::SYS_ioprio_set,
+                IOPRIO_WHO_PROCESS,
+                tid,
+                (IOPRIO_CLASS_BE << IOPRIO_CLASS_SHIFT) | LOWEST,
+            ),
+        )
+    };
+    if nice != 0 || io != 0 {
+        tracing::warn!(
+            nice,
+            io,
+            error = %std::io::Error::last_os_error(),
+            "the snapshotter runs at the replica's priority"
+        );
+    }
+}
+
+impl Handler<BuildSnapshot> for Snapshotter {
+    type Result = Result<(Vec<u8>, u64), String>;
+
+    fn handle(&mut self, msg: BuildSnapshot, _: &mut SyncContext<Self>) -> Self::Result {
+        let r = msg.run(&self.dir)?;
+        self.written += 1;
+        Ok(r)
+    }
 }
 
 impl Handler<WriteSnapshot> for Snapshotter {
@@ -36,5 +86,32 @@ impl Handler<WriteSnapshot> for Snapshotter {
         snapshot_file::write(&self.dir, &msg.meta, &msg.data).map_err(|e| e.to_string())?;
         self.written += 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The thread that calls `lower_priority` runs at nice 19 and the lowest best-effort
+    /// I/O priority; other threads keep theirs.
+    #[test]
+    fn the_snapshotter_thread_yields_the_cpu_and_the_disk() {
+        // SAFETY: reads of a thread's own priorities.
+        let read = || unsafe {
+            let tid = libc::gettid();
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            let io = libc::syscall(libc::SYS_ioprio_get, 1, tid);
+            (nice, io)
+        };
+        let before = read();
+        let (nice, io) = std::thread::spawn(move || {
+            super::lower_priority();
+            read()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(nice, 19);
+        assert_eq!(io, (2 << 13) | 7, "best-effort class, level 7");
+        assert_eq!(read(), before, "the calling thread keeps its priorities");
     }
 }

@@ -132,11 +132,11 @@ impl Node {
 /// The whole replicated state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateMachine {
-    nodes: BTreeMap<String, Node>,
-    sessions: BTreeMap<SessionId, Session>,
+    nodes: imbl::OrdMap<String, Node>,
+    sessions: imbl::OrdMap<SessionId, Session>,
     /// Recently ended sessions (bounded by [`wire::ENDED_SESSIONS_MAX`]), so a late
     /// request gets `SessionExpired` rather than `UnknownSession`.
-    ended: BTreeSet<SessionId>,
+    ended: imbl::OrdSet<SessionId>,
     /// Highest index applied.
     last_index: LogIndex,
     /// Admins, groups and the ACL table.
@@ -167,15 +167,15 @@ enum Undo {
 impl StateMachine {
     /// An empty namespace holding only `/`.
     pub fn new() -> StateMachine {
-        let mut nodes = BTreeMap::new();
+        let mut nodes = imbl::OrdMap::new();
         nodes.insert(
             "/".to_string(),
             Node::new(Vec::new(), 0, None, security::ROOT_ACL_AT_START, 0),
         );
         StateMachine {
             nodes,
-            sessions: BTreeMap::new(),
-            ended: BTreeSet::new(),
+            sessions: imbl::OrdMap::new(),
+            ended: imbl::OrdSet::new(),
             last_index: 0,
             security: Security::new(),
             owners: BTreeMap::new(),
@@ -407,7 +407,7 @@ impl StateMachine {
     /// it may have been a session whose end was forgotten.
     fn is_forgotten_end(&self, id: SessionId) -> bool {
         self.ended.len() >= wire::ENDED_SESSIONS_MAX
-            && self.ended.first().is_some_and(|first| id < *first)
+            && self.ended.get_min().is_some_and(|first| id < *first)
     }
 
     /// A node by path.
@@ -674,9 +674,13 @@ impl StateMachine {
     }
 
     fn apply_checkpoint(&mut self, cp: &LeaseCheckpoint) {
+        // (A persistent map has no `values_mut`: each session changed is looked up.)
         if cp.mark_all {
-            for s in self.sessions.values_mut() {
-                s.silent_ms.get_or_insert(0);
+            let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+            for id in ids {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.silent_ms.get_or_insert(0);
+                }
             }
         }
         for id in &cp.renewed {
@@ -685,8 +689,18 @@ impl StateMachine {
             }
         }
         if cp.silent_add_ms > 0 {
-            for s in self.sessions.values_mut() {
-                if let Some(ms) = s.silent_ms.as_mut() {
+            let silent: Vec<SessionId> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.silent_ms.is_some())
+                .map(|(id, _)| *id)
+                .collect();
+            for id in silent {
+                if let Some(ms) = self
+                    .sessions
+                    .get_mut(&id)
+                    .and_then(|s| s.silent_ms.as_mut())
+                {
                     *ms = ms.saturating_add(cp.silent_add_ms);
                 }
             }
@@ -711,7 +725,7 @@ impl StateMachine {
         }
         self.ended.insert(id);
         while self.ended.len() > wire::ENDED_SESSIONS_MAX {
-            self.ended.pop_first();
+            self.ended.remove_min();
         }
         effects.push(Effect::SessionEnded { session: id });
     }

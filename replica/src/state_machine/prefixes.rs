@@ -109,7 +109,7 @@ impl StateMachine {
             .collect();
         out.extend(
             self.nodes
-                .range::<str, _>((
+                .range::<_, str>((
                     std::ops::Bound::Excluded(below.as_str()),
                     std::ops::Bound::Unbounded,
                 ))
@@ -136,7 +136,7 @@ impl StateMachine {
         let mut bytes = 0;
         for (p, n) in self
             .nodes
-            .range::<str, _>((start, std::ops::Bound::Unbounded))
+            .range::<_, str>((start, std::ops::Bound::Unbounded))
             .take_while(|(p, _)| p.as_str() == prefix || p.starts_with(&below))
         {
             if n.ephemeral_owner.is_some() {

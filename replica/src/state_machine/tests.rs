@@ -2548,3 +2548,25 @@ proptest! {
         }
     }
 }
+
+/// The persistent maps encode exactly as the `BTreeMap`s and `BTreeSet` they replaced
+/// (postcard: a length, then the entries in order), so snapshot files (`LKSNAP4`) written
+/// before still load.
+#[test]
+fn the_persistent_maps_encode_as_the_standard_ones() {
+    let std_map: BTreeMap<String, u64> = [("/a".to_string(), 1), ("/b/c".to_string(), 2)].into();
+    let p_map: imbl::OrdMap<String, u64> = std_map.clone().into_iter().collect();
+    assert_eq!(
+        postcard::to_allocvec(&std_map).unwrap(),
+        postcard::to_allocvec(&p_map).unwrap()
+    );
+    let std_set: std::collections::BTreeSet<u64> = [3, 1, 2].into();
+    let p_set: imbl::OrdSet<u64> = std_set.iter().copied().collect();
+    assert_eq!(
+        postcard::to_allocvec(&std_set).unwrap(),
+        postcard::to_allocvec(&p_set).unwrap()
+    );
+    let back: imbl::OrdMap<String, u64> =
+        postcard::from_bytes(&postcard::to_allocvec(&std_map).unwrap()).unwrap();
+    assert_eq!(back, p_map);
+}
