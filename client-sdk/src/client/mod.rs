@@ -112,6 +112,10 @@ fn refused_or(addr: SocketAddr, e: &quinn::ConnectionError) -> Error {
     }
 }
 
+/// How long a first dial may go unanswered before the next endpoint is dialed beside it
+/// ([`Client::reachable_first`]).
+const DIAL_STAGGER: Duration = Duration::from_millis(150);
+
 /// The leader a client last reached. Its watchers (the sessions' event streams) wake only
 /// when it changes, not on every request that confirms it.
 struct LeaderHint(tokio::sync::watch::Sender<Option<SocketAddr>>);
@@ -233,14 +237,7 @@ impl Client {
         &self,
         addr: SocketAddr,
     ) -> Result<(quinn::Connection, Heard), Error> {
-        let slot = self
-            .inner
-            .conns
-            .lock()
-            .expect("connections lock")
-            .entry(addr)
-            .or_default()
-            .clone();
+        let slot = self.slot(addr);
         self.not_silenced(addr)?;
         let mut slot = slot.lock().await;
         if let Some((c, heard)) = &slot.conn {
@@ -421,6 +418,96 @@ impl Client {
         }
     }
 
+    /// The slot of `addr`'s connection.
+    fn slot(&self, addr: SocketAddr) -> Arc<Mutex<Slot>> {
+        self.inner
+            .conns
+            .lock()
+            .expect("connections lock")
+            .entry(addr)
+            .or_default()
+            .clone()
+    }
+
+    /// True if this client has an open connection to `addr` now (false while one is being
+    /// dialed).
+    fn has_connection(&self, addr: SocketAddr) -> bool {
+        let slot = self.slot(addr);
+        let open = slot.try_lock().is_ok_and(|s| {
+            s.conn
+                .as_ref()
+                .is_some_and(|(c, _)| c.close_reason().is_none())
+        });
+        open
+    }
+
+    /// True if dialing `addr` failed within the connect timeout, or a probe just gave it up.
+    fn failed_lately(&self, addr: SocketAddr) -> bool {
+        if self.not_silenced(addr).is_err() {
+            return true;
+        }
+        let slot = self.slot(addr);
+        let failed = slot.try_lock().is_ok_and(|s| {
+            s.failed
+                .as_ref()
+                .is_some_and(|(at, _)| at.elapsed() < self.inner.cfg.connect_timeout)
+        });
+        failed
+    }
+
+    /// `cands` in the order to try them. As they are if the first has an open
+    /// connection; otherwise they are dialed one after another, each [`DIAL_STAGGER`]
+    /// after the one before or at once when it failed (RFC 8305's "happy eyeballs"),
+    /// until one completes its handshake, which then goes first. A dead endpoint at the
+    /// head of the list (a leader just killed, named first in the configuration or by
+    /// the others' hints) then costs a new client [`DIAL_STAGGER`] instead of a whole
+    /// connect timeout, and a healthy first endpoint is the only one dialed. The dials
+    /// that lose go on in the background and keep their connections for later.
+    async fn reachable_first(
+        &self,
+        mut cands: Vec<SocketAddr>,
+        deadline: Instant,
+    ) -> Vec<SocketAddr> {
+        match cands.first() {
+            Some(first) if !self.has_connection(*first) => {}
+            _ => return cands,
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let until = deadline.min(Instant::now() + self.inner.cfg.connect_timeout);
+        let (mut started, mut running) = (0, 0);
+        loop {
+            if started < cands.len() {
+                let (client, addr, tx) = (self.clone(), cands[started], tx.clone());
+                wire::rt::spawn(async move {
+                    let ok = client.connection(addr).await.is_ok();
+                    let _ = tx.send((addr, ok));
+                });
+                started += 1;
+                running += 1;
+            } else if running == 0 {
+                return cands;
+            }
+            let wait = if started < cands.len() {
+                until.min(Instant::now() + DIAL_STAGGER)
+            } else {
+                until
+            };
+            match tokio::time::timeout_at(wait, rx.recv()).await {
+                Ok(Some((addr, true))) => {
+                    if let Some(i) = cands.iter().position(|a| *a == addr) {
+                        let a = cands.remove(i);
+                        cands.insert(0, a);
+                    }
+                    return cands;
+                }
+                Ok(Some((_, false))) => running -= 1,
+                Ok(None) => return cands,
+                Err(_) if Instant::now() >= until => return cands,
+                Err(_) => {}
+            }
+        }
+    }
+
     fn candidates(&self) -> Vec<SocketAddr> {
         let mut v = Vec::with_capacity(self.inner.addrs.len() + 1);
         if let Some(l) = self.inner.leader.get() {
@@ -458,7 +545,7 @@ impl Client {
         let started = Instant::now();
         while Instant::now() < deadline {
             let mut redirected = false;
-            for addr in self.candidates() {
+            for addr in self.reachable_first(self.candidates(), deadline).await {
                 if Instant::now() >= deadline {
                     break;
                 }
@@ -491,7 +578,10 @@ impl Client {
                         leader_id,
                     }) => {
                         if let Ok(h) = hint.parse::<SocketAddr>() {
-                            if self.inner.leader.set(h) {
+                            // A hint at an endpoint that just failed (the dead leader, named
+                            // by followers until they elect another) is kept but not
+                            // followed at once: that went round without a pause.
+                            if self.inner.leader.set(h) && !self.failed_lately(h) {
                                 redirected = true;
                             }
                         }
@@ -548,7 +638,7 @@ impl Client {
         };
         while Instant::now() < deadline {
             let mut redirected = false;
-            for addr in self.candidates() {
+            for addr in self.reachable_first(self.candidates(), deadline).await {
                 let attempt = async {
                     let conn = self.connection(addr).await?;
                     let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
@@ -575,7 +665,10 @@ impl Client {
                         leader_id,
                     }) => {
                         if let Ok(h) = hint.parse::<SocketAddr>() {
-                            if self.inner.leader.set(h) {
+                            // A hint at an endpoint that just failed (the dead leader, named
+                            // by followers until they elect another) is kept but not
+                            // followed at once: that went round without a pause.
+                            if self.inner.leader.set(h) && !self.failed_lately(h) {
                                 redirected = true;
                             }
                         }
