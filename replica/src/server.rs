@@ -15,7 +15,7 @@ use crate::actors::cacher_list::CacherListActor;
 use crate::actors::messages::AppliedMsg;
 use crate::actors::raft_node::RaftNode;
 use crate::actors::session_manager::SessionManager;
-use crate::actors::snapshotter::Snapshotter;
+use crate::actors::snapshotter::{SnapshotEncoder, Snapshotter};
 use crate::actors::watch_table::WatchTableActor;
 use crate::config::ReplicaConfig;
 use crate::gateway::Gateway;
@@ -115,10 +115,9 @@ pub async fn run_on(
         SnapshotSink::Direct(snap_dir.clone())
     } else {
         let dir = snap_dir.clone();
-        let snapshotter = SyncArbiter::start(1, move || Snapshotter::new(dir.clone()));
         SnapshotSink::Actor {
-            write: snapshotter.clone().recipient(),
-            build: snapshotter.recipient(),
+            write: SyncArbiter::start(1, move || Snapshotter::new(dir.clone())).recipient(),
+            encode: SyncArbiter::start(1, || SnapshotEncoder).recipient(),
         }
     };
     let (applied_tx, mut applied_rx) = mpsc::unbounded_channel();

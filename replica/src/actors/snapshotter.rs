@@ -1,7 +1,8 @@
-//! The snapshotter: serializes built snapshots and writes snapshot files (atomically,
-//! checksummed, with backups) on its own thread, at the lowest CPU and I/O priority, so a
-//! large snapshot never blocks an arbiter or the Raft runtime, and yields the core and the
-//! disk to the replica's commits.
+//! The snapshotter writes snapshot files (atomically, checksummed, with backups) on its own
+//! thread, so a large snapshot never blocks an arbiter or the Raft runtime; the snapshot
+//! encoder serializes built snapshots on another, at the lowest CPU and I/O priority, so
+//! it yields the core to the replica's commits (and a received snapshot is never written
+//! behind a build's serializing).
 //!
 //! openraft decides *when* (every `snapshot_interval_entries` applied entries) and purges
 //! the log behind each snapshot; this actor owns the files.
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 
 use actix::{Actor, Handler, SyncContext};
 
-use crate::raft::sm_store::{BuildSnapshot, WriteSnapshot};
+use crate::raft::sm_store::{EncodeSnapshot, WriteSnapshot};
 use crate::raft::snapshot_file;
 
 /// The snapshotter actor (a sync actor on its own arbiter thread).
@@ -29,6 +30,13 @@ impl Snapshotter {
 
 impl Actor for Snapshotter {
     type Context = SyncContext<Self>;
+}
+
+/// The snapshot encoder (a sync actor on its own arbiter thread, at low priority).
+pub struct SnapshotEncoder;
+
+impl Actor for SnapshotEncoder {
+    type Context = SyncContext<Self>;
 
     fn started(&mut self, _: &mut SyncContext<Self>) {
         lower_priority();
@@ -37,10 +45,10 @@ impl Actor for Snapshotter {
 
 /// Makes this thread yield to the rest of the replica: nice 19 for the CPU (serializing a
 /// large state takes a core for a while; at the replica's priority, on a core shared
-/// with its other threads, it held back commits and KeepAlives), and the lowest
-/// best-effort I/O priority for the disk (the file's writeback competes with the log's
-/// fsyncs). Best-effort, not idle: an idle-class writer may never get the disk under a
-/// steady write load. A failure is logged and the thread runs as it is.
+/// with its other threads, it held back commits and KeepAlives; at nice 19 it is slow
+/// under load, never stuck), and the lowest best-effort I/O priority (honoured by the
+/// BFQ scheduler only; best-effort, not idle, which may never get the disk under a steady
+/// write load). A failure is logged and the thread runs as it is.
 fn lower_priority() {
     const IOPRIO_WHO_PROCESS: libc::c_int = 1;
     const IOPRIO_CLASS_BE: libc::c_int = 2;
@@ -69,23 +77,21 @@ fn lower_priority() {
     }
 }
 
-impl Handler<BuildSnapshot> for Snapshotter {
+impl Handler<EncodeSnapshot> for SnapshotEncoder {
     type Result = Result<(Vec<u8>, u64), String>;
 
-    fn handle(&mut self, msg: BuildSnapshot, _: &mut SyncContext<Self>) -> Self::Result {
-        let r = msg.run(&self.dir)?;
-        self.written += 1;
-        Ok(r)
+    fn handle(&mut self, msg: EncodeSnapshot, _: &mut SyncContext<Self>) -> Self::Result {
+        msg.run()
     }
 }
 
 impl Handler<WriteSnapshot> for Snapshotter {
-    type Result = Result<(), String>;
+    type Result = Result<Vec<u8>, String>;
 
     fn handle(&mut self, msg: WriteSnapshot, _: &mut SyncContext<Self>) -> Self::Result {
         snapshot_file::write(&self.dir, &msg.meta, &msg.data).map_err(|e| e.to_string())?;
         self.written += 1;
-        Ok(())
+        Ok(msg.data)
     }
 }
 

@@ -56,44 +56,40 @@ pub enum Applied {
 pub enum SnapshotSink {
     /// Serialize and write the file from the calling task (tests, the simulation).
     Direct(PathBuf),
-    /// Ask whoever handles [`WriteSnapshot`] and [`BuildSnapshot`] (the snapshotter actor,
-    /// on its own thread at low CPU and I/O priority).
+    /// Ask the actors that handle [`EncodeSnapshot`] (the snapshot encoder, on its own
+    /// thread at low CPU priority) and [`WriteSnapshot`] (the snapshotter, on another, at
+    /// the replica's priority, so a received snapshot is never written behind a build).
     Actor {
-        /// Writes received snapshots.
+        /// Writes snapshot files, built and received.
         write: actix::Recipient<WriteSnapshot>,
-        /// Serializes and writes built ones.
-        build: actix::Recipient<BuildSnapshot>,
+        /// Serializes built snapshots.
+        encode: actix::Recipient<EncodeSnapshot>,
     },
 }
 
-/// Serialize a copy of the state and write it as a snapshot (what a snapshot build asks
+/// Serialize a copy of the state for a snapshot (what a snapshot build asks
 /// [`SnapshotSink::Actor`]): answers the bytes and the milliseconds spent serializing.
 #[derive(actix::Message)]
 #[rtype(result = "Result<(Vec<u8>, u64), String>")]
-pub struct BuildSnapshot {
-    /// Its metadata.
-    pub meta: SnapshotMeta,
+pub struct EncodeSnapshot {
     /// The copy.
     pub state: SmState,
     /// `faults.snapshot_build_delay_ms` (tests).
     pub delay: std::time::Duration,
 }
 
-impl BuildSnapshot {
+impl EncodeSnapshot {
     /// Does what it asks, on the calling thread.
-    pub fn run(self, dir: &Path) -> Result<(Vec<u8>, u64), String> {
+    pub fn run(self) -> Result<(Vec<u8>, u64), String> {
         let started = std::time::Instant::now();
         let data = encode(&self.state, self.delay).map_err(|e| e.to_string())?;
-        drop(self.state);
-        let serialize_ms = started.elapsed().as_millis() as u64;
-        snapshot_file::write(dir, &self.meta, &data).map_err(|e| e.to_string())?;
-        Ok((data, serialize_ms))
+        Ok((data, started.elapsed().as_millis() as u64))
     }
 }
 
-/// Write one snapshot (what [`SnapshotSink::Actor`] asks).
+/// Write one snapshot (what [`SnapshotSink::Actor`] asks); answers its data back.
 #[derive(actix::Message)]
-#[rtype(result = "Result<(), String>")]
+#[rtype(result = "Result<Vec<u8>, String>")]
 pub struct WriteSnapshot {
     /// Its metadata.
     pub meta: SnapshotMeta,
@@ -102,10 +98,15 @@ pub struct WriteSnapshot {
 }
 
 impl SnapshotSink {
-    async fn write(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StorageError<NodeId>> {
+    /// Writes the snapshot file; gives `data` back.
+    async fn write(
+        &self,
+        meta: &SnapshotMeta,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>, StorageError<NodeId>> {
         let r = match self {
             SnapshotSink::Direct(dir) => snapshot_file::write(dir, meta, &data)
-                .map(|_| ())
+                .map(|_| data)
                 .map_err(|e| e.to_string()),
             SnapshotSink::Actor { write, .. } => write
                 .send(WriteSnapshot {
@@ -131,8 +132,8 @@ pub struct SnapshotStats {
     pub last_index: AtomicU64,
     /// Its size in bytes.
     pub last_bytes: AtomicU64,
-    /// Milliseconds to copy the state (under its read lock: applies wait meanwhile) and
-    /// serialize the copy (without the lock).
+    /// Milliseconds to serialize the state's copy (without the state's lock; taking the
+    /// copy is a few pointer copies).
     pub last_serialize_ms: AtomicU64,
     /// Milliseconds to serialize and write it durably.
     pub last_total_ms: AtomicU64,
@@ -253,27 +254,27 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
                 self.counter
             ),
         };
-        // Serialized and written on the snapshotter's thread, at low CPU and I/O priority:
-        // a large state takes a core and the disk for a while, which at the replica's own
-        // priority held back its commits (and on a runtime worker, the tasks queued behind
-        // it, heartbeats among them). Inline when the sink is direct (storage tests and the
-        // simulation, whose replay covers only what runs on its own runtime).
-        let ask = BuildSnapshot {
-            meta: meta.clone(),
+        // Serialized on the snapshot encoder's thread, at low CPU priority (a large state
+        // takes a core for a while, which at the replica's own priority held back its
+        // commits, and on a runtime worker the tasks queued behind it, heartbeats among
+        // them), then written by the snapshotter. Inline when the sink is direct (storage
+        // tests and the simulation, whose replay covers only what runs on its own runtime).
+        let ask = EncodeSnapshot {
             state: copy,
             delay: self.build_delay,
         };
-        let built = match &self.sink {
-            SnapshotSink::Direct(dir) => ask.run(dir),
-            SnapshotSink::Actor { build, .. } => build
+        let encoded = match &self.sink {
+            SnapshotSink::Direct(_) => ask.run(),
+            SnapshotSink::Actor { encode, .. } => encode
                 .send(ask)
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r),
         };
-        let (data, serialize_ms) = built.map_err(|e| {
+        let (data, serialize_ms) = encoded.map_err(|e| {
             StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e))
         })?;
+        let data = self.sink.write(&meta, data).await?;
         let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
         let total_ms = started.elapsed().as_millis() as u64;
         tracing::info!(

@@ -81,23 +81,30 @@ fn write_trickled(f: &mut fs::File, at: u64, bytes: &[u8]) -> std::io::Result<()
     let mut off = at;
     for chunk in bytes.chunks(WRITEBACK_CHUNK) {
         f.write_all(chunk)?;
-        // SAFETY: sync_file_range(2) on our own open file, with plain integer arguments.
-        unsafe {
-            libc::sync_file_range(
-                fd,
-                off as libc::off64_t,
-                chunk.len() as libc::off64_t,
-                libc::SYNC_FILE_RANGE_WRITE,
-            );
-            if let Some((p, len)) = previous {
-                libc::sync_file_range(
-                    fd,
-                    p as libc::off64_t,
-                    len as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                );
+        let mut ranges = vec![(off, chunk.len(), libc::SYNC_FILE_RANGE_WRITE)];
+        if let Some((p, len)) = previous {
+            ranges.push((
+                p,
+                len,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            ));
+        }
+        for (at, len, flags) in ranges {
+            // SAFETY: sync_file_range(2) on our own open file, with plain integer arguments.
+            let r = unsafe {
+                libc::sync_file_range(fd, at as libc::off64_t, len as libc::off64_t, flags)
+            };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                // Not supported here: the closing fsync does it all. Anything else (an I/O
+                // error) is the file's: a call that waits reports it, and marks it
+                // reported, so the fsync after it would not see it again.
+                match e.raw_os_error() {
+                    Some(libc::ENOSYS | libc::EINVAL | libc::ESPIPE | libc::EOPNOTSUPP) => {}
+                    _ => return Err(e),
+                }
             }
         }
         previous = Some((off, chunk.len()));

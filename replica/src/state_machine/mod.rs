@@ -676,7 +676,14 @@ impl StateMachine {
     fn apply_checkpoint(&mut self, cp: &LeaseCheckpoint) {
         // (A persistent map has no `values_mut`: each session changed is looked up.)
         if cp.mark_all {
-            let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+            // Only those not marked yet: a `get_mut` copies its part of the map while a
+            // snapshot's copy shares it.
+            let ids: Vec<SessionId> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.silent_ms.is_none())
+                .map(|(id, _)| *id)
+                .collect();
             for id in ids {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.silent_ms.get_or_insert(0);
