@@ -139,20 +139,22 @@ fn simulated_cell_survives_seeded_faults() {
 }
 
 /// The checkers bite on a clock outside the SDK's allowance: with the replicas' clocks
-/// up to 5 % fast (twice the 2.5 % the SDK's local lease allows for), seed 2's deaf
-/// holder still acts on its lease after the cell, whose leader r1 runs 4.9 % fast,
+/// up to 10 % fast (four times the 2.5 % the SDK's local lease allows for), seed 2's deaf
+/// holder still acts on its lease after the cell, whose leader r1 runs 9.9 % fast,
 /// expired its session and granted the lock to another worker (checker rule 3). The
-/// overlap comes 5.9 s into the run.
+/// overlap comes 5.6 s into the run. (With 5 %, the overlap window is a few acts wide:
+/// seed 2 showed it until the SDK's staggered dials moved its schedule, and no seed of
+/// 1–24 does since.)
 #[test]
 fn a_cell_clock_beyond_the_allowance_is_caught() {
     let dir = tempfile::tempdir().unwrap();
     let (o, stdout) = sim(
-        &["--seed", "2", "--skew", "0.05", "--time", "30s"],
+        &["--seed", "2", "--skew", "0.10", "--time", "30s"],
         dir.path(),
     );
     assert!(
         !o.status.success() && stdout.contains("two holders acting at once"),
-        "a 5 % fast leader went unnoticed:\n{stdout}\n{}",
+        "a 10 % fast leader went unnoticed:\n{stdout}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
 }
