@@ -160,28 +160,24 @@ pub fn bind_servers(
 /// How many threads of the cluster's server processes are bound to exactly `cpus`, of
 /// how many: checked at the end of a run, for the report.
 pub fn check_servers(system: System, dir: &std::path::Path, cpus: &Cpus) -> (usize, usize) {
-    let (mut bound, mut total) = (0, 0);
-    for (_, pid) in processes_of(system, dir) {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            total += 1;
-            bound += usize::from(bound_to(tid, cpus));
-        }
-    }
-    (bound, total)
+    count_bound(
+        processes_of(system, dir).into_iter().map(|(_, pid)| pid),
+        cpus,
+    )
 }
 
 /// How many threads of process `root` and of every process below it are bound to exactly
 /// `cpus`, of how many: for a cluster started as one process tree (`lockctl dev
 /// --cells 2`, which [`start_on`] bound at its start).
 pub fn check_tree(root: u32, cpus: &Cpus) -> (usize, usize) {
+    count_bound(tree_of(root), cpus)
+}
+
+/// How many threads of the processes `pids` are bound to exactly `cpus`, of how many
+/// (processes that ended meanwhile count for nothing).
+fn count_bound(pids: impl IntoIterator<Item = u32>, cpus: &Cpus) -> (usize, usize) {
     let (mut bound, mut total) = (0, 0);
-    for pid in tree_of(root) {
+    for pid in pids {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };

@@ -529,8 +529,8 @@ fn a_slow_disk_on_the_leader_starts_no_election_and_puts_no_session_in_jeopardy(
 /// Issue 27, item 6: a new client whose first endpoint is a leader just killed (as a
 /// `lockctl` started right after a `kill -9` is) reaches the new leader without waiting
 /// out its connect timeout on the dead one: the next endpoint is dialed beside it after
-/// a short stagger. With a 5 s connect (and attempt) timeout, its first write lands well within 2 s of
-/// its start once a new leader is elected (it took the whole 5 s and more before).
+/// a short stagger. With a 5 s connect (and attempt) timeout, its first write lands well
+/// within 2 s of its start once a new leader is elected (it took the whole 5 s before).
 #[test]
 fn a_new_client_does_not_wait_on_a_dead_first_endpoint() {
     let _g = serial();

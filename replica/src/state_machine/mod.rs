@@ -674,21 +674,8 @@ impl StateMachine {
     }
 
     fn apply_checkpoint(&mut self, cp: &LeaseCheckpoint) {
-        // (A persistent map has no `values_mut`: each session changed is looked up.)
         if cp.mark_all {
-            // Only those not marked yet: a `get_mut` copies its part of the map while a
-            // snapshot's copy shares it.
-            let ids: Vec<SessionId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.silent_ms.is_none())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in ids {
-                if let Some(s) = self.sessions.get_mut(&id) {
-                    s.silent_ms.get_or_insert(0);
-                }
-            }
+            self.change_sessions(|s| s.silent_ms.is_none(), |s| s.silent_ms = Some(0));
         }
         for id in &cp.renewed {
             if let Some(s) = self.sessions.get_mut(id) {
@@ -696,20 +683,30 @@ impl StateMachine {
             }
         }
         if cp.silent_add_ms > 0 {
-            let silent: Vec<SessionId> = self
-                .sessions
-                .iter()
-                .filter(|(_, s)| s.silent_ms.is_some())
-                .map(|(id, _)| *id)
-                .collect();
-            for id in silent {
-                if let Some(ms) = self
-                    .sessions
-                    .get_mut(&id)
-                    .and_then(|s| s.silent_ms.as_mut())
-                {
-                    *ms = ms.saturating_add(cp.silent_add_ms);
-                }
+            self.change_sessions(
+                |s| s.silent_ms.is_some(),
+                |s| {
+                    if let Some(ms) = s.silent_ms.as_mut() {
+                        *ms = ms.saturating_add(cp.silent_add_ms);
+                    }
+                },
+            );
+        }
+    }
+
+    /// Applies `change` to every session `which` picks. A persistent map has no
+    /// `values_mut`, and each `get_mut` copies its part of the map while a snapshot's
+    /// copy shares it: only the sessions that change are looked up.
+    fn change_sessions(&mut self, which: impl Fn(&Session) -> bool, change: impl Fn(&mut Session)) {
+        let ids: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| which(s))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                change(s);
             }
         }
     }
