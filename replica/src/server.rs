@@ -128,6 +128,7 @@ pub async fn run_on(
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell)
         .with_tls_files(peer_files);
     let peer_dials = network.dials();
+    let peer_certificate_checks = network.cert_checks();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {
         Some(log) => {
@@ -235,6 +236,7 @@ pub async fn run_on(
         in_flight: Default::default(),
         latency: Default::default(),
         peer_dials,
+        peer_certificate_checks,
         last_digest: Default::default(),
         quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
     });

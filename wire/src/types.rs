@@ -203,6 +203,11 @@ pub struct Status {
     /// Refusals by the limits per identity since start: connections, requests in
     /// flight, sessions ([`crate::quota`]).
     pub refused_by_limit: [u64; 3],
+    /// Peer certificates this replica checked on connections it dialed, since it started:
+    /// once per connection, and again on it when the TLS files change or the
+    /// certificate's `notAfter` passes. Growing with the requests (each leadership check
+    /// takes a pooled connection) means each check verifies a certificate chain again.
+    pub peer_certificate_checks: u64,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.

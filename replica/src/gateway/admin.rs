@@ -147,6 +147,7 @@ impl Gateway {
             snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
             request_latency: self.latency.snapshot(),
             peer_dials: self.peer_dials.load(Ordering::Relaxed),
+            peer_certificate_checks: self.peer_certificate_checks.load(Ordering::Relaxed),
             refused_by_limit: self.quotas.refusals(),
         }
     }

@@ -84,6 +84,9 @@ pub struct Gateway {
     pub latency: wire::latency::Recorder,
     /// Connections dialed to peers (`PeerNetworkFactory::dials`), for [`Status`].
     pub peer_dials: Arc<std::sync::atomic::AtomicU64>,
+    /// Peer certificates checked on dialed connections
+    /// (`PeerNetworkFactory::cert_checks`), for [`Status`].
+    pub peer_certificate_checks: Arc<std::sync::atomic::AtomicU64>,
     /// Connections, requests in flight and sessions per client identity.
     pub quotas: Arc<wire::quota::Quotas>,
     /// When the last [`Op::StateDigest`] was computed: one at a time, at most one per

@@ -5,7 +5,10 @@
 //! client of that peer. openraft 0.9 makes a new client for each leadership check
 //! (`ensure_linearizable`) and each election's votes; without the pool each check dialed
 //! every follower again, a TLS handshake per follower per check (about 200 a second at the
-//! leader under `loadgen profile`). Connections are not shared by clients alive at the same
+//! leader under `loadgen profile`). A pooled connection keeps the record of its peer's
+//! certificate check: before, each check's new client verified the certificate chain of
+//! its pooled connection again (an ECDSA verification per follower per check, a fifth of
+//! the leader's CPU under `loadgen profile --reads uncached`). Connections are not shared by clients alive at the same
 //! time: a replication stream keeps its own, as before the pool, so its large AppendEntries
 //! never share a congestion window with the heartbeats of a check. Each RPC is one
 //! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back.
@@ -41,8 +44,10 @@ use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
 use crate::raft::Raft;
 
 /// Idle connections, by peer id and address (a member re-added at another address is
-/// dialed anew).
-type Pool = Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<quinn::Connection>>>>;
+/// dialed anew), each with when its peer's certificate was last checked: a connection
+/// taken from the pool is checked again only when a fresh one would be ([`Checked`]).
+type Pool =
+    Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<(quinn::Connection, Option<Checked>)>>>>;
 
 /// Idle connections kept per peer; a client dropped when that many wait closes its own.
 const IDLE_PER_PEER_MAX: usize = 4;
@@ -56,6 +61,7 @@ pub struct PeerNetworkFactory {
     cell: Arc<str>,
     pool: Pool,
     dials: Arc<AtomicU64>,
+    cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
@@ -75,6 +81,7 @@ impl PeerNetworkFactory {
             cell: cell.into(),
             pool: Arc::default(),
             dials: Arc::default(),
+            cert_checks: Arc::default(),
             tls_files: None,
         }
     }
@@ -92,6 +99,13 @@ impl PeerNetworkFactory {
     pub fn dials(&self) -> Arc<AtomicU64> {
         self.dials.clone()
     }
+
+    /// Peer certificates checked so far on dialed connections (once a connection, again
+    /// when the TLS files change or the certificate's `notAfter` passes): a counter shared
+    /// with every client, for `Status::peer_certificate_checks`.
+    pub fn cert_checks(&self) -> Arc<AtomicU64> {
+        self.cert_checks.clone()
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
@@ -102,7 +116,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             let mut pool = self.pool.lock().expect("peer pool");
             let idle = pool.entry((target, node.addr.clone())).or_default();
             // The most recently returned first; closed ones are dropped on the way.
-            std::iter::from_fn(|| idle.pop()).find(|c| c.close_reason().is_none())
+            std::iter::from_fn(|| idle.pop()).find(|(c, _)| c.close_reason().is_none())
         };
         PeerClient {
             endpoint: self.endpoint.clone(),
@@ -111,9 +125,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             addr: node.addr.clone(),
             self_id: self.self_id,
             cell: self.cell.clone(),
-            conn: Mutex::new(idle.map(|c| (c, None))),
+            conn: Mutex::new(idle),
             pool: self.pool.clone(),
             dials: self.dials.clone(),
+            cert_checks: self.cert_checks.clone(),
             tls_files: self.tls_files.clone(),
         }
     }
@@ -128,10 +143,11 @@ pub struct PeerClient {
     self_id: NodeId,
     cell: Arc<str>,
     /// The connection, and when its peer's certificate was last checked: the files'
-    /// generation and the certificate's `notAfter` (none yet for one from the pool).
+    /// generation and the certificate's `notAfter` (kept with the connection in the pool).
     conn: Mutex<Option<(quinn::Connection, Option<Checked>)>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
+    cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
 }
 
@@ -142,7 +158,7 @@ type Checked = (u64, i64);
 impl Drop for PeerClient {
     /// Gives a live connection back to the pool for the next client of this peer.
     fn drop(&mut self) {
-        let Some((conn, _)) = self.conn.get_mut().take() else {
+        let Some((conn, checked)) = self.conn.get_mut().take() else {
             return;
         };
         if conn.close_reason().is_some() {
@@ -151,7 +167,7 @@ impl Drop for PeerClient {
         let mut pool = self.pool.lock().expect("peer pool");
         let idle = pool.entry((self.target, self.addr.clone())).or_default();
         if idle.len() < IDLE_PER_PEER_MAX {
-            idle.push(conn);
+            idle.push((conn, checked));
         }
     }
 }
@@ -221,14 +237,16 @@ impl PeerClient {
         reply.map_err(|e| {
             CallError::Unreachable(format!("peer {} refused hello: {e}", self.target))
         })?;
-        let checked = match &self.tls_files {
-            Some(files) => Some(
-                files
-                    .verify_dialed(&conn)
-                    .map_err(|e| CallError::Unreachable(format!("peer {}: {e}", self.target)))?,
-            ),
-            None => None,
-        };
+        let checked =
+            match &self.tls_files {
+                Some(files) => {
+                    self.cert_checks.fetch_add(1, Ordering::Relaxed);
+                    Some(files.verify_dialed(&conn).map_err(|e| {
+                        CallError::Unreachable(format!("peer {}: {e}", self.target))
+                    })?)
+                }
+                None => None,
+            };
         *guard = Some((conn.clone(), checked));
         Ok(conn)
     }
@@ -253,6 +271,7 @@ impl PeerClient {
                 Ok(())
             }
             _ => {
+                self.cert_checks.fetch_add(1, Ordering::Relaxed);
                 *checked = Some(files.verify_dialed(conn)?);
                 Ok(())
             }
