@@ -2,6 +2,11 @@
 //! against etcd and ZooKeeper (started on loopback by `ops/bench/peers.sh`) with each
 //! one's standard lock recipe, so one tool measures all three.
 
+/// jemalloc instead of glibc's malloc: under `loadgen profile` glibc's malloc and free took
+/// 10-20 % of the leader's, the proxy's and loadgen's CPU (docs/benchmarks.md, issue 27).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod cluster;
 mod pinning;
 mod profile;

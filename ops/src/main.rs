@@ -4,6 +4,11 @@
 //!   and stops them cleanly on Ctrl-C.
 //! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
 
+/// jemalloc instead of glibc's malloc: under `loadgen profile` glibc's malloc and free took
+/// 10-20 % of the leader's, the proxy's and loadgen's CPU (docs/benchmarks.md, issue 27).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod acl;
 mod certs;
 mod dev;

@@ -1,5 +1,10 @@
 //! `proxy`: the lock service's proxy tier.
 
+/// jemalloc instead of glibc's malloc: under `loadgen profile` glibc's malloc and free took
+/// 10-20 % of the leader's, the proxy's and loadgen's CPU (docs/benchmarks.md, issue 27).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::path::PathBuf;
 
 use clap::Parser;

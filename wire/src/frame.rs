@@ -54,18 +54,21 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Encodes `msg` as one frame (length prefix included).
 pub fn encode<T: Serialize>(msg: &T, max_bytes: usize) -> Result<Vec<u8>, Error> {
-    let mut buf = vec![0u8; 4];
-    let body = postcard::to_extend(msg, Vec::new()).map_err(|e| Error::Internal {
+    // The body is encoded after four bytes kept for its length, into one buffer (most
+    // frames are small: a few dozen bytes).
+    let mut buf = Vec::with_capacity(64);
+    buf.extend_from_slice(&[0u8; 4]);
+    let mut buf = postcard::to_extend(msg, buf).map_err(|e| Error::Internal {
         reason: format!("encode: {e}"),
     })?;
-    if body.len() > max_bytes {
+    let len = buf.len() - 4;
+    if len > max_bytes {
         return Err(Error::FrameTooLarge {
-            len: body.len(),
+            len,
             max: max_bytes,
         });
     }
-    buf[..4].copy_from_slice(&(body.len() as u32).to_be_bytes());
-    buf.extend_from_slice(&body);
+    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(buf)
 }
 
