@@ -95,6 +95,20 @@ fn acquire_herd_and_max_writes() {
         figure(&v, "writes per log entry at   4 writers") >= 1.0,
         "{v}"
     );
+    // The disk was probed in the run, and one writer's commit compared with it.
+    let disk = v["latencies"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k.starts_with("disk: 4 KiB write + fdatasync"))
+        .map(|(_, l)| l.clone())
+        .unwrap_or_else(|| panic!("no disk probe: {v}"));
+    assert!(disk["count"].as_u64().unwrap() >= 10, "{v}");
+    assert!(
+        figure(&v, "commit p50 at 1 writer / fsync p50") > 0.0,
+        "{v}"
+    );
+    assert!(figure(&v, "p50 ms at   1 writers") > 0.0, "{v}");
 }
 
 /// `--runs 2` with the servers and loadgen bound to separate CPUs: each run's report is

@@ -1,11 +1,22 @@
 //! `max-writes`: the write ceiling with fsync on, at rising concurrency.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::{Ctx, ALL_OR_NOTHING};
 use crate::report::bar;
 use crate::report::{Lat, Report};
 use crate::systems::Conn;
+
+/// How long the disk is probed before the first level.
+const FSYNC_PROBE: Duration = Duration::from_secs(3);
+
+/// The name of the disk probe's latency in a report.
+const DISK: &str =
+    "disk: 4 KiB write + fdatasync (probe next to the servers' data, before the writers)";
 
 /// The write ceiling with fsync on: each level runs that many writers (one key each) for
 /// a while; the knee is the last level that still added 10 % throughput.
@@ -22,6 +33,19 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
     }
     let start = Instant::now();
     let mut r = ctx.report("max-writes");
+    // The machine's fsync, in this run, on the filesystem under the servers' data, before
+    // any writer starts: what a commit at one writer is compared with.
+    let disk = Arc::new(Mutex::new(Lat::new(start)));
+    crate::profile::spawn_fsync_probe(
+        ctx.cluster.dir().to_path_buf(),
+        Instant::now() + FSYNC_PROBE,
+        Arc::new(AtomicBool::new(false)),
+        disk.clone(),
+    )
+    .await?;
+    let disk = std::mem::replace(&mut *disk.lock().expect("disk"), Lat::new(start));
+    let fsync_p50 = disk.summary().p50;
+    r.latency(DISK, &disk);
     let mut all = Lat::new(start);
     let mut prev = 0.0;
     let mut knee = levels[0];
@@ -60,7 +84,16 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
         }
         let tput = lat.count() as f64 / per.as_secs_f64();
         r.figure(&format!("writes per s at {level:>3} writers"), tput);
-        r.figure(&format!("p99 ms at {level:>3} writers"), lat.summary().p99);
+        let summary = lat.summary();
+        r.figure(&format!("p50 ms at {level:>3} writers"), summary.p50);
+        r.figure(&format!("p99 ms at {level:>3} writers"), summary.p99);
+        if level == 1 && disk.count() > 0 && fsync_p50 > 0.0 {
+            // A write at one writer is one commit, from the client's request to its answer.
+            r.figure(
+                "commit p50 at 1 writer / fsync p50",
+                summary.p50 / fsync_p50,
+            );
+        }
         if let (Some(b), Conn::Ours(c)) = (&leader_before, &ctx.conn) {
             if let Ok(a) = crate::profile::leader_status(c).await {
                 let syncs = a.log_syncs.saturating_sub(b.log_syncs);
@@ -94,6 +127,12 @@ pub async fn max_writes(ctx: &Ctx) -> anyhow::Result<Report> {
     r.param("sessions held", super::sessions_model(&ctx.conn));
     r.latency_failed("write (all levels)", &all, 0);
     r.notes.push(ALL_OR_NOTHING.into());
+    r.notes.push(format!(
+        "disk: before the first level, for {} s with no writer, 4 KiB written next to the \
+         servers' data and fdatasync'ed every 10 ms; 'commit p50 at 1 writer / fsync p50' \
+         divides the one writer's write p50 (request to answer, at the client) by it",
+        FSYNC_PROBE.as_secs()
+    ));
     r.figure("knee (writers)", knee as f64);
     r.figure("peak writes per s", prev);
     ctx.costs(&mut r);
