@@ -395,7 +395,15 @@ pub async fn profile(
         );
     }
     ctx.costs(&mut r);
-    // The sessions end with the cell (closing 50 000 of them would be 50 000 writes).
+    // The sessions end with the cell (closing 50 000 of them would be 50 000 writes), but
+    // their KeepAlive loops and event streams must not outlive the run: each would try
+    // the stopped cell until its grace period ran out, up to a minute, 50 000 of them at
+    // full scale, into the next run of `--runs N` (whose loadgen then took 1.5 times the
+    // CPU at a fifth of the scale, and at full scale fell behind and lost every session).
+    for s in &sessions {
+        s.stop_keepalives();
+    }
+    admin.stop_keepalives();
     Ok(r)
 }
 
