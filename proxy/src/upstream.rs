@@ -113,6 +113,11 @@ impl Upstream {
             Err(e) if e.is_retryable() => Err(unavailable(&format!(
                 "the proxy has lost its connection to the cell ({e})"
             ))),
+            // The replicas refused the proxy's own handshake: the proxy's certificate to
+            // fix, not the client's; the client may find another proxy.
+            Err(e @ Error::Handshake { .. }) => Err(unavailable(&format!(
+                "the proxy cannot reach the cell ({e})"
+            ))),
             r => r,
         }
     }

@@ -279,6 +279,17 @@ pub enum Error {
         /// Its epoch in this cell.
         epoch: u64,
     },
+    /// The TLS handshake with a server was refused, by the server or by this client: a
+    /// certificate not signed by the CA the other side trusts, expired or revoked, or a
+    /// protocol it does not speak. Raised by the SDK, never sent by a server. The SDK
+    /// tries the cell's other endpoints (one server's certificate may be the problem) and
+    /// gives up at once when every endpoint refused: no retry fixes a certificate, fix
+    /// the certificate or the CA file named.
+    #[error("TLS handshake refused: {reason}")]
+    Handshake {
+        /// The endpoint, and what was refused.
+        reason: String,
+    },
 }
 
 /// The bounds behind [`Error::LimitExceeded`]: each names what a remote party tried to
@@ -357,6 +368,7 @@ impl Error {
                 | Error::NotSessionOwner { .. }
                 | Error::Busy { .. }
                 | Error::TooManyFor { .. }
+                | Error::Handshake { .. }
         )
     }
 }

@@ -167,7 +167,8 @@ impl Client {
                             chunk.iter().map(|(s, _)| *s).collect();
                         acks.retain(|a| !done.contains(&a.session));
                     }
-                    Err(e) if !e.is_retryable() => {
+                    // A handshake refused here is one endpoint's (as a connection failure).
+                    Err(e) if !e.is_retryable() && !matches!(e, Error::Handshake { .. }) => {
                         tracing::debug!(%addr, "invalidation acks refused: {e}");
                         return;
                     }

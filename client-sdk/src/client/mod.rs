@@ -96,8 +96,20 @@ fn conn_err(e: impl std::fmt::Display) -> Error {
 /// reason, and the client goes on to the next endpoint: a certificate problem may be one
 /// server's (an expired certificate on one replica), and a close during the handshake
 /// can be forged by anyone who sees the client's first packet.
+///
+/// A TLS alert that refuses a certificate or the handshake's terms is
+/// [`Error::Handshake`]: [`Client::call_until`] still tries the other endpoints, and
+/// gives up at once when all of them refused.
 fn refused_or(addr: SocketAddr, e: &quinn::ConnectionError) -> Error {
     match e {
+        quinn::ConnectionError::TransportError(t) if tls_refusal(t.code) => Error::Handshake {
+            reason: format!("{addr}: this client refused the server: {e}"),
+        },
+        quinn::ConnectionError::ConnectionClosed(c) if tls_refusal(c.error_code) => {
+            Error::Handshake {
+                reason: format!("{addr} refused this client: {e}"),
+            }
+        }
         quinn::ConnectionError::ApplicationClosed(c)
             if c.error_code == wire::identity::CLOSE_REFUSED_IDENTITY.into() =>
         {
@@ -109,6 +121,17 @@ fn refused_or(addr: SocketAddr, e: &quinn::ConnectionError) -> Error {
             }
         }
         _ => conn_err(format!("{addr}: {e}")),
+    }
+}
+
+/// Whether a QUIC error code carries a TLS alert (`0x100 + alert`, RFC 9001 §4.8) that
+/// refuses a certificate or the handshake's terms (RFC 8446 §6.2): handshake_failure,
+/// bad/unsupported/revoked/expired/unknown certificate, unknown CA, access denied,
+/// certificate required, no application protocol.
+fn tls_refusal(code: quinn::TransportErrorCode) -> bool {
+    match u64::from(code).checked_sub(0x100) {
+        Some(alert) if alert < 0x100 => matches!(alert, 40 | 42..=46 | 48 | 49 | 116 | 120),
+        _ => false,
     }
 }
 
@@ -545,10 +568,13 @@ impl Client {
         let started = Instant::now();
         while Instant::now() < deadline {
             let mut redirected = false;
+            // Endpoints tried in this pass, and how many of them refused the handshake.
+            let (mut tried, mut refused) = (0usize, 0usize);
             for addr in self.reachable_first(self.candidates(), deadline).await {
                 if Instant::now() >= deadline {
                     break;
                 }
+                tried += 1;
                 let proxy = self
                     .inner
                     .proxies
@@ -596,6 +622,11 @@ impl Client {
                     Err(e @ Error::TooManyFor { .. }) if !self.inner.cfg.retry_limit_refusals => {
                         return Err(e)
                     }
+                    Err(e @ Error::Handshake { .. }) => {
+                        self.connection_failed(addr);
+                        refused += 1;
+                        last_err = Some(e);
+                    }
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
@@ -603,6 +634,13 @@ impl Client {
                         last_err = Some(e)
                     }
                     Err(e) => return Err(e),
+                }
+            }
+            // Every endpoint refused the TLS handshake: a certificate or CA to fix, which
+            // no retry will.
+            if !redirected && tried > 0 && refused == tried {
+                if let Some(e) = last_err {
+                    return Err(e);
                 }
             }
             if !redirected {
@@ -638,7 +676,10 @@ impl Client {
         };
         while Instant::now() < deadline {
             let mut redirected = false;
+            // Endpoints tried in this pass, and how many of them refused the handshake.
+            let (mut tried, mut refused) = (0usize, 0usize);
             for addr in self.reachable_first(self.candidates(), deadline).await {
+                tried += 1;
                 let attempt = async {
                     let conn = self.connection(addr).await?;
                     let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
@@ -683,6 +724,11 @@ impl Client {
                     Err(e @ Error::TooManyFor { .. }) if !self.inner.cfg.retry_limit_refusals => {
                         return Err(e)
                     }
+                    Err(e @ Error::Handshake { .. }) => {
+                        self.connection_failed(addr);
+                        refused += 1;
+                        last_err = e
+                    }
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
@@ -691,6 +737,9 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 }
+            }
+            if !redirected && tried > 0 && refused == tried {
+                return Err(last_err);
             }
             if !redirected {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1018,5 +1067,30 @@ fn sessionless(op: Op) -> Request {
 pub(crate) fn unexpected(r: &Reply) -> Error {
     Error::Internal {
         reason: format!("unexpected reply {r:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tls_refusal;
+
+    /// QUIC carries TLS alert A as 0x100 + A: the certificate alerts are refusals, other
+    /// alerts and transport errors are not.
+    #[test]
+    fn tls_alerts_that_refuse_a_certificate_are_told_apart() {
+        use quinn::TransportErrorCode as Code;
+        for alert in [40u8, 42, 43, 44, 45, 46, 48, 49, 116, 120] {
+            assert!(tls_refusal(Code::crypto(alert)), "alert {alert}");
+        }
+        for alert in [0u8, 10, 47, 50, 80, 255] {
+            assert!(!tls_refusal(Code::crypto(alert)), "alert {alert}");
+        }
+        for other in [
+            Code::NO_ERROR,
+            Code::INTERNAL_ERROR,
+            Code::PROTOCOL_VIOLATION,
+        ] {
+            assert!(!tls_refusal(other), "{other}");
+        }
     }
 }
