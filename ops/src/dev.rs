@@ -265,6 +265,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
     }
     print_status(&client).await?;
+    // The hint's compare-and-set names the version the node has now (the demo changed it).
+    let set_hint = match client.get("/demo/config").await {
+        Ok((_, stat)) => format!("set /demo/config v2 --version {}", stat.version),
+        Err(_) => "create /demo/config v1".to_string(),
+    };
     if args.exit_after_demo {
         children.stop();
         return Ok(());
@@ -273,7 +278,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "\ncell running. Try, in another terminal:\n  \
          export LOCKCTL_ENDPOINTS={} LOCKCTL_CA={}\n  \
          cargo run -q --bin lockctl -- status\n  \
-         cargo run -q --bin lockctl -- set /demo/config v2 --version 0\n\
+         cargo run -q --bin lockctl -- {set_hint}\n  \
+         cargo run -q --bin lockctl -- watch /demo/config\n\
          Ctrl-C stops the cell.",
         endpoints.join(","),
         ca.display()
@@ -389,7 +395,9 @@ async fn demo(client: &Client) -> anyhow::Result<()> {
 }
 
 /// Prints every replica's status.
-pub async fn print_status(client: &Client) -> anyhow::Result<()> {
+/// Prints every endpoint's status as a table; returns how many answered, and the first
+/// error of those that did not.
+pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Option<Error>)> {
     println!(
         "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
         "id",
@@ -405,9 +413,11 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
         "fsyncs"
     );
     let mut members = None;
+    let (mut answered, mut first_err) = (0, None);
     for addr in client.endpoints() {
         match client.status_of(*addr).await {
             Ok(s) => {
+                answered += 1;
                 println!(
                     "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
                     s.id,
@@ -429,7 +439,10 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
                 );
                 members.get_or_insert(s.members);
             }
-            Err(e) => println!("{:<4} {:<18} unreachable: {e}", "?", addr.to_string()),
+            Err(e) => {
+                println!("{:<4} {:<18} unreachable: {e}", "?", addr.to_string());
+                first_err.get_or_insert(e);
+            }
         }
     }
     if let Some(ms) = members {
@@ -446,7 +459,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<()> {
             .collect();
         println!("members: {}", list.join(", "));
     }
-    Ok(())
+    Ok((answered, first_err))
 }
 
 /// `lockctl dev --cells N`: a root cell, N cells trusting one CA, a directory instance,

@@ -2,7 +2,8 @@
 //!
 //! - `lockctl dev` starts a local cell of replica processes on loopback, shows it working,
 //!   and stops them cleanly on Ctrl-C.
-//! - `lockctl status | create | get | set | ls | rm | member ...` talk to a running cell.
+//! - `lockctl status | create | get | set | ls | rm | watch | member ...` talk to a running
+//!   cell.
 
 /// jemalloc instead of glibc's malloc: under `loadgen profile` glibc's malloc and free took
 /// 10-20 % of the leader's, the proxy's and loadgen's CPU (docs/benchmarks.md, issue 27).
@@ -15,6 +16,7 @@ mod dev;
 use ops::dir;
 mod fenced;
 mod lock;
+mod watch;
 
 pub(crate) use ops::say;
 
@@ -28,19 +30,21 @@ use wire::types::Op;
 
 /// Operate a lock-service cell.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, after_help = EXIT_CODES)]
 struct Cli {
-    /// Replica addresses (comma-separated).
-    #[arg(long, env = "LOCKCTL_ENDPOINTS", default_value = dev::DEFAULT_ENDPOINTS, global = true)]
-    endpoints: String,
-    /// The cell's CA certificate.
-    #[arg(
-        long,
-        env = "LOCKCTL_CA",
-        default_value = "cell-data/tls/ca.pem",
-        global = true
-    )]
-    ca: PathBuf,
+    /// Replica (or proxy) addresses, comma-separated. Default: the settings file's, else
+    /// the default `lockctl dev` cell's (127.0.0.1:7101-7105).
+    #[arg(long, env = "LOCKCTL_ENDPOINTS", global = true)]
+    endpoints: Option<String>,
+    /// The cell's CA certificate. Default: the settings file's, else
+    /// cell-data/tls/ca.pem.
+    #[arg(long, env = "LOCKCTL_CA", global = true)]
+    ca: Option<PathBuf>,
+    /// A settings file (TOML: endpoints, ca, cert, key, timeout_secs; relative paths
+    /// from the file's directory). Flags and environment variables override it. Default:
+    /// $XDG_CONFIG_HOME/lockctl.toml or ~/.config/lockctl.toml, if there is one.
+    #[arg(long, env = "LOCKCTL_CONFIG", global = true)]
+    config: Option<PathBuf>,
     /// This client's certificate (every connection is mutual TLS). Default: client.pem
     /// next to the CA.
     #[arg(long = "cert", env = "LOCKCTL_CERT", global = true)]
@@ -48,12 +52,156 @@ struct Cli {
     /// The certificate's key. Default: client.key next to the CA.
     #[arg(long = "key", env = "LOCKCTL_KEY", global = true)]
     tls_key: Option<PathBuf>,
-    /// Give up on a request after this many seconds.
-    #[arg(long, default_value_t = 15, global = true)]
-    timeout_secs: u64,
+    /// Give up on a request after this many seconds. Default: the settings file's, else 15.
+    #[arg(long, global = true)]
+    timeout_secs: Option<u64>,
+    /// Print what read commands (status, get, ls, watch) return as JSON (one object per
+    /// line for watch) instead of text.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
+
+/// `lockctl`'s settings file (`--config`, or `~/.config/lockctl.toml`): the connection
+/// settings an `etcdctl` or `zkCli` user would otherwise repeat on every command.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    /// Endpoints: a comma-separated string or a list.
+    endpoints: Option<Endpoints>,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Endpoints {
+    One(String),
+    List(Vec<String>),
+}
+
+/// The settings file to read: the one named (it must exist), else the user's, if any.
+fn settings_path(named: Option<&PathBuf>) -> Option<PathBuf> {
+    if let Some(p) = named {
+        return Some(p.clone());
+    }
+    let dir = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(dir.join("lockctl.toml")).filter(|p| p.exists())
+}
+
+/// Reads a settings file; relative paths in it are taken from its directory.
+fn read_settings(path: &std::path::Path) -> anyhow::Result<Settings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("settings file {}", path.display()))?;
+    let mut s: Settings =
+        toml::from_str(&text).with_context(|| format!("settings file {}", path.display()))?;
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    for p in [&mut s.ca, &mut s.cert, &mut s.key].into_iter().flatten() {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    }
+    Ok(s)
+}
+
+/// How to reach the cell: flags and environment first, then the settings file, then
+/// the defaults.
+#[derive(Debug)]
+struct Reach {
+    endpoints: String,
+    tls: ClientTls,
+    timeout_secs: u64,
+}
+
+fn reach(cli: &Cli) -> anyhow::Result<Reach> {
+    let file = match settings_path(cli.config.as_ref()) {
+        Some(p) => read_settings(&p)?,
+        None => Settings::default(),
+    };
+    let endpoints = cli
+        .endpoints
+        .clone()
+        .or(file.endpoints.map(|e| match e {
+            Endpoints::One(s) => s,
+            Endpoints::List(l) => l.join(","),
+        }))
+        .unwrap_or_else(|| dev::DEFAULT_ENDPOINTS.to_string());
+    Ok(Reach {
+        endpoints,
+        tls: ClientTls {
+            ca: cli
+                .ca
+                .clone()
+                .or(file.ca)
+                .unwrap_or_else(|| PathBuf::from("cell-data/tls/ca.pem")),
+            cert: cli.tls_cert.clone().or(file.cert),
+            key: cli.tls_key.clone().or(file.key),
+        },
+        timeout_secs: cli.timeout_secs.or(file.timeout_secs).unwrap_or(15),
+    })
+}
+
+/// The exit statuses, for scripts (also in `--help`).
+const EXIT_CODES: &str = "Exit status: 0 done; 1 any other error; 2 bad arguments; \
+3 lock not acquired in time; 4 lock lost; 5 fenced write refused; 6 no such node; \
+7 conflict (version mismatch, node exists, not empty, transaction failed); 8 the cell \
+did not answer (unreachable, no leader, timed out); 9 refused (not allowed, a limit, a \
+certificate or configuration to fix).
+
+Examples:
+  lockctl status
+  lockctl create /app/config v1
+  lockctl set /app/config v2 --version 0
+  lockctl get /app/config --json
+  lockctl watch /app/config
+  lockctl lock /app/leader -- ./run-job.sh
+  lockctl completions bash > /etc/bash_completion.d/lockctl";
+
+/// The exit status for an error ([`EXIT_CODES`]).
+fn exit_code(e: &anyhow::Error) -> i32 {
+    use wire::Error as E;
+    let Some(w) = e.chain().find_map(|c| c.downcast_ref::<wire::Error>()) else {
+        return if e.chain().any(|c| c.downcast_ref::<Unreachable>().is_some()) {
+            8
+        } else {
+            1
+        };
+    };
+    match w {
+        E::NoNode { .. } => 6,
+        E::BadVersion { .. } | E::NodeExists { .. } | E::NotEmpty { .. } | E::TxnFailed { .. } => 7,
+        E::NotLeader { .. }
+        | E::Unavailable { .. }
+        | E::Timeout { .. }
+        | E::Connection { .. }
+        | E::Busy { .. }
+        | E::Frozen { .. } => 8,
+        E::Denied { .. }
+        | E::NotAdmin { .. }
+        | E::NotSessionOwner { .. }
+        | E::TooManyFor { .. }
+        | E::TooManySessions { .. }
+        | E::TooManyRequests { .. }
+        | E::LimitExceeded { .. }
+        | E::WrongCell { .. }
+        | E::BadRequest { .. }
+        | E::Handshake { .. }
+        | E::ProtocolVersion { .. } => 9,
+        _ => 1,
+    }
+}
+
+/// No endpoint of the cell answered (`lockctl status`): exit status 8, or `refused`'s
+/// when every endpoint refused the TLS handshake.
+#[derive(Debug, thiserror::Error)]
+#[error("no replica answered ({0} tried)")]
+struct Unreachable(usize);
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -84,6 +232,30 @@ enum Command {
     Get {
         /// Path.
         path: String,
+    },
+    /// Print a node's value and every change to it (or to its children, with --children)
+    /// until Ctrl-C: a one-shot watch, re-armed after each event with a read that shows
+    /// the value at that moment (changes between an event and the re-read are folded into
+    /// it, as with ZooKeeper's watches).
+    Watch(watch::WatchArgs),
+    /// Is a lock holder still the holder: its node present with the same fencing token and
+    /// session? Linearizable. Exit status 0 if so, 4 if not. Under `lockctl lock`, the
+    /// command's environment gives all three (LOCK_NODE, LOCK_TOKEN, LOCK_SESSION).
+    CheckSequencer {
+        /// The holder's lock node (full path).
+        #[arg(long, env = "LOCK_NODE")]
+        node: String,
+        /// Its fencing token.
+        #[arg(long, env = "LOCK_TOKEN")]
+        token: u64,
+        /// The holder's session.
+        #[arg(long, env = "LOCK_SESSION")]
+        session: u64,
+    },
+    /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
     /// Read a node through a session's consistent cache repeatedly, printing for each read
     /// its start and end wall-clock times (µs since the epoch), whether it came from the
@@ -267,7 +439,7 @@ fn main() {
         .init();
     if let Err(e) = run(cli) {
         say!("lockctl: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
     }
 }
 
@@ -293,6 +465,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Certs(cmd) => return certs::run(cmd),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "lockctl", &mut std::io::stdout());
+            return Ok(());
+        }
         Command::FencedWrite {
             store,
             lock,
@@ -326,17 +503,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // Settings (flags, environment, the settings file) before the command is taken apart;
+    // `dev` needs none of them.
+    let r = match &cli.command {
+        Command::Dev(_) => None,
+        _ => Some(reach(&cli)?),
+    };
     rt.block_on(async move {
-        match cli.command {
-            Command::Dev(args) => dev::run(args).await,
-            other => {
-                let tls = ClientTls {
-                    ca: cli.ca.clone(),
-                    cert: cli.tls_cert.clone(),
-                    key: cli.tls_key.clone(),
-                };
-                command(&cli.endpoints, &tls, cli.timeout_secs, other).await
+        match (cli.command, r) {
+            (Command::Dev(args), _) => dev::run(args).await,
+            (other, Some(r)) => {
+                command(&r.endpoints, &r.tls, r.timeout_secs, cli.json, other).await
             }
+            (_, None) => unreachable!("settings are read for every command but dev"),
         }
     })
 }
@@ -380,19 +559,80 @@ async fn command(
     endpoints: &str,
     tls: &ClientTls,
     timeout_secs: u64,
+    json: bool,
     cmd: Command,
 ) -> anyhow::Result<()> {
     let client = connect(endpoints, tls, timeout_secs).await?;
     match cmd {
-        Command::Status { full: false } => dev::print_status(&client).await,
-        Command::Status { full: true } => {
+        Command::Status { full } if json || full => {
+            let (mut answered, mut refused) = (0, None);
             for addr in client.endpoints() {
-                match client.status_of(*addr).await {
-                    Ok(s) => println!("{addr}: {s:#?}"),
-                    Err(e) => println!("{addr}: {e}"),
+                let r = client.status_of(*addr).await;
+                answered += usize::from(r.is_ok());
+                if let Err(e @ wire::Error::Handshake { .. }) = &r {
+                    refused.get_or_insert(e.clone());
+                }
+                match (r, json) {
+                    // The latency histograms are `lockctl latency --json`'s.
+                    (Ok(mut s), true) => {
+                        s.request_latency.clear();
+                        println!(
+                            "{}",
+                            serde_json::json!({ "endpoint": addr.to_string(), "status": s })
+                        )
+                    }
+                    (Err(e), true) => println!(
+                        "{}",
+                        serde_json::json!({ "endpoint": addr.to_string(), "error": e.to_string() })
+                    ),
+                    (Ok(s), false) => println!("{addr}: {s:#?}"),
+                    (Err(e), false) => println!("{addr}: {e}"),
                 }
             }
+            if answered == 0 {
+                return Err(match refused {
+                    Some(e) => e.into(),
+                    None => Unreachable(client.endpoints().len()).into(),
+                });
+            }
             Ok(())
+        }
+        Command::Status { .. } => match dev::print_status(&client).await? {
+            (0, Some(e @ wire::Error::Handshake { .. })) => Err(e.into()),
+            (0, _) => Err(Unreachable(client.endpoints().len()).into()),
+            _ => Ok(()),
+        },
+        Command::Watch(args) => watch::run(&client, args, json).await,
+        Command::CheckSequencer {
+            node,
+            token,
+            session,
+        } => {
+            wire::path::validate(&node)?;
+            let op = Op::CheckSequencer {
+                path: node.clone(),
+                token,
+                session,
+            };
+            match client.request(op).await? {
+                Reply::Sequencer { current } => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "node": node, "token": token, "session": session, "current": current })
+                        );
+                    } else if current {
+                        println!("{node} token {token}: current holder");
+                    } else {
+                        println!("{node} token {token}: NOT the holder any more");
+                    }
+                    if !current {
+                        std::process::exit(4);
+                    }
+                    Ok(())
+                }
+                other => anyhow::bail!("unexpected reply {other:?}"),
+            }
         }
         Command::Create {
             path,
@@ -455,6 +695,10 @@ async fn command(
         }
         Command::Get { path } => {
             let (data, stat) = client.get(&path).await?;
+            if json {
+                println!("{}", watch::node_json(&path, &data, &stat));
+                return Ok(());
+            }
             println!("{}", String::from_utf8_lossy(&data));
             eprintln!(
                 "version={} create_index={} token={} mod_index={} children={} ephemeral_owner={}",
@@ -479,6 +723,19 @@ async fn command(
             session.close().await?;
             let stat = r?;
             println!("{path} now at version {}", stat.version);
+            Ok(())
+        }
+        Command::Ls { path } if json => {
+            let children: Vec<_> = client
+                .children(&path)
+                .await?
+                .into_iter()
+                .map(|(name, stat)| serde_json::json!({ "name": name, "stat": stat }))
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({ "path": path, "children": children })
+            );
             Ok(())
         }
         Command::Ls { path } => {
@@ -537,12 +794,36 @@ async fn command(
                     Ok(s) => ("replica", s.request_latency),
                     Err(_) => match client.proxy_status_of(*addr).await {
                         Ok(s) => ("proxy", s.request_latency),
+                        Err(e) if json => {
+                            println!(
+                                "{}",
+                                serde_json::json!({ "endpoint": addr.to_string(), "error": e.to_string() })
+                            );
+                            continue;
+                        }
                         Err(e) => {
                             println!("{addr}: {e}");
                             continue;
                         }
                     },
                 };
+                if json {
+                    let ops: Vec<_> = lat
+                        .iter()
+                        .filter_map(|l| {
+                            let s = wire::latency::summarize(&l.histogram().ok()?);
+                            Some(serde_json::json!({
+                                "request": l.op, "count": s.count, "p50_ms": s.p50_ms,
+                                "p99_ms": s.p99_ms, "max_ms": s.max_ms,
+                            }))
+                        })
+                        .collect();
+                    println!(
+                        "{}",
+                        serde_json::json!({ "endpoint": addr.to_string(), "kind": what, "requests": ops })
+                    );
+                    continue;
+                }
                 println!("{addr} ({what})");
                 println!(
                     "  {:<22} {:>10} {:>10} {:>10} {:>10}",
@@ -560,6 +841,18 @@ async fn command(
                         Err(e) => println!("  {:<22} {e}", l.op),
                     }
                 }
+            }
+            Ok(())
+        }
+        Command::ProxyStatus if json => {
+            for addr in client.endpoints() {
+                let v = match client.proxy_status_of(*addr).await {
+                    Ok(s) => serde_json::json!({ "endpoint": addr.to_string(), "status": s }),
+                    Err(e) => {
+                        serde_json::json!({ "endpoint": addr.to_string(), "error": e.to_string() })
+                    }
+                };
+                println!("{v}");
             }
             Ok(())
         }
@@ -640,6 +933,7 @@ async fn command(
         Command::Dev(_)
         | Command::Directory { .. }
         | Command::Certs(_)
+        | Command::Completions { .. }
         | Command::Proxy { .. }
         | Command::Replica { .. }
         | Command::FencedWrite { .. }
@@ -676,5 +970,48 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.tls_key, Some(PathBuf::from("c.key")));
+    }
+
+    /// Flags win over the settings file, the file over the defaults; the file's relative
+    /// paths are its directory's; a key the file should not have is an error naming it.
+    #[test]
+    fn settings_file_between_flags_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lockctl.toml");
+        std::fs::write(
+            &file,
+            "endpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nca = \"tls/ca.pem\"\ntimeout_secs = 3\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let cli = Cli::try_parse_from(["lockctl", "--config", f, "status"]).unwrap();
+        let r = reach(&cli).unwrap();
+        assert_eq!(r.endpoints, "127.0.0.1:1,127.0.0.1:2");
+        assert_eq!(r.tls.ca, dir.path().join("tls/ca.pem"));
+        assert_eq!(r.timeout_secs, 3);
+        assert_eq!(r.tls.cert, None);
+        let cli = Cli::try_parse_from([
+            "lockctl",
+            "--config",
+            f,
+            "--endpoints",
+            "127.0.0.1:9",
+            "--timeout-secs",
+            "7",
+            "status",
+        ])
+        .unwrap();
+        let r = reach(&cli).unwrap();
+        assert_eq!((r.endpoints.as_str(), r.timeout_secs), ("127.0.0.1:9", 7));
+        assert_eq!(r.tls.ca, dir.path().join("tls/ca.pem"));
+
+        std::fs::write(&file, "endpoint = \"127.0.0.1:1\"\n").unwrap();
+        let cli = Cli::try_parse_from(["lockctl", "--config", f, "status"]).unwrap();
+        let e = format!("{:#}", reach(&cli).unwrap_err());
+        assert!(e.contains("endpoint") && e.contains("lockctl.toml"), "{e}");
+        let missing = dir.path().join("none.toml");
+        let cli = Cli::try_parse_from(["lockctl", "--config", missing.to_str().unwrap(), "status"])
+            .unwrap();
+        assert!(format!("{:#}", reach(&cli).unwrap_err()).contains("none.toml"));
     }
 }

@@ -1172,3 +1172,212 @@ fn a_holder_whose_node_is_deleted_ends_its_command() {
     drop(holder);
     assert!(cell.stop().success());
 }
+
+/// What a script needs from lockctl (issue 28): the hint `lockctl dev` prints works as
+/// printed, read commands print JSON with `--json`, `watch` prints a node's value and each
+/// change (re-armed) and stops after `--count` events, exit statuses tell what happened,
+/// `status` fails when no replica answers, and completions generate.
+#[test]
+fn json_watch_exit_codes_hint_and_completions() {
+    let _g = serial();
+    let cell = DevCell::start(&[]);
+    let (endpoints, ca) = (cell.eps(), cell.ca.clone());
+
+    // The hint's compare-and-set names the version the demo left (it changed the node).
+    let hint = cell
+        .out
+        .lines()
+        .find_map(|l| {
+            l.split("lockctl -- ")
+                .nth(1)
+                .filter(|h| h.starts_with("set "))
+        })
+        .unwrap_or_else(|| panic!("no set hint in:\n{}", cell.out))
+        .to_string();
+    let args: Vec<&str> = hint.split_whitespace().collect();
+    let o = lockctl(&endpoints, &ca, &args);
+    assert!(o.status.success(), "`{hint}`: {}", text(&o));
+
+    // --json on get, ls and status.
+    let o = lockctl(&endpoints, &ca, &["create", "/j", "one"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = lockctl(&endpoints, &ca, &["--json", "get", "/j"]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(v["data"], "one", "{v}");
+    assert_eq!(v["stat"]["version"], 0, "{v}");
+    let o = lockctl(&endpoints, &ca, &["create", "/j/k", "x"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = lockctl(&endpoints, &ca, &["ls", "/j", "--json"]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(v["children"][0]["name"], "k", "{v}");
+    let o = lockctl(&endpoints, &ca, &["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let roles: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["status"]["role"].to_string()
+        })
+        .collect();
+    assert_eq!(roles.len(), 3, "{}", text(&o));
+    assert_eq!(
+        roles.iter().filter(|r| r.contains("Leader")).count(),
+        1,
+        "{roles:?}"
+    );
+
+    // Exit statuses: no such node 6, version mismatch 7, node exists 7, bad path 1.
+    let code = |args: &[&str]| lockctl(&endpoints, &ca, args).status.code();
+    assert_eq!(code(&["get", "/nope"]), Some(6));
+    assert_eq!(code(&["set", "/j", "two", "--version", "5"]), Some(7));
+    assert_eq!(code(&["create", "/j"]), Some(7));
+    assert_eq!(code(&["rm", "/j"]), Some(7));
+
+    // watch: the value now, then each change with the value re-read, until --count.
+    let mut w = Command::new(LOCKCTL)
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
+        .args(["--endpoints", &endpoints, "--ca"])
+        .arg(&ca)
+        .args(["watch", "/j", "--count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert_eq!(first, "/j version=0 one");
+    let o = lockctl(&endpoints, &ca, &["set", "/j", "two"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("changed /j index="));
+    assert_eq!(lines.next().unwrap().unwrap(), "/j version=1 two");
+    let o = lockctl(&endpoints, &ca, &["rm", "/j/k"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = lockctl(&endpoints, &ca, &["rm", "/j"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Deleting a child is no event on the node's data; its own deletion is.
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("deleted /j index="));
+    assert_eq!(lines.next().unwrap().unwrap(), "/j does not exist");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = w.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch did not stop after --count 2"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+
+    // check-sequencer: a command under `lockctl lock` checks its own hold from its
+    // environment (exit 0); once the lock is released the same sequencer is stale (4).
+    let o = Command::new(LOCKCTL)
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
+        .env("LOCKCTL_ENDPOINTS", &endpoints)
+        .env("LOCKCTL_CA", &ca)
+        .args(["lock", "/seq", "--", "sh", "-c"])
+        .arg(format!(
+            "echo $LOCK_NODE $LOCK_TOKEN $LOCK_SESSION; {LOCKCTL} check-sequencer"
+        ))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains(": current holder"), "{out}");
+    let held: Vec<&str> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() == 3 && w[0].starts_with("/seq/"))
+        .unwrap_or_else(|| panic!("no LOCK_NODE line in {out}"));
+    let o = lockctl(
+        &endpoints,
+        &ca,
+        &[
+            "check-sequencer",
+            "--node",
+            held[0],
+            "--token",
+            held[1],
+            "--session",
+            held[2],
+        ],
+    );
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(text(&o).contains("NOT the holder"), "{}", text(&o));
+
+    // A CA that did not sign the cell (with a client certificate of its own): every
+    // replica's certificate is refused, so the command fails at once with 9 and says so,
+    // rather than retrying for its whole timeout; `status` too (it used to exit 0).
+    let other = tempfile::tempdir().unwrap();
+    let certs = |args: &[&str]| {
+        let o = Command::new(LOCKCTL)
+            .arg("certs")
+            .args(args)
+            .current_dir(other.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    certs(&["init", "ca"]);
+    certs(&[
+        "issue", "--ca-dir", "ca", "--role", "client", "--name", "stranger", "--out", "app",
+    ]);
+    let wrong_ca = other.path().join("app/ca.pem");
+    for args in [
+        &["get", "/j"][..],
+        &["status"][..],
+        &["status", "--json"][..],
+    ] {
+        let t0 = Instant::now();
+        let o = lockctl(&endpoints, &wrong_ca, args);
+        assert_eq!(o.status.code(), Some(9), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("TLS handshake refused"),
+            "{args:?}: {}",
+            text(&o)
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(8),
+            "{args:?} took {:?}",
+            t0.elapsed()
+        );
+    }
+
+    // No replica answers: status fails with 8 (it used to exit 0). The TLS files outlive
+    // the cell's directory.
+    let keep = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(ca.parent().unwrap()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), keep.path().join(f.file_name())).unwrap();
+    }
+    let ca = keep.path().join("ca.pem");
+    drop(cell);
+    let o = lockctl(&endpoints, &ca, &["status"]);
+    assert_eq!(o.status.code(), Some(8), "{}", text(&o));
+
+    for shell in ["bash", "zsh"] {
+        let o = Command::new(LOCKCTL)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            text(&o).contains("watch") && text(&o).contains("--json"),
+            "{shell}"
+        );
+    }
+    let o = Command::new(LOCKCTL).arg("--help").output().unwrap();
+    assert!(text(&o).contains("Exit status: 0 done"), "{}", text(&o));
+}

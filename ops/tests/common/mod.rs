@@ -48,7 +48,8 @@ pub fn text(o: &Output) -> String {
     )
 }
 
-/// Starts `lockctl dev` and returns it with its output up to "cell running".
+/// Starts `lockctl dev` and returns it with its output up to "cell running" and the
+/// hints after it (to the line "Ctrl-C stops ...").
 pub fn start_dev(
     data: &std::path::Path,
     base: u16,
@@ -86,7 +87,7 @@ pub fn start_dev_of(
         let Some(Ok(line)) = lines.next() else { break };
         out.push_str(&line);
         out.push('\n');
-        if line.starts_with("cell running") {
+        if line.starts_with("Ctrl-C stops") {
             break;
         }
     }
