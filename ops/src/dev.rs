@@ -395,9 +395,9 @@ async fn demo(client: &Client) -> anyhow::Result<()> {
 }
 
 /// Prints every replica's status.
-/// Prints every endpoint's status as a table; returns how many answered, and the first
-/// error of those that did not.
-pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Option<Error>)> {
+/// Prints every endpoint's status as a table; returns how many answered, and the errors
+/// of those that did not.
+pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)> {
     println!(
         "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
         "id",
@@ -413,7 +413,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Option<Erro
         "fsyncs"
     );
     let mut members = None;
-    let (mut answered, mut first_err) = (0, None);
+    let (mut answered, mut errors) = (0, Vec::new());
     for addr in client.endpoints() {
         match client.status_of(*addr).await {
             Ok(s) => {
@@ -441,7 +441,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Option<Erro
             }
             Err(e) => {
                 println!("{:<4} {:<18} unreachable: {e}", "?", addr.to_string());
-                first_err.get_or_insert(e);
+                errors.push(e);
             }
         }
     }
@@ -459,7 +459,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Option<Erro
             .collect();
         println!("members: {}", list.join(", "));
     }
-    Ok((answered, first_err))
+    Ok((answered, errors))
 }
 
 /// `lockctl dev --cells N`: a root cell, N cells trusting one CA, a directory instance,

@@ -132,6 +132,13 @@ fn reach(cli: &Cli) -> anyhow::Result<Reach> {
             Endpoints::List(l) => l.join(","),
         }))
         .unwrap_or_else(|| dev::DEFAULT_ENDPOINTS.to_string());
+    // A CA named by flag or environment comes with its own certificate and key (given, or
+    // next to it), never the settings file's, which belong to the file's CA.
+    let (file_cert, file_key) = if cli.ca.is_some() {
+        (None, None)
+    } else {
+        (file.cert, file.key)
+    };
     Ok(Reach {
         endpoints,
         tls: ClientTls {
@@ -140,8 +147,8 @@ fn reach(cli: &Cli) -> anyhow::Result<Reach> {
                 .clone()
                 .or(file.ca)
                 .unwrap_or_else(|| PathBuf::from("cell-data/tls/ca.pem")),
-            cert: cli.tls_cert.clone().or(file.cert),
-            key: cli.tls_key.clone().or(file.key),
+            cert: cli.tls_cert.clone().or(file_cert),
+            key: cli.tls_key.clone().or(file_key),
         },
         timeout_secs: cli.timeout_secs.or(file.timeout_secs).unwrap_or(15),
     })
@@ -565,12 +572,13 @@ async fn command(
     let client = connect(endpoints, tls, timeout_secs).await?;
     match cmd {
         Command::Status { full } if json || full => {
-            let (mut answered, mut refused) = (0, None);
+            let (mut answered, mut refused, mut refusal) = (0, 0, None);
             for addr in client.endpoints() {
                 let r = client.status_of(*addr).await;
                 answered += usize::from(r.is_ok());
                 if let Err(e @ wire::Error::Handshake { .. }) = &r {
-                    refused.get_or_insert(e.clone());
+                    refused += 1;
+                    refusal.get_or_insert(e.clone());
                 }
                 match (r, json) {
                     // The latency histograms are `lockctl latency --json`'s.
@@ -590,16 +598,29 @@ async fn command(
                 }
             }
             if answered == 0 {
-                return Err(match refused {
-                    Some(e) => e.into(),
-                    None => Unreachable(client.endpoints().len()).into(),
+                return Err(match refusal {
+                    Some(e) if refused == client.endpoints().len() => e.into(),
+                    _ => Unreachable(client.endpoints().len()).into(),
                 });
             }
             Ok(())
         }
         Command::Status { .. } => match dev::print_status(&client).await? {
-            (0, Some(e @ wire::Error::Handshake { .. })) => Err(e.into()),
-            (0, _) => Err(Unreachable(client.endpoints().len()).into()),
+            (0, errors) => Err(
+                match errors
+                    .iter()
+                    .find(|e| matches!(e, wire::Error::Handshake { .. }))
+                {
+                    Some(e)
+                        if errors
+                            .iter()
+                            .all(|e| matches!(e, wire::Error::Handshake { .. })) =>
+                    {
+                        e.clone().into()
+                    }
+                    _ => Unreachable(client.endpoints().len()).into(),
+                },
+            ),
             _ => Ok(()),
         },
         Command::Watch(args) => watch::run(&client, args, json).await,
@@ -973,14 +994,16 @@ mod tests {
     }
 
     /// Flags win over the settings file, the file over the defaults; the file's relative
-    /// paths are its directory's; a key the file should not have is an error naming it.
+    /// paths are its directory's; a CA given by flag comes without the file's certificate
+    /// and key; a key the file should not have is an error naming it.
     #[test]
     fn settings_file_between_flags_and_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("lockctl.toml");
         std::fs::write(
             &file,
-            "endpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nca = \"tls/ca.pem\"\ntimeout_secs = 3\n",
+            "endpoints = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nca = \"tls/ca.pem\"\ntimeout_secs = 3\n\
+             cert = \"tls/me.pem\"\nkey = \"tls/me.key\"\n",
         )
         .unwrap();
         let f = file.to_str().unwrap();
@@ -989,7 +1012,14 @@ mod tests {
         assert_eq!(r.endpoints, "127.0.0.1:1,127.0.0.1:2");
         assert_eq!(r.tls.ca, dir.path().join("tls/ca.pem"));
         assert_eq!(r.timeout_secs, 3);
-        assert_eq!(r.tls.cert, None);
+        assert_eq!(r.tls.cert, Some(dir.path().join("tls/me.pem")));
+        assert_eq!(r.tls.key, Some(dir.path().join("tls/me.key")));
+        let cli =
+            Cli::try_parse_from(["lockctl", "--config", f, "--ca", "/other/ca.pem", "status"])
+                .unwrap();
+        let r = reach(&cli).unwrap();
+        assert_eq!(r.tls.ca, PathBuf::from("/other/ca.pem"));
+        assert_eq!((r.tls.cert, r.tls.key), (None, None));
         let cli = Cli::try_parse_from([
             "lockctl",
             "--config",

@@ -102,8 +102,18 @@ fn print_event(ev: &WatchEvent, json: bool) {
 /// way out.
 pub async fn run(client: &Client, args: WatchArgs, json: bool) -> anyhow::Result<()> {
     wire::path::validate(&args.path)?;
-    let session = client.open_session().await?;
-    let r = watch_loop(&session, &args, json).await;
+    // One listener for the whole command, made first: a Ctrl-C while a read is in flight
+    // (a new listener would not see a signal delivered before it existed) ends it too.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let session = tokio::select! {
+        s = client.open_session() => s?,
+        _ = &mut ctrl_c => return Ok(()),
+    };
+    let r = tokio::select! {
+        r = watch_loop(&session, &args, json) => r,
+        _ = &mut ctrl_c => Ok(()),
+    };
     let _ = tokio::time::timeout(Duration::from_secs(5), session.close()).await;
     r
 }
@@ -121,7 +131,6 @@ async fn watch_loop(session: &Session, args: &WatchArgs, json: bool) -> anyhow::
                 print_event(&ev?, json);
                 seen += 1;
             }
-            _ = tokio::signal::ctrl_c() => return Ok(()),
             _ = expired.wait_for(|s| *s == client_sdk::SessionState::Expired) => {
                 anyhow::bail!("the session expired: events may have been missed");
             }

@@ -1238,6 +1238,7 @@ fn json_watch_exit_codes_hint_and_completions() {
     let mut w = Command::new(LOCKCTL)
         .env_remove("LOCKCTL_CERT")
         .env_remove("LOCKCTL_KEY")
+        .env("LOCKCTL_CONFIG", "/dev/null")
         .args(["--endpoints", &endpoints, "--ca"])
         .arg(&ca)
         .args(["watch", "/j", "--count", "2"])
@@ -1287,6 +1288,7 @@ fn json_watch_exit_codes_hint_and_completions() {
         .env_remove("LOCKCTL_KEY")
         .env("LOCKCTL_ENDPOINTS", &endpoints)
         .env("LOCKCTL_CA", &ca)
+        .env("LOCKCTL_CONFIG", "/dev/null")
         .args(["lock", "/seq", "--", "sh", "-c"])
         .arg(format!(
             "echo $LOCK_NODE $LOCK_TOKEN $LOCK_SESSION; {LOCKCTL} check-sequencer"
@@ -1334,26 +1336,65 @@ fn json_watch_exit_codes_hint_and_completions() {
     certs(&[
         "issue", "--ca-dir", "ca", "--role", "client", "--name", "stranger", "--out", "app",
     ]);
-    let wrong_ca = other.path().join("app/ca.pem");
-    for args in [
-        &["get", "/j"][..],
-        &["status"][..],
-        &["status", "--json"][..],
+    // And a CA with the dev CA's very name but another key (a stale dev cell's CA): the
+    // chain then fails on its signature (TLS alert 51), not on an unknown issuer (48).
+    certs(&["init", "twin", "--name", "lockservice dev CA"]);
+    certs(&[
+        "issue", "--ca-dir", "twin", "--role", "client", "--name", "twin", "--out", "twin-app",
+    ]);
+    for wrong_ca in [
+        other.path().join("app/ca.pem"),
+        other.path().join("twin-app/ca.pem"),
     ] {
-        let t0 = Instant::now();
-        let o = lockctl(&endpoints, &wrong_ca, args);
-        assert_eq!(o.status.code(), Some(9), "{args:?}: {}", text(&o));
-        assert!(
-            text(&o).contains("TLS handshake refused"),
-            "{args:?}: {}",
-            text(&o)
-        );
-        assert!(
-            t0.elapsed() < Duration::from_secs(8),
-            "{args:?} took {:?}",
-            t0.elapsed()
-        );
+        for args in [
+            &["get", "/j"][..],
+            &["status"][..],
+            &["status", "--json"][..],
+        ] {
+            let t0 = Instant::now();
+            let o = lockctl(&endpoints, &wrong_ca, args);
+            assert_eq!(o.status.code(), Some(9), "{args:?}: {}", text(&o));
+            assert!(
+                text(&o).contains("TLS handshake refused"),
+                "{args:?}: {}",
+                text(&o)
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(8),
+                "{args:?} took {:?}",
+                t0.elapsed()
+            );
+        }
     }
+
+    // Ctrl-C (SIGINT) ends a watch at once, with status 0.
+    let mut w = Command::new(LOCKCTL)
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
+        .env("LOCKCTL_CONFIG", "/dev/null")
+        .args(["--endpoints", &endpoints, "--ca"])
+        .arg(&ca)
+        .args(["watch", "/seq"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("/seq"));
+    let kill = Command::new("kill")
+        .args(["-INT", &w.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = w.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "watch did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
 
     // No replica answers: status fails with 8 (it used to exit 0). The TLS files outlive
     // the cell's directory.

@@ -969,8 +969,9 @@ impl Reloading {
     /// Checks the certificate the server at the other end of `conn` (dialed by this
     /// process) presented, against the files as last loaded: valid now (not expired),
     /// chained to the CA, for [`SERVER_NAME`], and not on a revocation list. Returns the
-    /// files' generation it was checked at and the certificate's `notAfter` (Unix
-    /// seconds), so a caller can check again only when either has moved.
+    /// files' generation it was checked at and the earliest `notAfter` of the chain it
+    /// presented (Unix seconds; an intermediate may expire before the leaf), so a caller
+    /// can check again only when either has moved.
     pub fn verify_dialed(&self, conn: &quinn::Connection) -> Result<(u64, i64), String> {
         let generation = self.generation_now();
         let chain = conn
@@ -984,12 +985,12 @@ impl Reloading {
             .server_verifier
             .verify_server_cert(leaf, &chain[1..], &name, &[], UnixTime::now())
             .map_err(|e| format!("the server's certificate no longer checks: {e}"))?;
-        let not_after = x509_parser::parse_x509_certificate(leaf)
-            .map_err(|e| format!("the server's certificate does not parse: {e}"))?
-            .1
-            .validity()
-            .not_after
-            .timestamp();
+        let mut not_after = i64::MAX;
+        for cert in chain.iter() {
+            let (_, c) = x509_parser::parse_x509_certificate(cert)
+                .map_err(|e| format!("the server's certificate does not parse: {e}"))?;
+            not_after = not_after.min(c.validity().not_after.timestamp());
+        }
         Ok((generation, not_after))
     }
 

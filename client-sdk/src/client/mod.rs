@@ -127,10 +127,13 @@ fn refused_or(addr: SocketAddr, e: &quinn::ConnectionError) -> Error {
 /// Whether a QUIC error code carries a TLS alert (`0x100 + alert`, RFC 9001 §4.8) that
 /// refuses a certificate or the handshake's terms (RFC 8446 §6.2): handshake_failure,
 /// bad/unsupported/revoked/expired/unknown certificate, unknown CA, access denied,
-/// certificate required, no application protocol.
+/// decrypt error (a certificate signed by a CA of the same name with another key: rustls
+/// reports a bad signature), certificate required, no application protocol.
 fn tls_refusal(code: quinn::TransportErrorCode) -> bool {
     match u64::from(code).checked_sub(0x100) {
-        Some(alert) if alert < 0x100 => matches!(alert, 40 | 42..=46 | 48 | 49 | 116 | 120),
+        Some(alert) if alert < 0x100 => {
+            matches!(alert, 40 | 42..=46 | 48 | 49 | 51 | 116 | 120)
+        }
         _ => false,
     }
 }
@@ -1079,10 +1082,10 @@ mod tests {
     #[test]
     fn tls_alerts_that_refuse_a_certificate_are_told_apart() {
         use quinn::TransportErrorCode as Code;
-        for alert in [40u8, 42, 43, 44, 45, 46, 48, 49, 116, 120] {
+        for alert in [40u8, 42, 43, 44, 45, 46, 48, 49, 51, 116, 120] {
             assert!(tls_refusal(Code::crypto(alert)), "alert {alert}");
         }
-        for alert in [0u8, 10, 47, 50, 80, 255] {
+        for alert in [0u8, 10, 47, 50, 52, 80, 255] {
             assert!(!tls_refusal(Code::crypto(alert)), "alert {alert}");
         }
         for other in [

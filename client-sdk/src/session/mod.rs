@@ -717,7 +717,10 @@ impl Drop for RequestSlot {
 /// True when `e` leaves a write's outcome unknown: it may have been applied, or may still
 /// be (the request was lost, timed out, or met a leader change, a stopped proposal or an
 /// internal failure). Every other error was decided by the cell (or refused before being
-/// sent): the write did not apply, and never will under that request id.
+/// sent): the write did not apply, and never will under that request id. A refused TLS
+/// handshake ([`Error::Handshake`]) is unknown too: an earlier attempt of the same request
+/// may have reached the leader before the certificates stopped fitting (one expired, or
+/// a revocation list was reloaded, mid-request).
 pub(crate) fn outcome_unknown(e: &Error) -> bool {
     matches!(
         e,
@@ -726,6 +729,7 @@ pub(crate) fn outcome_unknown(e: &Error) -> bool {
             | Error::Timeout { .. }
             | Error::Connection { .. }
             | Error::Internal { .. }
+            | Error::Handshake { .. }
     )
 }
 
@@ -734,5 +738,25 @@ impl Client {
     pub async fn open_session(&self) -> Result<Session, Error> {
         let slot = self.session_slot()?;
         Session::open(self.clone(), slot).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outcome_unknown;
+    use wire::Error;
+
+    /// A write whose attempt met a refused TLS handshake may still have been applied by
+    /// an earlier attempt of the same request (the certificates stopped fitting
+    /// mid-request): the recipes must treat it as unknown, not as "not applied".
+    #[test]
+    fn a_refused_handshake_leaves_a_write_unknown() {
+        assert!(outcome_unknown(&Error::Handshake {
+            reason: "127.0.0.1:1 refused this client".into()
+        }));
+        assert!(outcome_unknown(&Error::Connection {
+            reason: "lost".into()
+        }));
+        assert!(!outcome_unknown(&Error::NoNode { path: "/x".into() }));
     }
 }

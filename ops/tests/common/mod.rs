@@ -32,6 +32,8 @@ pub fn lockctl(endpoints: &str, ca: &std::path::Path, args: &[&str]) -> Output {
         // The client's certificate next to the CA, whatever the caller's environment says.
         .env_remove("LOCKCTL_CERT")
         .env_remove("LOCKCTL_KEY")
+        // No settings file of the user's (an empty one).
+        .env("LOCKCTL_CONFIG", "/dev/null")
         .args(["--endpoints", endpoints, "--ca"])
         .arg(ca)
         .args(["--timeout-secs", "10"])
