@@ -204,11 +204,23 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
 }
 
-/// No endpoint of the cell answered (`lockctl status`): exit status 8, or `refused`'s
-/// when every endpoint refused the TLS handshake.
+/// No endpoint of the cell answered (`lockctl status`): exit status 8.
 #[derive(Debug, thiserror::Error)]
 #[error("no replica answered ({0} tried)")]
 struct Unreachable(usize);
+
+/// `status`'s error when no endpoint answered, from each endpoint's error: the refusal
+/// (exit status 9) when every one refused the TLS handshake, else [`Unreachable`] (8).
+fn none_answered(errors: Vec<wire::Error>) -> anyhow::Error {
+    let tried = errors.len();
+    let all_refused = errors
+        .iter()
+        .all(|e| matches!(e, wire::Error::Handshake { .. }));
+    match errors.into_iter().next() {
+        Some(e) if all_refused => e.into(),
+        _ => Unreachable(tried).into(),
+    }
+}
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -572,13 +584,12 @@ async fn command(
     let client = connect(endpoints, tls, timeout_secs).await?;
     match cmd {
         Command::Status { full } if json || full => {
-            let (mut answered, mut refused, mut refusal) = (0, 0, None);
+            let (mut answered, mut errors) = (0, Vec::new());
             for addr in client.endpoints() {
                 let r = client.status_of(*addr).await;
                 answered += usize::from(r.is_ok());
-                if let Err(e @ wire::Error::Handshake { .. }) = &r {
-                    refused += 1;
-                    refusal.get_or_insert(e.clone());
+                if let Err(e) = &r {
+                    errors.push(e.clone());
                 }
                 match (r, json) {
                     // The latency histograms are `lockctl latency --json`'s.
@@ -598,29 +609,12 @@ async fn command(
                 }
             }
             if answered == 0 {
-                return Err(match refusal {
-                    Some(e) if refused == client.endpoints().len() => e.into(),
-                    _ => Unreachable(client.endpoints().len()).into(),
-                });
+                return Err(none_answered(errors));
             }
             Ok(())
         }
         Command::Status { .. } => match dev::print_status(&client).await? {
-            (0, errors) => Err(
-                match errors
-                    .iter()
-                    .find(|e| matches!(e, wire::Error::Handshake { .. }))
-                {
-                    Some(e)
-                        if errors
-                            .iter()
-                            .all(|e| matches!(e, wire::Error::Handshake { .. })) =>
-                    {
-                        e.clone().into()
-                    }
-                    _ => Unreachable(client.endpoints().len()).into(),
-                },
-            ),
+            (0, errors) => Err(none_answered(errors)),
             _ => Ok(()),
         },
         Command::Watch(args) => watch::run(&client, args, json).await,

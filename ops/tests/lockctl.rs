@@ -1235,18 +1235,7 @@ fn json_watch_exit_codes_hint_and_completions() {
     assert_eq!(code(&["rm", "/j"]), Some(7));
 
     // watch: the value now, then each change with the value re-read, until --count.
-    let mut w = Command::new(LOCKCTL)
-        .env_remove("LOCKCTL_CERT")
-        .env_remove("LOCKCTL_KEY")
-        .env("LOCKCTL_CONFIG", "/dev/null")
-        .args(["--endpoints", &endpoints, "--ca"])
-        .arg(&ca)
-        .args(["watch", "/j", "--count", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let (mut w, mut lines) = spawn_watch(&endpoints, &ca, &["/j", "--count", "2"]);
     let first = lines.next().unwrap().unwrap();
     assert_eq!(first, "/j version=0 one");
     let o = lockctl(&endpoints, &ca, &["set", "/j", "two"]);
@@ -1268,18 +1257,7 @@ fn json_watch_exit_codes_hint_and_completions() {
         .unwrap()
         .starts_with("deleted /j index="));
     assert_eq!(lines.next().unwrap().unwrap(), "/j does not exist");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = w.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "watch did not stop after --count 2"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status}");
+    assert_exits_ok(&mut w, Duration::from_secs(20), "after --count 2");
 
     // check-sequencer: a command under `lockctl lock` checks its own hold from its
     // environment (exit 0); once the lock is released the same sequencer is stale (4).
@@ -1368,33 +1346,14 @@ fn json_watch_exit_codes_hint_and_completions() {
     }
 
     // Ctrl-C (SIGINT) ends a watch at once, with status 0.
-    let mut w = Command::new(LOCKCTL)
-        .env_remove("LOCKCTL_CERT")
-        .env_remove("LOCKCTL_KEY")
-        .env("LOCKCTL_CONFIG", "/dev/null")
-        .args(["--endpoints", &endpoints, "--ca"])
-        .arg(&ca)
-        .args(["watch", "/seq"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let (mut w, mut lines) = spawn_watch(&endpoints, &ca, &["/seq"]);
     assert!(lines.next().unwrap().unwrap().starts_with("/seq"));
     let kill = Command::new("kill")
         .args(["-INT", &w.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = w.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "watch did not stop on SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status}");
+    assert_exits_ok(&mut w, Duration::from_secs(10), "on SIGINT");
 
     // No replica answers: status fails with 8 (it used to exit 0). The TLS files outlive
     // the cell's directory.
@@ -1421,4 +1380,41 @@ fn json_watch_exit_codes_hint_and_completions() {
     }
     let o = Command::new(LOCKCTL).arg("--help").output().unwrap();
     assert!(text(&o).contains("Exit status: 0 done"), "{}", text(&o));
+}
+
+/// `lockctl watch ARGS` against the cell, with its stdout's lines.
+fn spawn_watch(
+    endpoints: &str,
+    ca: &std::path::Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let mut w = Command::new(LOCKCTL)
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
+        .env("LOCKCTL_CONFIG", "/dev/null")
+        .args(["--endpoints", endpoints, "--ca"])
+        .arg(ca)
+        .arg("watch")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    (w, lines)
+}
+
+/// `w` exits with status 0 within `within` (`what`: when it should have).
+fn assert_exits_ok(w: &mut std::process::Child, within: Duration, what: &str) {
+    let mut status = None;
+    let exited = wait_until(within, || {
+        status = w.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(exited, "watch did not stop {what}");
+    let status = status.unwrap();
+    assert!(status.success(), "{status}");
 }
