@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command (needs protoc for loadgen's etcd client: apt-get install -y
-# protobuf-compiler): formatting, lints, docs and every test (unit, property,
-# openraft's storage suite, and the cell tests that start real replica processes on
-# loopback). Figures measured by the cell tests are printed as lines starting "FIGURE".
+# The project's test command (needs protoc for loadgen's etcd client and promtool for the
+# alerting rules: apt-get install -y protobuf-compiler prometheus): formatting, lints,
+# docs, the monitoring files and every test (unit, property, openraft's storage suite,
+# and the cell tests that start real replica processes on loopback). Figures measured by the cell tests are printed as lines starting "FIGURE".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Property tests draw from a fixed seed here so a run replays exactly; plain `cargo test`
@@ -11,6 +11,9 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261201}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk -q
+# The alerting rules and the dashboard, with the real promtool (apt-get install -y
+# prometheus): rules parse, their unit tests pass, every dashboard query parses.
+./ops/monitoring/check.sh
 # A client compiles neither the replica's consensus and storage nor the dev CA's rcgen:
 # `wire` keeps them behind its `raft` and `dev-ca` features (docs/architecture.md).
 if cargo tree -p client-sdk -e normal --prefix none | grep -E '^(openraft|fjall|rcgen) '; then

@@ -13,6 +13,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -35,12 +36,21 @@ pub struct DirectoryConfig {
     pub tls: wire::tls::TlsConfig,
     /// How often the map is read again even without a watch firing (a safety net).
     pub refresh: Duration,
+    /// Where `/metrics`, `/health` and `/ready` are served over HTTP (None: not served).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// What the instance serves: the last map read, if any.
 #[derive(Default)]
 pub struct Served {
     map: RwLock<Option<DirectoryMap>>,
+    /// When the map was last read whole from the root cell.
+    read_at: RwLock<Option<Instant>>,
+    /// Whole reads of the map that succeeded, and that failed.
+    reads: AtomicU64,
+    read_failures: AtomicU64,
+    /// Directory requests answered with a map.
+    answered: AtomicU64,
 }
 
 impl Served {
@@ -137,6 +147,8 @@ async fn read_plain(session: &Session) -> Result<DirectoryMap, Error> {
 }
 
 fn publish(served: &Served, map: DirectoryMap) {
+    served.reads.fetch_add(1, Ordering::Relaxed);
+    *served.read_at.write().expect("read_at lock") = Some(Instant::now());
     if served.map().as_ref() != Some(&map) {
         tracing::info!(
             cells = map.cells.len(),
@@ -179,14 +191,18 @@ async fn follow(client: Client, served: Arc<Served>, refresh: Duration) {
                         _ = &mut changed => break,
                         _ = s.expired() => break,
                         _ = tokio::time::sleep(refresh) => {
-                            if let Ok(m) = read_plain(&s).await {
-                                publish(&served, m);
+                            match read_plain(&s).await {
+                                Ok(m) => publish(&served, m),
+                                Err(_) => {
+                                    served.read_failures.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                         }
                     }
                 }
             }
             Err(e) => {
+                served.read_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("root cell: cannot read the map: {e}");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -222,7 +238,10 @@ impl wire::serve::Handler for Instance {
     async fn request(&self, _: &(), _: &wire::serve::Caller, req: Request, _: Instant) -> Response {
         match req.op {
             Op::Directory => match self.served.map() {
-                Some(map) => Ok(wire::types::Reply::Directory(map)),
+                Some(map) => {
+                    self.served.answered.fetch_add(1, Ordering::Relaxed);
+                    Ok(wire::types::Reply::Directory(map))
+                }
                 None => Err(Error::Unavailable {
                     reason: "this directory instance has not read the map from the root cell yet"
                         .into(),
@@ -290,10 +309,24 @@ pub async fn run_on(
         served: served.clone(),
         tls_files,
     });
-    let tasks = [
-        wire::rt::spawn(follow(client, served, cfg.refresh)),
+    let mut tasks = vec![
+        wire::rt::spawn(follow(client, served.clone(), cfg.refresh)),
         wire::rt::spawn(serve(endpoint.clone(), instance)),
     ];
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = wire::metrics::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("the directory: {e}"))?;
+        tracing::info!(%addr, "metrics, /health and /ready served");
+        let probe = DirectoryProbe {
+            served,
+            cert: cfg.tls.cert.clone(),
+        };
+        tasks.push(wire::rt::spawn(wire::metrics::serve(
+            listener,
+            Arc::new(probe),
+        )));
+    }
     tracing::info!(identity = %me, listen = %cfg.listen, root = ?cfg.root, "directory serving");
     shutdown.await;
     endpoint.close(0u32.into(), b"directory shutting down");
@@ -336,4 +369,93 @@ pub fn run_until_signal(cfg: DirectoryConfig) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move { run(cfg, wire::rt::shutdown_signal()).await })
+}
+
+/// The directory's Prometheus metrics, `/health` and `/ready` (ready once it holds a
+/// map; names in `docs/operations.md`, "Metrics and alerts").
+struct DirectoryProbe {
+    served: Arc<Served>,
+    cert: std::path::PathBuf,
+}
+
+impl wire::metrics::Probe for DirectoryProbe {
+    fn metrics(&self) -> wire::metrics::BoxFuture<'_, wire::metrics::Scrape> {
+        use wire::metrics::prometheus_client::registry::Unit;
+        Box::pin(async move {
+            let mut s = wire::metrics::Scrape::new();
+            let map = self.served.map();
+            s.gauge(
+                "directory_map_held",
+                "1 once this instance holds a map to serve.",
+                f64::from(u8::from(map.is_some())),
+            );
+            let (cells, prefixes, index) =
+                map.map_or((0, 0, 0), |m| (m.cells.len(), m.prefixes.len(), m.index));
+            s.gauge(
+                "directory_map_cells",
+                "Cells in the map served.",
+                cells as f64,
+            );
+            s.gauge(
+                "directory_map_prefixes",
+                "Prefixes in the map served.",
+                prefixes as f64,
+            );
+            s.gauge(
+                "directory_map_index",
+                "The root cell's log index of the newest entry in the map served.",
+                index as f64,
+            );
+            let age = self
+                .served
+                .read_at
+                .read()
+                .expect("read_at lock")
+                .map_or(0.0, |t| t.elapsed().as_secs_f64());
+            s.gauge_in(
+                "directory_map_age",
+                "Time since the map was last read whole from the root cell (0 before).",
+                Unit::Seconds,
+                age,
+            );
+            s.counter(
+                "directory_map_reads",
+                "Whole reads of the map from the root cell.",
+                self.served.reads.load(Ordering::Relaxed),
+            );
+            s.counter(
+                "directory_map_read_failures",
+                "Reads of the map from the root cell that failed (retried after a second).",
+                self.served.read_failures.load(Ordering::Relaxed),
+            );
+            s.counter(
+                "directory_requests_answered",
+                "Directory requests answered with a map.",
+                self.served.answered.load(Ordering::Relaxed),
+            );
+            match wire::tls::earliest_not_after(&self.cert) {
+                Ok(t) => s.gauge_in(
+                    "tls_certificate_expiry_timestamp",
+                    "Earliest notAfter of this process's certificate chain, Unix time.",
+                    Unit::Seconds,
+                    t as f64,
+                ),
+                Err(e) => tracing::warn!(error = %e, "the certificate's expiry for the metrics"),
+            }
+            s
+        })
+    }
+
+    fn ready(&self) -> wire::metrics::BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move {
+            match self.served.map() {
+                Some(m) => Ok(format!(
+                    "serving a map of {} cells and {} prefixes",
+                    m.cells.len(),
+                    m.prefixes.len()
+                )),
+                None => Err("no map read from the root cell yet".into()),
+            }
+        })
+    }
 }

@@ -44,6 +44,9 @@ struct Args {
     /// Read the whole map again at least this often (seconds), watches or not.
     #[arg(long, default_value_t = 30)]
     refresh_secs: u64,
+    /// Serve /metrics (Prometheus), /health and /ready over HTTP on this TCP address.
+    #[arg(long, env = "DIRECTORY_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 fn main() {
@@ -65,6 +68,7 @@ fn main() {
             crls: a.crls,
         },
         refresh: Duration::from_secs(a.refresh_secs.max(1)),
+        metrics_listen: a.metrics_listen,
     };
     if let Err(e) = directory::run_until_signal(cfg) {
         eprintln!("directory: {e:#}");

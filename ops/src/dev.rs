@@ -30,6 +30,12 @@ pub struct DevArgs {
     /// First UDP port of the proxies (default: base-port + 100).
     #[arg(long)]
     proxy_base_port: Option<u16>,
+    /// Serve /metrics (Prometheus), /health and /ready over HTTP (TCP) from every
+    /// replica, proxy and directory: each on this port plus its UDP port's offset from
+    /// base-port (replica N on metrics-base-port + N - 1, the proxies from
+    /// metrics-base-port + 100; with --cells, the root at + 100 and the directory at + 200).
+    #[arg(long)]
+    metrics_base_port: Option<u16>,
     /// Session lease in milliseconds.
     #[arg(long, default_value_t = 12_000)]
     lease_ms: u64,
@@ -45,6 +51,22 @@ pub struct DevArgs {
     /// one in each (`docs/directory.md`).
     #[arg(long, value_parser = clap::value_parser!(u16).range(2..=8))]
     cells: Option<u16>,
+}
+
+/// Where the process listening on UDP `port` serves its metrics (see
+/// `--metrics-base-port`), if asked to.
+pub fn metrics_addr(args: &DevArgs, port: u16) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    let Some(m) = args.metrics_base_port else {
+        return Ok(None);
+    };
+    let offset = i64::from(port) - i64::from(args.base_port);
+    let p = i64::from(m) + offset;
+    anyhow::ensure!(
+        (1..=i64::from(u16::MAX)).contains(&p),
+        "--metrics-base-port {m}: the process on UDP port {port} would serve its metrics on \
+         TCP port {p}, out of range"
+    );
+    Ok(Some(std::net::SocketAddr::from(([127, 0, 0, 1], p as u16))))
 }
 
 /// Writes the configuration files of a dev cell and returns their paths.
@@ -84,6 +106,9 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             // The quick start's cell: every identity may do anything, and the dev
             // client is its admin (`lockctl acl` works out of the box).
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
+            metrics: replica::config::MetricsConfig {
+                listen: metrics_addr(args, args.base_port + m.id as u16 - 1)?,
+            },
         };
         cfg.validate()?;
         let path = args.data.join(format!("replica-{}.toml", m.id));
@@ -118,6 +143,7 @@ pub fn write_proxy_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             wire::tls::DEV_CLIENT.into(),
             wire::quota::Limits::unlimited(),
         );
+        cfg.metrics.listen = metrics_addr(args, cfg.listen.port())?;
         cfg.validate()?;
         let path = args.data.join(format!("proxy-{}.toml", i + 1));
         std::fs::write(&path, toml::to_string_pretty(&cfg)?)?;
@@ -247,6 +273,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             proxies.len(),
             proxies.join(", ")
         );
+    }
+    if args.metrics_base_port.is_some() {
+        let mut urls = Vec::new();
+        for addr in endpoints.iter().chain(&proxies) {
+            let port: u16 = addr.rsplit(':').next().unwrap_or("0").parse()?;
+            if let Some(m) = metrics_addr(&args, port)? {
+                urls.push(format!("http://{m}/metrics"));
+            }
+        }
+        println!("metrics (also /health and /ready): {}", urls.join(" "));
     }
 
     if !args.no_demo {
@@ -523,6 +559,10 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
         base_port,
         proxies: 0,
         proxy_base_port: None,
+        // Each process keeps its UDP port's offset from the outer base port.
+        metrics_base_port: args
+            .metrics_base_port
+            .map(|m| m + (base_port - args.base_port)),
         lease_ms: args.lease_ms,
         no_demo: true,
         exit_after_demo: false,
@@ -562,7 +602,8 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
     }
     let listen = format!("127.0.0.1:{}", args.base_port + 200);
     let log = std::fs::File::create(args.data.join("directory.log"))?;
-    let child = std::process::Command::new(std::env::current_exe()?)
+    let mut directory = std::process::Command::new(std::env::current_exe()?);
+    directory
         .args([
             "directory",
             "--listen",
@@ -571,7 +612,12 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
             &root.join(","),
             "--tls-dir",
         ])
-        .arg(&tls)
+        .arg(&tls);
+    if let Some(m) = metrics_addr(&args, args.base_port + 200)? {
+        directory.arg("--metrics-listen").arg(m.to_string());
+        println!("the directory's metrics (also /health and /ready): http://{m}/metrics");
+    }
+    let child = directory
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
         .spawn()

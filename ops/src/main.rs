@@ -401,6 +401,9 @@ enum Command {
         /// A TLS directory holding ca.pem, directory.pem and directory.key.
         #[arg(long)]
         tls_dir: PathBuf,
+        /// Serve /metrics, /health and /ready over HTTP on this TCP address.
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Run one proxy in this process (used by `lockctl dev`; same as the `proxy` binary).
     #[command(hide = true)]
@@ -470,6 +473,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             root,
             tls_dir,
+            metrics_listen,
         } => {
             return directory::run_until_signal(directory::DirectoryConfig {
                 listen: *listen,
@@ -481,6 +485,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     crls: Vec::new(),
                 },
                 refresh: Duration::from_secs(30),
+                metrics_listen: *metrics_listen,
             })
         }
         Command::Certs(cmd) => return certs::run(cmd),

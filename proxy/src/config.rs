@@ -56,6 +56,9 @@ pub struct ProxyConfig {
     /// `[per_identity.identities."lock://client/NAME"]`).
     #[serde(default)]
     pub per_identity: wire::quota::QuotaConfig,
+    /// The metrics endpoint (`[metrics] listen = "host:port"`; off by default).
+    #[serde(default)]
+    pub metrics: wire::metrics::MetricsConfig,
 }
 
 fn default_keepalive_interval_ms() -> u64 {
@@ -99,6 +102,7 @@ impl ProxyConfig {
             connections_per_source_max: default_connections_per_source_max(),
             client_connection_bytes_max: default_client_connection_bytes_max(),
             per_identity: Default::default(),
+            metrics: Default::default(),
         }
     }
 

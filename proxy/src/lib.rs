@@ -20,6 +20,7 @@
 
 pub mod config;
 pub mod hub;
+pub mod metrics;
 pub mod server;
 pub mod upstream;
 

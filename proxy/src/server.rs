@@ -20,9 +20,9 @@ use crate::upstream::Upstream;
 /// A running proxy.
 pub struct Proxy {
     /// The cell this proxy serves (from its certificate's identity).
-    cell: String,
-    cfg: ProxyConfig,
-    up: Arc<Upstream>,
+    pub(crate) cell: String,
+    pub(crate) cfg: ProxyConfig,
+    pub(crate) up: Arc<Upstream>,
     hub: Arc<Hub>,
     /// How long client requests took here, by kind, for [`ProxyStatus`].
     latency: wire::latency::Recorder,
@@ -108,6 +108,17 @@ pub async fn run_on(
         wire::rt::spawn(serve(endpoint.clone(), proxy.clone())),
         wire::rt::spawn(stats_loop(proxy.clone())),
     ];
+    let mut tasks = tasks;
+    if let Some(addr) = cfg.metrics.listen {
+        let listener = wire::metrics::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("the proxy: {e}"))?;
+        tracing::info!(%addr, "metrics, /health and /ready served");
+        tasks.push(wire::rt::spawn(wire::metrics::serve(
+            listener,
+            Arc::new(crate::metrics::ProxyProbe(proxy.clone())),
+        )));
+    }
     tracing::info!(listen = %cfg.listen, replicas = ?cfg.replicas, "proxy serving");
     shutdown.await;
     tracing::info!("proxy shutting down");

@@ -19,6 +19,9 @@ pub struct Member {
 /// TLS files (shared with proxies).
 pub use wire::tls::TlsConfig;
 
+/// The metrics endpoint (shared with proxies and the directory).
+pub use wire::metrics::MetricsConfig;
+
 /// Raft timing and log compaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -261,6 +264,9 @@ pub struct ReplicaConfig {
     /// A new cell's admins and root ACL.
     #[serde(default)]
     pub security: SecurityConfig,
+    /// The metrics endpoint (off by default).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
 }
 
 fn default_request_timeout_ms() -> u64 {

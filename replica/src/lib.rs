@@ -12,6 +12,7 @@
 //! - [`actors`]: the Raft node, the session manager, the watch table, the cacher list and
 //!   the snapshotter (actix), each driving its logic from [`leader`].
 //! - [`gateway`]: the QUIC listener for clients and peers.
+//! - [`metrics`]: Prometheus metrics, `/health` and `/ready` on `metrics.listen`.
 //! - [`server`]: [`server::run`] starts everything and stops on a shutdown future.
 //! - [`config`]: the documented configuration.
 //!
@@ -25,6 +26,7 @@ pub mod config;
 pub mod errors;
 pub mod gateway;
 pub mod leader;
+pub mod metrics;
 pub mod raft;
 pub mod server;
 pub mod state_machine;

@@ -173,6 +173,11 @@ pub async fn run_on(
     let cacher_list = CacherListActor::new(watch_table.clone(), state.clone())
         .with_metrics(raft.metrics())
         .start();
+    let instruments = Arc::new(crate::metrics::Instruments::default());
+    wire::rt::spawn(crate::metrics::count_leader_changes(
+        raft.clone(),
+        instruments.leader_changes.clone(),
+    ));
     let mut raft_node_addr = None;
     let session_manager = SessionManager::create(|ctx| {
         let subscribers = vec![
@@ -180,7 +185,9 @@ pub async fn run_on(
             watch_table.clone().recipient(),
             cacher_list.clone().recipient(),
         ];
-        let rn = RaftNode::new(raft.clone(), timeout, subscribers).start();
+        let rn = RaftNode::new(raft.clone(), timeout, subscribers)
+            .with_commit_histogram(instruments.commit_seconds.clone())
+            .start();
         raft_node_addr = Some(rn.clone());
         SessionManager::new(
             rn,
@@ -191,6 +198,7 @@ pub async fn run_on(
             Duration::from_millis(cfg.session.expiry_scan_interval_ms),
         )
         .with_cachers(cacher_list.clone())
+        .with_expiry_counter(instruments.session_expiries.clone())
         .with_quorum_watch(
             raft.metrics(),
             Duration::from_millis(cfg.raft.election_timeout_min_ms),
@@ -239,6 +247,7 @@ pub async fn run_on(
         peer_certificate_checks,
         last_digest: Default::default(),
         quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
+        instruments: instruments.clone(),
     });
     let l = &cfg.limits;
     let bounds = crate::gateway::ServeBounds {
@@ -250,6 +259,24 @@ pub async fn run_on(
         peer_connection_bytes_max: l.peer_connection_bytes_max,
         tls_files: Some(tls_files),
     };
+    let metrics = match cfg.metrics.listen {
+        Some(addr) => {
+            let listener = wire::metrics::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("replica {}: {e}", cfg.id))?;
+            tracing::info!(%addr, "metrics, /health and /ready served");
+            let probe = crate::metrics::ReplicaProbe {
+                gateway: gw.clone(),
+                instruments,
+                cert: cfg.tls.cert.clone(),
+            };
+            Some(wire::rt::spawn(wire::metrics::serve(
+                listener,
+                Arc::new(probe),
+            )))
+        }
+        None => None,
+    };
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw, bounds));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
 
@@ -258,6 +285,9 @@ pub async fn run_on(
     endpoint.close(0u32.into(), b"shutdown");
     let _ = raft.shutdown().await;
     serve.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     Ok(())
 }
 

@@ -20,6 +20,8 @@
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`serve`]: the one request loop of every client-protocol server (replicas and
 //!   proxies), handing each request to a [`serve::Handler`] with its [`serve::Caller`].
+//! - `metrics` (feature `metrics`): the servers' Prometheus metrics, `/health` and
+//!   `/ready` over HTTP.
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
 //!   with rcgen) and QUIC endpoint construction shared by every process; [`identity`]:
@@ -46,6 +48,8 @@ pub mod hello;
 pub mod identity;
 pub mod latency;
 pub mod limits;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod path;
 pub mod quic;
 pub mod quota;

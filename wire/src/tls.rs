@@ -590,6 +590,20 @@ pub(crate) fn seeded_bytes(len: usize) -> Option<Vec<u8>> {
     Some(b)
 }
 
+/// The earliest `notAfter` (Unix seconds) of the certificates in the PEM file at `path`
+/// (a chain's intermediate may expire before its leaf): what the servers report as
+/// `lockservice_tls_certificate_expiry_timestamp_seconds`, for the alert on certificates
+/// about to expire.
+pub fn earliest_not_after(path: &Path) -> Result<i64, String> {
+    let mut earliest = i64::MAX;
+    for cert in read_certs(path)? {
+        let (_, c) = x509_parser::parse_x509_certificate(&cert)
+            .map_err(|e| format!("{}: a certificate does not parse: {e}", path.display()))?;
+        earliest = earliest.min(c.validity().not_after.timestamp());
+    }
+    Ok(earliest)
+}
+
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{}: {e}", path.display()))?

@@ -94,6 +94,7 @@ impl Cell {
             limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
             faults: Default::default(),
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
+            metrics: Default::default(),
         };
         cfg.validate()?;
         std::fs::write(self.config_path(id), toml::to_string(&cfg)?)?;

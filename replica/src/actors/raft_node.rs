@@ -6,6 +6,7 @@ use std::time::Duration;
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, ResponseFuture};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use wire::command::Command;
+use wire::metrics::prometheus_client::metrics::histogram::Histogram;
 use wire::raft::NodeId;
 use wire::types::{MemberInfo, Reply};
 use wire::Error;
@@ -49,6 +50,8 @@ pub struct RaftNode {
     proposals: tokio::sync::mpsc::UnboundedSender<Proposal>,
     /// The batcher's end of `proposals`, until the actor starts it.
     batcher_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Proposal>>,
+    /// Where the batcher records each entry's commit latency.
+    commit_seconds: Histogram,
 }
 
 impl RaftNode {
@@ -65,7 +68,15 @@ impl RaftNode {
             subscribers,
             proposals,
             batcher_rx: Some(rx),
+            commit_seconds: wire::metrics::seconds_histogram(0.000_5, 16),
         }
+    }
+
+    /// Records each entry's time from proposal to apply at this leader in `h` (the
+    /// replica's `lockservice_raft_commit_seconds`).
+    pub fn with_commit_histogram(mut self, h: Histogram) -> Self {
+        self.commit_seconds = h;
+        self
     }
 }
 
@@ -134,7 +145,11 @@ async fn not_leading(raft: &Raft) {
 /// [`ENTRIES_IN_FLIGHT`] entries are in flight, else together with the others that
 /// waited, as one [`Command::Batch`]. Entries go to openraft in the order their commands
 /// arrived. Ends when the actor is gone.
-async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Proposal>) {
+async fn batcher(
+    raft: Raft,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Proposal>,
+    commit_seconds: Histogram,
+) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ENTRIES_IN_FLIGHT));
     let mut queue = std::collections::VecDeque::new();
     loop {
@@ -162,11 +177,16 @@ async fn batcher(raft: Raft, mut rx: tokio::sync::mpsc::UnboundedReceiver<Propos
             Command::Batch(batch.iter().map(|p| p.cmd.clone()).collect())
         };
         tracing::trace!(commands = batch.len(), "propose");
+        let proposed = std::time::Instant::now();
         match raft.client_write_ff(cmd).await {
             Ok(reply) => {
+                let commit_seconds = commit_seconds.clone();
                 wire::rt::spawn(async move {
                     let r = reply.await;
                     drop(slot);
+                    if matches!(r, Ok(Ok(_))) {
+                        commit_seconds.observe(proposed.elapsed().as_secs_f64());
+                    }
                     let answers: Vec<Result<Reply, Error>> = match r {
                         Ok(Ok(resp)) if batch.len() == 1 => vec![resp.data.result],
                         Ok(Ok(resp)) => resp.data.batch,
@@ -208,7 +228,7 @@ impl Actor for RaftNode {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         if let Some(rx) = self.batcher_rx.take() {
-            wire::rt::spawn(batcher(self.raft.clone(), rx));
+            wire::rt::spawn(batcher(self.raft.clone(), rx, self.commit_seconds.clone()));
         }
         // Watch openraft's metrics and tell subscribers when leadership changes.
         let mut metrics = self.raft.metrics();

@@ -12,6 +12,7 @@
 use std::time::Duration;
 use tokio::time::Instant;
 use wire::hash::HashMap;
+use wire::metrics::prometheus_client::metrics::counter::Counter;
 
 use actix::{
     Actor, ActorFutureExt, Addr, AsyncContext, Context, Handler, Message, ResponseActFuture,
@@ -84,6 +85,8 @@ pub struct SessionManager {
     clock_stopped: bool,
     /// Leadership confirmations for KeepAlives: failing ones stop the lease clock too.
     confirms: ConfirmWatch,
+    /// Sessions expired by this manager's committed expiries.
+    expiries: Counter,
 }
 
 type QuorumWatch = crate::raft::Metrics;
@@ -113,6 +116,7 @@ impl SessionManager {
             last_tick: Instant::now(),
             clock_stopped: false,
             confirms: ConfirmWatch::default(),
+            expiries: Counter::default(),
         }
     }
 
@@ -139,6 +143,13 @@ impl SessionManager {
         }
         m.millis_since_quorum_ack
             .is_none_or(|ms| Duration::from_millis(ms) > *silence)
+    }
+
+    /// Counts the sessions this manager expires in `c` (the replica's
+    /// `lockservice_session_expiries_total`).
+    pub fn with_expiry_counter(mut self, c: Counter) -> SessionManager {
+        self.expiries = c;
+        self
     }
 
     /// Expiries delete ephemeral nodes: hold them through `cachers` first, so no client
@@ -278,7 +289,9 @@ impl SessionManager {
                 if act.generation != generation {
                     return;
                 }
-                if !matches!(r, Ok(Ok(_))) {
+                if matches!(r, Ok(Ok(_))) {
+                    act.expiries.inc_by(ids.len() as u64);
+                } else {
                     tracing::warn!(?r, "expiry not committed; will retry");
                     act.leases.expiry_failed(&ids);
                 }

@@ -93,6 +93,8 @@ pub struct Gateway {
     /// [`DIGEST_INTERVAL`] (each walks the whole state under its read lock, which holds
     /// applies back).
     pub last_digest: std::sync::Mutex<Option<Instant>>,
+    /// What the metrics record as it happens (refusals are counted here).
+    pub instruments: Arc<crate::metrics::Instruments>,
 }
 
 /// The least time between two [`Op::StateDigest`] computations at one replica.
@@ -309,6 +311,9 @@ impl Gateway {
             },
         };
         self.latency.record(op, received.elapsed());
+        if let Err(e) = &r {
+            self.instruments.refused(e);
+        }
         self.with_leader_hint(r)
     }
 

@@ -340,6 +340,11 @@ impl Cachers {
         }
     }
 
+    /// Holds still waiting for acknowledgements.
+    pub fn holds_waiting(&self) -> usize {
+        self.holds.values().filter(|h| !h.done()).count()
+    }
+
     /// Age of the oldest hold still waiting for acknowledgements.
     pub fn oldest_waiting(&self, now: Instant) -> Duration {
         self.holds

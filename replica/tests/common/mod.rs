@@ -129,6 +129,7 @@ impl TestCell {
                 snapshot_build_delay_ms: self.opts.snapshot_build_delay_ms,
             },
             security: self.opts.security.clone(),
+            metrics: Default::default(),
         };
         let path = self.dir.path().join(format!("replica-{id}.toml"));
         std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");

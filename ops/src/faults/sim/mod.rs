@@ -296,6 +296,7 @@ fn replica_config(
         limits: replica::config::LimitsConfig::unlimited_for(wire::tls::DEV_CLIENT),
         faults: Default::default(),
         security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
+        metrics: Default::default(),
     };
     cfg.validate()?;
     Ok(cfg)

@@ -169,6 +169,7 @@ pub(super) fn add_hosts(
         root: a.iter().map(|a| a.to_string()).collect(),
         tls: dir_tls,
         refresh: Duration::from_secs(5),
+        metrics_listen: None,
     };
     let seed = plan.seed;
     sim.host(DIRECTORY, move || {

@@ -145,6 +145,8 @@ pub struct CacherStats {
     pub oldest_invalidation_ms: u64,
     /// Invalidations sent since this replica started (one per cacher and hold).
     pub invalidations_sent: u64,
+    /// Writes held now, waiting for acknowledgements.
+    pub holds_waiting: u64,
 }
 
 /// After a fail-over: the old leader's list of cachers is gone, so every session created
@@ -614,6 +616,7 @@ impl Handler<Stats> for CacherListActor {
             cachers: self.cachers.len() as u64,
             oldest_invalidation_ms: self.cachers.oldest_waiting(Instant::now()).as_millis() as u64,
             invalidations_sent: self.invalidations_sent,
+            holds_waiting: self.cachers.holds_waiting() as u64,
         }
     }
 }
