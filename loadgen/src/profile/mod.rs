@@ -118,9 +118,10 @@ pub(crate) struct ReadCounts<'a> {
 /// `period` after, so the group's reads are spread evenly over the period as independent
 /// clients' would be; each is sent when it is due, whether or not earlier ones have been
 /// answered, and timed from when it was due, not from when it was sent. A read that goes
-/// out late because loadgen's runtime was busy carries that wait too; reads due before
-/// the end and never sent count as failed reads (as far as a client could tell), and a
-/// failed read also as an operation error.
+/// out late because loadgen's runtime was busy carries that wait too (reads due before
+/// the deadline are sent even when loadgen gets to them after it); reads due before a
+/// `stop` that came ahead of the deadline and never sent count as failed reads (as far as
+/// a client could tell), and a failed read also as an operation error.
 pub(crate) async fn open_loop_reads<F, Fut>(
     (first, period, deadline): (Instant, Duration, Instant),
     stop: &AtomicBool,
@@ -155,12 +156,19 @@ pub(crate) async fn open_loop_reads<F, Fut>(
         if due >= deadline {
             break;
         }
-        if stop.load(Ordering::Relaxed) {
-            // Reads due by now (and before the end) that were never sent.
-            let end = Instant::now().min(deadline);
-            if due <= end {
-                let late = ((end - due).as_secs_f64() / step.as_secs_f64()).floor() as u64 + 1;
+        // Stopped before the end (a fault, an error): the reads due by now were never
+        // sent. Stopped at the end, as every run is, the reads due before it still go
+        // out (timed from when they were due): a reader polled a few ms after the run's
+        // stop, on a busy host, would otherwise count a read nobody tried as failed.
+        let now = Instant::now();
+        if stop.load(Ordering::Relaxed) && now < deadline {
+            if due <= now {
+                let late = ((now - due).as_secs_f64() / step.as_secs_f64()).floor() as u64 + 1;
                 counts.failures.reads.fetch_add(late, Ordering::Relaxed);
+                counts.errors.fetch_add(late, Ordering::Relaxed);
+                counts
+                    .failures
+                    .why("read", &"due before the run was stopped, never sent");
             }
             break;
         }
