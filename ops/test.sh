@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261201}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk -q
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk --features wire/server -q
 # The alerting rules and the dashboard, with the real promtool (apt-get install -y
 # prometheus): rules parse, their unit tests pass, every dashboard query parses.
 ./ops/monitoring/check.sh

@@ -51,13 +51,10 @@ struct Args {
 
 fn main() {
     let a = Args::parse();
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,quinn=warn".into()),
-        )
-        .init();
+    if let Err(e) = wire::logs::init("info,quinn=warn") {
+        eprintln!("directory: {e}");
+        std::process::exit(2);
+    }
     let cfg = directory::DirectoryConfig {
         listen: a.listen,
         root: a.root,

@@ -452,13 +452,10 @@ fn main() {
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    if let Err(e) = wire::logs::init(filter) {
+        say!("lockctl: {e}");
+        std::process::exit(2);
+    }
     if let Err(e) = run(cli) {
         say!("lockctl: {e:#}");
         std::process::exit(exit_code(&e));

@@ -143,7 +143,8 @@ fn metrics_of_a_cell_with_proxies() {
     let data = dir.path().join("cell");
     let base = free_base(3);
     let mbase = free_tcp_base(&[0, 1, 2, 100, 101]);
-    let (dev, out) = start_dev_of(
+    // The servers log JSON lines (into cell/replica-N.log).
+    let (dev, out) = start_dev_with(
         &data,
         base,
         3,
@@ -156,6 +157,7 @@ fn metrics_of_a_cell_with_proxies() {
             "3000",
             "--no-demo",
         ],
+        &[("LOCKSERVICE_LOG_FORMAT", "json")],
     );
     let _guard = DevGuard(Some(dev));
     let replicas: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
@@ -334,6 +336,31 @@ fn metrics_of_a_cell_with_proxies() {
             let o = c.wait_with_output().unwrap();
             assert!(o.status.success(), "promtool check metrics: {}", text(&o));
         }
+    }
+
+    // JSON lines, one per leadership change and per expiry, in every replica's log.
+    let mut messages = Vec::new();
+    for id in 1..=3 {
+        let log = std::fs::read_to_string(data.join(format!("replica-{id}.log"))).unwrap();
+        for line in log.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("replica-{id}.log: not a JSON line ({e}): {line}"));
+            assert!(
+                v["level"].is_string() && v["timestamp"].is_string(),
+                "{line}"
+            );
+            messages.push(v["fields"]["message"].as_str().unwrap_or("").to_string());
+        }
+    }
+    for want in [
+        "leadership changed",
+        "the leader changed",
+        "expiring sessions",
+    ] {
+        assert!(
+            messages.iter().any(|m| m == want),
+            "no {want:?} line in the replicas' logs: {messages:?}"
+        );
     }
 
     // A replica left alone (the leader and the other follower killed) stops being ready.

@@ -25,13 +25,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,quinn=warn".into()),
-        )
-        .init();
+    if let Err(e) = wire::logs::init("info,quinn=warn") {
+        eprintln!("proxy: {e}");
+        std::process::exit(2);
+    }
     let cfg = match proxy::ProxyConfig::load(Some(&args.config)) {
         Ok(c) => c,
         Err(e) => {

@@ -23,14 +23,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                "info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn".into()
-            }),
-        )
-        .init();
+    if let Err(e) = wire::logs::init("info,openraft=warn,fjall=warn,lsm_tree=warn,quinn=warn") {
+        eprintln!("replica: {e}");
+        std::process::exit(2);
+    }
     let cfg = match replica::config::ReplicaConfig::load(Some(&args.config)) {
         Ok(c) => c,
         Err(e) => {

@@ -80,10 +80,13 @@ fn learner_from_snapshot_promote_and_remove() {
         let addr6 = cell.prepare_new_replica(6);
         cell.spawn(6);
         let t = Instant::now();
+        // Added by name, as a StatefulSet's replicas are: the leader resolves it when it
+        // dials.
+        let name6 = addr6.replace("127.0.0.1", "localhost");
         match client
             .request(Op::AddLearner {
                 id: 6,
-                addr: addr6.clone(),
+                addr: name6.clone(),
             })
             .await
             .unwrap()

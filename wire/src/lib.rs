@@ -20,8 +20,8 @@
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`serve`]: the one request loop of every client-protocol server (replicas and
 //!   proxies), handing each request to a [`serve::Handler`] with its [`serve::Caller`].
-//! - `metrics` (feature `metrics`): the servers' Prometheus metrics, `/health` and
-//!   `/ready` over HTTP.
+//! - `metrics` and `logs` (feature `server`): the servers' Prometheus metrics, `/health`
+//!   and `/ready` over HTTP, and their logging (text or JSON lines).
 //! - [`latency`]: per-request-kind latency histograms a server reports in its status.
 //! - [`tls`] and [`quic`]: certificates (with feature `dev-ca`, a development CA built
 //!   with rcgen) and QUIC endpoint construction shared by every process; [`identity`]:
@@ -48,7 +48,9 @@ pub mod hello;
 pub mod identity;
 pub mod latency;
 pub mod limits;
-#[cfg(feature = "metrics")]
+#[cfg(feature = "server")]
+pub mod logs;
+#[cfg(feature = "server")]
 pub mod metrics;
 pub mod path;
 pub mod quic;
@@ -63,3 +65,54 @@ pub mod types;
 pub use error::{Bound, Error};
 pub use hello::PROTOCOL_VERSION;
 pub use limits::*;
+
+/// Whether `addr` is `host:port` or `ip:port` (IPv6 in brackets): what a replica's member
+/// address may be. A name is resolved whenever a peer dials it, so a replica may come
+/// back at another IP under the same name (a Kubernetes StatefulSet's pods do).
+pub fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    port.parse::<u16>().is_ok_and(|p| p > 0)
+        && !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn member_addresses_are_host_port() {
+        for ok in [
+            "127.0.0.1:7001",
+            "[::1]:7001",
+            "localhost:7001",
+            "lockservice-replica-0.lockservice-replica-peers.lockservice.svc.cluster.local:7001",
+        ] {
+            assert!(super::is_host_port(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "localhost",
+            "localhost:",
+            "localhost:0",
+            "localhost:70000",
+            ":7001",
+            "a..b:7001",
+            "-a:7001",
+            "a b:7001",
+            "::1:7001",
+        ] {
+            assert!(!super::is_host_port(bad), "{bad}");
+        }
+    }
+}

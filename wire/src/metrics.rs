@@ -1,4 +1,4 @@
-//! Prometheus metrics, `/health` and `/ready` over HTTP (feature `metrics`): what a
+//! Prometheus metrics, `/health` and `/ready` over HTTP (feature `server`): what a
 //! replica, a proxy and the directory serve on their `metrics.listen` address
 //! (`docs/operations.md`, "Metrics and alerts").
 //!

@@ -134,11 +134,17 @@ struct Counts {
     requests: u64,
 }
 
+/// At most one log line of refusals per this while.
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Connections and requests in flight per identity, and refusals by kind.
 pub struct Quotas {
     cfg: QuotaConfig,
     counts: Mutex<HashMap<String, Counts>>,
     refused: [AtomicU64; 3],
+    /// When a refusal was last logged, and refusals since then left out of the log: at
+    /// most one line a second, so an abusive client cannot flood the server's log.
+    logged: Mutex<(Option<std::time::Instant>, u64)>,
 }
 
 impl Quotas {
@@ -148,6 +154,7 @@ impl Quotas {
             cfg,
             counts: Mutex::new(HashMap::new()),
             refused: Default::default(),
+            logged: Mutex::new((None, 0)),
         })
     }
 
@@ -163,7 +170,22 @@ impl Quotas {
             Limited::Sessions => 2,
         };
         self.refused[i].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(identity, %what, "refused by the limit per identity");
+        let now = std::time::Instant::now();
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        match logged.0 {
+            Some(at) if now.duration_since(at) < LOG_EVERY => logged.1 += 1,
+            _ => {
+                let left_out = std::mem::take(&mut logged.1);
+                logged.0 = Some(now);
+                tracing::info!(
+                    identity,
+                    %what,
+                    limit = self.limits(identity).of(what),
+                    left_out,
+                    "refused by the limit per identity (left_out: refusals since the last line)"
+                );
+            }
+        }
         Error::TooManyFor {
             identity: identity.to_string(),
             what,

@@ -606,7 +606,7 @@ impl Client {
                         leader_addr: Some(hint),
                         leader_id,
                     }) => {
-                        if let Ok(h) = hint.parse::<SocketAddr>() {
+                        if let Some(h) = hint_addr(&hint).await {
                             // A hint at an endpoint that just failed (the dead leader, named
                             // by followers until they elect another) is kept but not
                             // followed at once: that went round without a pause.
@@ -708,7 +708,7 @@ impl Client {
                         leader_addr: Some(hint),
                         leader_id,
                     }) => {
-                        if let Ok(h) = hint.parse::<SocketAddr>() {
+                        if let Some(h) = hint_addr(&hint).await {
                             // A hint at an endpoint that just failed (the dead leader, named
                             // by followers until they elect another) is kept but not
                             // followed at once: that went round without a pause.
@@ -1071,6 +1071,20 @@ pub(crate) fn unexpected(r: &Reply) -> Error {
     Error::Internal {
         reason: format!("unexpected reply {r:?}"),
     }
+}
+
+/// A leader hint as a socket address: parsed, or resolved when the cell's members are
+/// addressed by name (a Kubernetes StatefulSet's are); `None` if it does not resolve
+/// within a second (the client then asks its other endpoints, as before).
+async fn hint_addr(hint: &str) -> Option<SocketAddr> {
+    if let Ok(a) = hint.parse() {
+        return Some(a);
+    }
+    tokio::time::timeout(Duration::from_secs(1), tokio::net::lookup_host(hint))
+        .await
+        .ok()?
+        .ok()?
+        .find(SocketAddr::is_ipv4)
 }
 
 #[cfg(test)]

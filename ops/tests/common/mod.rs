@@ -67,7 +67,20 @@ pub fn start_dev_of(
     replicas: u16,
     extra: &[&str],
 ) -> (std::process::Child, String) {
-    let mut dev = Command::new(LOCKCTL)
+    start_dev_with(data, base, replicas, extra, &[])
+}
+
+/// [`start_dev_of`] with `env` set for `lockctl dev` and the processes it starts.
+pub fn start_dev_with(
+    data: &std::path::Path,
+    base: u16,
+    replicas: u16,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
+    let mut dev = Command::new(LOCKCTL);
+    dev.envs(env.iter().copied());
+    let mut dev = dev
         .args([
             "dev",
             "--replicas",

@@ -5,9 +5,9 @@ use super::*;
 impl Gateway {
     /// Adds a learner at `addr` (leader only).
     pub(super) async fn add_learner(&self, id: u64, addr: String) -> Response {
-        if addr.parse::<std::net::SocketAddr>().is_err() {
+        if !wire::is_host_port(&addr) {
             return Err(Error::BadRequest {
-                reason: format!("bad address {addr:?}"),
+                reason: format!("bad address {addr:?}: expected host:port or ip:port"),
             });
         }
         self.change(ChangeMembership::AddLearner { id, addr }).await

@@ -195,10 +195,7 @@ impl PeerClient {
                 }
             }
         }
-        let addr: SocketAddr = self
-            .addr
-            .parse()
-            .map_err(|e| CallError::Unreachable(format!("bad peer address {}: {e}", self.addr)))?;
+        let addr = resolve_peer(&self.addr, &self.endpoint).await?;
         self.dials.fetch_add(1, Ordering::Relaxed);
         let connecting = self
             .endpoint
@@ -505,4 +502,26 @@ pub async fn serve_peer(
             }
         });
     }
+}
+
+/// A peer's address as a socket address: `ip:port` as it is, or `host:port` resolved now
+/// (on every dial, so a replica that came back at another IP under the same name, as a
+/// Kubernetes StatefulSet's pods do, is found), taking the first address of the
+/// endpoint's own family.
+async fn resolve_peer(addr: &str, endpoint: &quinn::Endpoint) -> Result<SocketAddr, CallError> {
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    let v6 = endpoint.local_addr().is_ok_and(|l| l.is_ipv6());
+    let found = tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(addr))
+        .await
+        .map_err(|_| CallError::Unreachable(format!("resolve peer address {addr}: timed out")))?
+        .map_err(|e| CallError::Unreachable(format!("resolve peer address {addr}: {e}")))?
+        .find(|a| a.is_ipv6() == v6);
+    found.ok_or_else(|| {
+        CallError::Unreachable(format!(
+            "peer address {addr} resolves to no IPv{} address",
+            if v6 { 6 } else { 4 }
+        ))
+    })
 }
