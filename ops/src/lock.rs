@@ -61,10 +61,18 @@ pub struct LockArgs {
     /// its process group has not ended by then.
     #[arg(long, default_value_t = 5)]
     pub kill_after_secs: u64,
+    /// Data for the lock's node (what others see of this holder or candidate, e.g. its
+    /// address; `lockctl elect --observe` prints it).
+    #[arg(long)]
+    pub data: Option<String>,
     /// The command to run while holding the lock; it gets LOCK_PATH, LOCK_NODE, LOCK_TOKEN
     /// and LOCK_SESSION in its environment. Without one, hold until Ctrl-C.
     #[arg(last = true)]
     pub command: Vec<String>,
+    /// What the grant is called in the line printed on it (`acquired`, or `elected` for
+    /// `lockctl elect`).
+    #[arg(skip = "acquired")]
+    pub granted: &'static str,
 }
 
 /// Runs `lockctl lock`. Returns the exit status.
@@ -73,11 +81,14 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
     // Subscribed before acquiring, so no event between the grant and the command's start
     // is missed.
     let mut events = session.events();
-    let lock = match args.mode.as_str() {
+    let mut lock = match args.mode.as_str() {
         "read" => Lock::read(&session, &args.path),
         "write" => Lock::write(&session, &args.path),
         _ => Lock::exclusive(&session, &args.path),
     };
+    if let Some(d) = &args.data {
+        lock = lock.with_data(d.clone().into_bytes());
+    }
     let guard = match args.wait_secs {
         Some(s) => match lock
             .acquire_timeout(std::time::Duration::from_secs(s))
@@ -99,8 +110,8 @@ pub async fn run(client: &Client, args: LockArgs) -> anyhow::Result<i32> {
         LockMode::Write => "write",
     };
     println!(
-        "acquired {} ({mode}) token={} node={} session={}",
-        seq.lock, seq.token, seq.node, seq.session
+        "{} {} ({mode}) token={} node={} session={}",
+        args.granted, seq.lock, seq.token, seq.node, seq.session
     );
     if args.command.is_empty() {
         loop {

@@ -13,9 +13,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod acl;
 mod certs;
 mod dev;
+mod elect;
 use ops::dir;
 mod fenced;
 mod lock;
+mod tree;
 mod watch;
 
 pub(crate) use ops::say;
@@ -305,14 +307,33 @@ enum Command {
         /// Path.
         #[arg(default_value = "/")]
         path: String,
+        /// Every node under the path, with its stats (version, token, data size,
+        /// children, ephemeral owner), parents first.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// With -R: refuse a subtree of more nodes than this.
+        #[arg(long, default_value_t = tree::MAX_NODES_DEFAULT)]
+        max_nodes: usize,
     },
-    /// Delete a node; with --version, only if it has that version.
+    /// Delete a node; with --version, only if it has that version; with -r, the node and
+    /// everything under it (asks first, unless --yes).
+    ///
+    /// Examples: lockctl rm /app/flag --version 3; lockctl rm -r /app/old --yes
     Rm {
         /// Path.
         path: String,
         /// Expected version.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "recursive")]
         version: Option<u64>,
+        /// The node and everything under it, deepest first.
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        /// With -r: do not ask (needed without a terminal).
+        #[arg(short = 'y', long, requires = "recursive")]
+        yes: bool,
+        /// With -r: refuse a subtree of more nodes than this.
+        #[arg(long, default_value_t = tree::MAX_NODES_DEFAULT)]
+        max_nodes: usize,
     },
     /// Hold a lock while a command runs (the command gets LOCK_TOKEN etc.); exit status is
     /// the command's, 3 if not acquired in time, 4 if the lock was lost (or the lease in
@@ -342,6 +363,17 @@ enum Command {
     /// a terminal the command's group is the foreground group while it runs, so it reads
     /// the terminal and gets Ctrl-C itself.
     Lock(lock::LockArgs),
+    /// Stand in an election at PATH and run a command while leading (exit status as for
+    /// `lock`); or, with --observe, print who leads and each change until Ctrl-C.
+    ///
+    /// The election is the lock queue with each candidate's --data (default: host:pid)
+    /// in its node; the leader holds the lowest. The command gets LOCK_TOKEN (its term's
+    /// fencing token) and is stopped or ended if leadership is in doubt or lost, as under
+    /// `lockctl lock`.
+    ///
+    /// Examples: lockctl elect /services/indexer/leader --data 10.0.0.7:8080 -- ./indexer;
+    /// lockctl elect /services/indexer/leader --observe --json
+    Elect(elect::ElectArgs),
     /// Write KEY=VALUE to a fjall-backed fenced resource under a lock's token; refused (exit
     /// status 5) if a higher token was already accepted for that lock.
     FencedWrite {
@@ -742,7 +774,26 @@ async fn command(
             println!("{path} now at version {}", stat.version);
             Ok(())
         }
-        Command::Ls { path } if json => {
+        Command::Ls {
+            path,
+            recursive: true,
+            max_nodes,
+        } => {
+            let nodes = tree::walk(&client, &path, max_nodes).await?;
+            if json {
+                let nodes: Vec<_> = nodes
+                    .iter()
+                    .map(|(p, stat)| serde_json::json!({ "path": p, "stat": stat }))
+                    .collect();
+                println!("{}", serde_json::json!({ "path": path, "nodes": nodes }));
+            } else {
+                for (p, stat) in &nodes {
+                    println!("{}", tree::line(p, stat));
+                }
+            }
+            Ok(())
+        }
+        Command::Ls { path, .. } if json => {
             let children: Vec<_> = client
                 .children(&path)
                 .await?
@@ -755,7 +806,7 @@ async fn command(
             );
             Ok(())
         }
-        Command::Ls { path } => {
+        Command::Ls { path, .. } => {
             for (name, stat) in client.children(&path).await? {
                 let flag = if stat.ephemeral_owner.is_some() {
                     " (ephemeral)"
@@ -769,7 +820,18 @@ async fn command(
             }
             Ok(())
         }
-        Command::Rm { path, version } => {
+        Command::Rm {
+            path,
+            recursive: true,
+            yes,
+            max_nodes,
+            ..
+        } => {
+            let n = tree::remove(&client, &path, yes, max_nodes).await?;
+            println!("deleted {path} and everything under it ({n} nodes)");
+            Ok(())
+        }
+        Command::Rm { path, version, .. } => {
             let session = client.open_session().await?;
             let r = session.delete(&path, version).await;
             session.close().await?;
@@ -797,6 +859,13 @@ async fn command(
                 }
                 other => anyhow::bail!("unexpected reply {other:?}"),
             }
+        }
+        Command::Elect(args) => {
+            let code = elect::run(&client, args, json).await?;
+            if code != 0 {
+                std::process::exit(code);
+            }
+            Ok(())
         }
         Command::Lock(args) => {
             let code = lock::run(&client, args).await?;

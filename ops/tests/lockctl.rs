@@ -1392,13 +1392,24 @@ fn spawn_watch(
     std::process::Child,
     std::io::Lines<BufReader<std::process::ChildStdout>>,
 ) {
+    spawn_lockctl(endpoints, ca, &[&["watch"], args].concat())
+}
+
+/// `lockctl ARGS` in the background, its stdout read line by line.
+fn spawn_lockctl(
+    endpoints: &str,
+    ca: &std::path::Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let mut w = Command::new(LOCKCTL)
         .env_remove("LOCKCTL_CERT")
         .env_remove("LOCKCTL_KEY")
         .env("LOCKCTL_CONFIG", "/dev/null")
         .args(["--endpoints", endpoints, "--ca"])
         .arg(ca)
-        .arg("watch")
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1415,7 +1426,138 @@ fn assert_exits_ok(w: &mut std::process::Child, within: Duration, what: &str) {
         status = w.try_wait().unwrap();
         status.is_some()
     });
-    assert!(exited, "watch did not stop {what}");
+    assert!(exited, "lockctl did not stop {what}");
     let status = status.unwrap();
     assert!(status.success(), "{status}");
+}
+
+#[test]
+fn ls_r_rm_r_and_elect() {
+    let _g = serial();
+    let cell = DevCell::start(&["--no-demo"]);
+    let (eps, ca) = (cell.eps(), cell.ca.clone());
+    for p in ["/t", "/t/b", "/t/b/c", "/t/d"] {
+        let o = lockctl(&eps, &ca, &["create", p, "x"]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // ls -R: every node under the path with its stats, in path order.
+    let o = lockctl(&eps, &ca, &["ls", "-R", "/t"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let paths: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["/t/b", "/t/b/c", "/t/d"], "{}", text(&o));
+    assert!(text(&o).contains("version=0 token="), "{}", text(&o));
+    let o = lockctl(
+        &eps,
+        &ca,
+        &["--json", "ls", "-R", "/t", "--max-nodes", "10"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["nodes"][0]["stat"]["children_count"], 1, "{v}");
+    let o = lockctl(&eps, &ca, &["ls", "-R", "/t", "--max-nodes", "2"]);
+    assert!(
+        !o.status.success() && text(&o).contains("more than 2 nodes"),
+        "{}",
+        text(&o)
+    );
+
+    // rm -r asks first; without a terminal it needs --yes, and deletes nothing.
+    let o = lockctl(&eps, &ca, &["rm", "-r", "/t"]);
+    assert!(
+        !o.status.success() && text(&o).contains("--yes"),
+        "{}",
+        text(&o)
+    );
+    assert!(lockctl(&eps, &ca, &["get", "/t/b/c"]).status.success());
+    let o = lockctl(&eps, &ca, &["rm", "-r", "/t", "--yes"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("(4 nodes)"), "{}", text(&o));
+    assert_eq!(lockctl(&eps, &ca, &["get", "/t"]).status.code(), Some(6));
+    assert_eq!(
+        lockctl(&eps, &ca, &["rm", "-r", "/t", "--yes"])
+            .status
+            .code(),
+        Some(6)
+    );
+    let o = lockctl(&eps, &ca, &["rm", "-r", "/", "--yes"]);
+    assert!(
+        !o.status.success() && text(&o).contains("refused"),
+        "{}",
+        text(&o)
+    );
+
+    // elect: an observer sees no leader, the first candidate, the second after it.
+    let (mut obs, mut lines) =
+        spawn_lockctl(&eps, &ca, &["elect", "/e", "--observe", "--count", "2"]);
+    assert_eq!(lines.next().unwrap().unwrap(), "no leader");
+    let first = spawn_lockctl(
+        &eps,
+        &ca,
+        &[
+            "elect",
+            "/e",
+            "--data",
+            "first",
+            "--",
+            "sh",
+            "-c",
+            "echo token=$LOCK_TOKEN; sleep 5",
+        ],
+    );
+    let (mut first, mut first_out) = first;
+    let elected = first_out.next().unwrap().unwrap();
+    assert!(
+        elected.starts_with("elected /e (exclusive) token="),
+        "{elected}"
+    );
+    let token = elected
+        .split("token=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(first_out.next().unwrap().unwrap(), format!("token={token}"));
+    // A second candidate waits behind it; given up after 1 s, it exits 3.
+    let o = lockctl(
+        &eps,
+        &ca,
+        &[
+            "elect",
+            "/e",
+            "--data",
+            "second",
+            "--wait-secs",
+            "1",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = lockctl(
+        &eps,
+        &ca,
+        &["elect", "/e", "--data", "second", "--", "true"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("elected /e"), "{}", text(&o));
+    assert_exits_ok(&mut first, Duration::from_secs(20), "after its command");
+    let l = lines.next().unwrap().unwrap();
+    assert!(
+        l.starts_with(&format!("leader first token={token} node=/e/")),
+        "{l}"
+    );
+    let l = lines.next().unwrap().unwrap();
+    assert!(l == "no leader" || l.starts_with("leader second "), "{l}");
+    assert_exits_ok(&mut obs, Duration::from_secs(20), "after --count 2 changes");
+    let o = lockctl(&eps, &ca, &["elect", "/e", "--observe", "--data", "x"]);
+    assert!(
+        !o.status.success(),
+        "--observe does not stand: {}",
+        text(&o)
+    );
 }
