@@ -235,6 +235,15 @@ enum Command {
         #[arg(long)]
         full: bool,
     },
+    /// List the cell's sessions (cell admins): id, owner identity, lease left at the
+    /// leader, ephemeral nodes, whether it caches.
+    ///
+    /// Examples: lockctl sessions; lockctl sessions --owner lock://client/indexer --json
+    Sessions {
+        /// Only the sessions of this identity.
+        #[arg(long)]
+        owner: Option<String>,
+    },
     /// Create a node.
     Create {
         /// Path (the prefix when --sequential).
@@ -859,6 +868,60 @@ async fn command(
                 }
                 other => anyhow::bail!("unexpected reply {other:?}"),
             }
+        }
+        Command::Sessions { owner } => {
+            let mut listed = Vec::new();
+            let mut after = 0;
+            // Bounded: each page moves `after` forward, and the cell holds finitely many.
+            loop {
+                let op = Op::Sessions {
+                    after,
+                    limit: wire::types::SESSIONS_PAGE_MAX,
+                };
+                let (page, more) = match client.request(op).await? {
+                    Reply::Sessions { sessions, more } => (sessions, more),
+                    other => anyhow::bail!("unexpected reply {other:?}"),
+                };
+                let Some(last) = page.last().map(|s| s.id) else {
+                    break;
+                };
+                anyhow::ensure!(last > after, "the cell listed sessions out of order");
+                after = last;
+                listed.extend(
+                    page.into_iter()
+                        .filter(|s| owner.as_ref().is_none_or(|o| &s.owner == o)),
+                );
+                if !more {
+                    break;
+                }
+            }
+            if json {
+                println!("{}", serde_json::json!({ "sessions": listed }));
+                return Ok(());
+            }
+            println!(
+                "{:<12} {:<32} {:>10} {:>6} {:>10}  ephemeral nodes",
+                "session", "owner", "lease left", "caches", "ephemerals"
+            );
+            for s in &listed {
+                let lease = s
+                    .lease_left_ms
+                    .map_or("-".to_string(), |ms| format!("{:.1} s", ms as f64 / 1000.0));
+                let mut paths = s.ephemeral_paths.join(" ");
+                if s.ephemerals as usize > s.ephemeral_paths.len() {
+                    paths.push_str(" ...");
+                }
+                println!(
+                    "{:<12} {:<32} {:>10} {:>6} {:>10}  {paths}",
+                    s.id,
+                    s.owner,
+                    lease,
+                    if s.caches { "yes" } else { "no" },
+                    s.ephemerals,
+                );
+            }
+            println!("{} session(s)", listed.len());
+            Ok(())
         }
         Command::Elect(args) => {
             let code = elect::run(&client, args, json).await?;

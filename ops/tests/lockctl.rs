@@ -1432,7 +1432,7 @@ fn assert_exits_ok(w: &mut std::process::Child, within: Duration, what: &str) {
 }
 
 #[test]
-fn ls_r_rm_r_and_elect() {
+fn ls_r_rm_r_elect_and_sessions() {
     let _g = serial();
     let cell = DevCell::start(&["--no-demo"]);
     let (eps, ca) = (cell.eps(), cell.ca.clone());
@@ -1522,6 +1522,47 @@ fn ls_r_rm_r_and_elect() {
         .unwrap()
         .to_string();
     assert_eq!(first_out.next().unwrap().unwrap(), format!("token={token}"));
+    // `sessions` lists the leader's session with its ephemeral node and its lease.
+    let o = lockctl(&eps, &ca, &["sessions"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let node = elected
+        .split("node=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let row = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.contains(&node))
+        .unwrap_or_else(|| panic!("no session with {node}: {}", text(&o)))
+        .to_string();
+    assert!(
+        row.contains("lock://client/dev") && row.contains(" s "),
+        "{row}"
+    );
+    let o = lockctl(
+        &eps,
+        &ca,
+        &["--json", "sessions", "--owner", "lock://client/dev"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mine = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["ephemeral_paths"][0] == node.as_str())
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(mine["ephemerals"], 1, "{v}");
+    assert!(mine["lease_left_ms"].as_u64().unwrap() > 0, "{v}");
+    let o = lockctl(
+        &eps,
+        &ca,
+        &["--json", "sessions", "--owner", "lock://client/nobody"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 0, "{v}");
     // A second candidate waits behind it; given up after 1 s, it exits 3.
     let o = lockctl(
         &eps,

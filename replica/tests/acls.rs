@@ -229,6 +229,13 @@ fn acls_decide_at_every_replica_and_survive_snapshots_restarts_and_learners() {
             ),
             (Op::RemoveMember { id: 1 }, "change the cell's membership"),
             (Op::Snapshot, "make a replica take a snapshot"),
+            (
+                Op::Sessions {
+                    after: 0,
+                    limit: 10,
+                },
+                "list the cell's sessions",
+            ),
         ] {
             assert_eq!(
                 search.request(op).await.unwrap_err(),

@@ -521,12 +521,47 @@ pub enum Op {
     /// The directory's map of prefixes to cells: answered by directory servers, not by
     /// cells. Reply: [`Reply::Directory`].
     Directory,
+    /// The cell's sessions in id order, from just after `after`, at most `limit` (up to
+    /// [`SESSIONS_PAGE_MAX`]); cell admins only, answered by the leader (which keeps the
+    /// leases). Reply: [`Reply::Sessions`].
+    Sessions {
+        /// List ids above this one (0: from the first).
+        after: SessionId,
+        /// At most this many.
+        limit: u32,
+    },
+}
+
+/// The most sessions one [`Op::Sessions`] answer lists.
+pub const SESSIONS_PAGE_MAX: u32 = 1_000;
+
+/// The ephemeral nodes [`SessionInfo`] names, at most (it counts them all).
+pub const SESSION_EPHEMERALS_LISTED: usize = 8;
+
+/// One session, as [`Op::Sessions`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// The session's id.
+    pub id: SessionId,
+    /// The identity that opened it (the only one that may use it).
+    pub owner: String,
+    /// Its lease left at the leader, in ms (0: ran out, its expiry is being committed);
+    /// `None` when the leader has no lease for it yet (opened a moment ago, or the leader
+    /// took over a moment ago).
+    pub lease_left_ms: Option<u64>,
+    /// How many ephemeral nodes it owns.
+    pub ephemerals: u64,
+    /// The first [`SESSION_EPHEMERALS_LISTED`] of them, in path order.
+    pub ephemeral_paths: Vec<String>,
+    /// Whether it caches values (the leader holds writes to them for its acknowledgement).
+    pub caches: bool,
 }
 
 impl Op {
     /// A short name for logs and errors.
     pub fn name(&self) -> &'static str {
         match self {
+            Op::Sessions { .. } => "Sessions",
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
             Op::KeepAliveBatch { .. } => "KeepAliveBatch",
@@ -794,6 +829,13 @@ pub enum Reply {
     },
     /// The directory's map.
     Directory(crate::directory::DirectoryMap),
+    /// Answer to [`Op::Sessions`].
+    Sessions {
+        /// The sessions, in id order.
+        sessions: Vec<SessionInfo>,
+        /// More sessions follow the last one listed (ask again with its id as `after`).
+        more: bool,
+    },
 }
 
 impl Reply {

@@ -56,6 +56,11 @@ pub struct KeepAliveMany {
 #[rtype(result = "usize")]
 pub struct LeaseCount;
 
+/// The lease deadline of each session here (`None` for one without a lease here).
+#[derive(Message)]
+#[rtype(result = "Vec<Option<Instant>>")]
+pub struct LeaseDeadlines(pub Vec<SessionId>);
+
 type Waiter = (Instant, oneshot::Sender<Result<Reply, Error>>);
 
 fn not_leader() -> Error {
@@ -458,6 +463,14 @@ impl Handler<AppliedMsg> for SessionManager {
                 _ => {}
             }
         }
+    }
+}
+
+impl Handler<LeaseDeadlines> for SessionManager {
+    type Result = Vec<Option<Instant>>;
+
+    fn handle(&mut self, m: LeaseDeadlines, _: &mut Context<Self>) -> Vec<Option<Instant>> {
+        m.0.iter().map(|id| self.leases.deadline(*id)).collect()
     }
 }
 

@@ -13,6 +13,51 @@ impl Gateway {
         self.change(ChangeMembership::AddLearner { id, addr }).await
     }
 
+    /// A page of the cell's sessions with their leases here (this replica leads: the
+    /// caller confirmed it).
+    pub(super) async fn list_sessions(&self, after: SessionId, limit: u32) -> Response {
+        let limit = limit.clamp(1, wire::types::SESSIONS_PAGE_MAX) as usize;
+        let (mut page, more) = {
+            let s = self.state.read().expect("state lock");
+            let mut listed = s.sm.sessions().filter(|(id, _)| *id > after);
+            let page: Vec<wire::types::SessionInfo> = listed
+                .by_ref()
+                .take(limit)
+                .map(|(id, session)| wire::types::SessionInfo {
+                    id,
+                    owner: session.owner.clone(),
+                    lease_left_ms: None,
+                    ephemerals: session.ephemerals.len() as u64,
+                    ephemeral_paths: session
+                        .ephemerals
+                        .iter()
+                        .take(wire::types::SESSION_EPHEMERALS_LISTED)
+                        .cloned()
+                        .collect(),
+                    caches: session.caches,
+                })
+                .collect();
+            (page, listed.next().is_some())
+        };
+        let ids = page.iter().map(|i| i.id).collect();
+        let deadlines = self
+            .sessions
+            .send(crate::actors::session_manager::LeaseDeadlines(ids))
+            .await
+            .map_err(|e| Error::Unavailable {
+                reason: format!("session manager: {e}"),
+            })?;
+        let now = Instant::now();
+        for (info, deadline) in page.iter_mut().zip(deadlines) {
+            info.lease_left_ms =
+                deadline.map(|d| d.saturating_duration_since(now).as_millis() as u64);
+        }
+        Ok(Reply::Sessions {
+            sessions: page,
+            more,
+        })
+    }
+
     /// A digest of the replicated state and the index it reflects, at most one at a time
     /// and one per [`DIGEST_INTERVAL`].
     pub(super) fn state_digest(&self) -> Response {

@@ -551,6 +551,11 @@ impl Gateway {
                 self.snapshot().await
             }
             Op::StateDigest => self.state_digest(),
+            Op::Sessions { after, limit } => {
+                self.require_admin_confirmed(&me, "list the cell's sessions")
+                    .await?;
+                self.list_sessions(after, limit).await
+            }
             // ACLs, groups and admins (acls.rs).
             Op::GetAcl { path } => self.get_acl(&me, &path).await,
             Op::SetAcl { path, acl } => self.set_acl(&me, path, acl).await,
