@@ -169,3 +169,51 @@ fn learner_from_snapshot_promote_and_remove() {
         assert!(nodes.windows(2).all(|w| w[0] == w[1]), "{nodes:?}");
     });
 }
+
+/// A member's address that leads to another replica (a name re-resolved to a reused IP;
+/// replicas may share a certificate) is refused at the dial: the leader never counts that
+/// replica's answers as the member's. Here learner 9 is added at a follower's address
+/// (the follower has the whole log and would answer for it); the leader's every dial to
+/// "9" is refused, naming who answered.
+#[test]
+fn a_member_address_that_reaches_another_replica_is_refused() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let other = *cell.procs.keys().find(|id| **id != leader).unwrap();
+        // openraft 0.9 answers the blocking AddLearner without the learner's catching up
+        // here, so its answer proves nothing either way; the leader's log does.
+        let _ = client
+            .request(Op::AddLearner {
+                id: 9,
+                addr: cell.addr(other),
+            })
+            .await;
+        let refused = format!(
+            "dialed replica 9 at {}, and replica {other} answered",
+            cell.addr(other)
+        );
+        let log = cell.dir.path().join(format!("replica-{leader}.log"));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&refused)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the leader never refused replica {other} answering for 9: {}",
+                log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The cell goes on.
+        let s = client.open_session().await.unwrap();
+        s.create("/after", vec![], CreateMode::default())
+            .await
+            .unwrap();
+    });
+}

@@ -231,9 +231,20 @@ impl PeerClient {
         let reply: HelloReply = frame::read(&mut recv, 1024)
             .await
             .map_err(|e| CallError::Unreachable(e.to_string()))?;
-        reply.map_err(|e| {
+        let hello = reply.map_err(|e| {
             CallError::Unreachable(format!("peer {} refused hello: {e}", self.target))
         })?;
+        // The replica this address reached must be the one dialed: replicas of a cell may
+        // share a certificate, and an address may now lead to another (a name re-resolved
+        // to a reused IP, a replica restarted elsewhere). Its votes and acknowledgements
+        // would otherwise count twice.
+        if hello.replica_id != self.target {
+            conn.close(0u32.into(), b"not the replica dialed");
+            return Err(CallError::Unreachable(format!(
+                "dialed replica {} at {addr}, and replica {} answered",
+                self.target, hello.replica_id
+            )));
+        }
         let checked =
             match &self.tls_files {
                 Some(files) => {
