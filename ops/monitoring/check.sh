@@ -2,7 +2,7 @@
 # Checks the monitoring files offline with the real promtool (Debian's `prometheus`
 # package): the alerting rules parse, their unit tests pass, and every query of the
 # dashboard parses as PromQL. That every metric they name exists is checked against a
-# live scrape by ops/tests/lockctl.rs (metrics_of_a_cell_with_proxies).
+# live scrape by ops/tests/monitoring.rs (metrics_of_a_cell_with_proxies).
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v promtool >/dev/null || {

@@ -1464,6 +1464,11 @@ fn ls_r_rm_r_elect_and_sessions() {
         text(&o)
     );
 
+    // An endpoint that is not host:port is refused before anything is dialed or resolved.
+    let o = lockctl(&format!("{eps},replica-1"), &ca, &["get", "/t"]);
+    assert_eq!(o.status.code(), Some(9), "{}", text(&o));
+    assert!(text(&o).contains("expected host:port"), "{}", text(&o));
+
     // rm -r asks first; without a terminal it needs --yes, and deletes nothing.
     let o = lockctl(&eps, &ca, &["rm", "-r", "/t"]);
     assert!(

@@ -150,7 +150,7 @@ impl Probe for ReplicaProbe {
 
 impl ReplicaProbe {
     async fn scrape(&self) -> Scrape {
-        let st = self.gateway.status().await;
+        let (st, cacher_stats) = self.gateway.status_with(false).await;
         let m = self.gateway.raft.metrics().borrow().clone();
         let i = &self.instruments;
         let log = &self.gateway.log_stats;
@@ -169,6 +169,19 @@ impl ReplicaProbe {
             f64::from(u8::from(m.current_leader.is_some())),
         );
         s.gauge("raft_term", "The current Raft term.", st.term as f64);
+        // openraft 0.9's leader does not step down when it loses its quorum: a leader
+        // whose quorum last acknowledged it long ago leads nothing (the no-leader alert
+        // counts only leaders heard from recently).
+        let alone = st.members.iter().filter(|x| x.voter).count() == 1;
+        let ack = m.millis_since_quorum_ack.or(alone.then_some(0));
+        if let (true, Some(ms)) = (leading, ack) {
+            s.gauge_in(
+                "raft_quorum_ack_age",
+                "On the leader: time since a quorum last acknowledged it.",
+                Unit::Seconds,
+                ms as f64 / 1000.0,
+            );
+        }
         s.gauge(
             "raft_applied_index",
             "Last log index applied to the state machine.",
@@ -274,12 +287,7 @@ impl ReplicaProbe {
             Unit::Seconds,
             st.oldest_invalidation_ms as f64 / 1000.0,
         );
-        let holds = self
-            .gateway
-            .cachers
-            .send(crate::actors::cacher_list::Stats)
-            .await
-            .map_or(0, |c| c.holds_waiting);
+        let holds = cacher_stats.map_or(0, |c| c.holds_waiting);
         s.gauge(
             "holds_waiting",
             "Writes held at this leader waiting for cachers' acknowledgements.",

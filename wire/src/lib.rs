@@ -76,6 +76,8 @@ pub fn is_host_port(addr: &str) -> bool {
     let Some((host, port)) = addr.rsplit_once(':') else {
         return false;
     };
+    // A fully qualified name may end in a dot (no search domains are tried for it).
+    let host = host.strip_suffix('.').unwrap_or(host);
     port.parse::<u16>().is_ok_and(|p| p > 0)
         && !host.is_empty()
         && host.len() <= 253
@@ -97,6 +99,7 @@ mod tests {
             "[::1]:7001",
             "localhost:7001",
             "lockservice-replica-0.lockservice-replica-peers.lockservice.svc.cluster.local:7001",
+            "replica-0.peers.lockservice.svc.cluster.local.:7001",
         ] {
             assert!(super::is_host_port(ok), "{ok}");
         }
@@ -111,6 +114,7 @@ mod tests {
             "-a:7001",
             "a b:7001",
             "::1:7001",
+            ".:7001",
         ] {
             assert!(!super::is_host_port(bad), "{bad}");
         }

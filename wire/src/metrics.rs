@@ -13,8 +13,8 @@
 //!   names it (Prometheus does), else Prometheus' text format 0.0.4.
 //! - `GET /health`: 200 `ok` while the process serves at all.
 //! - `GET /ready`: 200 with the reason when the server should take traffic (a replica: a
-//!   member of its cell that knows a leader and has applied its log; a proxy: connected
-//!   to its cell's leader; the directory: holds a map), else 503 with the reason.
+//!   member of its cell that knows a leader and has applied its log; a proxy: holds its
+//!   own session at the cell; the directory: holds a map), else 503 with the reason.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -171,20 +171,28 @@ impl Quotas {
         };
         self.refused[i].fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
-        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-        match logged.0 {
-            Some(at) if now.duration_since(at) < LOG_EVERY => logged.1 += 1,
-            _ => {
-                let left_out = std::mem::take(&mut logged.1);
-                logged.0 = Some(now);
-                tracing::info!(
-                    identity,
-                    %what,
-                    limit = self.limits(identity).of(what),
-                    left_out,
-                    "refused by the limit per identity (left_out: refusals since the last line)"
-                );
+        // Decided under the lock, written after it (a slow stderr must not hold others).
+        let log_now = {
+            let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+            match logged.0 {
+                Some(at) if now.duration_since(at) < LOG_EVERY => {
+                    logged.1 += 1;
+                    None
+                }
+                _ => {
+                    logged.0 = Some(now);
+                    Some(std::mem::take(&mut logged.1))
+                }
             }
+        };
+        if let Some(left_out) = log_now {
+            tracing::info!(
+                identity,
+                %what,
+                limit = self.limits(identity).of(what),
+                left_out,
+                "refused by the limit per identity (left_out: refusals since the last line)"
+            );
         }
         Error::TooManyFor {
             identity: identity.to_string(),

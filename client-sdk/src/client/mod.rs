@@ -173,26 +173,39 @@ impl LeaderHint {
 }
 
 impl Client {
-    /// Prepares connections to the cell. Fails if no endpoint parses or the CA cannot be
-    /// read; replicas are dialed lazily.
+    /// Prepares connections to the cell. Fails if an endpoint is not `host:port`, if none
+    /// resolves, or if the CA cannot be read; replicas are dialed lazily. Names are
+    /// resolved here, once: one that does not resolve now (a replica's pod not scheduled
+    /// yet) is left out with a warning while another does.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
         let mut addrs = Vec::new();
+        let mut unresolved = Vec::new();
         for e in &cfg.endpoints {
-            let a: SocketAddr = tokio::net::lookup_host(e)
-                .await
-                .map_err(|err| Error::BadRequest {
-                    reason: format!("endpoint {e:?}: {err}"),
-                })?
-                .next()
-                .ok_or_else(|| Error::BadRequest {
-                    reason: format!("endpoint {e:?} resolves to nothing"),
-                })?;
-            addrs.push(a);
+            if !wire::is_host_port(e) {
+                return Err(Error::BadRequest {
+                    reason: format!("endpoint {e:?}: expected host:port or ip:port"),
+                });
+            }
+            match tokio::net::lookup_host(e).await.map(|mut a| a.next()) {
+                Ok(Some(a)) => addrs.push(a),
+                Ok(None) => unresolved.push(format!("{e}: resolves to nothing")),
+                Err(err) => unresolved.push(format!("{e}: {err}")),
+            }
         }
         if addrs.is_empty() {
             return Err(Error::BadRequest {
-                reason: "no endpoints".into(),
+                reason: if unresolved.is_empty() {
+                    "no endpoints".into()
+                } else {
+                    format!("no endpoint resolves ({})", unresolved.join("; "))
+                },
             });
+        }
+        if !unresolved.is_empty() {
+            tracing::warn!(
+                left_out = ?unresolved,
+                "endpoints that do not resolve now are left out"
+            );
         }
         let files = tls::TlsConfig {
             ca: cfg.ca.clone(),
@@ -1075,12 +1088,12 @@ pub(crate) fn unexpected(r: &Reply) -> Error {
 
 /// A leader hint as a socket address: parsed, or resolved when the cell's members are
 /// addressed by name (a Kubernetes StatefulSet's are); `None` if it does not resolve
-/// within a second (the client then asks its other endpoints, as before).
+/// within 250 ms (the client then asks its other endpoints, as before).
 async fn hint_addr(hint: &str) -> Option<SocketAddr> {
     if let Ok(a) = hint.parse() {
         return Some(a);
     }
-    tokio::time::timeout(Duration::from_secs(1), tokio::net::lookup_host(hint))
+    tokio::time::timeout(Duration::from_millis(250), tokio::net::lookup_host(hint))
         .await
         .ok()?
         .ok()?

@@ -145,6 +145,16 @@ impl Gateway {
 
     /// This replica's view of the cell.
     pub async fn status(&self) -> Status {
+        self.status_with(true).await.0
+    }
+
+    /// [`Gateway::status`] and the cacher list's counts; without the request latencies
+    /// unless `latencies` (what a metrics scrape asks: copying every histogram out holds
+    /// the lock each request records under).
+    pub async fn status_with(
+        &self,
+        latencies: bool,
+    ) -> (Status, Option<crate::actors::cacher_list::CacherStats>) {
         let stats = self.cachers.send(Stats).await.ok();
         let watches = self
             .watches
@@ -168,7 +178,7 @@ impl Gateway {
             let s = self.state.read().expect("state lock");
             (s.sm.session_count() as u64, s.sm.node_count() as u64)
         };
-        Status {
+        let status = Status {
             id: self.id,
             role: format!("{:?}", m.state),
             term: m.current_term,
@@ -190,10 +200,15 @@ impl Gateway {
             invalidations_sent: stats.map_or(0, |s| s.invalidations_sent),
             snapshot_bytes: self.snapshot_stats.last_bytes.load(Ordering::Relaxed),
             snapshot_build_ms: self.snapshot_stats.last_total_ms.load(Ordering::Relaxed),
-            request_latency: self.latency.snapshot(),
+            request_latency: if latencies {
+                self.latency.snapshot()
+            } else {
+                Vec::new()
+            },
             peer_dials: self.peer_dials.load(Ordering::Relaxed),
             peer_certificate_checks: self.peer_certificate_checks.load(Ordering::Relaxed),
             refused_by_limit: self.quotas.refusals(),
-        }
+        };
+        (status, stats)
     }
 }
