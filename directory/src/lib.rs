@@ -433,15 +433,7 @@ impl wire::metrics::Probe for DirectoryProbe {
                 "Directory requests answered with a map.",
                 self.served.answered.load(Ordering::Relaxed),
             );
-            match wire::tls::earliest_not_after(&self.cert) {
-                Ok(t) => s.gauge_in(
-                    "tls_certificate_expiry_timestamp",
-                    "Earliest notAfter of this process's certificate chain, Unix time.",
-                    Unit::Seconds,
-                    t as f64,
-                ),
-                Err(e) => tracing::warn!(error = %e, "the certificate's expiry for the metrics"),
-            }
+            s.certificate_expiry(&self.cert);
             s
         })
     }

@@ -3,8 +3,6 @@
 //! `client_sdk::recipes::election` keeps it); or, with `--observe`, print who leads and
 //! every change until Ctrl-C.
 
-use std::time::Duration;
-
 use client_sdk::recipes::election::{Election, LeaderInfo};
 use client_sdk::{Client, Session};
 
@@ -70,18 +68,10 @@ fn describe(leader: &Option<LeaderInfo>, json: bool) -> String {
 }
 
 async fn observe(client: &Client, args: &ElectArgs, json: bool) -> anyhow::Result<()> {
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let session = tokio::select! {
-        s = client.open_session() => s?,
-        _ = &mut ctrl_c => return Ok(()),
-    };
-    let r = tokio::select! {
-        r = observe_loop(&session, args, json) => r,
-        _ = &mut ctrl_c => Ok(()),
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(5), session.close()).await;
-    r
+    crate::watch::in_session_until_ctrl_c(client, |session| async move {
+        observe_loop(&session, args, json).await
+    })
+    .await
 }
 
 async fn observe_loop(session: &Session, args: &ElectArgs, json: bool) -> anyhow::Result<()> {

@@ -102,8 +102,21 @@ fn print_event(ev: &WatchEvent, json: bool) {
 /// way out.
 pub async fn run(client: &Client, args: WatchArgs, json: bool) -> anyhow::Result<()> {
     wire::path::validate(&args.path)?;
-    // One listener for the whole command, made first: a Ctrl-C while a read is in flight
-    // (a new listener would not see a signal delivered before it existed) ends it too.
+    in_session_until_ctrl_c(client, |session| async move {
+        watch_loop(&session, &args, json).await
+    })
+    .await
+}
+
+/// Opens a session, runs `body` in it until it ends or Ctrl-C (Ok then), and closes the
+/// session on the way out: what `watch` and `elect --observe` do. One Ctrl-C listener
+/// for the whole command, made first: a Ctrl-C while a read is in flight (a new listener
+/// would not see a signal delivered before it existed) ends it too.
+pub async fn in_session_until_ctrl_c<F, Fut>(client: &Client, body: F) -> anyhow::Result<()>
+where
+    F: FnOnce(Session) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let session = tokio::select! {
@@ -111,7 +124,7 @@ pub async fn run(client: &Client, args: WatchArgs, json: bool) -> anyhow::Result
         _ = &mut ctrl_c => return Ok(()),
     };
     let r = tokio::select! {
-        r = watch_loop(&session, &args, json) => r,
+        r = body(session.clone()) => r,
         _ = &mut ctrl_c => Ok(()),
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), session.close()).await;

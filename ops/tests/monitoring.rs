@@ -392,29 +392,19 @@ fn metrics_of_a_directory_and_its_cells() {
     // directory at base + 200.
     let base = free_base(11);
     let mbase = free_tcp_base(&[0, 10, 100, 200]);
-    let mut dev = std::process::Command::new(LOCKCTL)
-        .args(["dev", "--cells", "2", "--replicas", "1", "--no-demo"])
-        .args(["--base-port", &base.to_string()])
-        .args(["--metrics-base-port", &mbase.to_string()])
-        .arg("--data")
-        .arg(&data)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(dev.stdout.take().unwrap()));
+    let (dev, out) = start_dev_of(
+        &data,
+        base,
+        1,
+        &[
+            "--cells",
+            "2",
+            "--no-demo",
+            "--metrics-base-port",
+            &mbase.to_string(),
+        ],
+    );
     let _guard = DevGuard(Some(dev));
-    let mut out = String::new();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while Instant::now() < deadline {
-        let Some(Ok(line)) = lines.next() else { break };
-        out.push_str(&line);
-        out.push('\n');
-        if line.starts_with("Ctrl-C stops") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
     let dm = format!("127.0.0.1:{}", mbase + 200);
     assert!(out.contains(&format!("http://{dm}/metrics")), "{out}");
     let why = wait_ready(&dm, Duration::from_secs(20));

@@ -93,26 +93,8 @@ impl ProxyProbe {
             Unit::Seconds,
             st.oldest_pending_ms as f64 / 1000.0,
         );
-        let [connections, requests, sessions] = st.refused_by_limit;
-        s.labelled_counter(
-            "limit_refusals",
-            "Refusals by the limits per identity, by limit.",
-            "limit",
-            &[
-                ("connections".into(), connections),
-                ("requests".into(), requests),
-                ("sessions".into(), sessions),
-            ],
-        );
-        match wire::tls::earliest_not_after(&self.0.cfg.tls.cert) {
-            Ok(t) => s.gauge_in(
-                "tls_certificate_expiry_timestamp",
-                "Earliest notAfter of this process's certificate chain, Unix time.",
-                Unit::Seconds,
-                t as f64,
-            ),
-            Err(e) => tracing::warn!(error = %e, "the certificate's expiry for the metrics"),
-        }
+        s.limit_refusals(st.refused_by_limit);
+        s.certificate_expiry(&self.0.cfg.tls.cert);
         s
     }
 }

@@ -324,17 +324,7 @@ impl ReplicaProbe {
             "Requests refused, by reason (limit, acl, wrong_cell).",
             i.refusals.clone(),
         );
-        let [connections, requests, sessions] = st.refused_by_limit;
-        s.labelled_counter(
-            "limit_refusals",
-            "Refusals by the limits per identity, by limit.",
-            "limit",
-            &[
-                ("connections".into(), connections),
-                ("requests".into(), requests),
-                ("sessions".into(), sessions),
-            ],
-        );
+        s.limit_refusals(st.refused_by_limit);
 
         // Peers and certificates.
         s.counter(
@@ -347,15 +337,7 @@ impl ReplicaProbe {
             "Peer certificate chains checked on dialed connections.",
             st.peer_certificate_checks,
         );
-        match wire::tls::earliest_not_after(&self.cert) {
-            Ok(t) => s.gauge_in(
-                "tls_certificate_expiry_timestamp",
-                "Earliest notAfter of this process's certificate chain, Unix time.",
-                Unit::Seconds,
-                t as f64,
-            ),
-            Err(e) => tracing::warn!(error = %e, "the certificate's expiry for the metrics"),
-        }
+        s.certificate_expiry(&self.cert);
         s
     }
 }

@@ -183,6 +183,37 @@ impl Scrape {
         self.registry.register(name, help_text(help), family);
     }
 
+    /// `tls_certificate_expiry_timestamp_seconds`: the earliest notAfter of the PEM chain
+    /// at `cert` (every server reports its own, for the alert on certificates about to
+    /// expire). A file that cannot be read leaves the metric out, with a warning.
+    pub fn certificate_expiry(&mut self, cert: &std::path::Path) {
+        match crate::tls::earliest_not_after(cert) {
+            Ok(t) => self.gauge_in(
+                "tls_certificate_expiry_timestamp",
+                "Earliest notAfter of this process's certificate chain, Unix time.",
+                Unit::Seconds,
+                t as f64,
+            ),
+            Err(e) => tracing::warn!(error = %e, "the certificate's expiry for the metrics"),
+        }
+    }
+
+    /// `limit_refusals_total{limit}` from [`crate::quota::Quotas::refusals`]
+    /// (connections, requests, sessions).
+    pub fn limit_refusals(&mut self, refused: [u64; 3]) {
+        let [connections, requests, sessions] = refused;
+        self.labelled_counter(
+            "limit_refusals",
+            "Refusals by the limits per identity, by limit.",
+            "limit",
+            &[
+                ("connections".into(), connections),
+                ("requests".into(), requests),
+                ("sessions".into(), sessions),
+            ],
+        );
+    }
+
     /// A live instrument (a clone of the server's handle: histograms and counters share
     /// their state between clones).
     pub fn live(&mut self, name: &str, help: &str, metric: impl Metric) {

@@ -106,7 +106,10 @@ pub fn start_dev_with(
             break;
         }
     }
-    assert!(out.contains("cell running"), "dev did not come up:\n{out}");
+    assert!(
+        out.contains("cell running") || out.contains("cells running"),
+        "dev did not come up:\n{out}"
+    );
     // Keep draining its output, or its next line would hit a closed pipe.
     std::thread::spawn(move || for _ in lines {});
     (dev, out)
