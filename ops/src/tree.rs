@@ -42,8 +42,8 @@ pub async fn walk(
             );
         }
     }
-    // Path order: each node right after its parent's earlier children's subtrees.
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    // Tree order: by path components, so each node comes right before its subtree.
+    out.sort_by(|a, b| a.0.split('/').cmp(b.0.split('/')));
     Ok(out)
 }
 

@@ -1464,7 +1464,7 @@ fn ls_r_rm_r_elect_and_sessions() {
         text(&o)
     );
 
-    // An endpoint that is not host:port is refused before anything is dialed or resolved.
+    // An endpoint that is not host:port is refused before anything is dialed.
     let o = lockctl(&format!("{eps},replica-1"), &ca, &["get", "/t"]);
     assert_eq!(o.status.code(), Some(9), "{}", text(&o));
     assert!(text(&o).contains("expected host:port"), "{}", text(&o));
@@ -1498,19 +1498,16 @@ fn ls_r_rm_r_elect_and_sessions() {
     let (mut obs, mut lines) =
         spawn_lockctl(&eps, &ca, &["elect", "/e", "--observe", "--count", "2"]);
     assert_eq!(lines.next().unwrap().unwrap(), "no leader");
+    // The first leader leads until the test says (a marker file; 60 s at most).
+    let marker = cell.dir.path().join("first-may-resign");
+    let script = format!(
+        "echo token=$LOCK_TOKEN; i=0; while [ ! -e {m} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        m = marker.display()
+    );
     let first = spawn_lockctl(
         &eps,
         &ca,
-        &[
-            "elect",
-            "/e",
-            "--data",
-            "first",
-            "--",
-            "sh",
-            "-c",
-            "echo token=$LOCK_TOKEN; sleep 5",
-        ],
+        &["elect", "/e", "--data", "first", "--", "sh", "-c", &script],
     );
     let (mut first, mut first_out) = first;
     let elected = first_out.next().unwrap().unwrap();
@@ -1584,6 +1581,7 @@ fn ls_r_rm_r_elect_and_sessions() {
         ],
     );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    std::fs::write(&marker, b"").unwrap();
     let o = lockctl(
         &eps,
         &ca,

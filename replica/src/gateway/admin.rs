@@ -17,13 +17,31 @@ impl Gateway {
     /// caller confirmed it).
     pub(super) async fn list_sessions(&self, after: SessionId, limit: u32) -> Response {
         let limit = limit.clamp(1, wire::types::SESSIONS_PAGE_MAX) as usize;
+        // A page also stops at half a client frame (owners and paths are up to 1 KiB
+        // each), with at least one session in it.
+        let mut budget = wire::CLIENT_FRAME_BYTES_MAX / 2;
         let (mut page, more) = {
             let s = self.state.read().expect("state lock");
-            let mut listed = s.sm.sessions().filter(|(id, _)| *id > after);
-            let page: Vec<wire::types::SessionInfo> = listed
-                .by_ref()
-                .take(limit)
-                .map(|(id, session)| wire::types::SessionInfo {
+            let mut listed = s.sm.sessions_after(after).peekable();
+            let mut page: Vec<wire::types::SessionInfo> = Vec::new();
+            while page.len() < limit {
+                let Some((_, next)) = listed.peek() else {
+                    break;
+                };
+                let bytes = 64
+                    + next.owner.len()
+                    + next
+                        .ephemerals
+                        .iter()
+                        .take(wire::types::SESSION_EPHEMERALS_LISTED)
+                        .map(|p| p.len() + 8)
+                        .sum::<usize>();
+                if !page.is_empty() && bytes > budget {
+                    break;
+                }
+                budget = budget.saturating_sub(bytes);
+                let (id, session) = listed.next().expect("peeked");
+                page.push(wire::types::SessionInfo {
                     id,
                     owner: session.owner.clone(),
                     lease_left_ms: None,
@@ -35,8 +53,8 @@ impl Gateway {
                         .cloned()
                         .collect(),
                     caches: session.caches,
-                })
-                .collect();
+                });
+            }
             (page, listed.next().is_some())
         };
         let ids = page.iter().map(|i| i.id).collect();

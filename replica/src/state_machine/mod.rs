@@ -347,6 +347,14 @@ impl StateMachine {
         self.sessions.iter().map(|(id, s)| (*id, s))
     }
 
+    /// Open sessions with ids above `after`, in id order (a page of `Op::Sessions`).
+    pub fn sessions_after(&self, after: SessionId) -> impl Iterator<Item = (SessionId, &Session)> {
+        use std::ops::Bound;
+        self.sessions
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(id, s)| (*id, s))
+    }
+
     /// How many sessions `owner` has open.
     pub fn sessions_of(&self, owner: &str) -> u64 {
         self.owners.get(owner).copied().unwrap_or(0)
