@@ -1216,7 +1216,10 @@ proptest! {
         cut in any::<proptest::sample::Index>(),
     ) {
         let (entries, answers) = history(&actions);
-        prop_assert!(entries.iter().any(|e| matches!(e, Entry::Batch(_))) || entries.len() < 8);
+        // A long history without one batch entry (every action drawn with a batch of 1)
+        // is what the other tests cover: draw again rather than fail (a fresh seed found
+        // one on 2026-12-06; the test command's fixed seed never drew it).
+        prop_assume!(entries.iter().any(|e| matches!(e, Entry::Batch(_))) || entries.len() < 8);
         let cut = cut.index(entries.len() + 1);
         let mut whole = open_state();
         let mut digests = std::collections::BTreeSet::new();
