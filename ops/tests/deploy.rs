@@ -4,6 +4,8 @@
 //! environment variable the manifests, the systemd units and the Dockerfile pass is one
 //! the binaries take.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -180,14 +182,10 @@ fn deployment_files_render_and_name_only_real_flags_and_keys() {
     // The configurations in the ConfigMaps: only keys the binaries read, valid with what
     // each pod sets from its name.
     let sts_src = read("kubernetes/replica.yaml");
-    let mut env_keys = BTreeSet::new();
-    for (i, _) in sts_src.match_indices("LOCKSVC_REPLICA__") {
-        let var: String = sts_src[i..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        env_keys.insert(env_key(&var, "LOCKSVC_REPLICA__"));
-    }
+    let env_keys: BTreeSet<String> = common::words_starting(&sts_src, "LOCKSVC_REPLICA__")
+        .iter()
+        .map(|var| env_key(var, "LOCKSVC_REPLICA__"))
+        .collect();
     assert_eq!(
         env_keys,
         ["advertise", "bootstrap", "id"].map(String::from).into(),
@@ -229,11 +227,7 @@ fn deployment_files_render_and_name_only_real_flags_and_keys() {
         checked += assert_flags_exist(file, &text, "replica", &replica);
         checked += assert_flags_exist(file, &text, "proxy", &proxy);
         checked += assert_flags_exist(file, &text, "directory", &directory);
-        for (i, _) in text.match_indices("DIRECTORY_") {
-            let var: String = text[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
+        for var in common::words_starting(&text, "DIRECTORY_") {
             assert!(
                 directory.contains(&format!("[env: {var}")),
                 "{file} sets {var}, which the directory does not read"

@@ -15,20 +15,6 @@ use client_sdk::{Client, ClientConfig};
 use common::*;
 use wire::types::CreateMode;
 
-/// A base port `b` with TCP ports `b + o` free on 127.0.0.1 for every offset `o`.
-fn free_tcp_base(offsets: &[u16]) -> u16 {
-    let start = 41_000 + (std::process::id() % 10_000) as u16;
-    'outer: for base in (start..60_000).step_by(7) {
-        for o in offsets {
-            if std::net::TcpListener::bind(("127.0.0.1", base + o)).is_err() {
-                continue 'outer;
-            }
-        }
-        return base;
-    }
-    panic!("no free TCP ports");
-}
-
 /// An HTTP/1.1 GET: (status, content type, body).
 fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String, String)> {
     http_get_accepting(addr, path, "*/*")
@@ -109,16 +95,7 @@ fn names(text: &str) -> BTreeSet<String> {
 
 /// Every `lockservice_*` metric name a file uses.
 fn used_in(file: &str) -> BTreeSet<String> {
-    let text = std::fs::read_to_string(file).unwrap();
-    let mut out = BTreeSet::new();
-    for (i, _) in text.match_indices("lockservice_") {
-        let name: String = text[i..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        out.insert(name);
-    }
-    out
+    words_starting(&std::fs::read_to_string(file).unwrap(), "lockservice_")
 }
 
 fn wait_ready(addr: &str, within: Duration) -> String {

@@ -100,7 +100,7 @@ pub async fn run_on(
         tls_files,
         quotas: wire::quota::Quotas::new(cfg.per_identity.clone()),
     });
-    let tasks = vec![
+    let mut tasks = vec![
         wire::rt::spawn(up.clone().batch_loop()),
         wire::rt::spawn(up.clone().tick_loop()),
         wire::rt::spawn(up.clone().stream_loop()),
@@ -108,7 +108,6 @@ pub async fn run_on(
         wire::rt::spawn(serve(endpoint.clone(), proxy.clone())),
         wire::rt::spawn(stats_loop(proxy.clone())),
     ];
-    let mut tasks = tasks;
     if let Some(addr) = cfg.metrics.listen {
         let listener = wire::metrics::bind(addr)
             .await

@@ -595,10 +595,15 @@ pub(crate) fn seeded_bytes(len: usize) -> Option<Vec<u8>> {
 /// `lockservice_tls_certificate_expiry_timestamp_seconds`, for the alert on certificates
 /// about to expire.
 pub fn earliest_not_after(path: &Path) -> Result<i64, String> {
+    chain_not_after(&read_certs(path)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The earliest `notAfter` (Unix seconds) of a chain's certificates.
+fn chain_not_after(chain: &[CertificateDer<'_>]) -> Result<i64, String> {
     let mut earliest = i64::MAX;
-    for cert in read_certs(path)? {
-        let (_, c) = x509_parser::parse_x509_certificate(&cert)
-            .map_err(|e| format!("{}: a certificate does not parse: {e}", path.display()))?;
+    for cert in chain {
+        let (_, c) = x509_parser::parse_x509_certificate(cert)
+            .map_err(|e| format!("a certificate does not parse: {e}"))?;
         earliest = earliest.min(c.validity().not_after.timestamp());
     }
     Ok(earliest)
@@ -999,12 +1004,7 @@ impl Reloading {
             .server_verifier
             .verify_server_cert(leaf, &chain[1..], &name, &[], UnixTime::now())
             .map_err(|e| format!("the server's certificate no longer checks: {e}"))?;
-        let mut not_after = i64::MAX;
-        for cert in chain.iter() {
-            let (_, c) = x509_parser::parse_x509_certificate(cert)
-                .map_err(|e| format!("the server's certificate does not parse: {e}"))?;
-            not_after = not_after.min(c.validity().not_after.timestamp());
-        }
+        let not_after = chain_not_after(&chain).map_err(|e| format!("the server's chain: {e}"))?;
         Ok((generation, not_after))
     }
 

@@ -27,6 +27,34 @@ pub fn free_base_from(start: u16, n: u16) -> u16 {
     panic!("no free ports");
 }
 
+/// A base port `b` with TCP ports `b + o` free on 127.0.0.1 for every offset `o` (in a
+/// region of its own, above the UDP ports [`free_base`] finds).
+pub fn free_tcp_base(offsets: &[u16]) -> u16 {
+    let start = 41_000 + (std::process::id() % 10_000) as u16;
+    'outer: for base in (start..60_000).step_by(7) {
+        for o in offsets {
+            if std::net::TcpListener::bind(("127.0.0.1", base + o)).is_err() {
+                continue 'outer;
+            }
+        }
+        return base;
+    }
+    panic!("no free TCP ports");
+}
+
+/// Every word of `text` that starts with `prefix` (letters, digits and `_` after it):
+/// the metric names or environment variables a file uses.
+pub fn words_starting(text: &str, prefix: &str) -> std::collections::BTreeSet<String> {
+    text.match_indices(prefix)
+        .map(|(i, _)| {
+            text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
 pub fn lockctl(endpoints: &str, ca: &std::path::Path, args: &[&str]) -> Output {
     Command::new(LOCKCTL)
         // The client's certificate next to the CA, whatever the caller's environment says.
