@@ -12,7 +12,9 @@ use std::process::Command;
 
 const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/");
 
-/// A server binary built beside `lockctl` (the workspace's `cargo build --bins`).
+/// A server binary built beside `lockctl`: `cargo test --workspace` builds a package's
+/// binaries for its integration tests (`replica/tests`, `proxy/tests/cli.rs`,
+/// `directory/tests/cli.rs`); without those, CI's clean clone had no `proxy` binary.
 fn binary(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_BIN_EXE_lockctl"))
         .parent()
@@ -20,7 +22,7 @@ fn binary(name: &str) -> PathBuf {
         .join(name);
     assert!(
         p.exists(),
-        "{} is not built (cargo build --bins builds every server)",
+        "{} is not built (cargo build --workspace --bins builds every server)",
         p.display()
     );
     p
