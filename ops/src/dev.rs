@@ -39,6 +39,21 @@ pub struct DevArgs {
     /// Session lease in milliseconds.
     #[arg(long, default_value_t = 12_000)]
     lease_ms: u64,
+    /// Back the cell up to this object store (`s3://bucket/prefix` or `file:///path`;
+    /// the replicas' `[backup] url`): the leader writes a backup every
+    /// --backup-interval-secs, and `lockctl snapshot save` writes one now.
+    #[arg(long, value_name = "URL")]
+    backup: Option<String>,
+    /// An option of the backup store, KEY=VALUE (`[backup] options`; e.g.
+    /// endpoint=http://127.0.0.1:9000, allow_http=true, region=us-east-1). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE", requires = "backup", value_parser = key_value)]
+    backup_option: Vec<(String, String)>,
+    /// How often the leader writes a backup (seconds).
+    #[arg(long, default_value_t = 3_600, requires = "backup")]
+    backup_interval_secs: u64,
+    /// How many backups of the cell the store keeps.
+    #[arg(long, default_value_t = 48, requires = "backup")]
+    backup_keep: usize,
     /// Skip the demonstration after start-up.
     #[arg(long)]
     no_demo: bool,
@@ -51,6 +66,14 @@ pub struct DevArgs {
     /// one in each (`docs/directory.md`).
     #[arg(long, value_parser = clap::value_parser!(u16).range(2..=8))]
     cells: Option<u16>,
+}
+
+/// Reads `KEY=VALUE`.
+pub fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: expected KEY=VALUE")),
+    }
 }
 
 /// Where the process listening on UDP `port` serves its metrics (see
@@ -108,6 +131,12 @@ pub fn write_configs(args: &DevArgs) -> anyhow::Result<Vec<PathBuf>> {
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
             metrics: replica::config::MetricsConfig {
                 listen: metrics_addr(args, args.base_port + m.id as u16 - 1)?,
+            },
+            backup: replica::config::BackupConfig {
+                url: args.backup.clone(),
+                options: args.backup_option.iter().cloned().collect(),
+                interval_secs: args.backup_interval_secs,
+                keep: args.backup_keep,
             },
         };
         cfg.validate()?;
@@ -564,6 +593,11 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
             .metrics_base_port
             .map(|m| m + (base_port - args.base_port)),
         lease_ms: args.lease_ms,
+        // Each cell's backups under its own name in the one store.
+        backup: args.backup.clone(),
+        backup_option: args.backup_option.clone(),
+        backup_interval_secs: args.backup_interval_secs,
+        backup_keep: args.backup_keep,
         no_demo: true,
         exit_after_demo: false,
         cells: None,

@@ -17,6 +17,7 @@ mod elect;
 use ops::dir;
 mod fenced;
 mod lock;
+mod snapshot;
 mod tree;
 mod watch;
 
@@ -416,9 +417,13 @@ enum Command {
     /// Show how long each endpoint (replica or proxy) took to answer each kind of request
     /// since it started: count, p50, p99 and max, timed at the server.
     Latency,
-    /// Make each replica build a snapshot now and purge its log behind it (before
-    /// maintenance, or to measure); prints each one's index, size and time.
-    Snapshot,
+    /// Without a subcommand: make each replica build a snapshot now and purge its log
+    /// behind it (before maintenance, or to measure); prints each one's index, size and
+    /// time. `save`, `ls` and `restore`: backups in object storage.
+    Snapshot {
+        #[command(subcommand)]
+        action: Option<snapshot::SnapshotCommand>,
+    },
     /// Make a CA and certificates with identities for replicas, proxies and clients.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -527,6 +532,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Certs(cmd) => return certs::run(cmd),
+        Command::Snapshot {
+            action:
+                Some(
+                    snapshot::SnapshotCommand::Ls { .. }
+                    | snapshot::SnapshotCommand::Restore { .. },
+                ),
+        } => {
+            let Command::Snapshot {
+                action: Some(action),
+            } = cli.command
+            else {
+                unreachable!("matched above")
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            return rt.block_on(snapshot::run_offline(action, cli.json));
+        }
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "lockctl", &mut std::io::stdout());
@@ -1043,7 +1066,49 @@ async fn command(
             }
             Ok(())
         }
-        Command::Snapshot => {
+        Command::Snapshot {
+            action: Some(snapshot::SnapshotCommand::Save),
+        } => match client.request(Op::Backup).await? {
+            Reply::BackupTaken {
+                store,
+                object,
+                index,
+                bytes,
+                digest,
+                total_ms,
+                pruned,
+            } => {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "store": store,
+                            "object": object,
+                            "index": index,
+                            "bytes": bytes,
+                            "digest": format!("{digest:016x}"),
+                            "ms": total_ms,
+                            "pruned": pruned,
+                        })
+                    );
+                } else {
+                    println!(
+                        "{object}: index {index}, digest {digest:016x}, {bytes} bytes, \
+                         written to {store} in {total_ms} ms ({pruned} older deleted)"
+                    );
+                }
+                Ok(())
+            }
+            other => anyhow::bail!("unexpected reply {other:?}"),
+        },
+        Command::Snapshot {
+            action:
+                Some(
+                    snapshot::SnapshotCommand::Ls { .. }
+                    | snapshot::SnapshotCommand::Restore { .. },
+                ),
+        } => unreachable!("run without the cell"),
+        Command::Snapshot { action: None } => {
             let mut failed = false;
             for addr in client.endpoints() {
                 let req = wire::types::Request {

@@ -984,6 +984,7 @@ fn certs_made_by_lockctl_run_a_replica_and_reach_it() {
             root_acl: replica::config::RootAcl::Admins,
         },
         metrics: Default::default(),
+        backup: Default::default(),
     };
     std::fs::write(p("replica.toml"), toml::to_string(&cfg).unwrap()).unwrap();
     let mut replica = DevGuard(Some(

@@ -20,6 +20,7 @@ pub struct Member {
 pub use wire::tls::TlsConfig;
 
 /// The metrics endpoint (shared with proxies and the directory).
+pub use crate::backup::BackupConfig;
 pub use wire::metrics::MetricsConfig;
 
 /// Raft timing and log compaction.
@@ -267,6 +268,9 @@ pub struct ReplicaConfig {
     /// The metrics endpoint (off by default).
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Backups to object storage (off by default).
+    #[serde(default)]
+    pub backup: BackupConfig,
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -351,6 +355,7 @@ impl ReplicaConfig {
             "limits.*_connection_bytes_max must be below 4 GiB"
         );
         self.security.validate()?;
+        self.backup.validate()?;
         l.per_identity.validate().map_err(anyhow::Error::msg)?;
         if self.bootstrap {
             anyhow::ensure!(!self.members.is_empty(), "bootstrap needs members");

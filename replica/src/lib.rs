@@ -22,6 +22,7 @@
 //! transactions) and no-ops. Never: KeepAlives, reads, watch registrations.
 
 pub mod actors;
+pub mod backup;
 pub mod config;
 pub mod errors;
 pub mod gateway;

@@ -71,8 +71,8 @@ pub async fn run_on(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     cfg.validate()?;
-    let log_dir = cfg.data_dir.join("log");
-    let snap_dir = cfg.data_dir.join("snapshots");
+    let log_dir = crate::backup::log_dir(&cfg.data_dir);
+    let snap_dir = crate::backup::snapshot_dir(&cfg.data_dir);
     std::fs::create_dir_all(&log_dir)?;
     std::fs::create_dir_all(&snap_dir)?;
 
@@ -226,8 +226,34 @@ pub async fn run_on(
         cfg.security.root_acl(),
     ));
 
+    let backup = match &cfg.backup.url {
+        Some(url) => {
+            let store =
+                crate::backup::Store::open(url, &cfg.backup.options).map_err(anyhow::Error::msg)?;
+            let stats = Arc::new(crate::actors::backuper::BackupStats::default());
+            let addr = crate::actors::backuper::Backuper::new(
+                cfg.id,
+                cell.clone(),
+                cfg.backup.clone(),
+                store,
+                state.clone(),
+                raft.clone(),
+                stats.clone(),
+            )
+            .start();
+            tracing::info!(store = %url, every_secs = cfg.backup.interval_secs, keep = cfg.backup.keep, "backups on (written by the leader)");
+            Some(crate::gateway::Backups {
+                addr,
+                url: url.clone(),
+                stats,
+            })
+        }
+        None => None,
+    };
+
     tracing::info!(identity = %me, "replica's certificate checked");
     let gw = Arc::new(Gateway {
+        backup,
         id: cfg.id,
         cell,
         raft: raft.clone(),

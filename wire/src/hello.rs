@@ -12,8 +12,8 @@ use crate::types::ReplicaId;
 /// each create has its own fencing token (`index × 1024 + position`, issue 27): replicas
 /// of two builds would apply one entry into two different states, so they refuse each
 /// other; 7 since [`crate::types::Status`] has `peer_certificate_checks`; 8 since
-/// [`crate::types::Op::Sessions`].
-pub const PROTOCOL_VERSION: u32 = 8;
+/// [`crate::types::Op::Sessions`]; 9 since [`crate::types::Op::Backup`].
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// ALPN for client (and proxy) connections to a replica.
 pub const ALPN_CLIENT: &[u8] = b"lockservice-client";

@@ -530,6 +530,10 @@ pub enum Op {
         /// At most this many.
         limit: u32,
     },
+    /// Copy the state to the cell's backup store now (cell admins only, answered by the
+    /// leader once the object is written; the replicas' `[backup]` configuration names
+    /// the store). Reply: [`Reply::BackupTaken`].
+    Backup,
 }
 
 /// The most sessions one [`Op::Sessions`] answer lists.
@@ -562,6 +566,7 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::Sessions { .. } => "Sessions",
+            Op::Backup => "Backup",
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
             Op::KeepAliveBatch { .. } => "KeepAliveBatch",
@@ -835,6 +840,24 @@ pub enum Reply {
         sessions: Vec<SessionInfo>,
         /// More sessions follow the last one listed (ask again with its id as `after`).
         more: bool,
+    },
+    /// Answer to [`Op::Backup`]: the backup now in the store.
+    BackupTaken {
+        /// The store it was written to (the leader's `backup.url`).
+        store: String,
+        /// Its name under the store's prefix (`<cell>/snapshot-<index>-<unix ms>.lksnap`).
+        object: String,
+        /// The log index it covers.
+        index: LogIndex,
+        /// Its size in bytes.
+        bytes: u64,
+        /// The digest of the state it holds (what [`Op::StateDigest`] answers for that
+        /// state): a cell restored from it answers the same at the same index.
+        digest: u64,
+        /// Milliseconds to copy, serialize and write it.
+        total_ms: u64,
+        /// Older backups deleted by retention.
+        pruned: u32,
     },
 }
 

@@ -95,6 +95,7 @@ impl Cell {
             faults: Default::default(),
             security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
             metrics: Default::default(),
+            backup: Default::default(),
         };
         cfg.validate()?;
         std::fs::write(self.config_path(id), toml::to_string(&cfg)?)?;

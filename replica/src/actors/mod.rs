@@ -6,6 +6,8 @@
 //! - [`session_manager::SessionManager`]: leader-only lease deadlines
 //!   ([`crate::leader::leases`]), KeepAlives, expiries and lease checkpoints.
 //! - [`snapshotter::Snapshotter`]: writes snapshot files off the async runtime.
+//! - [`backuper::Backuper`]: copies the state to object storage on the leader, on a
+//!   schedule and on demand (`crate::backup`).
 //!
 //! - [`watch_table::WatchTableActor`]: one-shot watches and each session's event stream.
 //!
@@ -16,6 +18,7 @@
 //! [`messages`] holds what more than one of them handles (leadership changes, applied
 //! effects), so that none imports another for it.
 
+pub mod backuper;
 pub mod cacher_list;
 pub mod messages;
 pub mod raft_node;

@@ -49,7 +49,7 @@ impl Actor for SnapshotEncoder {
 /// under load, never stuck), and the lowest best-effort I/O priority (honoured by the
 /// BFQ scheduler only; best-effort, not idle, which may never get the disk under a steady
 /// write load). A failure is logged and the thread runs as it is.
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     const IOPRIO_WHO_PROCESS: libc::c_int = 1;
     const IOPRIO_CLASS_BE: libc::c_int = 2;
     const IOPRIO_CLASS_SHIFT: libc::c_int = 13;

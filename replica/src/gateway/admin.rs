@@ -104,6 +104,34 @@ impl Gateway {
         Ok(r)
     }
 
+    /// Writes a backup to the store now (this replica leads: the caller confirmed it);
+    /// answers once the object is written.
+    pub(super) async fn backup(&self) -> Response {
+        let Some(b) = &self.backup else {
+            return Err(Error::BadRequest {
+                reason: "this cell has no backup store: set [backup] url in the replicas' \
+                         configuration (docs/operations.md, \"Backups\")"
+                    .into(),
+            });
+        };
+        let t = b
+            .addr
+            .send(crate::actors::backuper::BackupNow)
+            .await
+            .map_err(|e| Error::Internal {
+                reason: format!("backuper: {e}"),
+            })??;
+        Ok(Reply::BackupTaken {
+            store: b.url.clone(),
+            object: t.object,
+            index: t.index,
+            bytes: t.bytes,
+            digest: t.digest,
+            total_ms: t.total_ms,
+            pruned: t.pruned,
+        })
+    }
+
     /// Builds a snapshot covering at least what is applied now; answers once it is written.
     pub(super) async fn snapshot(&self) -> Response {
         let st = &self.snapshot_stats;

@@ -95,6 +95,18 @@ pub struct Gateway {
     pub last_digest: std::sync::Mutex<Option<Instant>>,
     /// What the metrics record as it happens (refusals are counted here).
     pub instruments: Arc<crate::metrics::Instruments>,
+    /// Backups to object storage, when `[backup]` names a store.
+    pub backup: Option<Backups>,
+}
+
+/// The replica's backups to object storage ([`crate::actors::backuper`]).
+pub struct Backups {
+    /// The backuper.
+    pub addr: Addr<crate::actors::backuper::Backuper>,
+    /// The store's URL (`backup.url`).
+    pub url: String,
+    /// What it has done.
+    pub stats: Arc<crate::actors::backuper::BackupStats>,
 }
 
 /// The least time between two [`Op::StateDigest`] computations at one replica.
@@ -551,6 +563,11 @@ impl Gateway {
                 self.snapshot().await
             }
             Op::StateDigest => self.state_digest(),
+            Op::Backup => {
+                self.require_admin_confirmed(&me, "back the cell up")
+                    .await?;
+                self.backup().await
+            }
             Op::Sessions { after, limit } => {
                 self.require_admin_confirmed(&me, "list the cell's sessions")
                     .await?;

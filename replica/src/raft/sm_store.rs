@@ -164,12 +164,20 @@ impl SmStore {
         let mut state = SmState::default();
         if let Some(file) = snapshot_file::latest(dir)? {
             state = postcard::from_bytes(&file.data)?;
-            tracing::info!(
-                index = file.meta.last_log_id.map(|l| l.index).unwrap_or(0),
-                nodes = state.sm.node_count(),
-                sessions = state.sm.session_count(),
-                "restored snapshot"
-            );
+            let index = file.meta.last_log_id.map(|l| l.index).unwrap_or(0);
+            let (nodes, sessions) = (state.sm.node_count(), state.sm.session_count());
+            if file
+                .meta
+                .snapshot_id
+                .starts_with(crate::backup::SEEDED_ID_PREFIX)
+            {
+                // Seeded from a backup (`lockctl snapshot restore`): the digest, once, so
+                // a disaster-recovery drill can compare it with the backup's.
+                let digest = format!("{:016x}", state.sm.digest());
+                tracing::info!(index, nodes, sessions, %digest, "seeded from a backup");
+            } else {
+                tracing::info!(index, nodes, sessions, "restored snapshot");
+            }
         }
         Ok(SmStore {
             state: Arc::new(RwLock::new(state)),
@@ -228,6 +236,21 @@ fn encode(state: &SmState, delay: std::time::Duration) -> postcard::Result<Vec<u
         }
     }
     postcard::to_allocvec(&Slow(state, delay))
+}
+
+/// Decodes a serialized state that came from outside this process (a peer's snapshot, a
+/// backup) within bounds, so a crafted one cannot overflow the stack (a `TxnFailed` error
+/// stored for dedup nests) or build gigabytes out of a few bytes. 64 element bytes per
+/// byte is more than any state builds (a node is a path, its data and ~60 bytes of
+/// metadata).
+pub fn decode_state(data: &[u8]) -> Result<SmState, String> {
+    let limits = wire::decode::Limits {
+        depth_max: wire::decode::DEPTH_MAX,
+        element_bytes_max: data.len().saturating_mul(64).saturating_add(1 << 20),
+    };
+    let (state, _): (SmState, _) =
+        wire::decode::from_bytes(data, limits).map_err(|e| e.to_string())?;
+    Ok(state)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
@@ -377,18 +400,12 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
-        // A snapshot arrives from a peer: decoded within bounds, so a crafted one cannot
-        // overflow the stack (a `TxnFailed` error stored for dedup nests) or build
-        // gigabytes out of a few bytes. 64 element bytes per byte is more than any
-        // state builds (a node is a path, its data and ~60 bytes of metadata).
-        let limits = wire::decode::Limits {
-            depth_max: wire::decode::DEPTH_MAX,
-            element_bytes_max: data.len().saturating_mul(64).saturating_add(1 << 20),
-        };
-        let (mut new_state, _): (SmState, _) =
-            wire::decode::from_bytes(&data, limits).map_err(|e| {
-                StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), &e))
-            })?;
+        let mut new_state = decode_state(&data).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                &std::io::Error::other(e),
+            ))
+        })?;
         new_state.last_applied = meta.last_log_id;
         new_state.membership = meta.last_membership.clone();
         self.sink.write(meta, data).await?;

@@ -35,24 +35,37 @@ fn file_name(meta: &SnapshotMeta) -> String {
     format!("snapshot-{index:020}.snap")
 }
 
-/// Writes `meta` + `data` atomically into `dir`, then prunes old files beyond
-/// [`SNAPSHOTS_KEPT`]. Returns the final path.
-pub fn write(dir: &Path, meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<PathBuf> {
-    fs::create_dir_all(dir)?;
+/// The file's body (postcard of [`SnapshotFile`]) and its 20-byte head.
+fn encode(meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
     let body = postcard::to_allocvec(&SnapshotFile {
         meta: meta.clone(),
         data: data.to_vec(),
     })
     .map_err(std::io::Error::other)?;
-    let crc = crc32fast::hash(&body);
+    let mut head = Vec::with_capacity(20);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
+    head.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    Ok((head, body))
+}
+
+/// A snapshot file's bytes, in memory (what a backup uploads: the same format as on
+/// disk, so its checksum and length travel with it).
+pub fn to_bytes(meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let (mut head, body) = encode(meta, data)?;
+    head.extend_from_slice(&body);
+    Ok(head)
+}
+
+/// Writes `meta` + `data` atomically into `dir`, then prunes old files beyond
+/// [`SNAPSHOTS_KEPT`]. Returns the final path.
+pub fn write(dir: &Path, meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let (head, body) = encode(meta, data)?;
     let path = dir.join(file_name(meta));
     let tmp = path.with_extension("snap.tmp");
     {
         let mut f = fs::File::create(&tmp)?;
-        let mut head = Vec::with_capacity(20);
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&crc.to_be_bytes());
-        head.extend_from_slice(&(body.len() as u64).to_be_bytes());
         f.write_all(&head)?;
         write_trickled(&mut f, head.len() as u64, &body)?;
         f.sync_all()?;
@@ -138,32 +151,39 @@ fn prune(dir: &Path) -> std::io::Result<()> {
 /// Reads and verifies one snapshot file.
 pub fn read(path: &Path) -> Result<SnapshotFile, String> {
     let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    from_bytes(&bytes, &path.display().to_string())
+}
+
+/// Verifies and decodes a snapshot file's bytes (`what` names them in errors: a path, an
+/// object). Refused, with the reason: another format, not a snapshot file at all, fewer
+/// or more bytes than its head says (a partial copy), a checksum that does not match.
+pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
     if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] {
         return Err(format!(
-            "{}: snapshot format {:?}, this build reads {:?} (written by another build; \
+            "{what}: snapshot format {:?}, this build reads {:?} (written by another build; \
              move the data directory aside and let the replica catch up from its peers)",
-            path.display(),
             String::from_utf8_lossy(&bytes[..7]),
             String::from_utf8_lossy(&MAGIC[..7]),
         ));
     }
     if bytes.len() < 20 || &bytes[..8] != MAGIC {
-        return Err(format!("{}: not a snapshot file", path.display()));
+        return Err(format!("{what}: not a snapshot file"));
     }
     let crc = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    let len = u64::from_be_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
+    let len = u64::from_be_bytes(bytes[12..20].try_into().expect("8 bytes"));
     let body = &bytes[20..];
-    if body.len() != len {
+    if body.len() as u64 != len {
         return Err(format!(
-            "{}: truncated ({} of {len} bytes)",
-            path.display(),
+            "{what}: truncated or padded ({} bytes where its head says {len})",
             body.len()
         ));
     }
     if crc32fast::hash(body) != crc {
-        return Err(format!("{}: checksum mismatch", path.display()));
+        return Err(format!(
+            "{what}: checksum mismatch (the bytes changed after it was written)"
+        ));
     }
-    postcard::from_bytes(body).map_err(|e| format!("{}: {e}", path.display()))
+    postcard::from_bytes(body).map_err(|e| format!("{what}: {e}"))
 }
 
 /// The newest snapshot in `dir` that verifies. Corrupt files are renamed `*.corrupt` and

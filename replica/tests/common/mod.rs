@@ -130,6 +130,7 @@ impl TestCell {
             },
             security: self.opts.security.clone(),
             metrics: Default::default(),
+            backup: Default::default(),
         };
         let path = self.dir.path().join(format!("replica-{id}.toml"));
         std::fs::write(&path, toml::to_string_pretty(&cfg).expect("toml")).expect("write config");

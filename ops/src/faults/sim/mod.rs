@@ -297,6 +297,7 @@ fn replica_config(
         faults: Default::default(),
         security: replica::config::SecurityConfig::open(wire::tls::DEV_CLIENT),
         metrics: Default::default(),
+        backup: Default::default(),
     };
     cfg.validate()?;
     Ok(cfg)

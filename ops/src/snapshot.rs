@@ -1,0 +1,229 @@
+//! `lockctl snapshot save | ls | restore`: backups in object storage (the replicas'
+//! `[backup]`, `replica::backup`). `save` asks the cell's leader to write one now; `ls`
+//! and `restore` read the store directly, without the cell (a restore is what you do when
+//! the cell is gone).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use replica::backup::{self, BackupObject, Store};
+
+/// What `lockctl snapshot` does besides asking every replica for a local snapshot.
+#[derive(clap::Subcommand, Debug)]
+pub enum SnapshotCommand {
+    /// Make the leader write a backup to the cell's store now (the replicas'
+    /// `[backup] url`); prints the object, the index it covers and the state's digest.
+    #[command(after_help = "Example:\n  lockctl snapshot save")]
+    Save,
+    /// List the backups in a store, oldest first: object, cell, index, time, size.
+    #[command(after_help = "Examples:\n  \
+        lockctl snapshot ls --store s3://backups/lockservice --cell prod-1\n  \
+        lockctl snapshot ls --store s3://b/p --store-option endpoint=http://127.0.0.1:9000 \
+        --store-option allow_http=true --json")]
+    Ls {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only this cell's backups.
+        #[arg(long)]
+        cell: Option<String>,
+    },
+    /// Seed the empty data directory of a new cell's replica from a backup (a disaster
+    /// recovery): the object is read, verified (format, length, checksum, the state
+    /// itself) and written as the replica's snapshot, with --members as the new cell's
+    /// voters. Start that replica, and the other members with empty data directories
+    /// (no `bootstrap`): they receive the state from it. With --check, only read and
+    /// verify.
+    #[command(after_help = "Examples:\n  \
+        lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 --check\n  \
+        lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 \\\n    \
+        --data-dir /var/lib/lockservice/replica-1 \\\n    \
+        --members 1=r1.prod:7001,2=r2.prod:7001,3=r3.prod:7001,4=r4.prod:7001,5=r5.prod:7001")]
+    Restore {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The backup to restore (a name `snapshot ls` prints). Default: the newest of
+        /// --cell.
+        #[arg(long)]
+        object: Option<String>,
+        /// The cell whose newest backup to restore (needed without --object when the
+        /// store holds several cells').
+        #[arg(long)]
+        cell: Option<String>,
+        /// The replica's data directory (its `data_dir`): must hold no log and no
+        /// snapshot yet.
+        #[arg(long, required_unless_present = "check")]
+        data_dir: Option<PathBuf>,
+        /// The new cell's voters, ID=HOST:PORT, comma-separated (as the replicas'
+        /// `members`).
+        #[arg(long, value_delimiter = ',', value_parser = member, required_unless_present = "check")]
+        members: Vec<(u64, String)>,
+        /// Only read and verify the backup, and print what it holds.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+/// Where backups are.
+#[derive(clap::Args, Debug)]
+pub struct StoreArgs {
+    /// The store: s3://bucket/prefix (credentials from the AWS_* environment or
+    /// --store-option) or file:///path.
+    #[arg(long, env = "LOCKCTL_BACKUP_STORE")]
+    store: String,
+    /// An option of the store, KEY=VALUE, as the replicas' `[backup] options` (e.g.
+    /// endpoint=http://127.0.0.1:9000, allow_http=true, region=eu-west-1). Repeatable.
+    #[arg(long = "store-option", value_name = "KEY=VALUE", value_parser = crate::dev::key_value)]
+    options: Vec<(String, String)>,
+}
+
+impl StoreArgs {
+    fn open(&self) -> anyhow::Result<Store> {
+        let options: BTreeMap<String, String> = self.options.iter().cloned().collect();
+        Store::open(&self.store, &options).map_err(anyhow::Error::msg)
+    }
+}
+
+fn member(s: &str) -> Result<(u64, String), String> {
+    let (id, addr) = crate::dev::key_value(s)?;
+    let id: u64 = id
+        .parse()
+        .map_err(|_| format!("{s:?}: expected ID=HOST:PORT with a numeric id"))?;
+    Ok((id, addr))
+}
+
+/// `lockctl snapshot ls` and `restore` (the ones that need no cell).
+pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        SnapshotCommand::Save => unreachable!("save asks the cell"),
+        SnapshotCommand::Ls { store, cell } => {
+            let s = store.open()?;
+            let listed = s.list(cell.as_deref()).await.map_err(anyhow::Error::msg)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "store": s.url(), "backups": listed })
+                );
+                return Ok(());
+            }
+            if listed.is_empty() {
+                println!("no backups in {}", s.url());
+            }
+            for b in &listed {
+                println!(
+                    "{}\tcell {}\tindex {}\ttaken {}\t{} bytes",
+                    b.name,
+                    b.cell,
+                    b.index,
+                    humantime::format_rfc3339_millis(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(b.unix_ms)
+                    ),
+                    b.bytes
+                );
+            }
+            Ok(())
+        }
+        SnapshotCommand::Restore {
+            store,
+            object,
+            cell,
+            data_dir,
+            members,
+            check,
+        } => {
+            let s = store.open()?;
+            let chosen = choose(&s, object, cell).await?;
+            let bytes = s.get(&chosen.name).await.map_err(anyhow::Error::msg)?;
+            let what = format!("{} in {}", chosen.name, s.url());
+            let verified = backup::verify(&bytes, &what)
+                .map_err(|e| anyhow::anyhow!("refused: {e}; nothing was written"))?;
+            anyhow::ensure!(
+                verified.index() == chosen.index,
+                "refused: {what} is named for index {} but holds index {}; nothing was written",
+                chosen.index,
+                verified.index()
+            );
+            let digest = verified.state.sm.digest();
+            let (nodes, sessions) = (
+                verified.state.sm.node_count(),
+                verified.state.sm.session_count(),
+            );
+            let written = match (check, data_dir) {
+                (true, _) => None,
+                (false, Some(dir)) => {
+                    let mut by_id = BTreeMap::new();
+                    for (id, addr) in members {
+                        anyhow::ensure!(
+                            by_id.insert(id, addr).is_none(),
+                            "--members names {id} twice"
+                        );
+                    }
+                    Some(
+                        backup::seed(&dir, verified, &by_id)
+                            .map_err(anyhow::Error::msg)
+                            .with_context(|| format!("seeding {}", dir.display()))?,
+                    )
+                }
+                (false, None) => anyhow::bail!("--data-dir is needed (or --check)"),
+            };
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "object": chosen.name,
+                        "index": chosen.index,
+                        "digest": format!("{digest:016x}"),
+                        "nodes": nodes,
+                        "sessions": sessions,
+                        "written": written,
+                    })
+                );
+                return Ok(());
+            }
+            println!(
+                "{}: index {}, digest {digest:016x}, {nodes} nodes, {sessions} sessions \
+                 (verified)",
+                chosen.name, chosen.index
+            );
+            if let Some(path) = written {
+                println!(
+                    "wrote {}: start this replica, and the cell's other members with empty \
+                     data directories (no bootstrap); sessions in the backup expire a \
+                     lease after the new leader takes over unless their clients renew them",
+                    path.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The object named, or the newest of the cell named, or the newest of the only cell.
+async fn choose(
+    s: &Store,
+    object: Option<String>,
+    cell: Option<String>,
+) -> anyhow::Result<BackupObject> {
+    if let Some(name) = object {
+        let listed = s.list(None).await.map_err(anyhow::Error::msg)?;
+        return listed
+            .into_iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| anyhow::anyhow!("no backup {name:?} in {} (see snapshot ls)", s.url()));
+    }
+    let listed = s.list(cell.as_deref()).await.map_err(anyhow::Error::msg)?;
+    let cells: std::collections::BTreeSet<&str> = listed.iter().map(|b| b.cell.as_str()).collect();
+    anyhow::ensure!(
+        cells.len() <= 1,
+        "{} holds backups of several cells ({}): name one with --cell or --object",
+        s.url(),
+        cells.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    listed.last().cloned().ok_or_else(|| {
+        anyhow::anyhow!(
+            "no backups{} in {}",
+            cell.map(|c| format!(" of cell {c}")).unwrap_or_default(),
+            s.url()
+        )
+    })
+}

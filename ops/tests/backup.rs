@@ -1,0 +1,341 @@
+//! Backups to object storage (issue 28), against a real S3-compatible server (moto's,
+//! from PyPI: `python3 -m pip install 'moto[server]'`, which `.ci/run` does): a cell
+//! backs itself up on a schedule with retention and on demand (`lockctl snapshot save`);
+//! `snapshot ls` lists the backups; a damaged or partial object is refused by `snapshot
+//! restore` with the reason and nothing written; a new cell seeded from a good one (the
+//! disaster-recovery drill) holds the same state (same digest at the same index) and
+//! goes on granting fencing tokens above the old cell's.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use client_sdk::{Client, ClientConfig};
+use common::*;
+
+const BUCKET: &str = "lockbackups";
+
+/// moto's S3 server on a free loopback port, stopped on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    fn start() -> Moto {
+        let ok = Command::new("python3")
+            .args(["-c", "import moto.server"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "moto's S3 server is needed: python3 -m pip install 'moto[server]' (.ci/run does)"
+        );
+        let port = free_tcp_base(&[0]);
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m moto.server");
+        let moto = Moto { child, port };
+        // Up when it answers; then the bucket (moto takes unsigned requests).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(answer) = moto.http("PUT", &format!("/{BUCKET}")) {
+                assert!(
+                    answer.starts_with("HTTP/1.1 200"),
+                    "creating the bucket: {answer}"
+                );
+                return moto;
+            }
+            assert!(Instant::now() < deadline, "moto did not start in 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn http(&self, method: &str, path: &str) -> std::io::Result<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    fn url(&self) -> String {
+        format!("s3://{BUCKET}/drill")
+    }
+
+    /// The store's options, as `[backup] options` and `--store-option` take them.
+    fn options(&self) -> Vec<(String, String)> {
+        [
+            ("endpoint", format!("http://127.0.0.1:{}", self.port)),
+            ("allow_http", "true".into()),
+            ("region", "us-east-1".into()),
+            // Any key does for moto; given, so the client asks no metadata service.
+            ("access_key_id", "drill".into()),
+            ("secret_access_key", "drill".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    fn args(&self, flag: &str) -> Vec<String> {
+        self.options()
+            .into_iter()
+            .flat_map(|(k, v)| [flag.to_string(), format!("{k}={v}")])
+            .collect()
+    }
+
+    fn store(&self) -> replica::backup::Store {
+        let o: BTreeMap<String, String> = self.options().into_iter().collect();
+        replica::backup::Store::open(&self.url(), &o).unwrap()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", text(o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
+}
+
+/// `lockctl snapshot ls|restore` against the store (no cell).
+fn offline(moto: &Moto, args: &[&str]) -> std::process::Output {
+    Command::new(LOCKCTL)
+        .args(["snapshot"])
+        .args(args)
+        .args(["--store", &moto.url()])
+        .args(moto.args("--store-option"))
+        .output()
+        .unwrap()
+}
+
+fn listed(moto: &Moto) -> Vec<serde_json::Value> {
+    json(&offline(moto, &["ls", "--cell", "dev", "--json"]))["backups"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn backups_to_s3_and_a_cell_restored_from_one() {
+    let _serial = serial();
+    let moto = Moto::start();
+    let mut extra: Vec<String> = vec![
+        "--backup".into(),
+        moto.url(),
+        "--backup-interval-secs".into(),
+        "2".into(),
+        "--backup-keep".into(),
+        "3".into(),
+    ];
+    extra.extend(moto.args("--backup-option"));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut cell = DevCell::start(&extra);
+    let ctl = |args: &[&str]| lockctl(&cell.eps(), &cell.ca, args);
+
+    // On a schedule, with retention: backups every 2 s, the store keeping 3. Bounded:
+    // 60 s for at least 4 to have been taken (the newest's time moves past the first
+    // three's).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(b) = listed(&moto).first() {
+            break b["unix_ms"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no scheduled backup in 60 s");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    loop {
+        let l = listed(&moto);
+        assert!(l.len() <= 3, "retention keeps 3: {l:?}");
+        if l.len() == 3 && l[0]["unix_ms"].as_u64().unwrap() > first {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "retention never deleted the first: {l:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Some state, then a backup on demand.
+    for (p, v) in [("/app", "x"), ("/app/config", "v1"), ("/app/flags", "on")] {
+        assert!(ctl(&["create", p, v]).status.success());
+    }
+    assert!(ctl(&["set", "/app/config", "v2", "--version", "0"])
+        .status
+        .success());
+    let before_token: u64 = json(&ctl(&["get", "/app/flags", "--json"]))["stat"]["token"]
+        .as_u64()
+        .unwrap();
+    let old_tree = text(&ctl(&["ls", "-R", "/"]));
+    assert!(old_tree.contains("/app/flags"), "{old_tree}");
+    let saved = json(&ctl(&["snapshot", "save", "--json"]));
+    let object = saved["object"].as_str().unwrap().to_string();
+    let index = saved["index"].as_u64().unwrap();
+    let digest = saved["digest"].as_str().unwrap().to_string();
+    assert!(object.starts_with("dev/snapshot-"), "{saved}");
+    // Listed: backups are found by name, and `ls` shows this one.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listed(&moto).iter().any(|b| b["name"] == object.as_str()) {
+        assert!(Instant::now() < deadline, "{object} not listed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ls = offline(&moto, &["ls"]);
+    assert!(text(&ls).contains(&object), "{}", text(&ls));
+    // Read back, it holds what the leader copied.
+    let check = json(&offline(
+        &moto,
+        &["restore", "--object", &object, "--check", "--json"],
+    ));
+    assert_eq!(check["digest"].as_str().unwrap(), digest, "{check}");
+    cell.stop();
+
+    // Damaged copies of it, under names newer than every good one: cut short, one byte
+    // changed, not a backup at all. Each refused with the reason, nothing written.
+    let store = moto.store();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let good = rt.block_on(store.get(&object)).unwrap();
+    let far = 4_000_000_000_000;
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x40;
+    let damaged = [
+        (good[..good.len() / 2].to_vec(), "truncated"),
+        (flipped, "checksum mismatch"),
+        (
+            b"<Error>not a snapshot</Error>".to_vec(),
+            "not a snapshot file",
+        ),
+    ];
+    let seeded = cell.dir.path().join("restored");
+    let data = seeded.join("replica-1");
+    for (i, (bytes, says)) in damaged.into_iter().enumerate() {
+        let b = rt
+            .block_on(store.put("dev", index + 100, far + i as u64, bytes))
+            .unwrap();
+        // The newest is the damaged one: a restore of "the latest" refuses it.
+        let o = offline(
+            &moto,
+            &[
+                "restore",
+                "--cell",
+                "dev",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--members",
+                "1=127.0.0.1:1",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(
+            text(&o).contains(&b.name)
+                && text(&o).contains(says)
+                && text(&o).contains("nothing was written"),
+            "{says}: {}",
+            text(&o)
+        );
+        assert!(!data.exists(), "a refused restore wrote {}", data.display());
+    }
+
+    // The drill: a new cell of three, its first replica seeded from the good backup, the
+    // others empty.
+    let base = free_base(3);
+    let members: Vec<String> = (0..3)
+        .map(|i| format!("{}=127.0.0.1:{}", i + 1, base + i))
+        .collect();
+    let o = offline(
+        &moto,
+        &[
+            "restore",
+            "--object",
+            &object,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--members",
+            &members.join(","),
+            "--json",
+        ],
+    );
+    let r = json(&o);
+    assert_eq!(r["index"].as_u64().unwrap(), index, "{r}");
+    assert_eq!(r["sessions"].as_u64().unwrap(), 0, "{r}");
+    let digest = r["digest"].as_str().unwrap().to_string();
+    let (dev, _) = start_dev_of(&seeded, base, 3, &["--no-demo"]);
+    let _dev = DevGuard(Some(dev));
+    let eps: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    let ca = seeded.join("tls/ca.pem");
+    let ctl = |args: &[&str]| lockctl(&eps.join(","), &ca, args);
+
+    // The seeded replica started from exactly the backup's state (its digest, logged
+    // once), and every replica of the new cell holds one state (a new cell commits its
+    // own entries as its first leader starts: the index moves on from the backup's).
+    let log = std::fs::read_to_string(seeded.join("replica-1.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("seeded from a backup"))
+        .unwrap_or_else(|| panic!("replica 1 did not start from the seed:\n{log}"));
+    assert!(
+        line.contains(&format!("digest={digest}")) && line.contains(&format!("index={index}")),
+        "{line}"
+    );
+    rt.block_on(async {
+        let client = Client::connect(ClientConfig::new(eps.clone(), ca.clone()))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut seen = Vec::new();
+            for addr in &eps {
+                seen.push(client.state_digest_of(addr.parse().unwrap()).await.ok());
+            }
+            if seen[0].is_some() && seen.iter().all(|d| *d == seen[0]) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replicas disagree: {seen:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    // The namespace is the old cell's, node for node (versions, tokens, sizes).
+    let tree = ctl(&["ls", "-R", "/"]);
+    assert!(tree.status.success(), "{}", text(&tree));
+    assert_eq!(text(&tree), old_tree);
+    let got = ctl(&["get", "/app/config"]);
+    assert_eq!(text(&got).lines().next(), Some("v2"), "{}", text(&got));
+    // Fencing tokens go on above the old cell's.
+    assert!(ctl(&["create", "/app/after", "y"]).status.success());
+    let after_token = json(&ctl(&["get", "/app/after", "--json"]))["stat"]["token"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        after_token > before_token,
+        "{after_token} <= {before_token}"
+    );
+    // This cell has no store: asked for a backup, it says what to set (exit 9).
+    let o = ctl(&["snapshot", "save"]);
+    assert_eq!(o.status.code(), Some(9), "{}", text(&o));
+    assert!(text(&o).contains("[backup] url"), "{}", text(&o));
+}

@@ -1,0 +1,582 @@
+//! Backups to object storage (issue 28; the seed's flow 5.5, "an hourly copy of the
+//! snapshot in object storage in another region").
+//!
+//! A backup is one object: a snapshot file's bytes (`raft::snapshot_file`: magic,
+//! CRC-32, length, then the state), so a copy that was cut short or changed on the way is
+//! refused when read back, with the reason. Objects are named
+//! `<prefix>/<cell>/snapshot-<index:020>-<unix ms:013>.lksnap`: sorted by name they are
+//! sorted by the log index they cover. The leader writes them ([`crate::actors::backuper`]),
+//! on a schedule and on demand (`lockctl snapshot save`), and keeps the newest
+//! `keep`; `lockctl snapshot ls` lists them and `lockctl snapshot restore` seeds a new
+//! replica's data directory from one ([`seed`]).
+//!
+//! The store is [`object_store`] (Apache Arrow's): `s3://bucket/prefix` (AWS S3 or any
+//! S3-compatible server, credentials from the usual `AWS_*` environment or the options)
+//! and `file:///path` (a local or mounted directory).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreScheme, PutPayload};
+use openraft::{BasicNode, Membership};
+use serde::{Deserialize, Serialize};
+use wire::raft::{LogId, SnapshotMeta, StoredMembership};
+
+use crate::raft::sm_store::{decode_state, SmState};
+use crate::raft::snapshot_file;
+
+/// How the snapshot a restore seeds is named (`snapshot_id`): a replica that starts from
+/// one logs the state's digest ("seeded from a backup").
+pub const SEEDED_ID_PREFIX: &str = "restored-";
+
+/// What a backup object's name ends with.
+pub const OBJECT_SUFFIX: &str = ".lksnap";
+
+/// The replica's `[backup]` section: off unless `url` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackupConfig {
+    /// Where backups go: `s3://bucket/prefix` or `file:///path`. Unset: no backups.
+    pub url: Option<String>,
+    /// Options of the store, by object_store's names (for S3: `endpoint`, `region`,
+    /// `allow_http`, `access_key_id`, `secret_access_key`, `virtual_hosted_style_request`,
+    /// ...). Credentials are better left to the `AWS_*` environment variables or the
+    /// instance's role than written here. A name the store does not know is refused.
+    pub options: BTreeMap<String, String>,
+    /// How often the leader writes one (seconds): when the newest backup of this cell in
+    /// the store is this old, the leader writes another. Checked every minute (or every
+    /// interval, if shorter), so a leader change or a restart neither skips nor doubles
+    /// one.
+    pub interval_secs: u64,
+    /// How many of this cell's backups to keep in the store (the newest; older ones are
+    /// deleted after each backup).
+    pub keep: usize,
+}
+
+impl Default for BackupConfig {
+    fn default() -> Self {
+        BackupConfig {
+            url: None,
+            options: BTreeMap::new(),
+            interval_secs: 3_600,
+            keep: 48,
+        }
+    }
+}
+
+impl BackupConfig {
+    /// Checks the values, and that the store's URL and options are ones it can use (no
+    /// request is made).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.interval_secs >= 1, "backup.interval_secs must be >= 1");
+        anyhow::ensure!(self.keep >= 1, "backup.keep must be >= 1");
+        match &self.url {
+            Some(url) => {
+                Store::open(url, &self.options).map_err(anyhow::Error::msg)?;
+            }
+            None => anyhow::ensure!(
+                self.options.is_empty(),
+                "backup.options is set but backup.url is not"
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// One backup in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupObject {
+    /// Its name under the store's prefix: `<cell>/snapshot-<index>-<unix ms>.lksnap`.
+    pub name: String,
+    /// The cell it is of.
+    pub cell: String,
+    /// The log index it covers.
+    pub index: u64,
+    /// When it was taken (Unix milliseconds, from its name).
+    pub unix_ms: u64,
+    /// Its size.
+    pub bytes: u64,
+}
+
+impl BackupObject {
+    /// The name of the backup of `cell` at `index` taken at `unix_ms`.
+    pub fn name_of(cell: &str, index: u64, unix_ms: u64) -> String {
+        format!("{cell}/snapshot-{index:020}-{unix_ms:013}{OBJECT_SUFFIX}")
+    }
+
+    /// Reads a name back (`None`: not a backup's name).
+    pub fn parse(name: &str, bytes: u64) -> Option<BackupObject> {
+        let (cell, file) = name.split_once('/')?;
+        let stem = file
+            .strip_prefix("snapshot-")?
+            .strip_suffix(OBJECT_SUFFIX)?;
+        let (index, unix_ms) = stem.split_once('-')?;
+        if cell.is_empty() || index.len() != 20 || unix_ms.len() != 13 {
+            return None;
+        }
+        Some(BackupObject {
+            name: name.to_string(),
+            cell: cell.to_string(),
+            index: index.parse().ok()?,
+            unix_ms: unix_ms.parse().ok()?,
+            bytes,
+        })
+    }
+}
+
+/// A store of backups: an object store and the prefix they live under.
+#[derive(Clone)]
+pub struct Store {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    url: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({})", self.url)
+    }
+}
+
+/// How long one request to the store may take, retries included: a store that does not
+/// answer fails a backup (counted, logged, tried again at the next check) instead of
+/// holding it for object_store's default of three minutes.
+const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Store {
+    /// The store at `url` with `options` (see [`BackupConfig`]). Makes no request.
+    pub fn open(url: &str, options: &BTreeMap<String, String>) -> Result<Store, String> {
+        let parsed = url::Url::parse(url).map_err(|e| {
+            format!("backup store {url:?}: {e} (expected s3://bucket/prefix or file:///path)")
+        })?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|e| {
+            format!("backup store {url:?}: {e} (expected s3://bucket/prefix or file:///path)")
+        })?;
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::Local => {
+                if let Some(k) = options.keys().next() {
+                    return Err(format!(
+                        "backup store {url:?}: option {k:?} given, but a file:// store takes none"
+                    ));
+                }
+                Arc::new(object_store::local::LocalFileSystem::new())
+            }
+            ObjectStoreScheme::AmazonS3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url)
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 3,
+                        retry_timeout: RETRY_TIMEOUT,
+                        ..Default::default()
+                    });
+                for (k, v) in options {
+                    let key: object_store::aws::AmazonS3ConfigKey = k.parse().map_err(|_| {
+                        format!(
+                            "backup store {url:?}: option {k:?} is not one object_store's S3 \
+                             client takes (endpoint, region, allow_http, access_key_id, \
+                             secret_access_key, token, virtual_hosted_style_request, ...)"
+                        )
+                    })?;
+                    b = b.with_config(key, v.clone());
+                }
+                Arc::new(
+                    b.build()
+                        .map_err(|e| format!("backup store {url:?}: {e}"))?,
+                )
+            }
+            other => {
+                return Err(format!(
+                    "backup store {url:?}: {other:?} is not built into this binary (s3:// and \
+                     file:// are)"
+                ))
+            }
+        };
+        Ok(Store {
+            store,
+            prefix,
+            url: url.to_string(),
+        })
+    }
+
+    /// The URL it was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, name: &str) -> Result<ObjectPath, String> {
+        let p = ObjectPath::parse(name).map_err(|e| format!("object name {name:?}: {e}"))?;
+        Ok(self.prefix.parts().chain(p.parts()).collect())
+    }
+
+    /// The backups in the store, of `cell` or of every cell, oldest first (by cell, then
+    /// index, then time). Objects whose names are not a backup's are left out.
+    pub async fn list(&self, cell: Option<&str>) -> Result<Vec<BackupObject>, String> {
+        let under = match cell {
+            Some(c) => self.path(c)?,
+            None => self.prefix.clone(),
+        };
+        let metas: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&under))
+            .try_collect()
+            .await
+            .map_err(|e| format!("listing {}: {e}", self.url))?;
+        let skip = self.prefix.parts().count();
+        let mut found: Vec<BackupObject> = metas
+            .iter()
+            .filter_map(|m| {
+                let rel: Vec<String> = m
+                    .location
+                    .parts()
+                    .skip(skip)
+                    .map(|p| p.as_ref().to_string())
+                    .collect();
+                BackupObject::parse(&rel.join("/"), m.size)
+            })
+            .filter(|b| cell.is_none_or(|c| b.cell == c))
+            .collect();
+        found.sort_by(|a, b| (&a.cell, a.index, a.unix_ms).cmp(&(&b.cell, b.index, b.unix_ms)));
+        Ok(found)
+    }
+
+    /// The newest backup of `cell`, if any.
+    pub async fn latest(&self, cell: &str) -> Result<Option<BackupObject>, String> {
+        Ok(self.list(Some(cell)).await?.pop())
+    }
+
+    /// Writes a backup (one PUT: the object appears whole or not at all).
+    pub async fn put(
+        &self,
+        cell: &str,
+        index: u64,
+        unix_ms: u64,
+        bytes: Vec<u8>,
+    ) -> Result<BackupObject, String> {
+        let name = BackupObject::name_of(cell, index, unix_ms);
+        let len = bytes.len() as u64;
+        self.store
+            .put(&self.path(&name)?, PutPayload::from(bytes))
+            .await
+            .map_err(|e| format!("writing {name} to {}: {e}", self.url))?;
+        Ok(BackupObject {
+            name,
+            cell: cell.to_string(),
+            index,
+            unix_ms,
+            bytes: len,
+        })
+    }
+
+    /// Reads a backup's bytes (not verified: see [`verify`]).
+    pub async fn get(&self, name: &str) -> Result<Vec<u8>, String> {
+        let r = self
+            .store
+            .get(&self.path(name)?)
+            .await
+            .map_err(|e| format!("reading {name} from {}: {e}", self.url))?;
+        let bytes = r
+            .bytes()
+            .await
+            .map_err(|e| format!("reading {name} from {}: {e}", self.url))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Deletes all but the newest `keep` backups of `cell`; returns the names deleted.
+    pub async fn prune(&self, cell: &str, keep: usize) -> Result<Vec<String>, String> {
+        let all = self.list(Some(cell)).await?;
+        let mut deleted = Vec::new();
+        for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
+            self.store
+                .delete(&self.path(&old.name)?)
+                .await
+                .map_err(|e| format!("deleting {} from {}: {e}", old.name, self.url))?;
+            deleted.push(old.name.clone());
+        }
+        Ok(deleted)
+    }
+}
+
+/// A backup written to bytes, with what it holds.
+#[derive(Debug)]
+pub struct Encoded {
+    /// The object's bytes (a snapshot file's).
+    pub bytes: Vec<u8>,
+    /// The log index the state reflects.
+    pub index: u64,
+    /// The state's digest (`StateMachine::digest`, what `Op::StateDigest` answers).
+    pub digest: u64,
+}
+
+/// Writes `state` (a copy: the state's maps are persistent, so copying is cheap) as a
+/// backup's bytes. Takes a core for a while on a large state: run it off the replica's
+/// runtime.
+pub fn encode(state: &SmState) -> Result<Encoded, String> {
+    let index = state.last_applied.map_or(0, |l| l.index);
+    let data = postcard::to_allocvec(state).map_err(|e| e.to_string())?;
+    let meta = SnapshotMeta {
+        last_log_id: state.last_applied,
+        last_membership: state.membership.clone(),
+        snapshot_id: format!("backup-{index}"),
+    };
+    let bytes = snapshot_file::to_bytes(&meta, &data).map_err(|e| e.to_string())?;
+    Ok(Encoded {
+        bytes,
+        index,
+        digest: state.sm.digest(),
+    })
+}
+
+/// A backup read back and verified.
+#[derive(Debug)]
+pub struct Verified {
+    /// Its metadata (the source cell's last log id and membership).
+    pub meta: SnapshotMeta,
+    /// The state.
+    pub state: SmState,
+}
+
+impl Verified {
+    /// The log index it covers.
+    pub fn index(&self) -> u64 {
+        self.meta.last_log_id.map_or(0, |l| l.index)
+    }
+}
+
+/// Reads a backup's bytes back: refused, naming `what` and the reason, when it is not a
+/// snapshot file, is cut short, fails its checksum, or holds a state that does not decode
+/// or does not match its metadata.
+pub fn verify(bytes: &[u8], what: &str) -> Result<Verified, String> {
+    let file = snapshot_file::from_bytes(bytes, what)?;
+    let state =
+        decode_state(&file.data).map_err(|e| format!("{what}: the state does not decode: {e}"))?;
+    if state.last_applied != file.meta.last_log_id {
+        return Err(format!(
+            "{what}: its metadata covers {:?} but its state {:?}",
+            file.meta.last_log_id, state.last_applied
+        ));
+    }
+    Ok(Verified {
+        meta: file.meta,
+        state,
+    })
+}
+
+/// A replica's log directory under its data directory.
+pub fn log_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("log")
+}
+
+/// A replica's snapshot directory under its data directory.
+pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("snapshots")
+}
+
+/// Seeds the empty data directory of a replica of a new cell with `backup`'s state, the
+/// cell's voters being `members` (id → address). Started, the replica holds the backup's
+/// state at its log index, with `members` as the cell's membership; replicas of the new
+/// cell started with empty data directories (and no `bootstrap`) vote for it and receive
+/// the state from it. Returns the snapshot file written.
+///
+/// The log id is re-based to term 0 at the same index: the new cell's first leader is
+/// elected in term 1, so its entries follow the restored state's in log order, and the
+/// index (from which fencing tokens are made) goes on from where the backup stopped, so
+/// a token the new cell grants is above every token the old one granted up to the backup.
+pub fn seed(
+    data_dir: &Path,
+    backup: Verified,
+    members: &BTreeMap<u64, String>,
+) -> Result<PathBuf, String> {
+    if members.is_empty() {
+        return Err("a restored cell needs its members (id=host:port, ...)".into());
+    }
+    for (id, addr) in members {
+        if *id == 0 || !wire::is_host_port(addr) {
+            return Err(format!(
+                "member {id}={addr}: expected an id above 0 and a host:port"
+            ));
+        }
+    }
+    for dir in [log_dir(data_dir), snapshot_dir(data_dir)] {
+        let used = match std::fs::read_dir(&dir) {
+            Ok(mut entries) => entries.next().is_some(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        };
+        if used {
+            return Err(format!(
+                "{} already holds a replica's data: a restore seeds an empty data \
+                 directory (move this one aside)",
+                dir.display()
+            ));
+        }
+    }
+    let index = backup.index();
+    if backup.meta.last_log_id.is_none() {
+        return Err("the backup holds no applied entry: nothing to restore".into());
+    }
+    let log_id = LogId::new(openraft::CommittedLeaderId::new(0, 0), index);
+    let voters: BTreeSet<u64> = members.keys().copied().collect();
+    let nodes: BTreeMap<u64, BasicNode> = members
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect();
+    let mut state = backup.state;
+    state.last_applied = Some(log_id);
+    state.membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], nodes));
+    let data = postcard::to_allocvec(&state).map_err(|e| e.to_string())?;
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id),
+        last_membership: state.membership.clone(),
+        snapshot_id: format!("{SEEDED_ID_PREFIX}{index}"),
+    };
+    snapshot_file::write(&snapshot_dir(data_dir), &meta, &data)
+        .map_err(|e| format!("{}: {e}", snapshot_dir(data_dir).display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_by_index_and_read_back() {
+        let a = BackupObject::name_of("dev", 9, 1_700_000_000_000);
+        let b = BackupObject::name_of("dev", 10, 1_600_000_000_000);
+        assert!(a < b, "{a} sorts before {b}");
+        let back = BackupObject::parse(&b, 7).unwrap();
+        assert_eq!(
+            (back.cell.as_str(), back.index, back.unix_ms),
+            ("dev", 10, 1_600_000_000_000)
+        );
+        for not in [
+            "dev/other.lksnap",
+            "snapshot-1-2.lksnap",
+            "dev/snapshot-x-y.lksnap",
+            "",
+        ] {
+            assert!(BackupObject::parse(not, 0).is_none(), "{not}");
+        }
+    }
+
+    #[test]
+    fn a_store_it_cannot_use_is_refused_with_the_reason() {
+        let none = BTreeMap::new();
+        for (url, says) in [
+            ("not a url", "expected s3://"),
+            ("gs://bucket/x", "not built into this binary"),
+            ("ftp://host/x", "expected s3://"),
+        ] {
+            let e = Store::open(url, &none).unwrap_err();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        let bad: BTreeMap<String, String> = [("endpoit".to_string(), "x".to_string())].into();
+        let e = Store::open("s3://bucket/p", &bad).unwrap_err();
+        assert!(e.contains("endpoit"), "{e}");
+        let e = Store::open("file:///tmp/x", &bad).unwrap_err();
+        assert!(e.contains("takes none"), "{e}");
+        let ok: BTreeMap<String, String> = [
+            ("endpoint".to_string(), "http://127.0.0.1:9".to_string()),
+            ("allow_http".to_string(), "true".to_string()),
+        ]
+        .into();
+        Store::open("s3://bucket/p", &ok).unwrap();
+    }
+
+    fn sample_state() -> SmState {
+        let mut sm = crate::state_machine::StateMachine::bootstrapped(
+            &["lock://client/t".to_string()],
+            &wire::acl::Acl::everyone(),
+        );
+        let cmd = wire::command::Command::CreateSession {
+            owner: "lock://client/t".into(),
+        };
+        assert!(sm.apply(5, &cmd).0.is_ok());
+        SmState {
+            last_applied: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 5)),
+            membership: StoredMembership::default(),
+            sm,
+        }
+    }
+
+    /// A backup written to a file:// store reads back with the same digest; cut short,
+    /// changed, or not a backup at all, it is refused with the reason; retention keeps
+    /// the newest.
+    #[test]
+    fn a_backup_round_trips_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/backups", dir.path().display());
+        let store = Store::open(&url, &BTreeMap::new()).unwrap();
+        let state = sample_state();
+        let enc = encode(&state).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for t in 0..3 {
+                store
+                    .put("dev", enc.index, 1_000 + t, enc.bytes.clone())
+                    .await
+                    .unwrap();
+            }
+            let listed = store.list(Some("dev")).await.unwrap();
+            assert_eq!(listed.len(), 3);
+            assert_eq!(store.prune("dev", 2).await.unwrap().len(), 1);
+            let newest = store.latest("dev").await.unwrap().unwrap();
+            assert_eq!(newest.unix_ms, 1_002);
+            let bytes = store.get(&newest.name).await.unwrap();
+            let back = verify(&bytes, &newest.name).unwrap();
+            assert_eq!(back.index(), 5);
+            assert_eq!(back.state.sm.digest(), enc.digest);
+        });
+        let cut = &enc.bytes[..enc.bytes.len() - 10];
+        assert!(verify(cut, "o").unwrap_err().contains("truncated"));
+        let mut changed = enc.bytes.clone();
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        assert!(verify(&changed, "o").unwrap_err().contains("checksum"));
+        assert!(verify(b"hello", "o")
+            .unwrap_err()
+            .contains("not a snapshot"));
+    }
+
+    /// A seeded data directory holds the backup's state at its index in term 0 with the
+    /// new members; a directory already in use is refused.
+    #[test]
+    fn a_seed_rebases_the_log_id_and_keeps_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let enc = encode(&sample_state()).unwrap();
+        let members: BTreeMap<u64, String> = [
+            (1, "127.0.0.1:1".to_string()),
+            (2, "localhost:2".to_string()),
+        ]
+        .into();
+        seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members).unwrap();
+        let file = snapshot_file::latest(&snapshot_dir(dir.path()))
+            .unwrap()
+            .unwrap();
+        let state: SmState = postcard::from_bytes(&file.data).unwrap();
+        let id = state.last_applied.unwrap();
+        assert_eq!((id.leader_id.term, id.index), (0, 5));
+        assert_eq!(file.meta.last_log_id, state.last_applied);
+        let voters: Vec<u64> = state.membership.membership().voter_ids().collect();
+        assert_eq!(voters, vec![1, 2]);
+        assert_eq!(
+            state.sm.digest(),
+            enc.digest,
+            "the state itself is the backup's"
+        );
+        let e = seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members).unwrap_err();
+        assert!(e.contains("already holds"), "{e}");
+        let e = seed(
+            tempfile::tempdir().unwrap().path(),
+            verify(&enc.bytes, "b").unwrap(),
+            &[(1, "nothing".to_string())].into(),
+        )
+        .unwrap_err();
+        assert!(e.contains("host:port"), "{e}");
+    }
+}
