@@ -58,6 +58,13 @@ pub enum SnapshotCommand {
         /// `members`).
         #[arg(long, value_delimiter = ',', value_parser = member, required_unless_present = "check")]
         members: Vec<(u64, String)>,
+        /// Start the new cell's log this many entries past the backup's index, so that
+        /// every fencing token it grants (index × 1024 + position) is above every token
+        /// the old cell granted, including after the backup was taken: at least the
+        /// entries the old cell could have committed since (writes per second × seconds
+        /// between the backup and the old cell's end). 0: tokens go on from the backup's.
+        #[arg(long, default_value_t = 0)]
+        bump_index: u64,
         /// Only read and verify the backup, and print what it holds.
         #[arg(long)]
         check: bool,
@@ -129,6 +136,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
             cell,
             data_dir,
             members,
+            bump_index,
             check,
         } => {
             let s = store.open()?;
@@ -159,7 +167,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                         );
                     }
                     Some(
-                        backup::seed(&dir, verified, &by_id)
+                        backup::seed(&dir, verified, &by_id, bump_index)
                             .map_err(anyhow::Error::msg)
                             .with_context(|| format!("seeding {}", dir.display()))?,
                     )
@@ -172,6 +180,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                     serde_json::json!({
                         "object": chosen.name,
                         "index": chosen.index,
+                        "log_index": written.as_ref().map(|_| chosen.index + bump_index),
                         "digest": format!("{digest:016x}"),
                         "nodes": nodes,
                         "sessions": sessions,
@@ -187,10 +196,11 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
             );
             if let Some(path) = written {
                 println!(
-                    "wrote {}: start this replica, and the cell's other members with empty \
+                    "wrote {} (the new cell's log starts at index {}): start this replica, and the cell's other members with empty \
                      data directories (no bootstrap); sessions in the backup expire a \
                      lease after the new leader takes over unless their clients renew them",
-                    path.display()
+                    path.display(),
+                    chosen.index + bump_index
                 );
             }
             Ok(())

@@ -277,6 +277,8 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
             data.to_str().unwrap(),
             "--members",
             &members.join(","),
+            "--bump-index",
+            "1000",
             "--json",
         ],
     );
@@ -299,7 +301,8 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
         .find(|l| l.contains("seeded from a backup"))
         .unwrap_or_else(|| panic!("replica 1 did not start from the seed:\n{log}"));
     assert!(
-        line.contains(&format!("digest={digest}")) && line.contains(&format!("index={index}")),
+        line.contains(&format!("digest={digest}"))
+            && line.contains(&format!("index={}", index + 1_000)),
         "{line}"
     );
     rt.block_on(async {
@@ -333,6 +336,12 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
     assert!(
         after_token > before_token,
         "{after_token} <= {before_token}"
+    );
+    // Above every token the old cell could have granted in the 1 000 entries after it.
+    assert!(
+        after_token > (index + 1_000) * 1024,
+        "{after_token}: the index was not bumped past {}",
+        index + 1_000
     );
     // This cell has no store: asked for a backup, it says what to set (exit 9).
     let o = ctl(&["snapshot", "save"]);

@@ -381,14 +381,20 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// cell started with empty data directories (and no `bootstrap`) vote for it and receive
 /// the state from it. Returns the snapshot file written.
 ///
-/// The log id is re-based to term 0 at the same index: the new cell's first leader is
-/// elected in term 1, so its entries follow the restored state's in log order, and the
-/// index (from which fencing tokens are made) goes on from where the backup stopped, so
-/// a token the new cell grants is above every token the old one granted up to the backup.
+/// The log id is re-based to term 0 at the backup's index plus `bump`: the new cell's
+/// first leader is elected in term 1, so its entries follow the restored state's in log
+/// order, and the index (from which fencing tokens are made: index × 1024 + position)
+/// goes on from there. With `bump` 0, a token the new cell grants is above every token
+/// the old one granted up to the backup; the old cell may have granted higher ones after
+/// it, which a protected resource that saw them keeps refusing new holders' tokens below
+/// (safe, but those holders cannot act until the index passes). A `bump` at least the
+/// entries the old cell could have committed since the backup puts every new token above
+/// every old one (etcdutl's `snapshot restore --bump-revision` is the same idea).
 pub fn seed(
     data_dir: &Path,
     backup: Verified,
     members: &BTreeMap<u64, String>,
+    bump: u64,
 ) -> Result<PathBuf, String> {
     if members.is_empty() {
         return Err("a restored cell needs its members (id=host:port, ...)".into());
@@ -414,10 +420,15 @@ pub fn seed(
             ));
         }
     }
-    let index = backup.index();
     if backup.meta.last_log_id.is_none() {
         return Err("the backup holds no applied entry: nothing to restore".into());
     }
+    // Tokens and session ids are index × 1024 + position in a u64.
+    let index = backup
+        .index()
+        .checked_add(bump)
+        .filter(|i| i.checked_mul(1 << 20).is_some())
+        .ok_or_else(|| format!("index {} + bump {bump} is too large", backup.index()))?;
     let log_id = LogId::new(openraft::CommittedLeaderId::new(0, 0), index);
     let voters: BTreeSet<u64> = members.keys().copied().collect();
     let nodes: BTreeMap<u64, BasicNode> = members
@@ -554,13 +565,36 @@ mod tests {
             (2, "localhost:2".to_string()),
         ]
         .into();
-        seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members).unwrap();
+        seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap();
         let file = snapshot_file::latest(&snapshot_dir(dir.path()))
             .unwrap()
             .unwrap();
         let state: SmState = postcard::from_bytes(&file.data).unwrap();
         let id = state.last_applied.unwrap();
         assert_eq!((id.leader_id.term, id.index), (0, 5));
+        // Bumped: the log index moves on, the state is the same.
+        let bumped = tempfile::tempdir().unwrap();
+        seed(
+            bumped.path(),
+            verify(&enc.bytes, "b").unwrap(),
+            &members,
+            1_000,
+        )
+        .unwrap();
+        let file_b = snapshot_file::latest(&snapshot_dir(bumped.path()))
+            .unwrap()
+            .unwrap();
+        let b: SmState = postcard::from_bytes(&file_b.data).unwrap();
+        assert_eq!(b.last_applied.unwrap().index, 1_005);
+        assert_eq!(b.sm.digest(), enc.digest);
+        let e = seed(
+            tempfile::tempdir().unwrap().path(),
+            verify(&enc.bytes, "b").unwrap(),
+            &members,
+            u64::MAX,
+        )
+        .unwrap_err();
+        assert!(e.contains("too large"), "{e}");
         assert_eq!(file.meta.last_log_id, state.last_applied);
         let voters: Vec<u64> = state.membership.membership().voter_ids().collect();
         assert_eq!(voters, vec![1, 2]);
@@ -569,12 +603,13 @@ mod tests {
             enc.digest,
             "the state itself is the backup's"
         );
-        let e = seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members).unwrap_err();
+        let e = seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap_err();
         assert!(e.contains("already holds"), "{e}");
         let e = seed(
             tempfile::tempdir().unwrap().path(),
             verify(&enc.bytes, "b").unwrap(),
             &[(1, "nothing".to_string())].into(),
+            0,
         )
         .unwrap_err();
         assert!(e.contains("host:port"), "{e}");
