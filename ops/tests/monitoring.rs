@@ -120,7 +120,9 @@ fn metrics_of_a_cell_with_proxies() {
     let data = dir.path().join("cell");
     let base = free_base(3);
     let mbase = free_tcp_base(&[0, 1, 2, 100, 101]);
-    // The servers log JSON lines (into cell/replica-N.log).
+    // The servers log JSON lines (into cell/replica-N.log), and back the cell up to a
+    // directory every 2 s.
+    let store = format!("file://{}/backups", dir.path().display());
     let (dev, out) = start_dev_with(
         &data,
         base,
@@ -132,6 +134,12 @@ fn metrics_of_a_cell_with_proxies() {
             &mbase.to_string(),
             "--lease-ms",
             "3000",
+            "--backup",
+            &store,
+            "--backup-interval-secs",
+            "2",
+            "--backup-keep",
+            "2",
             "--no-demo",
         ],
         &[("LOCKSERVICE_LOG_FORMAT", "json")],
@@ -241,6 +249,23 @@ fn metrics_of_a_cell_with_proxies() {
     assert!(must(l, "lockservice_sessions", &[], who) >= 1.0);
     assert!(must(l, "lockservice_raft_leader_changes_total", &[], who) >= 1.0);
     assert_eq!(must(l, "lockservice_session_lease_seconds", &[], who), 3.0);
+    // Backups: the leader wrote some (every 2 s), the newest a moment ago.
+    assert!(must(l, "lockservice_backups_written_total", &[], who) >= 1.0);
+    assert!(must(l, "lockservice_backup_last_size_bytes", &[], who) > 0.0);
+    assert_eq!(
+        must(l, "lockservice_backup_interval_seconds", &[], who),
+        2.0
+    );
+    let newest = must(l, "lockservice_backup_newest_timestamp_seconds", &[], who);
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        unix - newest < 60.0,
+        "the newest backup is {} s old",
+        unix - newest
+    );
     let cell = format!("cell=\"{}\"", "dev");
     must(l, "lockservice_raft_term", &[&cell], who);
     let lags = l

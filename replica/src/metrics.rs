@@ -318,6 +318,47 @@ impl ReplicaProbe {
             st.snapshot_index.unwrap_or(0) as f64,
         );
 
+        // Backups to object storage (only where `[backup]` names a store).
+        if let Some(b) = &self.gateway.backup {
+            use std::sync::atomic::Ordering::Relaxed;
+            let st = &b.stats;
+            s.counter(
+                "backups_written",
+                "Backups this replica wrote to the object store (as leader).",
+                st.written.load(Relaxed),
+            );
+            s.counter(
+                "backup_failures",
+                "Backups, and checks of the store, that failed at this replica.",
+                st.failed.load(Relaxed),
+            );
+            s.gauge_in(
+                "backup_newest_timestamp",
+                "When the newest backup of this cell in the store was taken, as this replica \
+                 last wrote or (leading) listed it; 0 until then.",
+                Unit::Seconds,
+                st.newest_unix_secs.load(Relaxed) as f64,
+            );
+            s.gauge_in(
+                "backup_interval",
+                "How often the leader writes a backup (backup.interval_secs).",
+                Unit::Seconds,
+                st.interval_secs.load(Relaxed) as f64,
+            );
+            s.gauge_in(
+                "backup_last_size",
+                "Size of the last backup this replica wrote (0 if none since start).",
+                Unit::Bytes,
+                st.last_bytes.load(Relaxed) as f64,
+            );
+            s.gauge_in(
+                "backup_last_duration",
+                "How long the last backup this replica wrote took (copy, serialize, upload).",
+                Unit::Seconds,
+                st.last_ms.load(Relaxed) as f64 / 1000.0,
+            );
+        }
+
         // Refusals.
         s.live(
             "refusals",
