@@ -459,12 +459,29 @@ async fn demo(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints every replica's status.
 /// Prints every endpoint's status as a table; returns how many answered, and the errors
-/// of those that did not.
+/// of those that did not. `lag` is how many entries of the leader's log a replica has not
+/// applied; `fsync p99` is its log's fsyncs in the last minute or two.
 pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)> {
-    println!(
-        "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
+    let row = |cols: [&str; 13]| {
+        println!(
+            "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>7} {:>9} {:>8} {:>6} {:>8} {:>10}",
+            cols[0],
+            cols[1],
+            cols[2],
+            cols[3],
+            cols[4],
+            cols[5],
+            cols[6],
+            cols[7],
+            cols[8],
+            cols[9],
+            cols[10],
+            cols[11],
+            cols[12]
+        )
+    };
+    row([
         "id",
         "addr",
         "role",
@@ -472,36 +489,51 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
         "leader",
         "applied",
         "log",
+        "lag",
         "snapshot",
         "sessions",
         "nodes",
-        "fsyncs"
-    );
+        "fsyncs",
+        "fsync p99",
+    ]);
     let mut members = None;
     let (mut answered, mut errors) = (0, Vec::new());
+    let mut got = Vec::new();
     for addr in client.endpoints() {
-        match client.status_of(*addr).await {
+        got.push((*addr, client.status_of(*addr).await));
+    }
+    let leader_log = got.iter().find_map(|(_, s)| match s {
+        Ok(s) if s.role == "Leader" => Some(s.last_log_index),
+        _ => None,
+    });
+    for (addr, status) in got {
+        match status {
             Ok(s) => {
                 answered += 1;
-                println!(
-                    "{:<4} {:<18} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8}",
-                    s.id,
-                    addr.to_string(),
-                    s.role,
-                    s.term,
-                    s.leader
+                row([
+                    &s.id.to_string(),
+                    &addr.to_string(),
+                    &s.role,
+                    &s.term.to_string(),
+                    &s.leader
                         .as_ref()
                         .map(|l| l.id.to_string())
                         .unwrap_or_else(|| "-".into()),
-                    s.last_applied,
-                    s.last_log_index,
-                    s.snapshot_index
+                    &s.last_applied.to_string(),
+                    &s.last_log_index.to_string(),
+                    &leader_log
+                        .map(|l| l.saturating_sub(s.last_applied).to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    &s.snapshot_index
                         .map(|i| i.to_string())
                         .unwrap_or_else(|| "-".into()),
-                    s.session_count,
-                    s.node_count,
-                    s.log_syncs
-                );
+                    &s.session_count.to_string(),
+                    &s.node_count.to_string(),
+                    &s.log_syncs.to_string(),
+                    &s.recent_fsync_p99_us
+                        .map(|us| format!("{:.2} ms", us as f64 / 1000.0))
+                        .unwrap_or_else(|| "-".into()),
+                ]);
                 members.get_or_insert(s.members);
             }
             Err(e) => {

@@ -30,6 +30,17 @@ fn dev_cell_demo_commands_and_clean_stop() {
     let s = text(&o);
     assert_eq!(s.matches("Leader").count(), 1, "{s}");
     assert_eq!(s.matches("Follower").count(), 2, "{s}");
+    // Each replica's lag behind the leader's log, and its log's fsync p99 of the last
+    // minute or two (the demo wrote a moment ago).
+    assert!(s.contains(" lag ") && s.contains("fsync p99"), "{s}");
+    for line in s
+        .lines()
+        .filter(|l| l.contains(" Leader ") || l.contains(" Follower "))
+    {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert!(cols[7].parse::<u64>().is_ok(), "lag: {line}");
+        assert!(line.trim_end().ends_with(" ms"), "fsync p99: {line}");
+    }
 
     let o = lockctl(&endpoints, &ca, &["create", "/app", "hello"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -208,6 +208,11 @@ pub struct Status {
     /// certificate's `notAfter` passes. Growing with the requests (each leadership check
     /// takes a pooled connection) means each check verifies a certificate chain again.
     pub peer_certificate_checks: u64,
+    /// The log's fsyncs in the last one to two minutes (the current minute and the one
+    /// before) and their p99 in µs (`None` without one): the disk as it is now.
+    pub recent_fsyncs: u64,
+    /// See `recent_fsyncs`.
+    pub recent_fsync_p99_us: Option<u64>,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.

@@ -224,6 +224,7 @@ impl Gateway {
             let s = self.state.read().expect("state lock");
             (s.sm.session_count() as u64, s.sm.node_count() as u64)
         };
+        let (recent_fsyncs, recent_fsync_p99_us) = self.log_stats.recent.p99_us();
         let status = Status {
             id: self.id,
             role: format!("{:?}", m.state),
@@ -254,6 +255,8 @@ impl Gateway {
             peer_dials: self.peer_dials.load(Ordering::Relaxed),
             peer_certificate_checks: self.peer_certificate_checks.load(Ordering::Relaxed),
             refused_by_limit: self.quotas.refusals(),
+            recent_fsyncs,
+            recent_fsync_p99_us,
         };
         (status, stats)
     }

@@ -55,6 +55,71 @@ pub struct FlushStats {
     pub fsync_seconds: Histogram,
     /// Appends each fsync completed (`lockservice_log_appends_per_fsync`).
     pub appends_per_fsync: Histogram,
+    /// fsync times of the last minute or two, for `lockctl status`.
+    pub recent: RecentFsyncs,
+}
+
+/// fsync times of the current minute and the one before it: what "the disk now" means to
+/// an operator reading `lockctl status` (the metrics' histogram counts since start).
+#[derive(Debug)]
+pub struct RecentFsyncs {
+    /// When the current minute started, its histogram and the previous minute's (µs).
+    windows: std::sync::Mutex<(
+        std::time::Instant,
+        hdrhistogram::Histogram<u64>,
+        hdrhistogram::Histogram<u64>,
+    )>,
+}
+
+/// The length of one [`RecentFsyncs`] window.
+const FSYNC_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Default for RecentFsyncs {
+    fn default() -> Self {
+        let h = || hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds");
+        RecentFsyncs {
+            windows: std::sync::Mutex::new((std::time::Instant::now(), h(), h())),
+        }
+    }
+}
+
+impl RecentFsyncs {
+    /// Moves the windows on to now.
+    fn roll(
+        w: &mut (
+            std::time::Instant,
+            hdrhistogram::Histogram<u64>,
+            hdrhistogram::Histogram<u64>,
+        ),
+    ) {
+        let age = w.0.elapsed();
+        if age >= 2 * FSYNC_WINDOW {
+            w.1.reset();
+            w.2.reset();
+            w.0 = std::time::Instant::now();
+        } else if age >= FSYNC_WINDOW {
+            std::mem::swap(&mut w.1, &mut w.2);
+            w.1.reset();
+            w.0 += FSYNC_WINDOW;
+        }
+    }
+
+    /// Records one fsync.
+    pub fn record(&self, took: std::time::Duration) {
+        let mut w = self.windows.lock().expect("fsync windows");
+        Self::roll(&mut w);
+        let _ = w.1.record((took.as_micros() as u64).clamp(1, 60_000_000));
+    }
+
+    /// How many fsyncs the last one to two minutes hold, and their p99 in µs.
+    pub fn p99_us(&self) -> (u64, Option<u64>) {
+        let mut w = self.windows.lock().expect("fsync windows");
+        Self::roll(&mut w);
+        let mut both = w.1.clone();
+        let _ = both.add(&w.2);
+        let n = both.len();
+        (n, (n > 0).then(|| both.value_at_quantile(0.99)))
+    }
 }
 
 impl Default for FlushStats {
@@ -66,6 +131,7 @@ impl Default for FlushStats {
             // is 10 ms.
             fsync_seconds: wire::metrics::seconds_histogram(0.000_05, 16),
             appends_per_fsync: wire::metrics::count_histogram(12),
+            recent: RecentFsyncs::default(),
         }
     }
 }
@@ -221,6 +287,7 @@ fn flusher(
         let result = sync();
         let took = started.elapsed();
         stats.fsync_seconds.observe(took.as_secs_f64());
+        stats.recent.record(took);
         stats.appends_per_fsync.observe(waiting.len() as f64);
         if took > SLOW_FSYNC {
             tracing::warn!(
