@@ -16,7 +16,8 @@ pub enum SnapshotCommand {
     /// `[backup] url`); prints the object, the index it covers and the state's digest.
     #[command(after_help = "Example:\n  lockctl snapshot save")]
     Save,
-    /// List the backups in a store, oldest first: object, cell, index, time, size.
+    /// List the backups in a store, oldest first (by the time taken): object, cell,
+    /// index, time, size.
     #[command(after_help = "Examples:\n  \
         lockctl snapshot ls --store s3://backups/lockservice --cell prod-1\n  \
         lockctl snapshot ls --store s3://b/p --store-option endpoint=http://127.0.0.1:9000 \
@@ -31,13 +32,13 @@ pub enum SnapshotCommand {
     /// Seed the empty data directory of a new cell's replica from a backup (a disaster
     /// recovery): the object is read, verified (format, length, checksum, the state
     /// itself) and written as the replica's snapshot, with --members as the new cell's
-    /// voters. Start that replica, and the other members with empty data directories
-    /// (no `bootstrap`): they receive the state from it. With --check, only read and
-    /// verify.
+    /// voters. Run it for every member's data directory, with the same backup, members
+    /// and --bump-index (each gets the same state), then start them all with `bootstrap =
+    /// false`. With --check, only read and verify.
     #[command(after_help = "Examples:\n  \
         lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 --check\n  \
         lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 \\\n    \
-        --data-dir /var/lib/lockservice/replica-1 \\\n    \
+        --data-dir /var/lib/lockservice --id 1 \\\n    \
         --members 1=r1.prod:7001,2=r2.prod:7001,3=r3.prod:7001,4=r4.prod:7001,5=r5.prod:7001")]
     Restore {
         #[command(flatten)]
@@ -54,6 +55,9 @@ pub enum SnapshotCommand {
         /// snapshot yet.
         #[arg(long, required_unless_present = "check")]
         data_dir: Option<PathBuf>,
+        /// The id of the replica whose data directory this is (one of --members).
+        #[arg(long, required_unless_present = "check")]
+        id: Option<u64>,
         /// The new cell's voters, ID=HOST:PORT, comma-separated (as the replicas'
         /// `members`).
         #[arg(long, value_delimiter = ',', value_parser = member, required_unless_present = "check")]
@@ -135,6 +139,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
             object,
             cell,
             data_dir,
+            id,
             members,
             bump_index,
             check,
@@ -156,9 +161,9 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                 verified.state.sm.node_count(),
                 verified.state.sm.session_count(),
             );
-            let written = match (check, data_dir) {
-                (true, _) => None,
-                (false, Some(dir)) => {
+            let written = match (check, data_dir, id) {
+                (true, _, _) => None,
+                (false, Some(dir), Some(id)) => {
                     let mut by_id = BTreeMap::new();
                     for (id, addr) in members {
                         anyhow::ensure!(
@@ -167,12 +172,12 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                         );
                     }
                     Some(
-                        backup::seed(&dir, verified, &by_id, bump_index)
+                        backup::seed(&dir, id, verified, &by_id, bump_index)
                             .map_err(anyhow::Error::msg)
                             .with_context(|| format!("seeding {}", dir.display()))?,
                     )
                 }
-                (false, None) => anyhow::bail!("--data-dir is needed (or --check)"),
+                _ => anyhow::bail!("--data-dir and --id are needed (or --check)"),
             };
             if json {
                 println!(
@@ -196,9 +201,10 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
             );
             if let Some(path) = written {
                 println!(
-                    "wrote {} (the new cell's log starts at index {}): start this replica, and the cell's other members with empty \
-                     data directories (no bootstrap); sessions in the backup expire a \
-                     lease after the new leader takes over unless their clients renew them",
+                    "wrote {} (the new cell's log starts at index {}): seed every member \
+                     alike, then start them all with bootstrap = false; sessions in the \
+                     backup expire a lease after the new leader takes over unless their \
+                     clients renew them",
                     path.display(),
                     chosen.index + bump_index
                 );

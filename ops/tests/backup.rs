@@ -246,6 +246,8 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
                 "dev",
                 "--data-dir",
                 data.to_str().unwrap(),
+                "--id",
+                "1",
                 "--members",
                 "1=127.0.0.1:1",
             ],
@@ -260,51 +262,84 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
         );
         assert!(!data.exists(), "a refused restore wrote {}", data.display());
     }
+    // A large object goes up in parts (S3's multipart upload) and reads back whole: here
+    // 11 MiB that is not a backup, which a restore refuses like the others.
+    let large: Vec<u8> = (0..11u32 << 20).map(|i| (i % 253) as u8).collect();
+    let multipart = rt
+        .block_on(store.put_in_parts(
+            "dev",
+            index + 100,
+            far + 10,
+            large.clone(),
+            1 << 20,
+            5 << 20,
+        ))
+        .unwrap();
+    assert!(rt.block_on(store.get(&multipart.name)).unwrap() == large);
+    let o = offline(&moto, &["restore", "--object", &multipart.name, "--check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not a snapshot file"), "{}", text(&o));
 
-    // The drill: a new cell of three, its first replica seeded from the good backup, the
-    // others empty.
+    // The drill: a new cell of three, every member's data directory seeded from the good
+    // backup alike (a member not in --members is refused).
     let base = free_base(3);
     let members: Vec<String> = (0..3)
         .map(|i| format!("{}=127.0.0.1:{}", i + 1, base + i))
         .collect();
-    let o = offline(
-        &moto,
-        &[
-            "restore",
-            "--object",
-            &object,
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--members",
-            &members.join(","),
-            "--bump-index",
-            "1000",
-            "--json",
-        ],
-    );
-    let r = json(&o);
-    assert_eq!(r["index"].as_u64().unwrap(), index, "{r}");
-    assert_eq!(r["sessions"].as_u64().unwrap(), 0, "{r}");
-    let digest = r["digest"].as_str().unwrap().to_string();
+    let restore = |id: u64| {
+        let dir = seeded.join(format!("replica-{id}"));
+        offline(
+            &moto,
+            &[
+                "restore",
+                "--object",
+                &object,
+                "--data-dir",
+                dir.to_str().unwrap(),
+                "--id",
+                &id.to_string(),
+                "--members",
+                &members.join(","),
+                "--bump-index",
+                "1000",
+                "--json",
+            ],
+        )
+    };
+    let o = restore(4);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not one of the members"), "{}", text(&o));
+    let mut digests = Vec::new();
+    for id in 1..=3 {
+        let r = json(&restore(id));
+        assert_eq!(r["index"].as_u64().unwrap(), index, "{r}");
+        assert_eq!(r["log_index"].as_u64().unwrap(), index + 1_000, "{r}");
+        assert_eq!(r["sessions"].as_u64().unwrap(), 0, "{r}");
+        digests.push(r["digest"].as_str().unwrap().to_string());
+    }
+    let digest = digests[0].clone();
+    assert!(digests.iter().all(|d| *d == digest), "{digests:?}");
     let (dev, _) = start_dev_of(&seeded, base, 3, &["--no-demo"]);
     let _dev = DevGuard(Some(dev));
     let eps: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
     let ca = seeded.join("tls/ca.pem");
     let ctl = |args: &[&str]| lockctl(&eps.join(","), &ca, args);
 
-    // The seeded replica started from exactly the backup's state (its digest, logged
-    // once), and every replica of the new cell holds one state (a new cell commits its
+    // Each replica started from exactly the backup's state (its digest, logged once),
+    // and the replicas of the new cell go on holding one state (a new cell commits its
     // own entries as its first leader starts: the index moves on from the backup's).
-    let log = std::fs::read_to_string(seeded.join("replica-1.log")).unwrap();
-    let line = log
-        .lines()
-        .find(|l| l.contains("seeded from a backup"))
-        .unwrap_or_else(|| panic!("replica 1 did not start from the seed:\n{log}"));
-    assert!(
-        line.contains(&format!("digest={digest}"))
-            && line.contains(&format!("index={}", index + 1_000)),
-        "{line}"
-    );
+    for id in 1..=3 {
+        let log = std::fs::read_to_string(seeded.join(format!("replica-{id}.log"))).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("seeded from a backup"))
+            .unwrap_or_else(|| panic!("replica {id} did not start from the seed:\n{log}"));
+        assert!(
+            line.contains(&format!("digest={digest}"))
+                && line.contains(&format!("index={}", index + 1_000)),
+            "{line}"
+        );
+    }
     rt.block_on(async {
         let client = Client::connect(ClientConfig::new(eps.clone(), ca.clone()))
             .await

@@ -142,10 +142,18 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// How long one request to the store may take, retries included: a store that does not
-/// answer fails a backup (counted, logged, tried again at the next check) instead of
-/// holding it for object_store's default of three minutes.
-const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one request to the store may take, and how long its retries may go on: a
+/// store that does not answer fails a backup (counted, logged, tried again at the next
+/// check) instead of holding it for object_store's default of three minutes; long enough
+/// for a part of [`PART_BYTES`] over a slow link to another region.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Backups larger than this are uploaded in parts (S3 takes at most 5 GB in one PUT, and
+/// a part that fails is retried alone).
+pub const MULTIPART_ABOVE: usize = 64 << 20;
+
+/// The size of one part of a multipart upload.
+pub const PART_BYTES: usize = 16 << 20;
 
 impl Store {
     /// The store at `url` with `options` (see [`BackupConfig`]). Makes no request.
@@ -170,9 +178,12 @@ impl Store {
                     .with_url(url)
                     .with_retry(object_store::RetryConfig {
                         max_retries: 3,
-                        retry_timeout: RETRY_TIMEOUT,
+                        retry_timeout: REQUEST_TIMEOUT,
                         ..Default::default()
-                    });
+                    })
+                    .with_client_options(
+                        object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT),
+                    );
                 for (k, v) in options {
                     let key: object_store::aws::AmazonS3ConfigKey = k.parse().map_err(|_| {
                         format!(
@@ -212,8 +223,11 @@ impl Store {
         Ok(self.prefix.parts().chain(p.parts()).collect())
     }
 
-    /// The backups in the store, of `cell` or of every cell, oldest first (by cell, then
-    /// index, then time). Objects whose names are not a backup's are left out.
+    /// The backups in the store, of `cell` or of every cell, oldest first: by cell, then
+    /// the time they were taken, then index. By time, not index: a cell restored from an
+    /// older backup under the same name writes lower indices than the old cell's last
+    /// ones, and its backups are still the newest. Objects whose names are not a backup's
+    /// are left out.
     pub async fn list(&self, cell: Option<&str>) -> Result<Vec<BackupObject>, String> {
         let under = match cell {
             Some(c) => self.path(c)?,
@@ -239,16 +253,18 @@ impl Store {
             })
             .filter(|b| cell.is_none_or(|c| b.cell == c))
             .collect();
-        found.sort_by(|a, b| (&a.cell, a.index, a.unix_ms).cmp(&(&b.cell, b.index, b.unix_ms)));
+        found.sort_by(|a, b| (&a.cell, a.unix_ms, a.index).cmp(&(&b.cell, b.unix_ms, b.index)));
         Ok(found)
     }
 
-    /// The newest backup of `cell`, if any.
+    /// The newest backup of `cell` (the last taken), if any.
     pub async fn latest(&self, cell: &str) -> Result<Option<BackupObject>, String> {
         Ok(self.list(Some(cell)).await?.pop())
     }
 
-    /// Writes a backup (one PUT: the object appears whole or not at all).
+    /// Writes a backup: one PUT, or above [`MULTIPART_ABOVE`] a multipart upload in
+    /// [`PART_BYTES`] parts; either way the object appears whole, when complete, or not at
+    /// all (an upload that fails is aborted).
     pub async fn put(
         &self,
         cell: &str,
@@ -256,12 +272,41 @@ impl Store {
         unix_ms: u64,
         bytes: Vec<u8>,
     ) -> Result<BackupObject, String> {
+        self.put_in_parts(cell, index, unix_ms, bytes, MULTIPART_ABOVE, PART_BYTES)
+            .await
+    }
+
+    /// [`Store::put`] with other thresholds: uploads in parts of `part_bytes` when
+    /// `bytes` is larger than `multipart_above` (S3 wants parts of at least 5 MiB but
+    /// the last).
+    pub async fn put_in_parts(
+        &self,
+        cell: &str,
+        index: u64,
+        unix_ms: u64,
+        bytes: Vec<u8>,
+        multipart_above: usize,
+        part_bytes: usize,
+    ) -> Result<BackupObject, String> {
         let name = BackupObject::name_of(cell, index, unix_ms);
         let len = bytes.len() as u64;
-        self.store
-            .put(&self.path(&name)?, PutPayload::from(bytes))
-            .await
-            .map_err(|e| format!("writing {name} to {}: {e}", self.url))?;
+        let path = self.path(&name)?;
+        let failed = |e: object_store::Error| format!("writing {name} to {}: {e}", self.url);
+        if bytes.len() <= multipart_above {
+            self.store
+                .put(&path, PutPayload::from(bytes))
+                .await
+                .map_err(failed)?;
+        } else {
+            let upload = self.store.put_multipart(&path).await.map_err(failed)?;
+            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, part_bytes);
+            for chunk in bytes.chunks(part_bytes) {
+                // At most a few parts in flight at once.
+                w.wait_for_capacity(4).await.map_err(failed)?;
+                w.write(chunk);
+            }
+            w.finish().await.map_err(failed)?;
+        }
         Ok(BackupObject {
             name,
             cell: cell.to_string(),
@@ -285,11 +330,22 @@ impl Store {
         Ok(bytes.to_vec())
     }
 
-    /// Deletes all but the newest `keep` backups of `cell`; returns the names deleted.
-    pub async fn prune(&self, cell: &str, keep: usize) -> Result<Vec<String>, String> {
+    /// Deletes all but the newest `keep` backups of `cell` (by the time they were taken),
+    /// never `spare` (the one just written, whatever its time says); returns the names
+    /// deleted.
+    pub async fn prune(
+        &self,
+        cell: &str,
+        keep: usize,
+        spare: Option<&str>,
+    ) -> Result<Vec<String>, String> {
         let all = self.list(Some(cell)).await?;
         let mut deleted = Vec::new();
-        for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
+        for old in all
+            .iter()
+            .take(all.len().saturating_sub(keep.max(1)))
+            .filter(|o| Some(o.name.as_str()) != spare)
+        {
             self.store
                 .delete(&self.path(&old.name)?)
                 .await
@@ -375,11 +431,14 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("snapshots")
 }
 
-/// Seeds the empty data directory of a replica of a new cell with `backup`'s state, the
+/// Seeds the empty data directory of replica `id` of a new cell with `backup`'s state, the
 /// cell's voters being `members` (id → address). Started, the replica holds the backup's
-/// state at its log index, with `members` as the cell's membership; replicas of the new
-/// cell started with empty data directories (and no `bootstrap`) vote for it and receive
-/// the state from it. Returns the snapshot file written.
+/// state at its log index, with `members` as the cell's membership. Seed every member's
+/// directory alike (same backup, members and bump: the result is the same bytes): a
+/// member left empty and started with `bootstrap` would initialize a cell of its own,
+/// which the other empty members could elect, and the seeded ones would take its entries
+/// at indices they hold as committed for their own (openraft skips them): two states.
+/// Returns the snapshot file written.
 ///
 /// The log id is re-based to term 0 at the backup's index plus `bump`: the new cell's
 /// first leader is elected in term 1, so its entries follow the restored state's in log
@@ -392,12 +451,24 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// every old one (etcdutl's `snapshot restore --bump-revision` is the same idea).
 pub fn seed(
     data_dir: &Path,
+    id: u64,
     backup: Verified,
     members: &BTreeMap<u64, String>,
     bump: u64,
 ) -> Result<PathBuf, String> {
     if members.is_empty() {
         return Err("a restored cell needs its members (id=host:port, ...)".into());
+    }
+    if !members.contains_key(&id) {
+        return Err(format!(
+            "replica {id} is not one of the members ({}): seed each member's own data \
+             directory with its id",
+            members
+                .keys()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     for (id, addr) in members {
         if *id == 0 || !wire::is_host_port(addr) {
@@ -444,8 +515,13 @@ pub fn seed(
         last_membership: state.membership.clone(),
         snapshot_id: format!("{SEEDED_ID_PREFIX}{index}"),
     };
-    snapshot_file::write(&snapshot_dir(data_dir), &meta, &data)
-        .map_err(|e| format!("{}: {e}", snapshot_dir(data_dir).display()))
+    let dir = snapshot_dir(data_dir);
+    snapshot_file::write(&dir, &meta, &data).map_err(|e| {
+        // Nothing half-written left behind (the directory was empty): the restore can be
+        // run again once the cause is fixed.
+        let _ = std::fs::remove_dir_all(&dir);
+        format!("{}: {e}", dir.display())
+    })
 }
 
 #[cfg(test)]
@@ -535,7 +611,7 @@ mod tests {
             }
             let listed = store.list(Some("dev")).await.unwrap();
             assert_eq!(listed.len(), 3);
-            assert_eq!(store.prune("dev", 2).await.unwrap().len(), 1);
+            assert_eq!(store.prune("dev", 2, None).await.unwrap().len(), 1);
             let newest = store.latest("dev").await.unwrap().unwrap();
             assert_eq!(newest.unix_ms, 1_002);
             let bytes = store.get(&newest.name).await.unwrap();
@@ -554,6 +630,94 @@ mod tests {
             .contains("not a snapshot"));
     }
 
+    /// A cell restored under the same name writes lower indices than the old cell's last
+    /// backups: the newest is the last taken, retention keeps the newest by time and
+    /// never deletes the one just written; large backups go up in parts and read back.
+    #[test]
+    fn the_newest_is_the_last_taken_and_parts_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            &format!("file://{}/b", dir.path().display()),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let enc = encode(&sample_state()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // The old cell's, at high indices, taken earlier.
+            for t in 0..3 {
+                store
+                    .put("dev", 900 + t, 1_000 + t, enc.bytes.clone())
+                    .await
+                    .unwrap();
+            }
+            // The restored cell's, at a lower index, taken later.
+            let mine = store
+                .put("dev", 50, 2_000, enc.bytes.clone())
+                .await
+                .unwrap();
+            assert_eq!(store.latest("dev").await.unwrap().unwrap().name, mine.name);
+            let gone = store.prune("dev", 2, Some(&mine.name)).await.unwrap();
+            assert_eq!(gone.len(), 2, "{gone:?}");
+            let left: Vec<u64> = store
+                .list(Some("dev"))
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| b.index)
+                .collect();
+            assert_eq!(left, vec![902, 50]);
+            // A clock that ran ahead named one far in the future: the one just written
+            // is never deleted, whatever the times say.
+            store
+                .put("dev", 60, 9_999_999, enc.bytes.clone())
+                .await
+                .unwrap();
+            let now = store
+                .put("dev", 61, 3_000, enc.bytes.clone())
+                .await
+                .unwrap();
+            store.prune("dev", 1, Some(&now.name)).await.unwrap();
+            let names: Vec<String> = store
+                .list(Some("dev"))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|b| b.name)
+                .collect();
+            assert!(names.contains(&now.name), "{names:?}");
+            // In parts: 7 parts of 64 bytes and a short one.
+            let big: Vec<u8> = (0..64 * 7 + 5).map(|i| (i % 251) as u8).collect();
+            let o = store
+                .put_in_parts("dev", 70, 4_000, big.clone(), 100, 64)
+                .await
+                .unwrap();
+            assert_eq!(store.get(&o.name).await.unwrap(), big);
+        });
+    }
+
+    /// What decodes as a snapshot file but not as a backup is refused too.
+    #[test]
+    fn a_state_that_does_not_decode_or_match_its_metadata_is_refused() {
+        let state = sample_state();
+        let meta = |index| SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "x".into(),
+        };
+        let garbage = snapshot_file::to_bytes(&meta(5), &[0xff; 64]).unwrap();
+        assert!(verify(&garbage, "o")
+            .unwrap_err()
+            .contains("does not decode"));
+        let data = postcard::to_allocvec(&state).unwrap();
+        let other = snapshot_file::to_bytes(&meta(6), &data).unwrap();
+        assert!(verify(&other, "o").unwrap_err().contains("metadata covers"));
+        assert!(verify(&snapshot_file::to_bytes(&meta(5), &data).unwrap(), "o").is_ok());
+    }
+
     /// A seeded data directory holds the backup's state at its index in term 0 with the
     /// new members; a directory already in use is refused.
     #[test]
@@ -565,7 +729,7 @@ mod tests {
             (2, "localhost:2".to_string()),
         ]
         .into();
-        seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap();
+        seed(dir.path(), 1, verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap();
         let file = snapshot_file::latest(&snapshot_dir(dir.path()))
             .unwrap()
             .unwrap();
@@ -576,6 +740,7 @@ mod tests {
         let bumped = tempfile::tempdir().unwrap();
         seed(
             bumped.path(),
+            1,
             verify(&enc.bytes, "b").unwrap(),
             &members,
             1_000,
@@ -589,6 +754,7 @@ mod tests {
         assert_eq!(b.sm.digest(), enc.digest);
         let e = seed(
             tempfile::tempdir().unwrap().path(),
+            1,
             verify(&enc.bytes, "b").unwrap(),
             &members,
             u64::MAX,
@@ -603,10 +769,20 @@ mod tests {
             enc.digest,
             "the state itself is the backup's"
         );
-        let e = seed(dir.path(), verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap_err();
+        let e = seed(dir.path(), 1, verify(&enc.bytes, "b").unwrap(), &members, 0).unwrap_err();
         assert!(e.contains("already holds"), "{e}");
         let e = seed(
             tempfile::tempdir().unwrap().path(),
+            3,
+            verify(&enc.bytes, "b").unwrap(),
+            &members,
+            0,
+        )
+        .unwrap_err();
+        assert!(e.contains("not one of the members"), "{e}");
+        let e = seed(
+            tempfile::tempdir().unwrap().path(),
+            1,
             verify(&enc.bytes, "b").unwrap(),
             &[(1, "nothing".to_string())].into(),
             0,

@@ -236,6 +236,7 @@ fn acls_decide_at_every_replica_and_survive_snapshots_restarts_and_learners() {
                 },
                 "list the cell's sessions",
             ),
+            (Op::Backup, "back the cell up"),
         ] {
             assert_eq!(
                 search.request(op).await.unwrap_err(),

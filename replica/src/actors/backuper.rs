@@ -125,20 +125,30 @@ impl Inner {
         let Ok(_one) = self.running.try_lock() else {
             return;
         };
-        let newest = match self.store.latest(&self.cell).await {
-            Ok(n) => n,
+        let listed = match self.store.list(Some(&self.cell)).await {
+            Ok(l) => l,
             Err(e) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "backup: the store could not be listed");
                 return;
             }
         };
-        let newest_ms = newest.map_or(0, |b| b.unix_ms);
+        let interval_ms = self.cfg.interval_secs.saturating_mul(1000);
+        let now = unix_ms();
+        // The newest taken, leaving out any named more than an interval in the future (a
+        // clock that ran ahead, here or on the replica that wrote it): such a name does
+        // not hold backups back.
+        let newest_ms = listed
+            .iter()
+            .map(|b| b.unix_ms)
+            .filter(|t| *t <= now.saturating_add(interval_ms))
+            .max()
+            .unwrap_or(0);
         self.stats
             .newest_unix_secs
             .fetch_max(newest_ms / 1000, Ordering::Relaxed);
-        let due = newest_ms.saturating_add(self.cfg.interval_secs.saturating_mul(1000));
-        if unix_ms() < due || !self.leading() {
+        let due = now >= newest_ms.saturating_add(interval_ms);
+        if !due || !self.leading() {
             return;
         }
         if let Err(e) = self.write().await {
@@ -183,27 +193,54 @@ impl Inner {
 
     async fn write_inner(&self, started: Instant) -> Result<Taken, String> {
         let copy = self.state.read().expect("state lock").clone();
+        let (store, cell, keep) = (self.store.clone(), self.cell.clone(), self.cfg.keep);
         let (tx, rx) = tokio::sync::oneshot::channel();
+        // Serializing, uploading (the S3 client hashes the whole payload to sign it) and
+        // pruning all run on a thread of their own at the lowest priority, with a runtime
+        // of their own: none of it on the arbiter that runs the replica's actors.
         std::thread::Builder::new()
-            .name("backup-encode".into())
+            .name("backup".into())
             .spawn(move || {
                 crate::actors::snapshotter::lower_priority();
-                let _ = tx.send(crate::backup::encode(&copy));
+                let _ = tx.send(upload(copy, store, cell, keep, started));
             })
-            .map_err(|e| format!("backup: no thread to serialize on: {e}"))?;
-        let enc = rx
+            .map_err(|e| format!("backup: no thread to run on: {e}"))?;
+        let taken = rx
             .await
-            .map_err(|_| "backup: the serializing thread stopped".to_string())??;
-        let taken_ms = unix_ms();
-        let bytes = enc.bytes.len() as u64;
-        let object = self
-            .store
-            .put(&self.cell, enc.index, taken_ms, enc.bytes)
-            .await?;
+            .map_err(|_| "backup: its thread stopped".to_string())??;
         self.stats
             .newest_unix_secs
-            .fetch_max(taken_ms / 1000, Ordering::Relaxed);
-        let pruned = match self.store.prune(&self.cell, self.cfg.keep).await {
+            .fetch_max(taken.unix_ms / 1000, Ordering::Relaxed);
+        Ok(taken.taken)
+    }
+}
+
+/// A backup written, and when.
+struct Uploaded {
+    taken: Taken,
+    unix_ms: u64,
+}
+
+/// Serializes `copy`, writes it to `store` as `cell`'s newest backup, and prunes the
+/// cell's backups to `keep` (blocking: runs on the backup's own thread).
+fn upload(
+    copy: crate::raft::sm_store::SmState,
+    store: Store,
+    cell: String,
+    keep: usize,
+    started: Instant,
+) -> Result<Uploaded, String> {
+    let enc = crate::backup::encode(&copy)?;
+    drop(copy);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("backup: no runtime: {e}"))?;
+    rt.block_on(async move {
+        let unix_ms = unix_ms();
+        let bytes = enc.bytes.len() as u64;
+        let object = store.put(&cell, enc.index, unix_ms, enc.bytes).await?;
+        let pruned = match store.prune(&cell, keep, Some(&object.name)).await {
             Ok(p) => p.len() as u32,
             Err(e) => {
                 // The backup is written; the old ones go at the next.
@@ -211,15 +248,18 @@ impl Inner {
                 0
             }
         };
-        Ok(Taken {
-            object: object.name,
-            index: enc.index,
-            bytes,
-            digest: enc.digest,
-            total_ms: started.elapsed().as_millis() as u64,
-            pruned,
+        Ok(Uploaded {
+            taken: Taken {
+                object: object.name,
+                index: enc.index,
+                bytes,
+                digest: enc.digest,
+                total_ms: started.elapsed().as_millis() as u64,
+                pruned,
+            },
+            unix_ms,
         })
-    }
+    })
 }
 
 impl Actor for Backuper {
