@@ -9,6 +9,7 @@ use wire::acl::{Acl, Principal, Right};
 pub enum AclCommand {
     /// Print a node's ACL: each right with the entries it is granted to (needs the read
     /// or the admin right on the node).
+    #[command(after_help = "Examples:\n  lockctl acl get /payments")]
     Get {
         /// Path.
         path: String,
@@ -22,6 +23,9 @@ pub enum AclCommand {
     /// Example, "the payments team may lock under /payments and nobody else may":
     ///   lockctl acl group set payments lock://client/payments-api lock://client/payments-worker
     ///   lockctl acl set /payments --read group:payments --create group:payments --write group:payments
+    #[command(after_help = "Examples:\n  \
+        lockctl acl set /payments --read group:payments --create group:payments --write group:payments\n  \
+        lockctl acl set /app/config --read '*' --write lock://client/deployer --admin lock://client/ops")]
     Set {
         /// Path.
         path: String,
@@ -39,12 +43,19 @@ pub enum AclCommand {
         admin: Vec<String>,
     },
     /// Print the cell's admins and groups.
+    #[command(after_help = "Examples:\n  lockctl acl ls")]
     Ls,
     /// Groups of identities that ACL entries name as group:NAME (admins only).
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl acl group set payments lock://client/payments-api lock://client/payments-worker\n  \
+        lockctl acl group rm payments")]
     Group(GroupCommand),
     /// The cell's admins: they pass every ACL and may change ACLs, groups and admins.
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl acl admins add lock://client/ops-alice\n  \
+        lockctl acl admins rm lock://client/ops-bob")]
     Admins(AdminsCommand),
 }
 
@@ -52,6 +63,9 @@ pub enum AclCommand {
 #[derive(Subcommand, Debug)]
 pub enum GroupCommand {
     /// Create or replace a group with these members (identity URIs).
+    #[command(
+        after_help = "Examples:\n  lockctl acl group set payments lock://client/payments-api lock://client/payments-worker"
+    )]
     Set {
         /// The group's name.
         name: String,
@@ -59,6 +73,7 @@ pub enum GroupCommand {
         members: Vec<String>,
     },
     /// Remove a group (entries naming it then match nobody).
+    #[command(after_help = "Examples:\n  lockctl acl group rm payments")]
     Rm {
         /// The group's name.
         name: String,
@@ -69,11 +84,13 @@ pub enum GroupCommand {
 #[derive(Subcommand, Debug)]
 pub enum AdminsCommand {
     /// Make an identity a cell admin.
+    #[command(after_help = "Examples:\n  lockctl acl admins add lock://client/ops-alice")]
     Add {
         /// The identity URI.
         identity: String,
     },
     /// Remove a cell admin (the last one stays).
+    #[command(after_help = "Examples:\n  lockctl acl admins rm lock://client/ops-bob")]
     Rm {
         /// The identity URI.
         identity: String,

@@ -19,6 +19,9 @@ pub enum CertsCommand {
     /// `ca.key` (keep it safe: whoever holds it can mint any identity).
     ///
     /// Example: lockctl certs init /etc/lockservice/ca --name "payments cell CA"
+    #[command(after_help = "Examples:\n  \
+        lockctl certs init ca\n  \
+        lockctl certs init /etc/lockservice/ca --name \"payments cell CA\" --days 1825")]
     Init {
         /// Where to write `ca.pem` and `ca.key` (created if missing; an existing CA there
         /// is not overwritten).
@@ -37,6 +40,9 @@ pub enum CertsCommand {
     /// Examples:
     ///   lockctl certs issue --ca-dir ca --role replica --cell cell-a --name 3 --out r3
     ///   lockctl certs issue --ca-dir ca --role client --name payments-api --out app
+    #[command(after_help = "Examples:\n  \
+        lockctl certs issue --ca-dir ca --role replica --cell cell-a --name 3 --out r3\n  \
+        lockctl certs issue --ca-dir ca --role client --name payments-api --out app --days 90")]
     Issue(IssueArgs),
     /// Revoke certificates: add them to the CA's revocation list in --crl (made if
     /// missing). Give the list to every replica and proxy (`tls.crls` in their
@@ -44,6 +50,9 @@ pub enum CertsCommand {
     /// handshake and close the connections open with them.
     ///
     /// Example: lockctl certs revoke --ca-dir ca --crl ca/revoked.crl app/client.pem
+    #[command(
+        after_help = "Examples:\n  lockctl certs revoke --ca-dir ca --crl ca/revoked.crl app/client.pem"
+    )]
     Revoke {
         /// The directory holding the CA's `ca.pem` and `ca.key`.
         #[arg(long)]
@@ -58,6 +67,7 @@ pub enum CertsCommand {
     /// Print a certificate's identity, role, issuer and validity.
     ///
     /// Example: lockctl certs show cell-data/tls/client.pem
+    #[command(after_help = "Examples:\n  lockctl certs show cell-data/tls/client.pem")]
     Show {
         /// A PEM certificate file.
         file: PathBuf,

@@ -17,11 +17,15 @@ use wire::Error;
 pub enum DirCommand {
     /// Print the map: every cell with its endpoints, every prefix with its cell and
     /// epoch (and a move under way).
+    #[command(after_help = "Examples:\n  lockctl --endpoints 127.0.0.1:7201 dir ls")]
     Ls,
     /// Describe a cell (create or replace its entry): its name and where clients reach
     /// it (its proxies, or its replicas).
     ///
     /// Example: lockctl --endpoints ROOT dir cell cell-a 127.0.0.1:7101,127.0.0.1:7102
+    #[command(
+        after_help = "Examples:\n  lockctl --endpoints 127.0.0.1:7201 dir cell cell-a 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103"
+    )]
     Cell {
         /// The cell's name.
         name: String,
@@ -36,6 +40,9 @@ pub enum DirCommand {
     /// Note: a cell that records its first prefix serves only its prefixes from then on.
     ///
     /// Example: lockctl --endpoints ROOT dir set /payments cell-a
+    #[command(
+        after_help = "Examples:\n  lockctl --endpoints 127.0.0.1:7201 dir set /payments cell-a"
+    )]
     Set {
         /// The prefix (`/payments`).
         prefix: String,
@@ -43,6 +50,7 @@ pub enum DirCommand {
         cell: String,
     },
     /// Remove a prefix's entry from the map (its cell keeps its nodes and its record).
+    #[command(after_help = "Examples:\n  lockctl --endpoints 127.0.0.1:7201 dir rm /payments")]
     Rm {
         /// The prefix.
         prefix: String,
@@ -52,6 +60,9 @@ pub enum DirCommand {
     /// ephemeral nodes there end), the new cell serves it at the next epoch, the old copy
     /// is dropped, and the directory names the new cell. Safe to run again after a crash
     /// at any step: it goes on from where the cells and the map stand.
+    #[command(
+        after_help = "Examples:\n  lockctl --endpoints 127.0.0.1:7201 dir move /payments --to cell-b"
+    )]
     Move {
         /// The prefix.
         prefix: String,

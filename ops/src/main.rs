@@ -228,8 +228,16 @@ fn none_answered(errors: Vec<wire::Error>) -> anyhow::Error {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Start a local cell on loopback (data under --data), show it working, run until Ctrl-C.
+    #[command(after_help = "Examples:\n  \
+        lockctl dev\n  \
+        lockctl dev --replicas 3 --proxies 2 --data /tmp/cell\n  \
+        lockctl dev --cells 2 --no-demo")]
     Dev(dev::DevArgs),
     /// Show every replica's role, term, applied index and the cell's members.
+    #[command(after_help = "Examples:\n  \
+        lockctl status\n  \
+        lockctl status --full --json\n  \
+        lockctl --endpoints 10.0.0.1:7101,10.0.0.2:7101 status")]
     Status {
         /// Print every counter of every replica (cachers, held invalidations, KeepAlive
         /// RPCs, watches, snapshot size and time, ...).
@@ -240,12 +248,19 @@ enum Command {
     /// leader, ephemeral nodes, whether it caches.
     ///
     /// Examples: lockctl sessions; lockctl sessions --owner lock://client/indexer --json
+    #[command(after_help = "Examples:\n  \
+        lockctl sessions\n  \
+        lockctl sessions --owner lock://client/indexer --json")]
     Sessions {
         /// Only the sessions of this identity.
         #[arg(long)]
         owner: Option<String>,
     },
     /// Create a node.
+    #[command(after_help = "Examples:\n  \
+        lockctl create /app\n  \
+        lockctl create /app/config v1\n  \
+        lockctl create /jobs/job- '{\"id\": 7}' --sequential")]
     Create {
         /// Path (the prefix when --sequential).
         path: String,
@@ -260,6 +275,9 @@ enum Command {
         sequential: bool,
     },
     /// Print a node's data and metadata.
+    #[command(after_help = "Examples:\n  \
+        lockctl get /app/config\n  \
+        lockctl get /app/config --json")]
     Get {
         /// Path.
         path: String,
@@ -268,10 +286,16 @@ enum Command {
     /// until Ctrl-C: a one-shot watch, re-armed after each event with a read that shows
     /// the value at that moment (changes between an event and the re-read are folded into
     /// it, as with ZooKeeper's watches).
+    #[command(after_help = "Examples:\n  \
+        lockctl watch /app/config\n  \
+        lockctl watch /services/indexer --children --count 1")]
     Watch(watch::WatchArgs),
     /// Is a lock holder still the holder: its node present with the same fencing token and
     /// session? Linearizable. Exit status 0 if so, 4 if not. Under `lockctl lock`, the
     /// command's environment gives all three (LOCK_NODE, LOCK_TOKEN, LOCK_SESSION).
+    #[command(
+        after_help = "Examples:\n  lockctl check-sequencer --node /app/leader/lock-0000000012 --token 12289 --session 42"
+    )]
     CheckSequencer {
         /// The holder's lock node (full path).
         #[arg(long, env = "LOCK_NODE")]
@@ -284,6 +308,9 @@ enum Command {
         session: u64,
     },
     /// Print a completion script for a shell (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Examples:\n  \
+        lockctl completions bash > /etc/bash_completion.d/lockctl\n  \
+        lockctl completions zsh > ~/.zfunc/_lockctl")]
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
@@ -292,6 +319,9 @@ enum Command {
     /// its start and end wall-clock times (µs since the epoch), whether it came from the
     /// cache or the cell, and the value.
     /// For watching a config value, and for cache drills.
+    #[command(after_help = "Examples:\n  \
+        lockctl watch-cached /app/config\n  \
+        lockctl watch-cached /app/config --every-ms 500 --for-secs 300")]
     WatchCached {
         /// Path.
         path: String,
@@ -303,6 +333,9 @@ enum Command {
         for_secs: u64,
     },
     /// Replace a node's data; with --version, only if the node has that version.
+    #[command(after_help = "Examples:\n  \
+        lockctl set /app/config v2\n  \
+        lockctl set /app/config v3 --version 1")]
     Set {
         /// Path.
         path: String,
@@ -313,6 +346,10 @@ enum Command {
         version: Option<u64>,
     },
     /// List a node's children.
+    #[command(after_help = "Examples:\n  \
+        lockctl ls\n  \
+        lockctl ls /app\n  \
+        lockctl ls -R /app --max-nodes 10000")]
     Ls {
         /// Path.
         #[arg(default_value = "/")]
@@ -329,6 +366,10 @@ enum Command {
     /// everything under it (asks first, unless --yes).
     ///
     /// Examples: lockctl rm /app/flag --version 3; lockctl rm -r /app/old --yes
+    #[command(after_help = "Examples:\n  \
+        lockctl rm /app/flag\n  \
+        lockctl rm /app/flag --version 3\n  \
+        lockctl rm -r /app/old --yes")]
     Rm {
         /// Path.
         path: String,
@@ -372,6 +413,10 @@ enum Command {
     /// SIGINT, SIGTERM and SIGHUP sent to lockctl are passed on to the command's group; in
     /// a terminal the command's group is the foreground group while it runs, so it reads
     /// the terminal and gets Ctrl-C itself.
+    #[command(after_help = "Examples:\n  \
+        lockctl lock /app/leader -- ./run-job.sh\n  \
+        lockctl lock /locks/backup --wait-secs 30 --on-jeopardy term -- ./backup.sh\n  \
+        lockctl lock /locks/config --mode read -- cat /etc/app.conf")]
     Lock(lock::LockArgs),
     /// Stand in an election at PATH and run a command while leading (exit status as for
     /// `lock`); or, with --observe, print who leads and each change until Ctrl-C.
@@ -383,9 +428,15 @@ enum Command {
     ///
     /// Examples: lockctl elect /services/indexer/leader --data 10.0.0.7:8080 -- ./indexer;
     /// lockctl elect /services/indexer/leader --observe --json
+    #[command(after_help = "Examples:\n  \
+        lockctl elect /services/indexer/leader --data 10.0.0.7:8080 -- ./indexer\n  \
+        lockctl elect /services/indexer/leader --observe --json")]
     Elect(elect::ElectArgs),
     /// Write KEY=VALUE to a fjall-backed fenced resource under a lock's token; refused (exit
     /// status 5) if a higher token was already accepted for that lock.
+    #[command(
+        after_help = "Examples:\n  lockctl fenced-write --store /tmp/fenced --lock /app/leader --token 12289 balance 100"
+    )]
     FencedWrite {
         /// The store's directory.
         #[arg(long)]
@@ -402,6 +453,7 @@ enum Command {
         value: String,
     },
     /// Print a value from a fenced resource.
+    #[command(after_help = "Examples:\n  lockctl fenced-get --store /tmp/fenced balance")]
     FencedGet {
         /// The store's directory.
         #[arg(long)]
@@ -411,28 +463,53 @@ enum Command {
     },
     /// Change the cell's membership (one member at a time).
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl member add-learner 6 10.0.0.6:7101\n  \
+        lockctl member promote 6\n  \
+        lockctl member remove 3")]
     Member(MemberCommand),
     /// Show each endpoint's proxy counters (the endpoints must be proxies).
+    #[command(after_help = "Examples:\n  \
+        lockctl --endpoints 127.0.0.1:7201,127.0.0.1:7202 proxy-status\n  \
+        lockctl proxy-status --json")]
     ProxyStatus,
     /// Show how long each endpoint (replica or proxy) took to answer each kind of request
     /// since it started: count, p50, p99 and max, timed at the server.
+    #[command(after_help = "Examples:\n  \
+        lockctl latency\n  \
+        lockctl latency --json")]
     Latency,
     /// Without a subcommand: make each replica build a snapshot now and purge its log
     /// behind it (before maintenance, or to measure); prints each one's index, size and
     /// time. `save`, `ls` and `restore`: backups in object storage.
+    #[command(after_help = "Examples:\n  \
+        lockctl snapshot\n  \
+        lockctl snapshot save\n  \
+        lockctl snapshot ls --store file:///var/backups/lockservice")]
     Snapshot {
         #[command(subcommand)]
         action: Option<snapshot::SnapshotCommand>,
     },
     /// Make a CA and certificates with identities for replicas, proxies and clients.
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl certs init ca\n  \
+        lockctl certs issue --ca-dir ca --role client --name payments-api --out app\n  \
+        lockctl certs show app/client.pem")]
     Certs(certs::CertsCommand),
     /// Show and change who may do what: nodes' ACLs, groups, the cell's admins.
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl acl ls\n  \
+        lockctl acl get /payments\n  \
+        lockctl acl set /payments --read group:payments --write group:payments")]
     Acl(acl::AclCommand),
     /// The directory's map of prefixes to cells, kept in the root cell that --endpoints
     /// names: list it, describe cells, place, remove and move prefixes.
     #[command(subcommand)]
+    #[command(after_help = "Examples:\n  \
+        lockctl --endpoints 127.0.0.1:7201 dir ls\n  \
+        lockctl --endpoints 127.0.0.1:7201 dir move /cell-1-demo --to cell-2")]
     Dir(dir::DirCommand),
     /// Run one directory instance in this process (used by `lockctl dev` and the tests;
     /// same as the `directory` binary).
@@ -470,6 +547,7 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum MemberCommand {
     /// Add a non-voting learner; returns once it has caught up.
+    #[command(after_help = "Examples:\n  lockctl member add-learner 6 10.0.0.6:7101")]
     AddLearner {
         /// Its replica id.
         id: u64,
@@ -477,11 +555,13 @@ enum MemberCommand {
         addr: String,
     },
     /// Promote a learner to voter.
+    #[command(after_help = "Examples:\n  lockctl member promote 6")]
     Promote {
         /// Its replica id.
         id: u64,
     },
     /// Remove a voter or learner.
+    #[command(after_help = "Examples:\n  lockctl member remove 3")]
     Remove {
         /// Its replica id.
         id: u64,
@@ -1184,6 +1264,146 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.tls_key, Some(PathBuf::from("c.key")));
+    }
+
+    /// Splits an example line as a shell would, enough for `--help` examples: words at
+    /// whitespace, '...' and "..." quoting (no escapes), and the command ends at an
+    /// unquoted `|`, `>`, `&&`, ... (what follows is the shell's, not lockctl's).
+    fn shell_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut word = String::new();
+        let mut in_word = false;
+        let mut quoted = false;
+        let mut quote = None;
+        let mut chars = line.chars();
+        loop {
+            let c = chars.next();
+            match (quote, c) {
+                (Some(q), Some(c)) if c == q => quote = None,
+                (Some(_), Some(c)) => word.push(c),
+                (Some(q), None) => panic!("{line:?}: unclosed {q}"),
+                (None, Some(c @ ('\'' | '"'))) => {
+                    quote = Some(c);
+                    in_word = true;
+                    quoted = true;
+                }
+                (None, Some(c)) if !c.is_whitespace() => {
+                    word.push(c);
+                    in_word = true;
+                }
+                (None, c) => {
+                    if in_word {
+                        let operator = matches!(
+                            word.as_str(),
+                            "|" | "||" | "&&" | ";" | "&" | ">" | ">>" | "<" | "2>"
+                        );
+                        if operator && !quoted {
+                            return words;
+                        }
+                        words.push(std::mem::take(&mut word));
+                        in_word = false;
+                        quoted = false;
+                    }
+                    if c.is_none() {
+                        return words;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shell_words_splits_like_a_shell() {
+        assert_eq!(
+            shell_words(r#"lockctl a 'b c' "d'e" f'g h'i"#),
+            ["lockctl", "a", "b c", "d'e", "fg hi"]
+        );
+        assert_eq!(
+            shell_words("lockctl completions bash > /x"),
+            ["lockctl", "completions", "bash"]
+        );
+        assert_eq!(shell_words("lockctl get '>' | jq"), ["lockctl", "get", ">"]);
+        assert_eq!(
+            shell_words("lockctl acl set /p --read '*'"),
+            ["lockctl", "acl", "set", "/p", "--read", "*"]
+        );
+    }
+
+    /// The example lines of an `after_help` (after its "Examples:" line; a line ending
+    /// with a backslash goes on on the next).
+    fn examples(after_help: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut pending = String::new();
+        let start = after_help.find("Examples:").unwrap_or(after_help.len());
+        for line in after_help[start..].lines().skip(1) {
+            let line = line.trim();
+            match line.strip_suffix('\\') {
+                Some(head) => {
+                    pending.push_str(head);
+                    pending.push(' ');
+                }
+                None => {
+                    pending.push_str(line);
+                    lines.push(std::mem::take(&mut pending));
+                }
+            }
+        }
+        lines.push(pending);
+        lines.retain(|l| l.starts_with("lockctl "));
+        lines
+    }
+
+    /// Issue 28: every visible command's `--help` ends with examples, and every example
+    /// parses, as the command it is listed under (or one of its subcommands).
+    #[test]
+    fn every_command_has_examples_that_parse() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &[String], checked: &mut usize) {
+            let name = path.join(" ");
+            let after_help = cmd
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            assert!(
+                after_help.contains("Examples:"),
+                "`{name} --help` has no Examples: block"
+            );
+            let lines = examples(&after_help);
+            assert!(!lines.is_empty(), "`{name} --help`: no example lines");
+            for line in &lines {
+                let words = shell_words(line);
+                if let Err(e) = Cli::try_parse_from(&words) {
+                    panic!("`{name} --help`: example {line:?} does not parse: {e}");
+                }
+                let mut m = Cli::command()
+                    .try_get_matches_from(&words)
+                    .unwrap_or_else(|e| panic!("`{name} --help`: example {line:?}: {e}"));
+                let mut ran = vec!["lockctl".to_string()];
+                while let Some((sub, sub_m)) = m.remove_subcommand() {
+                    ran.push(sub);
+                    m = sub_m;
+                }
+                assert!(
+                    ran.starts_with(path),
+                    "`{name} --help`: example {line:?} runs `{}`",
+                    ran.join(" ")
+                );
+                *checked += 1;
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.is_hide_set() || sub.get_name() == "help" {
+                    continue;
+                }
+                let mut sub_path = path.to_vec();
+                sub_path.push(sub.get_name().to_string());
+                walk(sub, &sub_path, checked);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut checked = 0;
+        walk(&cmd, &["lockctl".to_string()], &mut checked);
+        assert!(checked > 60, "only {checked} examples checked");
     }
 
     /// Flags win over the settings file, the file over the defaults; the file's relative

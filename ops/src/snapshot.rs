@@ -14,7 +14,7 @@ use replica::backup::{self, BackupObject, Store};
 pub enum SnapshotCommand {
     /// Make the leader write a backup to the cell's store now (the replicas'
     /// `[backup] url`); prints the object, the index it covers and the state's digest.
-    #[command(after_help = "Example:\n  lockctl snapshot save")]
+    #[command(after_help = "Examples:\n  lockctl snapshot save\n  lockctl snapshot save --json")]
     Save,
     /// List the backups in a store, oldest first (by the time taken): object, cell,
     /// index, time, size.
