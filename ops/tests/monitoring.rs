@@ -383,6 +383,22 @@ fn metrics_of_a_cell_with_proxies() {
     }
     let (status, _, _) = http_get(&rm[alone], "/health").unwrap();
     assert_eq!(status, 200, "alive, if not ready");
+    // The proxies, their own sessions no longer renewed, stop being ready once their
+    // lease (3 s) runs out: a load balancer sends clients elsewhere.
+    for p in &pm {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, _, body) = http_get(p, "/ready").unwrap();
+            if status == 503 {
+                assert!(body.contains("lost the cell"), "{p}: {body}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{p} still ready: {body}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (status, _, _) = http_get(p, "/health").unwrap();
+        assert_eq!(status, 200, "{p}: alive, if not ready");
+    }
 }
 
 #[test]

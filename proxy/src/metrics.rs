@@ -9,7 +9,8 @@ use wire::metrics::{BoxFuture, Probe, Scrape};
 
 use crate::server::Proxy;
 
-/// The proxy's [`Probe`]. Ready once it holds its own session at the cell (it reached
+/// The proxy's [`Probe`]. Ready while it holds its own session at the cell, renewed within
+/// its lease (it reached
 /// the leader and can renew its clients' sessions).
 pub struct ProxyProbe(pub Arc<Proxy>);
 
@@ -22,6 +23,12 @@ impl Probe for ProxyProbe {
         Box::pin(async move {
             match self.0.up.session() {
                 0 => Err("no session at the cell yet (its leader not reached)".into()),
+                // Its own lease at the leader ran out unrenewed: the cell is lost to it,
+                // and its clients are better served by another proxy (`forward` answers
+                // them `Unavailable` meanwhile).
+                s if !self.0.hub.own_session_valid(tokio::time::Instant::now()) => Err(format!(
+                    "lost the cell: session {s} not renewed within its lease"
+                )),
                 s => Ok(format!("session {s} at the cell")),
             }
         })

@@ -23,7 +23,7 @@ pub struct Proxy {
     pub(crate) cell: String,
     pub(crate) cfg: ProxyConfig,
     pub(crate) up: Arc<Upstream>,
-    hub: Arc<Hub>,
+    pub(crate) hub: Arc<Hub>,
     /// How long client requests took here, by kind, for [`ProxyStatus`].
     latency: wire::latency::Recorder,
     /// The TLS files, re-read when they change; closes client connections whose

@@ -1102,7 +1102,26 @@ async fn hint_addr(hint: &str) -> Option<SocketAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::tls_refusal;
+    use super::{hint_addr, tls_refusal};
+
+    /// A leader hint is an address, or a name resolved to an IPv4 address (members named
+    /// as a StatefulSet's are); what is neither gives no hint, without waiting. Only
+    /// `localhost` is looked up (the machine's own hosts file, no DNS server).
+    #[tokio::test]
+    async fn a_leader_hint_is_an_address_or_a_name_that_resolves() {
+        assert_eq!(
+            hint_addr("127.0.0.1:7001").await,
+            Some("127.0.0.1:7001".parse().unwrap())
+        );
+        assert_eq!(
+            hint_addr("localhost:7001").await,
+            Some("127.0.0.1:7001".parse().unwrap())
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(hint_addr("no port here").await, None);
+        assert_eq!(hint_addr("").await, None);
+        assert!(started.elapsed() < std::time::Duration::from_millis(250));
+    }
 
     /// QUIC carries TLS alert A as 0x100 + A: the certificate alerts are refusals, other
     /// alerts and transport errors are not.
