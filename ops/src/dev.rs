@@ -502,10 +502,12 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
     for addr in client.endpoints() {
         got.push((*addr, client.status_of(*addr).await));
     }
-    let leader_log = got.iter().find_map(|(_, s)| match s {
-        Ok(s) if s.role == "Leader" => Some(s.last_log_index),
-        _ => None,
-    });
+    // The leader of the highest term (a deposed one may not know yet).
+    let leader_log = got
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok().filter(|s| s.role == "Leader"))
+        .max_by_key(|s| s.term)
+        .map(|s| s.last_log_index);
     for (addr, status) in got {
         match status {
             Ok(s) => {

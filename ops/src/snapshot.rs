@@ -235,7 +235,16 @@ async fn choose(
         s.url(),
         cells.into_iter().collect::<Vec<_>>().join(", ")
     );
-    listed.last().cloned().ok_or_else(|| {
+    // The newest taken, leaving out names more than an hour in the future (a clock that
+    // ran ahead) while there is another.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let sane = listed
+        .iter()
+        .rev()
+        .find(|b| b.unix_ms <= now_ms + 3_600_000);
+    sane.or(listed.last()).cloned().ok_or_else(|| {
         anyhow::anyhow!(
             "no backups{} in {}",
             cell.map(|c| format!(" of cell {c}")).unwrap_or_default(),

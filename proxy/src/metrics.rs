@@ -23,12 +23,20 @@ impl Probe for ProxyProbe {
         Box::pin(async move {
             match self.0.up.session() {
                 0 => Err("no session at the cell yet (its leader not reached)".into()),
-                // Its own lease at the leader ran out unrenewed: the cell is lost to it,
-                // and its clients are better served by another proxy (`forward` answers
-                // them `Unavailable` meanwhile).
-                s if !self.0.hub.own_session_valid(tokio::time::Instant::now()) => Err(format!(
-                    "lost the cell: session {s} not renewed within its lease"
-                )),
+                // Its own lease at the leader ran out unrenewed, and a lease more went by:
+                // the cell is lost to it, and its clients are better served by another
+                // proxy (`forward` answers them `Unavailable` meanwhile). The lease more
+                // keeps a short lease, a fail-over or a slow renewal from flapping it.
+                s if self
+                    .0
+                    .hub
+                    .own_session_lapsed(tokio::time::Instant::now())
+                    .is_some_and(|l| l >= self.0.hub.lease()) =>
+                {
+                    Err(format!(
+                        "lost the cell: session {s} not renewed for over a lease"
+                    ))
+                }
                 s => Ok(format!("session {s} at the cell")),
             }
         })

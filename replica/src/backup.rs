@@ -145,12 +145,13 @@ impl std::fmt::Debug for Store {
 /// How long one request to the store may take, and how long its retries may go on: a
 /// store that does not answer fails a backup (counted, logged, tried again at the next
 /// check) instead of holding it for object_store's default of three minutes; long enough
-/// for a part of [`PART_BYTES`] over a slow link to another region.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// for the largest single PUT ([`MULTIPART_ABOVE`], 32 MiB) at 3 Mbit/s, to another
+/// region.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Backups larger than this are uploaded in parts (S3 takes at most 5 GB in one PUT, and
 /// a part that fails is retried alone).
-pub const MULTIPART_ABOVE: usize = 64 << 20;
+pub const MULTIPART_ABOVE: usize = 2 * PART_BYTES;
 
 /// The size of one part of a multipart upload.
 pub const PART_BYTES: usize = 16 << 20;
@@ -264,7 +265,7 @@ impl Store {
 
     /// Writes a backup: one PUT, or above [`MULTIPART_ABOVE`] a multipart upload in
     /// [`PART_BYTES`] parts; either way the object appears whole, when complete, or not at
-    /// all (an upload that fails is aborted).
+    /// all (a multipart upload that fails is aborted, its parts deleted).
     pub async fn put(
         &self,
         cell: &str,
@@ -300,11 +301,21 @@ impl Store {
         } else {
             let upload = self.store.put_multipart(&path).await.map_err(failed)?;
             let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, part_bytes);
+            let mut sent = Ok(());
             for chunk in bytes.chunks(part_bytes) {
                 // At most a few parts in flight at once.
-                w.wait_for_capacity(4).await.map_err(failed)?;
+                sent = w.wait_for_capacity(4).await;
+                if sent.is_err() {
+                    break;
+                }
                 w.write(chunk);
             }
+            if let Err(e) = sent {
+                // The parts sent so far would stay stored (and billed) in the bucket.
+                let _ = w.abort().await;
+                return Err(failed(e));
+            }
+            // `finish` aborts the upload itself when completing it fails.
             w.finish().await.map_err(failed)?;
         }
         Ok(BackupObject {
@@ -332,14 +343,21 @@ impl Store {
 
     /// Deletes all but the newest `keep` backups of `cell` (by the time they were taken),
     /// never `spare` (the one just written, whatever its time says); returns the names
-    /// deleted.
+    /// deleted. Backups named after `future_after` (Unix ms; a clock that ran ahead) are
+    /// neither counted among the newest nor deleted: left for an operator to look at.
     pub async fn prune(
         &self,
         cell: &str,
         keep: usize,
         spare: Option<&str>,
+        future_after: u64,
     ) -> Result<Vec<String>, String> {
-        let all = self.list(Some(cell)).await?;
+        let all: Vec<BackupObject> = self
+            .list(Some(cell))
+            .await?
+            .into_iter()
+            .filter(|b| b.unix_ms <= future_after)
+            .collect();
         let mut deleted = Vec::new();
         for old in all
             .iter()
@@ -516,10 +534,19 @@ pub fn seed(
         snapshot_id: format!("{SEEDED_ID_PREFIX}{index}"),
     };
     let dir = snapshot_dir(data_dir);
+    let existed = dir.exists();
     snapshot_file::write(&dir, &meta, &data).map_err(|e| {
         // Nothing half-written left behind (the directory was empty): the restore can be
         // run again once the cause is fixed.
-        let _ = std::fs::remove_dir_all(&dir);
+        if existed {
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for entry in entries.flatten() {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         format!("{}: {e}", dir.display())
     })
 }
@@ -611,7 +638,10 @@ mod tests {
             }
             let listed = store.list(Some("dev")).await.unwrap();
             assert_eq!(listed.len(), 3);
-            assert_eq!(store.prune("dev", 2, None).await.unwrap().len(), 1);
+            assert_eq!(
+                store.prune("dev", 2, None, u64::MAX).await.unwrap().len(),
+                1
+            );
             let newest = store.latest("dev").await.unwrap().unwrap();
             assert_eq!(newest.unix_ms, 1_002);
             let bytes = store.get(&newest.name).await.unwrap();
@@ -660,7 +690,10 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(store.latest("dev").await.unwrap().unwrap().name, mine.name);
-            let gone = store.prune("dev", 2, Some(&mine.name)).await.unwrap();
+            let gone = store
+                .prune("dev", 2, Some(&mine.name), u64::MAX)
+                .await
+                .unwrap();
             assert_eq!(gone.len(), 2, "{gone:?}");
             let left: Vec<u64> = store
                 .list(Some("dev"))
@@ -672,7 +705,7 @@ mod tests {
             assert_eq!(left, vec![902, 50]);
             // A clock that ran ahead named one far in the future: the one just written
             // is never deleted, whatever the times say.
-            store
+            let ahead = store
                 .put("dev", 60, 9_999_999, enc.bytes.clone())
                 .await
                 .unwrap();
@@ -680,15 +713,41 @@ mod tests {
                 .put("dev", 61, 3_000, enc.bytes.clone())
                 .await
                 .unwrap();
-            store.prune("dev", 1, Some(&now.name)).await.unwrap();
-            let names: Vec<String> = store
-                .list(Some("dev"))
+            store
+                .prune("dev", 1, Some(&now.name), u64::MAX)
                 .await
-                .unwrap()
-                .into_iter()
-                .map(|b| b.name)
-                .collect();
-            assert!(names.contains(&now.name), "{names:?}");
+                .unwrap();
+            let names = || {
+                let store = store.clone();
+                async move {
+                    store
+                        .list(Some("dev"))
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|b| b.name)
+                        .collect::<Vec<String>>()
+                }
+            };
+            let left = names().await;
+            assert!(left.contains(&now.name), "{left:?}");
+            // Named in the future (past `future_after`): neither counted among the newest
+            // nor deleted, so the real history stays.
+            let later = store
+                .put("dev", 62, 3_500, enc.bytes.clone())
+                .await
+                .unwrap();
+            store
+                .prune("dev", 2, Some(&later.name), 5_000)
+                .await
+                .unwrap();
+            let left = names().await;
+            assert!(
+                left.contains(&ahead.name)
+                    && left.contains(&now.name)
+                    && left.contains(&later.name),
+                "{left:?}"
+            );
             // In parts: 7 parts of 64 bytes and a short one.
             let big: Vec<u8> = (0..64 * 7 + 5).map(|i| (i % 251) as u8).collect();
             let o = store

@@ -338,6 +338,15 @@ impl Hub {
             .is_some_and(|d| now < d)
     }
 
+    /// How long ago the proxy's own session stopped being surely alive (`None` while it
+    /// is, or before it was first renewed).
+    pub fn own_session_lapsed(&self, now: Instant) -> Option<std::time::Duration> {
+        self.own_deadline
+            .lock()
+            .expect("own deadline")
+            .and_then(|d| now.checked_duration_since(d))
+    }
+
     /// The proxy's own session was renewed by a batch sent at `sent`.
     pub fn set_own_renewed(&self, sent: Instant) {
         let mut d = self.own_deadline.lock().expect("own deadline");

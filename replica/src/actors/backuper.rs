@@ -5,9 +5,10 @@
 //! newest `backup.keep` of the cell stay in the store.
 //!
 //! A backup is a copy of the applied state (the state's maps are persistent, so the copy
-//! costs the state lock a few pointer copies), serialized on a thread of its own at the
-//! lowest CPU and I/O priority, then written with one PUT. It does not touch the log or
-//! the replica's own snapshots.
+//! costs the state lock a few pointer copies), then serialized and written (one PUT, or a
+//! multipart upload when large) on a thread of its own at the lowest CPU and I/O
+//! priority, with a client and runtime of its own. It does not touch the log or the
+//! replica's own snapshots.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -193,7 +194,7 @@ impl Inner {
 
     async fn write_inner(&self, started: Instant) -> Result<Taken, String> {
         let copy = self.state.read().expect("state lock").clone();
-        let (store, cell, keep) = (self.store.clone(), self.cell.clone(), self.cfg.keep);
+        let (cfg, cell) = (self.cfg.clone(), self.cell.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Serializing, uploading (the S3 client hashes the whole payload to sign it) and
         // pruning all run on a thread of their own at the lowest priority, with a runtime
@@ -202,7 +203,7 @@ impl Inner {
             .name("backup".into())
             .spawn(move || {
                 crate::actors::snapshotter::lower_priority();
-                let _ = tx.send(upload(copy, store, cell, keep, started));
+                let _ = tx.send(upload(copy, &cfg, cell, started));
             })
             .map_err(|e| format!("backup: no thread to run on: {e}"))?;
         let taken = rx
@@ -221,15 +222,20 @@ struct Uploaded {
     unix_ms: u64,
 }
 
-/// Serializes `copy`, writes it to `store` as `cell`'s newest backup, and prunes the
-/// cell's backups to `keep` (blocking: runs on the backup's own thread).
+/// Serializes `copy`, writes it to the store as `cell`'s newest backup, and prunes the
+/// cell's backups to `cfg.keep` (blocking: runs on the backup's own thread). The store's
+/// client is opened here, so its connections (and the TLS and hashing of the upload) live
+/// on this thread's runtime, not in a pool shared with the actors' arbiter.
 fn upload(
     copy: crate::raft::sm_store::SmState,
-    store: Store,
+    cfg: &BackupConfig,
     cell: String,
-    keep: usize,
     started: Instant,
 ) -> Result<Uploaded, String> {
+    let url = cfg.url.as_deref().ok_or("backup: no store configured")?;
+    let store = Store::open(url, &cfg.options)?;
+    let keep = cfg.keep;
+    let interval_ms = cfg.interval_secs.saturating_mul(1000);
     let enc = crate::backup::encode(&copy)?;
     drop(copy);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -240,7 +246,11 @@ fn upload(
         let unix_ms = unix_ms();
         let bytes = enc.bytes.len() as u64;
         let object = store.put(&cell, enc.index, unix_ms, enc.bytes).await?;
-        let pruned = match store.prune(&cell, keep, Some(&object.name)).await {
+        let future_after = unix_ms.saturating_add(interval_ms);
+        let pruned = match store
+            .prune(&cell, keep, Some(&object.name), future_after)
+            .await
+        {
             Ok(p) => p.len() as u32,
             Err(e) => {
                 // The backup is written; the old ones go at the next.

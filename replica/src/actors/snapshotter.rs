@@ -72,7 +72,7 @@ pub(crate) fn lower_priority() {
             nice,
             io,
             error = %std::io::Error::last_os_error(),
-            "the snapshotter runs at the replica's priority"
+            "a snapshot or backup thread runs at the replica's priority"
         );
     }
 }

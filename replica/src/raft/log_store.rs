@@ -113,10 +113,13 @@ impl RecentFsyncs {
 
     /// How many fsyncs the last one to two minutes hold, and their p99 in µs.
     pub fn p99_us(&self) -> (u64, Option<u64>) {
-        let mut w = self.windows.lock().expect("fsync windows");
-        Self::roll(&mut w);
-        let mut both = w.1.clone();
-        let _ = both.add(&w.2);
+        let (mut both, previous) = {
+            let mut w = self.windows.lock().expect("fsync windows");
+            Self::roll(&mut w);
+            (w.1.clone(), w.2.clone())
+        };
+        // Added outside the lock the log flusher records under.
+        let _ = both.add(&previous);
         let n = both.len();
         (n, (n > 0).then(|| both.value_at_quantile(0.99)))
     }
