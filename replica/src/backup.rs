@@ -29,9 +29,7 @@ use wire::raft::{LogId, SnapshotMeta, StoredMembership};
 use crate::raft::sm_store::{decode_state, SmState};
 use crate::raft::snapshot_file;
 
-/// How the snapshot a restore seeds is named (`snapshot_id`): a replica that starts from
-/// one logs the state's digest ("seeded from a backup").
-pub const SEEDED_ID_PREFIX: &str = "restored-";
+pub use crate::raft::snapshot_file::SEEDED_ID_PREFIX;
 
 /// What a backup object's name ends with.
 pub const OBJECT_SUFFIX: &str = ".lksnap";

@@ -169,7 +169,7 @@ impl SmStore {
             if file
                 .meta
                 .snapshot_id
-                .starts_with(crate::backup::SEEDED_ID_PREFIX)
+                .starts_with(snapshot_file::SEEDED_ID_PREFIX)
             {
                 // Seeded from a backup (`lockctl snapshot restore`): the digest, once, so
                 // a disaster-recovery drill can compare it with the backup's.

@@ -18,6 +18,11 @@ use wire::raft::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"LKSNAP4\n";
 
+/// The `snapshot_id` prefix of a snapshot a restore seeded from a backup
+/// (`crate::backup::seed`): a replica that starts from one logs the state's digest
+/// ("seeded from a backup").
+pub const SEEDED_ID_PREFIX: &str = "restored-";
+
 /// How many snapshot files to keep (the newest plus backups).
 pub const SNAPSHOTS_KEPT: usize = 3;
 
