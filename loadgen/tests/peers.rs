@@ -294,13 +294,16 @@ fn an_uncontended_etcd_acquire_is_one_txn_at_the_servers() {
     let dir = tempfile::tempdir().unwrap();
     let v = run_at("etcd", "0.2", &["acquire"], "acquire", dir.path());
     assert_eq!(v["params"]["clients (sessions, one lock each)"], "4", "{v}");
-    assert_eq!(
-        figure(
-            &v,
-            "client TCP connections to the servers (loadgen's, at the start)"
-        ),
-        3.0,
-        "{v}"
+    // One connection per member; one more for each client that moved on to another
+    // member during the setup (a request timed out on a starved machine).
+    let moves = figure(&v, "etcd clients moved to another member (until the start)");
+    let conns = figure(
+        &v,
+        "client TCP connections to the servers (loadgen's, at the start)",
+    );
+    assert!(
+        (3.0..=3.0 + moves).contains(&conns),
+        "{conns} connections, {moves} moves: {v}"
     );
     let per = |m: &str| {
         figure(

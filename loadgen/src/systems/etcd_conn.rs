@@ -115,6 +115,10 @@ pub fn options() -> etcd_client::ConnectOptions {
         .with_keep_alive_while_idle(false)
 }
 
+/// Times an etcd client of this process moved on to another member ([`EtcdConn::failed`]):
+/// each opens one connection more (`acquire` reports it beside the connections counted).
+pub static MOVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A client of one etcd member at a time, moving on after a failure (see the module).
 pub struct EtcdConn {
     eps: Vec<String>,
@@ -195,6 +199,7 @@ impl EtcdConn {
         if cur.0 == turn {
             cur.0 += 1;
             cur.1 = None;
+            MOVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
