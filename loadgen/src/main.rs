@@ -136,6 +136,10 @@ enum Cmd {
         /// SIGSTOP the leader instead of killing it.
         #[arg(long)]
         freeze: bool,
+        /// How long the writers go on after the kill or freeze, in seconds (default 12
+        /// after a kill, 20 after a freeze: the figures in docs/benchmarks.md).
+        #[arg(long)]
+        after_secs: Option<u64>,
     },
     /// The write ceiling with fsync on, at rising concurrency; reports the knee.
     MaxWrites,
@@ -227,8 +231,14 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "acquire" => Cmd::Acquire,
         "herd" => Cmd::Herd,
         "takeover" => Cmd::Takeover,
-        "failover" => Cmd::Failover { freeze: false },
-        "failover-freeze" => Cmd::Failover { freeze: true },
+        "failover" => Cmd::Failover {
+            freeze: false,
+            after_secs: None,
+        },
+        "failover-freeze" => Cmd::Failover {
+            freeze: true,
+            after_secs: None,
+        },
         "max-writes" => Cmd::MaxWrites,
         "burst" => Cmd::Burst,
         "state" => Cmd::State,
@@ -429,7 +439,14 @@ async fn run_one(
         Cmd::Acquire => scenarios::acquire(&ctx).await,
         Cmd::Herd => scenarios::herd(&ctx).await,
         Cmd::Takeover => scenarios::takeover(&ctx, &std::env::current_exe()?).await,
-        Cmd::Failover { freeze } => scenarios::failover(&ctx, *freeze).await,
+        Cmd::Failover { freeze, after_secs } => {
+            scenarios::failover(
+                &ctx,
+                *freeze,
+                after_secs.map(std::time::Duration::from_secs),
+            )
+            .await
+        }
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,
         Cmd::Abuse => scenarios::abuse(&ctx).await,

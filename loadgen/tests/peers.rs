@@ -323,22 +323,37 @@ fn an_uncontended_etcd_acquire_is_one_txn_at_the_servers() {
 /// the frozen member; ZooKeeper: a session its Rust client gave up on is resumed with its
 /// id and password, as the Java client keeps trying), and the new leader holds every
 /// writer's session at the end, asked by id.
-fn freeze_on(system: &str) -> Option<serde_json::Value> {
+///
+/// ZooKeeper's run goes on 40 s after the freeze, not the benchmark's 20: its followers
+/// notice a frozen leader only after `syncLimit` ticks (10 s), then elect, and its
+/// clients give a connection up before resuming their sessions elsewhere; on the starved
+/// 2-core test run (ours and the scenarios beside it) no write came back within 20 s
+/// once (2026-12-06), sessions intact.
+fn freeze_on(system: &str, after_secs: u64) -> Option<serde_json::Value> {
     if !installed(system) {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
+    let after = after_secs.to_string();
     let v = run_at(
         system,
         "0.2",
-        &["failover", "--freeze"],
+        &["failover", "--freeze", "--after-secs", &after],
         "failover-freeze",
         dir.path(),
     );
     assert_eq!(v["params"]["event"], "leader SIGSTOP", "{v}");
     assert_eq!(v["params"]["writers (sessions, one key each)"], "4", "{v}");
-    // The run goes on for 20 s after the freeze: writes resumed before it ended.
-    assert!(figure(&v, "writes unavailable (s)") < 20.0, "{v}");
+    assert_eq!(
+        v["params"]["run after the event (s)"],
+        after.as_str(),
+        "{v}"
+    );
+    // Writes resumed before the run ended.
+    assert!(
+        figure(&v, "writes unavailable (s)") < after_secs as f64,
+        "{v}"
+    );
     assert_eq!(figure(&v, "sessions lost"), 0.0, "{v}");
     server_confirms_none_lost(&v);
     Some(v)
@@ -346,12 +361,12 @@ fn freeze_on(system: &str) -> Option<serde_json::Value> {
 
 #[test]
 fn a_frozen_etcd_leader_loses_no_lease() {
-    freeze_on("etcd");
+    freeze_on("etcd", 20);
 }
 
 #[test]
 fn a_frozen_zookeeper_leader_loses_no_session_its_client_gave_up_on() {
-    if let Some(v) = freeze_on("zk") {
+    if let Some(v) = freeze_on("zk", 40) {
         // Reported, whether or not a client gave up in this run.
         figure(&v, "sessions resumed after their client gave up");
     }

@@ -89,7 +89,7 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
 /// Writers (and their sessions) while the leader is killed (`kill -9`) or frozen
 /// (SIGSTOP): how long writes fail, and whether any session is lost, as the clients
 /// declared it and as the server confirms it ([`crate::server_sessions`]).
-pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
+pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyhow::Result<Report> {
     let n = ctx.n(16.0, 4);
     let sessions = ctx.sessions(n).await?;
     for (i, s) in sessions.iter().enumerate() {
@@ -97,7 +97,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
     }
     let start = Instant::now();
     let before = Duration::from_secs(3);
-    let after = Duration::from_secs(if freeze { 20 } else { 12 });
+    let after = after.unwrap_or(Duration::from_secs(if freeze { 20 } else { 12 }));
     let stop = Arc::new(AtomicBool::new(false));
     let done: Arc<Mutex<Vec<Instant>>> = Arc::new(Mutex::new(Vec::new()));
     let tasks: Vec<_> = sessions
@@ -182,6 +182,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool) -> anyhow::Result<Report> {
         },
     );
     r.param("leader", &leader);
+    r.param("run after the event (s)", after.as_secs());
     r.latency_failed("write", &lat, failed);
     r.notes.push(
         "write failed: attempts that failed or took over 20 s, each retried after 20 ms \
