@@ -237,13 +237,7 @@ async fn choose(
     );
     // The newest taken, leaving out names more than an hour in the future (a clock that
     // ran ahead) while there is another.
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let sane = listed
-        .iter()
-        .rev()
-        .find(|b| b.unix_ms <= now_ms + 3_600_000);
+    let sane = backup::newest_taken(&listed, backup::unix_ms_now() + 3_600_000);
     sane.or(listed.last()).cloned().ok_or_else(|| {
         anyhow::anyhow!(
             "no backups{} in {}",

@@ -126,6 +126,19 @@ impl BackupObject {
     }
 }
 
+/// The newest of `listed` (as [`Store::list`] orders them) taken at or before `not_after`
+/// (Unix ms): names further ahead are a clock that ran ahead, not the newest backup.
+pub fn newest_taken(listed: &[BackupObject], not_after: u64) -> Option<&BackupObject> {
+    listed.iter().rev().find(|b| b.unix_ms <= not_after)
+}
+
+/// Now, in Unix milliseconds (0 before 1970).
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A store of backups: an object store and the prefix they live under.
 #[derive(Clone)]
 pub struct Store {
@@ -254,11 +267,6 @@ impl Store {
             .collect();
         found.sort_by(|a, b| (&a.cell, a.unix_ms, a.index).cmp(&(&b.cell, b.unix_ms, b.index)));
         Ok(found)
-    }
-
-    /// The newest backup of `cell` (the last taken), if any.
-    pub async fn latest(&self, cell: &str) -> Result<Option<BackupObject>, String> {
-        Ok(self.list(Some(cell)).await?.pop())
     }
 
     /// Writes a backup: one PUT, or above [`MULTIPART_ABOVE`] a multipart upload in
@@ -640,7 +648,8 @@ mod tests {
                 store.prune("dev", 2, None, u64::MAX).await.unwrap().len(),
                 1
             );
-            let newest = store.latest("dev").await.unwrap().unwrap();
+            let listed = store.list(Some("dev")).await.unwrap();
+            let newest = newest_taken(&listed, u64::MAX).unwrap();
             assert_eq!(newest.unix_ms, 1_002);
             let bytes = store.get(&newest.name).await.unwrap();
             let back = verify(&bytes, &newest.name).unwrap();
@@ -687,7 +696,9 @@ mod tests {
                 .put("dev", 50, 2_000, enc.bytes.clone())
                 .await
                 .unwrap();
-            assert_eq!(store.latest("dev").await.unwrap().unwrap().name, mine.name);
+            let listed = store.list(Some("dev")).await.unwrap();
+            assert_eq!(newest_taken(&listed, u64::MAX).unwrap().name, mine.name);
+            assert_eq!(newest_taken(&listed, 1_999).unwrap().index, 902);
             let gone = store
                 .prune("dev", 2, Some(&mine.name), u64::MAX)
                 .await

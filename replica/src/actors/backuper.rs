@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use actix::{Actor, AsyncContext, Context, Handler, ResponseFuture, WrapFuture};
 use wire::error::Error;
@@ -107,12 +107,6 @@ fn check_every(interval: Duration) -> Duration {
     interval.clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Inner {
     fn leading(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
@@ -135,16 +129,12 @@ impl Inner {
             }
         };
         let interval_ms = self.cfg.interval_secs.saturating_mul(1000);
-        let now = unix_ms();
+        let now = crate::backup::unix_ms_now();
         // The newest taken, leaving out any named more than an interval in the future (a
         // clock that ran ahead, here or on the replica that wrote it): such a name does
         // not hold backups back.
-        let newest_ms = listed
-            .iter()
-            .map(|b| b.unix_ms)
-            .filter(|t| *t <= now.saturating_add(interval_ms))
-            .max()
-            .unwrap_or(0);
+        let newest_ms = crate::backup::newest_taken(&listed, now.saturating_add(interval_ms))
+            .map_or(0, |b| b.unix_ms);
         self.stats
             .newest_unix_secs
             .fetch_max(newest_ms / 1000, Ordering::Relaxed);
@@ -243,7 +233,7 @@ fn upload(
         .build()
         .map_err(|e| format!("backup: no runtime: {e}"))?;
     rt.block_on(async move {
-        let unix_ms = unix_ms();
+        let unix_ms = crate::backup::unix_ms_now();
         let bytes = enc.bytes.len() as u64;
         let object = store.put(&cell, enc.index, unix_ms, enc.bytes).await?;
         let future_after = unix_ms.saturating_add(interval_ms);

@@ -290,7 +290,6 @@ fn flusher(
         let result = sync();
         let took = started.elapsed();
         stats.fsync_seconds.observe(took.as_secs_f64());
-        stats.recent.record(took);
         stats.appends_per_fsync.observe(waiting.len() as f64);
         if took > SLOW_FSYNC {
             tracing::warn!(
@@ -304,6 +303,8 @@ fn flusher(
         for complete in waiting {
             complete(result.clone().map_err(std::io::Error::other));
         }
+        // After the appends are completed: its lock is shared with status requests.
+        stats.recent.record(took);
     }
 }
 
