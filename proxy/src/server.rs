@@ -363,6 +363,9 @@ impl Proxy {
             Op::StateDigest => Err(Error::BadRequest {
                 reason: "StateDigest is answered by replicas; this is a proxy".into(),
             }),
+            Op::Leadership => Err(Error::BadRequest {
+                reason: "Leadership is answered by replicas; this is a proxy".into(),
+            }),
             Op::Events => Err(Error::BadRequest {
                 reason: "Events needs its own stream".into(),
             }),

@@ -13,6 +13,9 @@ use crate::types::ReplicaId;
 /// of two builds would apply one entry into two different states, so they refuse each
 /// other; 7 since [`crate::types::Status`] has `peer_certificate_checks`; 8 since
 /// [`crate::types::Op::Sessions`]; 9 since [`crate::types::Op::Backup`].
+/// [`crate::types::Op::Leadership`] came after 9 without a bump: only clients send it,
+/// only to find a new leader faster, and a replica of an older build cannot decode it
+/// (it answers `Malformed`), which a client takes as no answer.
 pub const PROTOCOL_VERSION: u32 = 9;
 
 /// ALPN for client (and proxy) connections to a replica.

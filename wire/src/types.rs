@@ -539,6 +539,11 @@ pub enum Op {
     /// leader once the object is written; the replicas' `[backup]` configuration names
     /// the store). Reply: [`Reply::BackupTaken`].
     Backup,
+    /// Who leads, as the answering replica sees it: its term, its role and the leader it
+    /// knows. Answered by every replica at once from its Raft state (no quorum, no
+    /// lock), so a client whose leader fell silent can ask the others whether one of them
+    /// leads now; a proxy answers `BadRequest`. Reply: [`Reply::Leadership`].
+    Leadership,
 }
 
 /// The most sessions one [`Op::Sessions`] answer lists.
@@ -572,6 +577,7 @@ impl Op {
         match self {
             Op::Sessions { .. } => "Sessions",
             Op::Backup => "Backup",
+            Op::Leadership => "Leadership",
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
             Op::KeepAliveBatch { .. } => "KeepAliveBatch",
@@ -863,6 +869,18 @@ pub enum Reply {
         total_ms: u64,
         /// Older backups deleted by retention.
         pruned: u32,
+    },
+    /// Answer to [`Op::Leadership`]: the answering replica's view, which may be stale (a
+    /// replica cut off from the others keeps the last leader it knew, at its term).
+    Leadership {
+        /// The replica that answered.
+        id: ReplicaId,
+        /// Its current Raft term.
+        term: u64,
+        /// Whether it is the leader of that term now.
+        leading: bool,
+        /// The leader it knows of in that term, if any (itself when `leading`).
+        leader: Option<ReplicaId>,
     },
 }
 

@@ -31,6 +31,12 @@ pub struct ClientConfig {
     /// How long a connection attempt (QUIC handshake and hello) may take (default 1 s): a
     /// dead replica is skipped quickly instead of holding up the request.
     pub connect_timeout: Duration,
+    /// How long a probe of a silent server may go unanswered before its connection is
+    /// given up and its requests move on (default 1 s). A request's server is probed once
+    /// nothing at all has arrived from it for a second; meanwhile the client asks the
+    /// cell's other replicas who leads, and moves to one that leads in the newest term
+    /// they report without waiting for the probe (see `docs/client.md`, "Fail-over").
+    pub probe_timeout: Duration,
     /// How long a session in jeopardy keeps trying to reach the cell before it gives up
     /// and reports itself expired (Chubby's grace period; default 45 s).
     pub grace_period: Duration,
@@ -112,6 +118,7 @@ impl ClientConfig {
             request_timeout: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),
             connect_timeout: Duration::from_secs(1),
+            probe_timeout: Duration::from_secs(1),
             grace_period: GRACE_PERIOD,
             cache_entries_max: 10_000,
             cache_bytes_max: 64 * 1024 * 1024,

@@ -12,7 +12,8 @@
 //! - `batchers`: KeepAlives and invalidation acknowledgements of a client's sessions that
 //!   fall due together travel as one RPC (`KeepAliveBatch`, `AckInvalidationsBatch`).
 //! - `liveness`: when each connection last heard anything, and the probe that gives a
-//!   silent peer up after two seconds instead of QUIC's idle timeout.
+//!   silent peer up after two seconds instead of QUIC's idle timeout, or as soon as
+//!   another replica leads in a newer term ([`Client::newer_leader`]).
 //!
 //! Sessions are built on a client (see `crate::session`, which opens them); this module
 //! knows nothing of sessions beyond counting their places (`SessionSlot`). A client
@@ -36,7 +37,7 @@ mod liveness;
 
 use batchers::{ack_batcher, keepalive_batcher, KeepAliveWaiter, PendingAck};
 pub use config::{ClientConfig, SESSIONS_PER_CLIENT_MAX};
-use liveness::{presumed_dead, watch_heard, Heard, SILENCES_QUEUED};
+use liveness::{presumed_dead, watch_heard, Heard, Verdict, SILENCES_QUEUED};
 
 struct Inner {
     cfg: ClientConfig,
@@ -56,6 +57,9 @@ struct Inner {
     silences: tokio::sync::broadcast::Sender<SocketAddr>,
     /// Endpoints whose connection a probe just gave up, until when they are skipped.
     silenced: std::sync::Mutex<HashMap<SocketAddr, (Instant, Error)>>,
+    /// Searches for a newer leader by (connection, start of its silence): when each
+    /// started and its outcome once done (see [`Client::search`]).
+    searches: std::sync::Mutex<HashMap<(usize, Instant), (Instant, Search)>>,
     /// Sessions open (or opening) on this client, each holding a [`SessionSlot`].
     sessions: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -141,6 +145,50 @@ fn tls_refusal(code: quinn::TransportErrorCode) -> bool {
 /// How long a first dial may go unanswered before the next endpoint is dialed beside it
 /// ([`Client::reachable_first`]).
 const DIAL_STAGGER: Duration = Duration::from_millis(150);
+
+/// How often [`Client::newer_leader`] asks the other replicas who leads while a request
+/// waits on a silent one: a new leader is found at most this long after it was elected.
+const SEARCH_EVERY: Duration = Duration::from_millis(100);
+
+/// How long into a call the replicas' `NotLeader` answers are taken for an election
+/// under way (followers wait 1.5-2 s of silence before they stand, and a split vote
+/// costs another timeout), and looked at again every [`ELECTION_POLL`].
+const ELECTION_WINDOW: Duration = Duration::from_secs(4);
+
+/// The pause between passes over the endpoints while each answers that it does not
+/// lead ([`Client::call`]).
+const ELECTION_POLL: Duration = Duration::from_millis(100);
+
+/// How long a search's outcome is kept after its probe timeout (for the requests that
+/// ask for it late).
+const SEARCHES_KEPT: Duration = Duration::from_secs(5);
+
+/// How long one replica's answer to [`Op::Leadership`] may take once connected.
+const SEARCH_ANSWER_WITHIN: Duration = Duration::from_millis(250);
+
+/// A search's outcome: `None` while it runs, then the new leader it found, if any.
+type Search = tokio::sync::watch::Receiver<Option<Option<SocketAddr>>>;
+
+/// One replica's answer to [`Op::Leadership`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LeadershipAnswer {
+    addr: SocketAddr,
+    term: u64,
+    leading: bool,
+}
+
+/// The replica among `answers` that leads in the newest term any of them reports, if one
+/// does. Raft elects at most one leader per term, so a replica leading in that term is
+/// the cell's leader now, unless a replica this client did not hear from has already
+/// moved to a later one; a replica still leading in an older term (cut off from the
+/// others, not yet told) is passed over as long as one answer names a later term.
+fn newest_leader(answers: &[LeadershipAnswer]) -> Option<SocketAddr> {
+    let newest = answers.iter().map(|a| a.term).max()?;
+    answers
+        .iter()
+        .find(|a| a.term == newest && a.leading)
+        .map(|a| a.addr)
+}
 
 /// The leader a client last reached. Its watchers (the sessions' event streams) wake only
 /// when it changes, not on every request that confirms it.
@@ -245,6 +293,7 @@ impl Client {
             acks,
             silences: tokio::sync::broadcast::channel(SILENCES_QUEUED).0,
             silenced: std::sync::Mutex::new(HashMap::default()),
+            searches: std::sync::Mutex::new(HashMap::default()),
             sessions: Arc::default(),
         });
         wire::rt::spawn(keepalive_batcher(Arc::downgrade(&inner), rx));
@@ -424,15 +473,33 @@ impl Client {
             };
             // Every request probes, KeepAlives too: one that waits at a proxy for its
             // next batch makes the probe ask the proxy, which answers at once.
-            let probe = presumed_dead(&conn, &heard, || {
-                // Nobody listening is fine: the announcement is advisory.
-                let _ = self.inner.silences.send(addr);
-            });
+            let probe = presumed_dead(
+                &conn,
+                &heard,
+                self.inner.cfg.probe_timeout,
+                || {
+                    // Nobody listening is fine: the announcement is advisory.
+                    let _ = self.inner.silences.send(addr);
+                },
+                |silence| self.search(addr, &conn, silence),
+            );
             tokio::select! {
                 r = work => r,
-                _ = probe => {
-                    let e = conn_err(format!("{addr}: no answer to a probe; presumed dead"));
+                verdict = probe => {
+                    let e = match verdict {
+                        Verdict::Dead => {
+                            conn_err(format!("{addr}: no answer to a probe; presumed dead"))
+                        }
+                        Verdict::Superseded(leader) => conn_err(format!(
+                            "{addr}: silent, and {leader} leads in the newest term the replicas report"
+                        )),
+                    };
                     self.silenced(addr, &e);
+                    if let Verdict::Superseded(leader) = verdict {
+                        // After `silenced`, which forgot `addr` as the leader: the retry
+                        // (and the sessions' event streams) go to the new one first.
+                        self.inner.leader.set(leader);
+                    }
                     // Every request waiting on it fails now and is retried elsewhere (with
                     // its request id), instead of waiting for QUIC's idle timeout.
                     conn.close(0u32.into(), b"peer silent");
@@ -454,6 +521,131 @@ impl Client {
                 what: format!("answer from {addr}"),
                 after_ms: t.as_millis() as u64,
             }),
+        }
+    }
+
+    /// The outcome of the search for a newer leader ([`Client::newer_leader`]) while
+    /// `conn` (to `addr`) is silent since `silence`: one search per silence of a
+    /// connection, run as a task of its own and shared by every request waiting on it
+    /// (a proxy has hundreds waiting on its leader), which each await its outcome.
+    async fn search(
+        &self,
+        addr: SocketAddr,
+        conn: &quinn::Connection,
+        silence: Instant,
+    ) -> Option<SocketAddr> {
+        let key = (conn.stable_id(), silence);
+        let mut outcome = {
+            let mut searches = self.inner.searches.lock().expect("searches lock");
+            // Older silences' outcomes are of no use any more (a search lasts about a
+            // probe timeout).
+            let kept = self.inner.cfg.probe_timeout + SEARCHES_KEPT;
+            searches.retain(|_, (started, _)| started.elapsed() < kept);
+            searches
+                .entry(key)
+                .or_insert_with(|| {
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    let (client, conn) = (self.clone(), conn.clone());
+                    wire::rt::spawn(async move {
+                        let found = client.newer_leader(addr, &conn).await;
+                        let _ = tx.send(Some(found));
+                    });
+                    (Instant::now(), rx)
+                })
+                .1
+                .clone()
+        };
+        let found = outcome.wait_for(Option::is_some).await;
+        found.ok().and_then(|f| f.flatten())
+    }
+
+    /// Looks for a replica other than `silent` (whose connection `conn` has gone quiet
+    /// while requests wait on it) that leads now: asks every other replica endpoint who
+    /// leads ([`Op::Leadership`]) every [`SEARCH_EVERY`], and returns the endpoint of one
+    /// that says it leads in a term no answer of the same round exceeds
+    /// ([`newest_leader`]). A cell elects only after its followers heard nothing from the
+    /// old leader for their election timeout, so the new leader's answer is the earliest
+    /// sign of a fail-over the client can have; the probe alone would give the old
+    /// connection up only [`ClientConfig::probe_timeout`] after the silence began,
+    /// however soon the cell elected. `None` if `silent` is a proxy (a proxy's own
+    /// fail-over is the probe's to decide), if there is no other endpoint, as soon as
+    /// `conn` receives anything again or closes, or once the rounds a probe can last are
+    /// done.
+    async fn newer_leader(
+        &self,
+        silent: SocketAddr,
+        conn: &quinn::Connection,
+    ) -> Option<SocketAddr> {
+        let received = conn.stats().udp_rx.datagrams;
+        let proxies = self.inner.proxies.lock().expect("proxies lock").clone();
+        // Directory instances and proxies have no leader to find.
+        if self.inner.cfg.directory || proxies.contains(&silent) {
+            return None;
+        }
+        let others: Vec<SocketAddr> = self
+            .inner
+            .addrs
+            .iter()
+            .copied()
+            .filter(|a| *a != silent && !proxies.contains(a))
+            .collect();
+        if others.is_empty() {
+            return None;
+        }
+        let rounds = self.inner.cfg.probe_timeout.as_millis() / SEARCH_EVERY.as_millis() + 1;
+        for _ in 0..rounds {
+            if conn.close_reason().is_some() || conn.stats().udp_rx.datagrams != received {
+                return None;
+            }
+            let next = Instant::now() + SEARCH_EVERY;
+            let answers =
+                futures::future::join_all(others.iter().map(|a| self.ask_leadership(*a))).await;
+            let answers: Vec<_> = answers.into_iter().flatten().collect();
+            if let Some(leader) = newest_leader(&answers) {
+                return Some(leader);
+            }
+            tokio::time::sleep_until(next).await;
+        }
+        None
+    }
+
+    /// `addr`'s answer to [`Op::Leadership`]: its term and whether it leads, or `None`
+    /// (not connected yet, unreachable, no answer within [`SEARCH_ANSWER_WITHIN`], a
+    /// proxy's refusal, a replica of an older build). An endpoint without an open
+    /// connection is dialed in the background, with its connect timeout (cut shorter, a
+    /// slow handshake would be started over in every round and never finish).
+    async fn ask_leadership(&self, addr: SocketAddr) -> Option<LeadershipAnswer> {
+        if !self.has_connection(addr) {
+            // Dialed in the background and asked in a later round once connected: a
+            // replica that is down or cut off would hold every round up for its connect
+            // timeout, as long as the probe itself waits.
+            if !self.failed_lately(addr) {
+                let client = self.clone();
+                wire::rt::spawn(async move {
+                    let _ = client.connection(addr).await;
+                });
+            }
+            return None;
+        }
+        let conn = self.connection(addr).await.ok()?;
+        let ask = async {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+            frame::write(
+                &mut send,
+                &sessionless(Op::Leadership),
+                CLIENT_FRAME_BYTES_MAX,
+            )
+            .await?;
+            let _ = send.finish();
+            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
+        };
+        match tokio::time::timeout(SEARCH_ANSWER_WITHIN, ask).await {
+            Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {
+                addr,
+                term,
+                leading,
+            }),
+            _ => None,
         }
     }
 
@@ -586,6 +778,8 @@ impl Client {
             let mut redirected = false;
             // Endpoints tried in this pass, and how many of them refused the handshake.
             let (mut tried, mut refused) = (0usize, 0usize);
+            // Whether a replica answered in this pass that it does not lead.
+            let mut not_leader = false;
             for addr in self.reachable_first(self.candidates(), deadline).await {
                 if Instant::now() >= deadline {
                     break;
@@ -597,6 +791,7 @@ impl Client {
                     .lock()
                     .expect("proxies lock")
                     .contains(&addr);
+                let hint_before = self.inner.leader.get();
                 let r = match self.attempt(addr, &req, Some(deadline)).await {
                     // A proxy that answers "timed out" is alive and retries the cell with
                     // the same request id itself: stay with it. Moving on would move every
@@ -619,6 +814,7 @@ impl Client {
                         leader_addr: Some(hint),
                         leader_id,
                     }) => {
+                        not_leader = true;
                         if let Some(h) = hint_addr(&hint).await {
                             // A hint at an endpoint that just failed (the dead leader, named
                             // by followers until they elect another) is kept but not
@@ -647,7 +843,20 @@ impl Client {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
                         }
-                        last_err = Some(e)
+                        last_err = Some(e);
+                        // The attempt itself found the leader elsewhere (a silent leader
+                        // superseded by a newer one, which it set as the hint): go there
+                        // next, not down the list. Only a hint this attempt changed, to
+                        // an endpoint not failed lately: a hint kept from before (the
+                        // dead leader the followers name) would be followed round and
+                        // round without a pause.
+                        let hint = self.inner.leader.get();
+                        if hint != hint_before
+                            && hint.is_some_and(|l| l != addr && !self.failed_lately(l))
+                        {
+                            redirected = true;
+                            break;
+                        }
                     }
                     Err(e) => return Err(e),
                 }
@@ -661,7 +870,18 @@ impl Client {
             }
             if !redirected {
                 attempt += 1;
-                let backoff = Duration::from_millis((50 * u64::from(attempt)).min(500));
+                // A replica answered that it does not lead: the cell is electing, or its
+                // leader is one this client cannot reach (just killed). The replicas name
+                // the new leader as soon as it is elected; a growing backoff would find it
+                // up to half a second later. Past an election's length (a cell without a
+                // quorum), the backoff grows as for any error, so clients do not keep a
+                // leaderless cell busy.
+                let not_leader = not_leader || matches!(last_err, Some(Error::NotLeader { .. }));
+                let backoff = if not_leader && started.elapsed() < ELECTION_WINDOW {
+                    ELECTION_POLL
+                } else {
+                    Duration::from_millis((50 * u64::from(attempt)).min(500))
+                };
                 let left = deadline.saturating_duration_since(Instant::now());
                 tokio::time::sleep(backoff.min(left)).await;
             }
@@ -1102,7 +1322,35 @@ async fn hint_addr(hint: &str) -> Option<SocketAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::{hint_addr, tls_refusal};
+    use super::{hint_addr, newest_leader, tls_refusal, LeadershipAnswer};
+
+    /// A replica leading in the newest term reported is the new leader; one leading in an
+    /// older term (cut off, not yet told) is not, nor is anyone while the newest term has
+    /// no leader yet (an election under way).
+    #[test]
+    fn the_new_leader_leads_in_the_newest_term_reported() {
+        let a = |port: u16, term: u64, leading: bool| LeadershipAnswer {
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            term,
+            leading,
+        };
+        assert_eq!(newest_leader(&[]), None);
+        // Followers of the silent leader, still in its term: nothing newer.
+        assert_eq!(newest_leader(&[a(1, 4, false), a(2, 4, false)]), None);
+        // A candidate in term 5, no leader yet.
+        assert_eq!(newest_leader(&[a(1, 4, false), a(2, 5, false)]), None);
+        // Elected in term 5.
+        assert_eq!(
+            newest_leader(&[a(1, 4, false), a(2, 5, true), a(3, 5, false)]),
+            Some(a(2, 5, true).addr)
+        );
+        // A stale leader of term 3 beside a follower of term 4.
+        assert_eq!(newest_leader(&[a(1, 3, true), a(2, 4, false)]), None);
+        assert_eq!(
+            newest_leader(&[a(1, 3, true), a(2, 4, false), a(3, 4, true)]),
+            Some(a(3, 4, true).addr)
+        );
+    }
 
     /// A leader hint is an address, or a name resolved to an IPv4 address (members named
     /// as a StatefulSet's are); what is neither gives no hint, without waiting. Only

@@ -318,20 +318,22 @@ async fn client_via_relay_first(cell: &Relayed, path: &str, data: Vec<u8>) -> Cl
     panic!("no read through the relay in 10 tries");
 }
 
-/// A connection the SDK gives up after an unanswered probe counts as a recent failure of
-/// its endpoint: a request made just after moves to the next endpoint at once, instead
-/// of first spending the connect timeout (1 s) on a handshake with the peer that was
-/// silent a moment ago (after a leader's kill, three of four proxies lost that second
-/// reopening their event streams). The client knows the one replica by two endpoints,
-/// the stalled relay first. A read of a missing node, given up at the relay and refused
-/// at the replica, leaves the client without a leader; the next read starts again with
-/// the relay and must be answered within half a second (it took 1 s).
+/// A connection the SDK gives up while its peer is silent counts as a recent failure of
+/// its endpoint: a request made just after does not spend the connect timeout (1 s) on a
+/// handshake with the peer that was silent a moment ago (after a leader's kill, three of
+/// four proxies lost that second reopening their event streams). The client knows the
+/// one replica by two endpoints, the stalled relay first. A read of a missing node
+/// waits at the silent relay until the client, asking its other endpoint who leads,
+/// hears that the replica there leads (it is the same replica): the relay is given up,
+/// the read is refused by the replica, and the client's leader is the direct endpoint.
+/// A request to the relay then fails at once, and the next read is answered within half
+/// a second (it took 1 s when the relay was dialed again first).
 #[test]
 fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
     let _g = serial();
     let rt = rt();
     let cell = Relayed::start(&rt, 1_000, "info");
-    let took = rt.block_on(async {
+    let (refused_in, took) = rt.block_on(async {
         // No session on this client: nothing but the test's reads goes through it.
         let c = client_via_relay_first(&cell, "/x", Vec::new()).await;
         cell.pause(true);
@@ -339,14 +341,45 @@ fn a_connection_given_up_after_a_probe_is_not_dialed_again_at_once() {
             Err(Error::NoNode { .. }) => {}
             other => panic!("expected NoNode from the replica, got {other:?}"),
         }
-        assert_eq!(c.leader_hint(), None, "a refusal names no leader");
+        assert_eq!(
+            c.leader_hint(),
+            Some(cell.replica),
+            "the replica leads, asked at its own address"
+        );
+        let started = Instant::now();
+        let at_relay = c
+            .call_at(
+                cell.relay_addr,
+                &wire::types::Request {
+                    session: 0,
+                    request_id: 0,
+                    ack_below: 0,
+                    op: wire::types::Op::Exists {
+                        path: "/x".into(),
+                        watch: false,
+                    },
+                },
+            )
+            .await;
+        assert!(
+            matches!(at_relay, Err(Error::Connection { .. })),
+            "{at_relay:?}"
+        );
+        let refused_in = started.elapsed();
         let started = Instant::now();
         c.get("/x")
             .await
             .expect("answered through the second endpoint");
-        started.elapsed()
+        (refused_in, started.elapsed())
     });
-    println!("FIGURE sdk: a read just after its endpoint was given up answered in {took:?}");
+    println!(
+        "FIGURE sdk: a request to the endpoint given up a moment ago refused in \
+         {refused_in:?}; a read answered in {took:?}"
+    );
+    assert!(
+        refused_in < Duration::from_millis(500),
+        "a request to the endpoint given up a moment ago took {refused_in:?}: it was dialed"
+    );
     assert!(
         took < Duration::from_millis(500),
         "the read took {took:?}: the endpoint given up a moment ago was dialed again first"

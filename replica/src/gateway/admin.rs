@@ -189,6 +189,19 @@ impl Gateway {
         })
     }
 
+    /// Who leads, as this replica sees it ([`Op::Leadership`]): read from the Raft
+    /// metrics alone, so it costs no actor round trip, lock or quorum.
+    pub fn leadership(&self) -> Reply {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        Reply::Leadership {
+            id: self.id,
+            term: m.current_term,
+            leading: m.state == openraft::ServerState::Leader,
+            leader: m.current_leader,
+        }
+    }
+
     /// This replica's view of the cell.
     pub async fn status(&self) -> Status {
         self.status_with(true).await.0

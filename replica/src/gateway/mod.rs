@@ -373,6 +373,7 @@ impl Gateway {
                 | Op::KeepAliveBatch { .. }
                 | Op::AckInvalidations { .. }
                 | Op::AckInvalidationsBatch { .. }
+                | Op::Leadership
         ) {
             return Ok(None);
         }
@@ -540,6 +541,7 @@ impl Gateway {
             Op::CachedGet { path } => self.cached_get(&req, &me, &path).await,
             // The cell itself (admin.rs).
             Op::Status => Ok(Reply::Status(self.status().await)),
+            Op::Leadership => Ok(self.leadership()),
             Op::ProxyStatus => Err(Error::BadRequest {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),
