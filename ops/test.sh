@@ -9,9 +9,14 @@ cd "$(dirname "$0")/.."
 # Property tests draw from a fixed seed here so a run replays exactly; plain `cargo test`
 # draws a fresh one each time (how to explore: docs/testing.md).
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261201}"
+# Each step's end, in seconds since the start, on stderr: where a slow run spent its time
+# (docs/testing.md, "How long the test command takes").
+step() { echo "ops/test.sh: $1 done at ${SECONDS} s" >&2; }
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+step "clippy"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p wire -p client-sdk --features wire/server -q
+step "rustdoc"
 # The alerting rules and the dashboard, with the real promtool (apt-get install -y
 # prometheus): rules parse, their unit tests pass, every dashboard query parses.
 ./ops/monitoring/check.sh
@@ -48,15 +53,21 @@ targets=$(cargo metadata --no-deps --format-version 1 | jq -r '
 # every failure (CI shows only a part of the output).
 # The proxy's KeepAlive soak runs 30 s here (2.5 leases; 60 s by default by hand).
 # shellcheck disable=SC2086 # one argument per target, names have no spaces
+cargo test --workspace --lib --bins --examples $targets --no-run
+step "the build of the tests"
+# shellcheck disable=SC2086
 PROXY_SOAK_SECS="${PROXY_SOAK_SECS:-30}" \
   cargo test --no-fail-fast --workspace --lib --bins --examples $targets -- --nocapture
+step "the test binaries"
 cargo test --workspace --doc
+step "the doc tests"
 # loadgen's runs against our cell (tests/scenarios.rs) and against etcd and ZooKeeper
 # (tests/peers.rs) side by side: each run starts its own cluster on ports it finds free,
 # most of their time is spent waiting out leases, and they check behaviour with wide
 # margins, not speed. Together they take about as long as the longer of the two
 # (docs/testing.md, "How long the test command takes").
 cargo test --workspace --test scenarios --test peers --no-run
+step "the build of loadgen's runs"
 logs=$(mktemp -d)
 cargo test --workspace --test scenarios -- --nocapture >"$logs/scenarios.log" 2>&1 &
 ours=$!
@@ -71,6 +82,7 @@ wait "$ours" || ours_rc=$?
 wait "$peers" || peers_rc=$?
 cat "$logs/scenarios.log" "$logs/peers.log"
 rm -rf "$logs"
+step "loadgen's runs"
 if [ "$ours_rc" != 0 ] || [ "$peers_rc" != 0 ]; then
   echo "loadgen's runs failed: tests/scenarios.rs exit $ours_rc, tests/peers.rs exit $peers_rc" >&2
   exit 1
