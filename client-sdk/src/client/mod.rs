@@ -150,13 +150,14 @@ const DIAL_STAGGER: Duration = Duration::from_millis(150);
 /// waits on a silent one: a new leader is found at most this long after it was elected.
 const SEARCH_EVERY: Duration = Duration::from_millis(100);
 
-/// How long into a call the replicas' `NotLeader` answers are taken for an election
-/// under way (followers wait 1.5-2 s of silence before they stand, and a split vote
-/// costs another timeout), and looked at again every [`ELECTION_POLL`].
+/// How long after a call's first `NotLeader` answer the replicas' `NotLeader` answers
+/// are taken for an election under way (followers wait 1.5-2 s of silence before they
+/// stand, and a split vote costs another timeout), and looked at again every
+/// [`ELECTION_POLL`].
 const ELECTION_WINDOW: Duration = Duration::from_secs(4);
 
-/// The pause between passes over the endpoints while each answers that it does not
-/// lead ([`Client::call`]).
+/// The pause between passes over the endpoints in which a replica answered that it
+/// does not lead ([`Client::call`]).
 const ELECTION_POLL: Duration = Duration::from_millis(100);
 
 /// How long a search's outcome is kept after its probe timeout (for the requests that
@@ -463,8 +464,23 @@ impl Client {
         req: &Request,
         deadline: Option<Instant>,
     ) -> Result<Response, Error> {
+        self.attempt_finding(addr, req, deadline).await.0
+    }
+
+    /// [`Client::attempt`], and the leader its search found if it gave `addr` up for
+    /// one ([`Verdict::Superseded`]): the one hint a call follows at once after a
+    /// connection-level failure.
+    async fn attempt_finding(
+        &self,
+        addr: SocketAddr,
+        req: &Request,
+        deadline: Option<Instant>,
+    ) -> (Result<Response, Error>, Option<SocketAddr>) {
         let attempt = async {
-            let (conn, heard) = self.connection_heard(addr).await?;
+            let (conn, heard) = match self.connection_heard(addr).await {
+                Ok(c) => c,
+                Err(e) => return (Err(e), None),
+            };
             let work = async {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
                 frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
@@ -484,7 +500,7 @@ impl Client {
                 |silence| self.search(addr, &conn, silence),
             );
             tokio::select! {
-                r = work => r,
+                r = work => (r, None),
                 verdict = probe => {
                     let e = match verdict {
                         Verdict::Dead => {
@@ -495,7 +511,11 @@ impl Client {
                         )),
                     };
                     self.silenced(addr, &e);
-                    if let Verdict::Superseded(leader) = verdict {
+                    let found = match verdict {
+                        Verdict::Superseded(leader) => Some(leader),
+                        Verdict::Dead => None,
+                    };
+                    if let Some(leader) = found {
                         // After `silenced`, which forgot `addr` as the leader: the retry
                         // (and the sessions' event streams) go to the new one first.
                         self.inner.leader.set(leader);
@@ -503,7 +523,7 @@ impl Client {
                     // Every request waiting on it fails now and is retried elsewhere (with
                     // its request id), instead of waiting for QUIC's idle timeout.
                     conn.close(0u32.into(), b"peer silent");
-                    Err(e)
+                    (Err(e), found)
                 }
             }
         };
@@ -517,10 +537,13 @@ impl Client {
         };
         match tokio::time::timeout(t, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                what: format!("answer from {addr}"),
-                after_ms: t.as_millis() as u64,
-            }),
+            Err(_) => (
+                Err(Error::Timeout {
+                    what: format!("answer from {addr}"),
+                    after_ms: t.as_millis() as u64,
+                }),
+                None,
+            ),
         }
     }
 
@@ -627,8 +650,9 @@ impl Client {
             }
             return None;
         }
-        let conn = self.connection(addr).await.ok()?;
         let ask = async {
+            // Connected a moment ago; under the timeout in case it closed since.
+            let conn = self.connection(addr).await?;
             let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
             frame::write(
                 &mut send,
@@ -774,6 +798,8 @@ impl Client {
         let mut last_err = None;
         let mut attempt = 0u32;
         let started = Instant::now();
+        // When a replica first answered this call that it does not lead.
+        let mut first_not_leader: Option<Instant> = None;
         while Instant::now() < deadline {
             let mut redirected = false;
             // Endpoints tried in this pass, and how many of them refused the handshake.
@@ -791,8 +817,8 @@ impl Client {
                     .lock()
                     .expect("proxies lock")
                     .contains(&addr);
-                let hint_before = self.inner.leader.get();
-                let r = match self.attempt(addr, &req, Some(deadline)).await {
+                let (r, found) = self.attempt_finding(addr, &req, Some(deadline)).await;
+                let r = match r {
                     // A proxy that answers "timed out" is alive and retries the cell with
                     // the same request id itself: stay with it. Moving on would move every
                     // session of this client (and their event streams) to another proxy,
@@ -843,17 +869,16 @@ impl Client {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
                         }
+                        // A replica electing (or that knows no leader) answers NotLeader
+                        // without a hint.
+                        not_leader |= matches!(e, Error::NotLeader { .. });
                         last_err = Some(e);
-                        // The attempt itself found the leader elsewhere (a silent leader
-                        // superseded by a newer one, which it set as the hint): go there
-                        // next, not down the list. Only a hint this attempt changed, to
-                        // an endpoint not failed lately: a hint kept from before (the
-                        // dead leader the followers name) would be followed round and
-                        // round without a pause.
-                        let hint = self.inner.leader.get();
-                        if hint != hint_before
-                            && hint.is_some_and(|l| l != addr && !self.failed_lately(l))
-                        {
+                        // This attempt's own search found the leader elsewhere (a silent
+                        // leader superseded by a newer one): go there next, not down the
+                        // list. Only that: a hint kept from before (the dead leader the
+                        // followers name) or set by concurrent calls would be followed
+                        // round and round without a pause.
+                        if found.is_some_and(|l| l != addr && !self.failed_lately(l)) {
                             redirected = true;
                             break;
                         }
@@ -876,8 +901,12 @@ impl Client {
                 // up to half a second later. Past an election's length (a cell without a
                 // quorum), the backoff grows as for any error, so clients do not keep a
                 // leaderless cell busy.
-                let not_leader = not_leader || matches!(last_err, Some(Error::NotLeader { .. }));
-                let backoff = if not_leader && started.elapsed() < ELECTION_WINDOW {
+                if not_leader {
+                    first_not_leader.get_or_insert_with(Instant::now);
+                }
+                let electing =
+                    not_leader && first_not_leader.is_some_and(|t| t.elapsed() < ELECTION_WINDOW);
+                let backoff = if electing {
                     ELECTION_POLL
                 } else {
                     Duration::from_millis((50 * u64::from(attempt)).min(500))
