@@ -146,7 +146,10 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
         } => {
             let s = store.open()?;
             let chosen = choose(&s, object, cell).await?;
-            let bytes = s.get(&chosen.name).await.map_err(anyhow::Error::msg)?;
+            let bytes = s
+                .get(&chosen.name, backup::BACKUP_BYTES_MAX)
+                .await
+                .map_err(anyhow::Error::msg)?;
             let what = format!("{} in {}", chosen.name, s.url());
             let verified = backup::verify(&bytes, &what)
                 .map_err(|e| anyhow::anyhow!("refused: {e}; nothing was written"))?;

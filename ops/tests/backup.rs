@@ -218,7 +218,9 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
     // changed, not a backup at all. Each refused with the reason, nothing written.
     let store = moto.store();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let good = rt.block_on(store.get(&object)).unwrap();
+    let good = rt
+        .block_on(store.get(&object, replica::backup::BACKUP_BYTES_MAX))
+        .unwrap();
     // A minute ahead of now: newer than every good one (the cell is stopped), not so far
     // ahead that a restore takes it for a clock that ran ahead.
     let far = std::time::SystemTime::now()
@@ -281,7 +283,11 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
             5 << 20,
         ))
         .unwrap();
-    assert!(rt.block_on(store.get(&multipart.name)).unwrap() == large);
+    assert!(
+        rt.block_on(store.get(&multipart.name, replica::backup::BACKUP_BYTES_MAX))
+            .unwrap()
+            == large
+    );
     let o = offline(&moto, &["restore", "--object", &multipart.name, "--check"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("not a snapshot file"), "{}", text(&o));

@@ -34,6 +34,10 @@ pub use crate::raft::snapshot_file::SEEDED_ID_PREFIX;
 /// What a backup object's name ends with.
 pub const OBJECT_SUFFIX: &str = ".lksnap";
 
+/// The largest backup [`Store::get`] reads for a restore: the largest snapshot a replica
+/// takes from a peer (a cell whose state is larger cannot install it on a follower).
+pub const BACKUP_BYTES_MAX: u64 = crate::raft::network::SNAPSHOT_BYTES_MAX;
+
 /// The replica's `[backup]` section: off unless `url` is set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -333,13 +337,22 @@ impl Store {
         })
     }
 
-    /// Reads a backup's bytes (not verified: see [`verify`]).
-    pub async fn get(&self, name: &str) -> Result<Vec<u8>, String> {
+    /// Reads a backup's bytes (not verified: see [`verify`]), refusing an object over
+    /// `max` bytes by the size the store gives before any of it is read (restore passes
+    /// [`BACKUP_BYTES_MAX`]: a misnamed huge object is refused, not loaded into memory).
+    pub async fn get(&self, name: &str, max: u64) -> Result<Vec<u8>, String> {
         let r = self
             .store
             .get(&self.path(name)?)
             .await
             .map_err(|e| format!("reading {name} from {}: {e}", self.url))?;
+        if r.meta.size > max {
+            return Err(format!(
+                "{name} in {} is {} bytes, more than a backup can be ({max} bytes): not a \
+                 backup of this service",
+                self.url, r.meta.size
+            ));
+        }
         let bytes = r
             .bytes()
             .await
@@ -651,7 +664,7 @@ mod tests {
             let listed = store.list(Some("dev")).await.unwrap();
             let newest = newest_taken(&listed, u64::MAX).unwrap();
             assert_eq!(newest.unix_ms, 1_002);
-            let bytes = store.get(&newest.name).await.unwrap();
+            let bytes = store.get(&newest.name, BACKUP_BYTES_MAX).await.unwrap();
             let back = verify(&bytes, &newest.name).unwrap();
             assert_eq!(back.index(), 5);
             assert_eq!(back.state.sm.digest(), enc.digest);
@@ -763,7 +776,15 @@ mod tests {
                 .put_in_parts("dev", 70, 4_000, big.clone(), 100, 64)
                 .await
                 .unwrap();
-            assert_eq!(store.get(&o.name).await.unwrap(), big);
+            assert_eq!(store.get(&o.name, big.len() as u64).await.unwrap(), big);
+            // Over the limit: refused by its size, naming both.
+            let e = store.get(&o.name, big.len() as u64 - 1).await.unwrap_err();
+            assert!(
+                e.contains(&format!("is {} bytes", big.len()))
+                    && e.contains(&format!("({} bytes)", big.len() - 1))
+                    && e.contains("not a backup"),
+                "{e}"
+            );
         });
     }
 
