@@ -778,3 +778,97 @@ fn a_restarted_follower_is_replicated_to_at_once() {
         s.close().await.unwrap();
     });
 }
+
+/// A page of `Op::Sessions` stops at its byte budget (half a client frame), not only at
+/// its count: 300 sessions each owning 8 ephemeral nodes with 1 000-byte paths (about
+/// 8 KiB listed per session, 2.4 MB in all) come in pages of fewer than 300 though 1 000
+/// were asked for, each page saying more follow, and paging on from each page's last id
+/// lists every session exactly once.
+#[test]
+fn a_sessions_page_stops_at_its_byte_budget() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 1,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let root = client.open_session().await.unwrap();
+        root.create("/e", vec![], CreateMode::default())
+            .await
+            .unwrap();
+        let mut opened = std::collections::BTreeSet::new();
+        let mut held = Vec::new();
+        for _ in 0..300 {
+            let s = client.open_session().await.unwrap();
+            let ops = (0..8)
+                .map(|k| {
+                    let name = format!("s{}-{k}-", s.id());
+                    wire::types::TxnOp::Create {
+                        path: format!("/e/{name}{}", "x".repeat(997 - name.len())),
+                        data: Vec::new(),
+                        mode: CreateMode {
+                            ephemeral: true,
+                            sequential: false,
+                        },
+                    }
+                })
+                .collect();
+            s.txn(ops).await.unwrap();
+            opened.insert(s.id());
+            held.push(s);
+        }
+        let (mut listed, mut pages, mut after) = (Vec::new(), 0, 0);
+        loop {
+            let (sessions, more) = match client
+                .request(wire::types::Op::Sessions {
+                    after,
+                    limit: 1_000,
+                })
+                .await
+                .unwrap()
+            {
+                wire::types::Reply::Sessions { sessions, more } => (sessions, more),
+                other => panic!("{other:?}"),
+            };
+            pages += 1;
+            let ours = sessions.iter().filter(|s| opened.contains(&s.id)).count();
+            if pages == 1 {
+                assert!(
+                    more && ours < 300,
+                    "the first page listed {ours} of the 300 sessions, more: {more}"
+                );
+            }
+            for s in &sessions {
+                if opened.contains(&s.id) {
+                    assert_eq!(
+                        (s.ephemerals, s.ephemeral_paths.len()),
+                        (8, 8),
+                        "session {}",
+                        s.id
+                    );
+                }
+            }
+            after = sessions.last().map(|s| s.id).unwrap_or(after);
+            listed.extend(sessions.into_iter().map(|s| s.id));
+            if !more {
+                break;
+            }
+            assert!(pages < 10, "more than 10 pages");
+        }
+        let listed_ours: Vec<u64> = listed
+            .iter()
+            .copied()
+            .filter(|id| opened.contains(id))
+            .collect();
+        let unique: std::collections::BTreeSet<u64> = listed_ours.iter().copied().collect();
+        assert_eq!(unique.len(), listed_ours.len(), "a session listed twice");
+        assert_eq!(unique, opened, "every session listed");
+        println!(
+            "FIGURE sessions listing: 300 sessions with 8 paths of 1 000 bytes each came \
+             in {pages} pages"
+        );
+    });
+}
