@@ -133,7 +133,7 @@ where
         let answered = tokio::select! {
             r = tokio::time::timeout(probe_timeout, probe) => matches!(r, Ok(Ok(_))),
             Some(leader) = newer(last) => {
-                tracing::debug!(peer = %conn.remote_address(), %leader, "peer silent and another replica leads in a newer term");
+                tracing::debug!(peer = %conn.remote_address(), %leader, "peer silent and another replica leads in the newest term the replicas report");
                 return Verdict::Superseded(leader);
             }
         };
