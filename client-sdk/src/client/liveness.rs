@@ -9,10 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use wire::types::{Op, Request, Response};
-use wire::{frame, CLIENT_FRAME_BYTES_MAX};
-
-use super::conn_err;
+use wire::types::Op;
 
 /// When a connection last received anything, as its watcher ([`watch_heard`]) noticed
 /// (at most [`HEARD_POLL`] late, or later if the runtime stalled), and its count of
@@ -116,18 +113,8 @@ where
         }
         tracing::debug!(peer = %conn.remote_address(), silent_ms = last.elapsed().as_millis() as u64, "peer silent: probing");
         silent();
-        let probe = async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-            let req = Request {
-                session: 0,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::ProxyStatus,
-            };
-            frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
-            let _ = send.finish();
-            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
-        };
+        let req = super::sessionless(Op::ProxyStatus);
+        let probe = super::exchange(conn, &req);
         // The search ends with the probe: an answered probe means the peer is alive, and
         // an unanswered one gives the connection up anyway.
         let answered = tokio::select! {

@@ -13,7 +13,7 @@
 //!   fall due together travel as one RPC (`KeepAliveBatch`, `AckInvalidationsBatch`).
 //! - `liveness`: when each connection last heard anything, and the probe that gives a
 //!   silent peer up after two seconds instead of QUIC's idle timeout, or as soon as
-//!   another replica leads in a newer term ([`Client::newer_leader`]).
+//!   another replica leads in the newest term reported ([`Client::newer_leader`]).
 //!
 //! Sessions are built on a client (see `crate::session`, which opens them); this module
 //! knows nothing of sessions beyond counting their places (`SessionSlot`). A client
@@ -481,12 +481,7 @@ impl Client {
                 Ok(c) => c,
                 Err(e) => return (Err(e), None),
             };
-            let work = async {
-                let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-                frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
-                let _ = send.finish();
-                frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
-            };
+            let work = exchange(&conn, req);
             // Every request probes, KeepAlives too: one that waits at a proxy for its
             // next batch makes the probe ask the proxy, which answers at once.
             let probe = presumed_dead(
@@ -502,19 +497,17 @@ impl Client {
             tokio::select! {
                 r = work => (r, None),
                 verdict = probe => {
-                    let e = match verdict {
-                        Verdict::Dead => {
-                            conn_err(format!("{addr}: no answer to a probe; presumed dead"))
-                        }
-                        Verdict::Superseded(leader) => conn_err(format!(
-                            "{addr}: silent, and {leader} leads in the newest term the replicas report"
-                        )),
-                    };
-                    self.silenced(addr, &e);
                     let found = match verdict {
                         Verdict::Superseded(leader) => Some(leader),
                         Verdict::Dead => None,
                     };
+                    let e = match found {
+                        None => conn_err(format!("{addr}: no answer to a probe; presumed dead")),
+                        Some(leader) => conn_err(format!(
+                            "{addr}: silent, and {leader} leads in the newest term the replicas report"
+                        )),
+                    };
+                    self.silenced(addr, &e);
                     if let Some(leader) = found {
                         // After `silenced`, which forgot `addr` as the leader: the retry
                         // (and the sessions' event streams) go to the new one first.
@@ -653,15 +646,7 @@ impl Client {
         let ask = async {
             // Connected a moment ago; under the timeout in case it closed since.
             let conn = self.connection(addr).await?;
-            let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
-            frame::write(
-                &mut send,
-                &sessionless(Op::Leadership),
-                CLIENT_FRAME_BYTES_MAX,
-            )
-            .await?;
-            let _ = send.finish();
-            frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
+            exchange(&conn, &sessionless(Op::Leadership)).await
         };
         match tokio::time::timeout(SEARCH_ANSWER_WITHIN, ask).await {
             Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {
@@ -1317,6 +1302,14 @@ fn changed(r: Reply) -> Result<u64, Error> {
         Reply::SecurityChanged { index } => Ok(index),
         other => Err(unexpected(&other)),
     }
+}
+
+/// One request and its answer on a stream of its own on `conn`.
+async fn exchange(conn: &quinn::Connection, req: &Request) -> Result<Response, Error> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(conn_err)?;
+    frame::write(&mut send, req, CLIENT_FRAME_BYTES_MAX).await?;
+    let _ = send.finish();
+    frame::read::<_, Response>(&mut recv, CLIENT_FRAME_BYTES_MAX).await
 }
 
 /// A request outside any session (status, membership).
