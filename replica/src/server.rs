@@ -130,13 +130,10 @@ pub async fn run_on(
     let peer_dials = network.dials();
     let peer_certificate_checks = network.cert_checks();
     let config = Arc::new(raft_config(&cfg)?);
-    // A replica on an in-memory log (the simulation) keeps its catching-up state in memory.
-    let in_memory = plumbing.memory_log.is_some();
-    let (raft, log_stats, empty) = match plumbing.memory_log {
-        Some(mut log) => {
-            let empty = holds_nothing(&mut log).await?;
+    let (raft, log_stats) = match plumbing.memory_log {
+        Some(log) => {
             let raft = Raft::new(cfg.id, config, network, log, sm_store).await?;
-            (raft, Arc::default(), empty)
+            (raft, Arc::default())
         }
         None => {
             // A slow disk on demand, for tests only (`LogStore::open_with_hook`).
@@ -146,33 +143,12 @@ pub async fn run_on(
             if hook.is_some() {
                 tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks");
             }
-            let mut log_store = LogStore::open_with_hook(&log_dir, hook)?;
+            let log_store = LogStore::open_with_hook(&log_dir, hook)?;
             let log_stats = log_store.stats();
-            let empty = holds_nothing(&mut log_store).await?;
             let raft = Raft::new(cfg.id, config, network, log_store, sm_store).await?;
-            (raft, log_stats, empty)
+            (raft, log_stats)
         }
     };
-
-    // Before any peer is answered and before a bootstrap writes the cell's first entry:
-    // a replica on an empty store votes only once it has caught up (raft::catch_up).
-    // (Decided from the log store itself, read before openraft took it: openraft's
-    // metrics show an empty store until its core has loaded the real one.)
-    let catch_up = {
-        let dir = (!in_memory).then_some(cfg.data_dir.as_path());
-        Arc::new(crate::raft::catch_up::CatchUp::open(cfg.id, dir, empty)?)
-    };
-    if catch_up.pending() {
-        let (catch_up, mut metrics) = (catch_up.clone(), raft.metrics());
-        wire::rt::spawn(async move {
-            while catch_up.pending() {
-                catch_up.observe(&metrics.borrow_and_update());
-                if metrics.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
 
     if cfg.bootstrap && !raft.is_initialized().await? {
         let members: BTreeMap<u64, BasicNode> = cfg
@@ -281,7 +257,6 @@ pub async fn run_on(
         id: cfg.id,
         cell,
         raft: raft.clone(),
-        catch_up,
         raft_node,
         sessions: session_manager,
         watches: watch_table,
@@ -354,14 +329,4 @@ pub fn run_until_signal(cfg: ReplicaConfig) -> anyhow::Result<()> {
             .expect("tokio runtime")
     });
     system.block_on(async move { run(cfg, wire::rt::shutdown_signal()).await })
-}
-
-/// Whether a log store holds nothing: no vote, no entry, nothing purged behind a
-/// snapshot (a new member, or one whose data was lost).
-async fn holds_nothing<L>(log: &mut L) -> anyhow::Result<bool>
-where
-    L: openraft::storage::RaftLogStorage<wire::raft::TypeConfig>,
-{
-    let state = log.get_log_state().await?;
-    Ok(state.last_log_id.is_none() && log.read_vote().await?.is_none())
 }

@@ -235,35 +235,30 @@ fn log_of(cell: &TestCell, id: u64) -> String {
     std::fs::read_to_string(cell.dir.path().join(format!("replica-{id}.log"))).unwrap_or_default()
 }
 
-/// Waits until `id` no longer has the catching-up marker and has applied `index`.
+/// Waits until `id` has applied `index`.
 async fn wait_caught_up(cell: &TestCell, client: &client_sdk::Client, id: u64, index: u64) {
-    let marker = cell.configs[&id]
-        .1
-        .data_dir
-        .join(replica::raft::catch_up::MARKER_FILE);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let st = client.status_of(cell.addr(id).parse().unwrap()).await;
-        let applied = st.as_ref().map(|s| s.last_applied).unwrap_or(0);
-        if applied >= index && !marker.exists() {
+        if st.as_ref().is_ok_and(|s| s.last_applied >= index) {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "replica {id} did not catch up to {index} (marker there: {}): {st:?}; logs in {}",
-            marker.exists(),
+            "replica {id} did not catch up to {index}: {st:?}; logs in {}",
             cell.dir.path().display()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// A follower whose data directory was lost comes back under its id: the leader goes on
-/// leading, catches it up from the start, and the follower leaves its catching-up state
-/// (`replica::raft::catch_up`) once it has. Without openraft's
+/// A follower whose data directory was lost comes back under its id: the leader's Raft
+/// core goes on running and catches it up from the start. Without openraft's
 /// `loosen-follower-log-revert`, the leader's Raft core panics on a debug assertion
 /// when it sees the follower's log go back (the process stays up, the others elect
-/// another leader, the old one stays behind).
+/// another leader, the old one stays behind). Coming back under its id is still not the
+/// safe way back for a replica whose data was lost (docs/operations.md, "A replica
+/// whose data was lost"); this is about the leader surviving it.
 #[test]
 fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
     let _g = serial();
@@ -284,11 +279,6 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
             .unwrap();
         }
         let victim = (1..=5).find(|id| *id != leader).unwrap();
-        let marker = cell.configs[&victim]
-            .1
-            .data_dir
-            .join(replica::raft::catch_up::MARKER_FILE);
-        assert!(!marker.exists(), "an original member is not catching up");
         cell.kill(victim);
         wipe(&cell, victim);
         cell.spawn(victim);
@@ -305,7 +295,6 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
             .status_of(cell.addr(leader).parse().unwrap())
             .await
             .unwrap();
-        assert_eq!(at.role, "Leader", "the leader kept leading: {at:?}");
         let alive = cell.procs.get_mut(&leader).unwrap().try_wait().unwrap();
         assert!(
             alive.is_none(),
@@ -313,114 +302,16 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
             cell.dir.path().display()
         );
         wait_caught_up(&cell, &client, victim, at.last_applied).await;
-        assert!(
-            log_of(&cell, victim).contains("has caught up"),
-            "the wiped replica says when it caught up"
-        );
         // Its Raft core still running (openraft's metrics keep the last role of a core
-        // that panicked): every replica follows it, in the term it led in before.
+        // that panicked, and the process stays up).
         assert!(
             !log_of(&cell, leader).contains("panicked"),
             "the leader's Raft core panicked; logs in {}",
             cell.dir.path().display()
         );
-        let now = cell
-            .wait_settled_leader(&client, Duration::from_secs(20))
-            .await;
-        assert_eq!(now, leader, "the cell changed leader");
-        let st = cell.statuses(&client).await;
-        assert!(st.values().all(|s| s.term == at.term), "{st:?}");
         cell.assert_same_state(&client, Duration::from_secs(20))
             .await;
         let (data, _) = client.get("/before-00").await.unwrap();
         assert_eq!(data, vec![1; 100]);
-    });
-}
-
-/// The loss a catching-up replica's refusal prevents: an entry committed on the leader
-/// and two followers (the other two stopped); one of those followers wiped, the leader and
-/// the other follower down. The wiped replica and the two that never had the entry are a
-/// majority: if the wiped one voted for one of them, that one would lead without the
-/// committed entry. It refuses, so nothing is elected until a replica holding the entry
-/// is back, and the entry survives.
-#[test]
-fn a_replica_whose_data_was_lost_does_not_vote_a_committed_entry_away() {
-    let _g = serial();
-    rt().block_on(async {
-        let mut cell = TestCell::start(Opts::default());
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(20))
-            .await;
-        let s = client.open_session().await.unwrap();
-        s.create("/before", b"everyone".to_vec(), CreateMode::default())
-            .await
-            .unwrap();
-        let st = cell.statuses(&client).await;
-        let index = st[&leader].last_applied;
-        cell.wait_applied(&client, index, Duration::from_secs(10))
-            .await;
-        let followers: Vec<u64> = (1..=5).filter(|id| *id != leader).collect();
-        let (keeper, wiped, behind) = (followers[0], followers[1], [followers[2], followers[3]]);
-        // Down (killed, not stopped: a stopped process would still find the leader's
-        // appends in its socket's buffer when it resumes).
-        for id in behind {
-            cell.kill(id);
-        }
-        // Committed on the leader, `keeper` and `wiped`: three of five, all of them.
-        s.create("/committed", b"on three".to_vec(), CreateMode::default())
-            .await
-            .unwrap();
-        cell.kill(wiped);
-        wipe(&cell, wiped);
-        cell.kill(leader);
-        cell.kill(keeper);
-        cell.spawn(wiped);
-        for id in behind {
-            cell.spawn(id);
-        }
-        // Several election timeouts (1-2 s each by default): no leader among the three.
-        let watch_until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < watch_until {
-            for id in [wiped, behind[0], behind[1]] {
-                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
-                    assert_ne!(
-                        st.role,
-                        "Leader",
-                        "replica {id} was elected without the committed entry: {st:?}; logs in {}",
-                        cell.dir.path().display()
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        for id in behind {
-            assert_eq!(
-                log_of(&cell, id).matches("starts on an empty store").count(),
-                1,
-                "replica {id} restarted with its data is not catching up (only its first start was)"
-            );
-        }
-        assert!(
-            log_of(&cell, wiped).contains("vote refused"),
-            "the wiped replica was asked for its vote and refused it; logs in {}",
-            cell.dir.path().display()
-        );
-        // The follower that holds the entry is back: it is elected and the entry is there.
-        cell.spawn(keeper);
-        let new = cell
-            .wait_leader(&client, Duration::from_secs(30), None)
-            .await;
-        assert_eq!(
-            new, keeper,
-            "only the replica holding the entry can be elected"
-        );
-        let (data, _) = client.get("/committed").await.unwrap();
-        assert_eq!(data, b"on three");
-        let at = client
-            .status_of(cell.addr(keeper).parse().unwrap())
-            .await
-            .unwrap();
-        wait_caught_up(&cell, &client, wiped, at.last_applied).await;
     });
 }

@@ -57,9 +57,6 @@ pub struct Gateway {
     pub cell: String,
     /// Raft handle (metrics, peers).
     pub raft: Raft,
-    /// Whether this replica, started on an empty store, still refuses votes
-    /// ([`crate::raft::catch_up`]).
-    pub catch_up: std::sync::Arc<crate::raft::catch_up::CatchUp>,
     /// Where commands are proposed.
     pub raft_node: Addr<RaftNode>,
     /// Where KeepAlives go.
@@ -228,14 +225,7 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
             wire::quic::grant_streams(&conn);
             if peer {
                 let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
-                crate::raft::network::serve_peer(
-                    conn,
-                    gw.raft.clone(),
-                    gw.id,
-                    budget,
-                    gw.catch_up.clone(),
-                )
-                .await;
+                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
             } else {
                 wire::serve::serve(conn, who, gw, bounds.client_connection_bytes_max).await;
             }

@@ -9,7 +9,6 @@
 //! another openraft line touches those and nothing else (the actors' tests build
 //! openraft values too).
 
-pub mod catch_up;
 pub mod log_store;
 pub mod mem_log;
 pub mod network;

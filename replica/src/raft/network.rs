@@ -438,7 +438,6 @@ pub async fn serve_peer(
     raft: Raft,
     self_id: NodeId,
     budget: frame::Budget,
-    catch_up: Arc<super::catch_up::CatchUp>,
 ) {
     // Hello first.
     let Some((mut send, hello)) = wire::quic::accept_hello(&conn).await else {
@@ -466,26 +465,17 @@ pub async fn serve_peer(
             Err(_) => return,
         };
         let (raft, budget, exceeded) = (raft.clone(), budget.clone(), exceeded.clone());
-        let catch_up = catch_up.clone();
         let remote = conn.remote_address();
         wire::rt::spawn(async move {
             let read =
                 frame::read_request::<_, PeerRequest>(&mut recv, PEER_FRAME_BYTES_MAX, &budget);
             let (resp, _reserved) = match read.await {
-                Ok((PeerRequest::AppendEntries(r), held)) => {
-                    let seen = catch_up.see_append(&r);
-                    let resp = raft.append_entries(r).await;
-                    if let Ok(ok) = &resp {
-                        catch_up.appended(seen, ok);
-                    }
-                    (PeerResponse::AppendEntries(resp), Some(held))
-                }
+                Ok((PeerRequest::AppendEntries(r), held)) => (
+                    PeerResponse::AppendEntries(raft.append_entries(r).await),
+                    Some(held),
+                ),
                 Ok((PeerRequest::Vote(r), held)) => {
-                    let vote = raft.metrics().borrow().vote;
-                    match catch_up.refuse_vote(&r, vote) {
-                        Some(refused) => (PeerResponse::Vote(Ok(refused)), Some(held)),
-                        None => (PeerResponse::Vote(raft.vote(r).await), Some(held)),
-                    }
+                    (PeerResponse::Vote(raft.vote(r).await), Some(held))
                 }
                 Ok((PeerRequest::InstallSnapshot(r), held)) => {
                     if r.offset.saturating_add(r.data.len() as u64) > SNAPSHOT_BYTES_MAX {
