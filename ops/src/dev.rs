@@ -297,6 +297,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         children.0.push((name, child));
     }
     if !proxies.is_empty() {
+        // "cell running" means usable: every proxy answers before it is printed (a
+        // proxy still starting refused the first client's handshake on a busy machine).
+        wait_for_proxies(&client, &proxies, Duration::from_secs(30)).await?;
         println!(
             "started {} proxies on {}",
             proxies.len(),
@@ -383,6 +386,31 @@ async fn wait_for_leader(client: &Client, within: Duration) -> anyhow::Result<u6
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     anyhow::bail!("no leader within {} s", within.as_secs())
+}
+
+/// Waits until every proxy of `proxies` answers its status.
+async fn wait_for_proxies(
+    client: &Client,
+    proxies: &[String],
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    for p in proxies {
+        let addr: std::net::SocketAddr = p.parse()?;
+        loop {
+            match client.proxy_status_of(addr).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= deadline => {
+                    anyhow::bail!(
+                        "proxy {p} did not answer within {} s: {e}",
+                        within.as_secs()
+                    )
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn demo(client: &Client) -> anyhow::Result<()> {
