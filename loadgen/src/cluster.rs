@@ -423,7 +423,7 @@ impl Cluster {
                 .await
                 .ok()?;
                 for a in c.endpoints() {
-                    if let Ok(s) = c.status_of(*a).await {
+                    if let Ok(s) = c.status_of(a).await {
                         if s.role == "Leader" {
                             return Some(a.to_string());
                         }

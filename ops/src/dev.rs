@@ -377,7 +377,7 @@ async fn wait_for_leader(client: &Client, within: Duration) -> anyhow::Result<u6
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         for addr in client.endpoints() {
-            if let Ok(s) = client.status_of(*addr).await {
+            if let Ok(s) = client.status_of(addr).await {
                 if s.role == "Leader" {
                     return Ok(s.id);
                 }
@@ -528,7 +528,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
     let (mut answered, mut errors) = (0, Vec::new());
     let mut got = Vec::new();
     for addr in client.endpoints() {
-        got.push((*addr, client.status_of(*addr).await));
+        got.push((addr, client.status_of(addr).await));
     }
     // The leader of the highest term (a deposed one may not know yet).
     let leader_log = got

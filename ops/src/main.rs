@@ -732,7 +732,7 @@ async fn command(
         Command::Status { full } if json || full => {
             let (mut answered, mut errors) = (0, Vec::new());
             for addr in client.endpoints() {
-                let r = client.status_of(*addr).await;
+                let r = client.status_of(addr).await;
                 answered += usize::from(r.is_ok());
                 if let Err(e) = &r {
                     errors.push(e.clone());
@@ -1042,9 +1042,9 @@ async fn command(
         }
         Command::Latency => {
             for addr in client.endpoints() {
-                let (what, lat) = match client.status_of(*addr).await {
+                let (what, lat) = match client.status_of(addr).await {
                     Ok(s) => ("replica", s.request_latency),
-                    Err(_) => match client.proxy_status_of(*addr).await {
+                    Err(_) => match client.proxy_status_of(addr).await {
                         Ok(s) => ("proxy", s.request_latency),
                         Err(e) if json => {
                             println!(
@@ -1098,7 +1098,7 @@ async fn command(
         }
         Command::ProxyStatus if json => {
             for addr in client.endpoints() {
-                let v = match client.proxy_status_of(*addr).await {
+                let v = match client.proxy_status_of(addr).await {
                     Ok(s) => serde_json::json!({ "endpoint": addr.to_string(), "status": s }),
                     Err(e) => {
                         serde_json::json!({ "endpoint": addr.to_string(), "error": e.to_string() })
@@ -1125,7 +1125,7 @@ async fn command(
                 "oldest-ms"
             );
             for addr in client.endpoints() {
-                match client.proxy_status_of(*addr).await {
+                match client.proxy_status_of(addr).await {
                     Ok(s) => println!(
                         "{:<18} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9}",
                         addr.to_string(),
@@ -1197,7 +1197,7 @@ async fn command(
                     ack_below: 0,
                     op: Op::Snapshot,
                 };
-                match client.call_at(*addr, &req).await {
+                match client.call_at(addr, &req).await {
                     Ok(Reply::SnapshotTaken {
                         index,
                         bytes,

@@ -182,7 +182,7 @@ fn a_frozen_follower_neither_stalls_the_cell_nor_stays_behind() {
         let leader = loop {
             let mut found = None;
             for a in client.endpoints() {
-                if let Ok(st) = client.status_of(*a).await {
+                if let Ok(st) = client.status_of(a).await {
                     if st.role == "Leader" {
                         found = Some(a.to_string());
                     }

@@ -1617,3 +1617,73 @@ fn ls_r_rm_r_elect_and_sessions() {
         text(&o)
     );
 }
+
+/// A client whose endpoint names point where no replica is (replicas rescheduled at other
+/// addresses under the same names) finds the cell once the names resolve to it, without
+/// a restart: after a pass over its endpoints reaches none of them, the SDK resolves the
+/// names again. `lockctl get` runs with names in a mount namespace of its own whose
+/// `/etc/hosts` is a file of the test's, first naming 127.0.0.9 (nothing there), three
+/// seconds later 127.0.0.1 (the cell). Needs root (`unshare -m`, `mount --bind`); skipped
+/// without it.
+#[test]
+fn a_client_resolves_its_endpoint_names_again_when_it_reaches_none() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root for a mount namespace with its own /etc/hosts");
+        return;
+    }
+    let _g = serial();
+    let cell = DevCell::start(&[]);
+    let o = lockctl(&cell.eps(), &cell.ca, &["create", "/moved", "found"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let hosts = cell.dir.path().join("hosts");
+    let names = ["r1.cell.test", "r2.cell.test", "r3.cell.test"];
+    let hosts_at = |ip: &str| format!("127.0.0.1 localhost\n{ip} {}\n", names.join(" "));
+    std::fs::write(&hosts, hosts_at("127.0.0.9")).unwrap();
+    let endpoints: Vec<String> = names
+        .iter()
+        .zip(cell.base..)
+        .map(|(n, port)| format!("{n}:{port}"))
+        .collect();
+    let mut get = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+        .arg(&hosts)
+        .arg(LOCKCTL)
+        .env("LOCKCTL_CONFIG", "/dev/null")
+        .env_remove("LOCKCTL_CERT")
+        .env_remove("LOCKCTL_KEY")
+        .args(["--endpoints", &endpoints.join(","), "--ca"])
+        .arg(&cell.ca)
+        .args(["--timeout-secs", "30", "get", "/moved"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare runs");
+    std::thread::sleep(Duration::from_secs(3));
+    let early = get.try_wait().unwrap();
+    if let Some(status) = early {
+        let o = get.wait_with_output().unwrap();
+        panic!(
+            "lockctl ended before the names moved ({status}): {}",
+            text(&o)
+        );
+    }
+    // In place (the bind mount holds this file's inode, not its name).
+    std::fs::write(&hosts, hosts_at("127.0.0.1")).unwrap();
+    let moved = Instant::now();
+    let deadline = moved + Duration::from_secs(30);
+    while get.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = get.kill();
+    let o = get.wait_with_output().unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("found"),
+        "lockctl did not reach the cell after its names moved: {}",
+        text(&o)
+    );
+    println!(
+        "FIGURE re-resolved endpoint names: the read answered {} ms after the names moved",
+        moved.elapsed().as_millis()
+    );
+}

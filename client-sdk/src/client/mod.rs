@@ -42,7 +42,12 @@ use liveness::{presumed_dead, watch_heard, Heard, Verdict, SILENCES_QUEUED};
 struct Inner {
     cfg: ClientConfig,
     endpoint: quinn::Endpoint,
-    addrs: Vec<SocketAddr>,
+    /// Each configured endpoint's address (`None`: a name that has not resolved yet), in
+    /// the configured order: resolved at connect, and again after a pass over the
+    /// endpoints reached none of them (see [`Client::resolve_again`]).
+    addrs: std::sync::Mutex<Vec<Option<SocketAddr>>>,
+    /// When the endpoint names were last resolved again.
+    resolved_again: std::sync::Mutex<Option<Instant>>,
     /// One slot per endpoint: handshakes to different endpoints proceed in parallel, and
     /// callers of one endpoint share its connection (or its recent failure).
     conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
@@ -146,6 +151,14 @@ fn tls_refusal(code: quinn::TransportErrorCode) -> bool {
 /// ([`Client::reachable_first`]).
 const DIAL_STAGGER: Duration = Duration::from_millis(150);
 
+/// How often at most a client resolves its endpoint names again while it reaches none of
+/// its endpoints (replicas rescheduled at other addresses under the same names, as a
+/// Kubernetes StatefulSet's pods are).
+const RESOLVE_AGAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one name's lookup may take.
+const RESOLVE_WITHIN: Duration = Duration::from_secs(2);
+
 /// How often [`Client::newer_leader`] asks the other replicas who leads while a request
 /// waits on a silent one: a new leader is found at most this long after it was elected.
 const SEARCH_EVERY: Duration = Duration::from_millis(100);
@@ -224,10 +237,13 @@ impl LeaderHint {
 impl Client {
     /// Prepares connections to the cell. Fails if an endpoint is not `host:port`, if none
     /// resolves, or if the CA cannot be read; replicas are dialed lazily. Names are
-    /// resolved here, once: one that does not resolve now (a replica's pod not scheduled
-    /// yet) is left out with a warning while another does.
+    /// resolved here: one that does not resolve now (a replica's pod not scheduled yet) is
+    /// left out with a warning while another does. When a pass over the endpoints then
+    /// reaches none of them, the names are resolved again (at most once a second), so a
+    /// client whose replicas all came back at other addresses under their names finds
+    /// them without a restart.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
-        let mut addrs = Vec::new();
+        let mut resolved = Vec::new();
         let mut unresolved = Vec::new();
         for e in &cfg.endpoints {
             if !wire::is_host_port(e) {
@@ -235,12 +251,15 @@ impl Client {
                     reason: format!("endpoint {e:?}: expected host:port or ip:port"),
                 });
             }
-            match tokio::net::lookup_host(e).await.map(|mut a| a.next()) {
-                Ok(Some(a)) => addrs.push(a),
-                Ok(None) => unresolved.push(format!("{e}: resolves to nothing")),
-                Err(err) => unresolved.push(format!("{e}: {err}")),
+            match resolve(e).await {
+                Ok(a) => resolved.push(Some(a)),
+                Err(why) => {
+                    resolved.push(None);
+                    unresolved.push(why);
+                }
             }
         }
+        let addrs: Vec<SocketAddr> = resolved.iter().flatten().copied().collect();
         if addrs.is_empty() {
             return Err(Error::BadRequest {
                 reason: if unresolved.is_empty() {
@@ -286,7 +305,8 @@ impl Client {
         let inner = Arc::new(Inner {
             cfg,
             endpoint,
-            addrs,
+            addrs: std::sync::Mutex::new(resolved),
+            resolved_again: std::sync::Mutex::new(None),
             conns: std::sync::Mutex::new(HashMap::default()),
             leader: LeaderHint(tokio::sync::watch::channel(None).0),
             proxies: Default::default(),
@@ -301,9 +321,44 @@ impl Client {
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
         Ok(Client { inner })
     }
-    /// The configured endpoints.
-    pub fn endpoints(&self) -> &[SocketAddr] {
-        &self.inner.addrs
+    /// The configured endpoints' addresses now, in the configured order (a name that
+    /// does not resolve is left out).
+    pub fn endpoints(&self) -> Vec<SocketAddr> {
+        let addrs = self.inner.addrs.lock().expect("addrs lock");
+        addrs.iter().flatten().copied().collect()
+    }
+
+    /// Resolves the endpoint names again, after a pass that reached none of the
+    /// endpoints; at most once per [`RESOLVE_AGAIN_EVERY`], and only if an endpoint is a
+    /// name. A name that does not resolve now keeps the address it had.
+    async fn resolve_again(&self) {
+        let names = &self.inner.cfg.endpoints;
+        if names.iter().all(|e| e.parse::<SocketAddr>().is_ok()) {
+            return;
+        }
+        {
+            let mut at = self.inner.resolved_again.lock().expect("resolve lock");
+            if at.is_some_and(|t| t.elapsed() < RESOLVE_AGAIN_EVERY) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        // Side by side: one name whose lookup hangs costs RESOLVE_WITHIN, not one each.
+        let now = futures::future::join_all(names.iter().map(|e| resolve(e))).await;
+        let mut addrs = self.inner.addrs.lock().expect("addrs lock");
+        let before = addrs.clone();
+        for (slot, found) in addrs.iter_mut().zip(now) {
+            if let Ok(a) = found {
+                *slot = Some(a);
+            }
+        }
+        if *addrs != before {
+            tracing::info!(
+                before = ?before,
+                now = ?*addrs,
+                "no endpoint reachable: their names resolve to other addresses now"
+            );
+        }
     }
 
     /// The configuration.
@@ -599,10 +654,8 @@ impl Client {
             return None;
         }
         let others: Vec<SocketAddr> = self
-            .inner
-            .addrs
-            .iter()
-            .copied()
+            .endpoints()
+            .into_iter()
             .filter(|a| *a != silent && !proxies.contains(a))
             .collect();
         if others.is_empty() {
@@ -749,13 +802,14 @@ impl Client {
     }
 
     fn candidates(&self) -> Vec<SocketAddr> {
-        let mut v = Vec::with_capacity(self.inner.addrs.len() + 1);
+        let addrs = self.endpoints();
+        let mut v = Vec::with_capacity(addrs.len() + 1);
         if let Some(l) = self.inner.leader.get() {
             v.push(l);
         }
-        for a in &self.inner.addrs {
-            if !v.contains(a) {
-                v.push(*a);
+        for a in addrs {
+            if !v.contains(&a) {
+                v.push(a);
             }
         }
         v
@@ -787,8 +841,9 @@ impl Client {
         let mut first_not_leader: Option<Instant> = None;
         while Instant::now() < deadline {
             let mut redirected = false;
-            // Endpoints tried in this pass, and how many of them refused the handshake.
-            let (mut tried, mut refused) = (0usize, 0usize);
+            // Endpoints tried in this pass, how many of them refused the handshake, and how
+            // many could not be reached.
+            let (mut tried, mut refused, mut unreachable) = (0usize, 0usize, 0usize);
             // Whether a replica answered in this pass that it does not lead.
             let mut not_leader = false;
             for addr in self.reachable_first(self.candidates(), deadline).await {
@@ -853,6 +908,7 @@ impl Client {
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
+                            unreachable += 1;
                         }
                         // A replica electing (or that knows no leader) answers NotLeader
                         // without a hint.
@@ -877,6 +933,9 @@ impl Client {
                 if let Some(e) = last_err {
                     return Err(e);
                 }
+            }
+            if !redirected && tried > 0 && unreachable == tried {
+                self.resolve_again().await;
             }
             if !redirected {
                 attempt += 1;
@@ -926,8 +985,9 @@ impl Client {
         };
         while Instant::now() < deadline {
             let mut redirected = false;
-            // Endpoints tried in this pass, and how many of them refused the handshake.
-            let (mut tried, mut refused) = (0usize, 0usize);
+            // Endpoints tried in this pass, how many of them refused the handshake, and how
+            // many could not be reached.
+            let (mut tried, mut refused, mut unreachable) = (0usize, 0usize, 0usize);
             for addr in self.reachable_first(self.candidates(), deadline).await {
                 tried += 1;
                 let attempt = async {
@@ -982,6 +1042,7 @@ impl Client {
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
+                            unreachable += 1;
                         }
                         last_err = e
                     }
@@ -990,6 +1051,9 @@ impl Client {
             }
             if !redirected && tried > 0 && refused == tried {
                 return Err(last_err);
+            }
+            if !redirected && tried > 0 && unreachable == tried {
+                self.resolve_again().await;
             }
             if !redirected {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1325,6 +1389,24 @@ fn sessionless(op: Op) -> Request {
 pub(crate) fn unexpected(r: &Reply) -> Error {
     Error::Internal {
         reason: format!("unexpected reply {r:?}"),
+    }
+}
+
+/// An endpoint (`host:port` or `ip:port`) as a socket address: its first address, looked
+/// up within [`RESOLVE_WITHIN`]; the reason if there is none.
+async fn resolve(endpoint: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = endpoint.parse() {
+        return Ok(a);
+    }
+    match tokio::time::timeout(RESOLVE_WITHIN, tokio::net::lookup_host(endpoint)).await {
+        Ok(Ok(mut found)) => found
+            .next()
+            .ok_or_else(|| format!("{endpoint}: resolves to nothing")),
+        Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
+        Err(_) => Err(format!(
+            "{endpoint}: no answer within {} s",
+            RESOLVE_WITHIN.as_secs()
+        )),
     }
 }
 

@@ -291,7 +291,7 @@ pub(crate) fn failed_between(failures: &[Instant], from: Instant, to: Instant) -
 pub(crate) async fn leader_status(direct: &Client) -> anyhow::Result<Status> {
     for _ in 0..50 {
         for a in direct.endpoints() {
-            if let Ok(s) = direct.status_of(*a).await {
+            if let Ok(s) = direct.status_of(a).await {
                 if s.role == "Leader" {
                     return Ok(s);
                 }

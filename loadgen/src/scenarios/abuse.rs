@@ -185,7 +185,7 @@ async fn refusals(ctx: &Ctx) -> [u64; 3] {
     else {
         return sum;
     };
-    for addr in c.endpoints().to_vec() {
+    for addr in c.endpoints() {
         if let Ok(s) = c.status_of(addr).await {
             for (i, n) in s.refused_by_limit.iter().enumerate() {
                 sum[i] += n;

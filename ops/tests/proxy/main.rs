@@ -127,7 +127,7 @@ async fn leader_status(c: &Client) -> Status {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         for a in c.endpoints() {
-            if let Ok(s) = c.status_of(*a).await {
+            if let Ok(s) = c.status_of(a).await {
                 if s.role == "Leader" {
                     return s;
                 }
