@@ -297,8 +297,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         children.0.push((name, child));
     }
     if !proxies.is_empty() {
-        // "cell running" means usable: every proxy answers before it is printed (a
-        // proxy still starting refused the first client's handshake on a busy machine).
+        // Every proxy reachable (it answers its status) before this is printed: a test's
+        // first handshake to a proxy still starting timed out on a busy machine.
         wait_for_proxies(&client, &proxies, Duration::from_secs(30)).await?;
         println!(
             "started {} proxies on {}",

@@ -46,8 +46,8 @@ struct Inner {
     /// the configured order: resolved at connect, and again after a pass over the
     /// endpoints reached none of them (see [`Client::resolve_again`]).
     addrs: std::sync::Mutex<Vec<Option<SocketAddr>>>,
-    /// When the endpoint names were last resolved again.
-    resolved_again: std::sync::Mutex<Option<Instant>>,
+    /// The names' second lookups (see [`Client::resolve_again`]).
+    resolving: std::sync::Mutex<Resolving>,
     /// One slot per endpoint: handshakes to different endpoints proceed in parallel, and
     /// callers of one endpoint share its connection (or its recent failure).
     conns: std::sync::Mutex<HashMap<SocketAddr, Arc<Mutex<Slot>>>>,
@@ -77,6 +77,16 @@ impl Drop for SessionSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// When the endpoint names may be looked up again, and whether a lookup is running.
+#[derive(Default)]
+struct Resolving {
+    running: bool,
+    next: Option<Instant>,
+    /// The pause before the next lookup: [`RESOLVE_AGAIN_EVERY`], doubled (up to
+    /// [`RESOLVE_AGAIN_MAX`]) each time the names resolve as before.
+    pause: Duration,
 }
 
 /// An endpoint's connection, or its last failed attempt.
@@ -153,8 +163,13 @@ const DIAL_STAGGER: Duration = Duration::from_millis(150);
 
 /// How often at most a client resolves its endpoint names again while it reaches none of
 /// its endpoints (replicas rescheduled at other addresses under the same names, as a
-/// Kubernetes StatefulSet's pods are).
+/// Kubernetes StatefulSet's pods are); doubled each time they resolve as before, up to
+/// [`RESOLVE_AGAIN_MAX`], so a cell that is down does not have every client asking DNS
+/// every second.
 const RESOLVE_AGAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest pause between two lookups of the endpoint names.
+const RESOLVE_AGAIN_MAX: Duration = Duration::from_secs(30);
 
 /// How long one name's lookup may take.
 const RESOLVE_WITHIN: Duration = Duration::from_secs(2);
@@ -237,11 +252,12 @@ impl LeaderHint {
 impl Client {
     /// Prepares connections to the cell. Fails if an endpoint is not `host:port`, if none
     /// resolves, or if the CA cannot be read; replicas are dialed lazily. Names are
-    /// resolved here: one that does not resolve now (a replica's pod not scheduled yet) is
-    /// left out with a warning while another does. When a pass over the endpoints then
-    /// reaches none of them, the names are resolved again (at most once a second), so a
-    /// client whose replicas all came back at other addresses under their names finds
-    /// them without a restart.
+    /// resolved here, side by side, each within 2 s, taking a name's first address: one
+    /// that does not resolve now (a replica's pod not scheduled yet) is left out with a
+    /// warning while another does. When a pass over the endpoints then reaches none of
+    /// them, the names are resolved again in the background (at most once a second,
+    /// less often while they resolve as before), so a client whose replicas all came back
+    /// at other addresses under their names finds them without a restart.
     pub async fn connect(cfg: ClientConfig) -> Result<Client, Error> {
         let mut resolved = Vec::new();
         let mut unresolved = Vec::new();
@@ -251,7 +267,11 @@ impl Client {
                     reason: format!("endpoint {e:?}: expected host:port or ip:port"),
                 });
             }
-            match resolve(e).await {
+        }
+        // Side by side: one slow name costs RESOLVE_WITHIN, not one each.
+        for found in futures::future::join_all(cfg.endpoints.iter().map(|e| resolve(e, None))).await
+        {
+            match found {
                 Ok(a) => resolved.push(Some(a)),
                 Err(why) => {
                     resolved.push(None);
@@ -306,7 +326,7 @@ impl Client {
             cfg,
             endpoint,
             addrs: std::sync::Mutex::new(resolved),
-            resolved_again: std::sync::Mutex::new(None),
+            resolving: Default::default(),
             conns: std::sync::Mutex::new(HashMap::default()),
             leader: LeaderHint(tokio::sync::watch::channel(None).0),
             proxies: Default::default(),
@@ -321,44 +341,88 @@ impl Client {
         wire::rt::spawn(ack_batcher(Arc::downgrade(&inner), acks_rx));
         Ok(Client { inner })
     }
-    /// The configured endpoints' addresses now, in the configured order (a name that
-    /// does not resolve is left out).
+    /// The configured endpoints' addresses now, in the configured order (a name that has
+    /// never resolved is left out; one that does not resolve now keeps its last address).
     pub fn endpoints(&self) -> Vec<SocketAddr> {
         let addrs = self.inner.addrs.lock().expect("addrs lock");
         addrs.iter().flatten().copied().collect()
     }
 
-    /// Resolves the endpoint names again, after a pass that reached none of the
-    /// endpoints; at most once per [`RESOLVE_AGAIN_EVERY`], and only if an endpoint is a
-    /// name. A name that does not resolve now keeps the address it had.
-    async fn resolve_again(&self) {
+    /// Resolves the endpoint names again in the background, after a pass that reached
+    /// none of the endpoints (the caller goes on with the addresses it has; its next pass
+    /// uses the new ones): one lookup at a time, at most once per [`RESOLVE_AGAIN_EVERY`]
+    /// (doubling while the names resolve as before), and only if an endpoint is a name.
+    /// Each name takes the first address of the client's socket's family; a name that
+    /// does not resolve now keeps the address it had. Connections to addresses no
+    /// endpoint has any more are closed.
+    fn resolve_again(&self) {
         let names = &self.inner.cfg.endpoints;
         if names.iter().all(|e| e.parse::<SocketAddr>().is_ok()) {
             return;
         }
-        {
-            let mut at = self.inner.resolved_again.lock().expect("resolve lock");
-            if at.is_some_and(|t| t.elapsed() < RESOLVE_AGAIN_EVERY) {
+        // A new outage (none for a while after the last lookup was due) starts again from
+        // the shortest pause.
+        let new_outage = {
+            let mut r = self.inner.resolving.lock().expect("resolving lock");
+            if r.running || r.next.is_some_and(|t| Instant::now() < t) {
                 return;
             }
-            *at = Some(Instant::now());
-        }
-        // Side by side: one name whose lookup hangs costs RESOLVE_WITHIN, not one each.
-        let now = futures::future::join_all(names.iter().map(|e| resolve(e))).await;
-        let mut addrs = self.inner.addrs.lock().expect("addrs lock");
-        let before = addrs.clone();
-        for (slot, found) in addrs.iter_mut().zip(now) {
-            if let Ok(a) = found {
-                *slot = Some(a);
+            r.running = true;
+            r.next.is_none_or(|t| t.elapsed() > RESOLVE_AGAIN_MAX)
+        };
+        let client = self.clone();
+        wire::rt::spawn(async move {
+            let v6 = client
+                .inner
+                .endpoint
+                .local_addr()
+                .is_ok_and(|a| a.is_ipv6());
+            let names = &client.inner.cfg.endpoints;
+            let now = futures::future::join_all(names.iter().map(|e| resolve(e, Some(v6)))).await;
+            let (before, after) = {
+                let mut addrs = client.inner.addrs.lock().expect("addrs lock");
+                let before = addrs.clone();
+                for (slot, found) in addrs.iter_mut().zip(now) {
+                    if let Ok(a) = found {
+                        *slot = Some(a);
+                    }
+                }
+                (before, addrs.clone())
+            };
+            let moved = after != before;
+            {
+                let mut r = client.inner.resolving.lock().expect("resolving lock");
+                r.pause = if moved || new_outage {
+                    RESOLVE_AGAIN_EVERY
+                } else {
+                    (r.pause * 2).min(RESOLVE_AGAIN_MAX)
+                };
+                r.next = Some(Instant::now() + r.pause);
+                r.running = false;
             }
-        }
-        if *addrs != before {
-            tracing::info!(
-                before = ?before,
-                now = ?*addrs,
-                "no endpoint reachable: their names resolve to other addresses now"
-            );
-        }
+            if moved {
+                tracing::info!(
+                    ?before,
+                    now = ?after,
+                    "no endpoint reachable: their names resolve to other addresses now"
+                );
+                let gone: Vec<SocketAddr> = before
+                    .iter()
+                    .flatten()
+                    .filter(|a| !after.contains(&Some(**a)))
+                    .copied()
+                    .collect();
+                for a in gone {
+                    client.inner.leader.forget(a);
+                    let slot = client.inner.conns.lock().expect("conns lock").remove(&a);
+                    if let Some(slot) = slot {
+                        if let Some((c, _)) = &slot.lock().await.conn {
+                            c.close(0u32.into(), b"endpoint moved");
+                        }
+                    }
+                }
+            }
+        });
     }
 
     /// The configuration.
@@ -858,6 +922,8 @@ impl Client {
                     .expect("proxies lock")
                     .contains(&addr);
                 let (r, found) = self.attempt_finding(addr, &req, Some(deadline)).await;
+                // No answer from the endpoint itself (not an error it answered with).
+                let no_answer = r.is_err();
                 let r = match r {
                     // A proxy that answers "timed out" is alive and retries the cell with
                     // the same request id itself: stay with it. Moving on would move every
@@ -908,7 +974,7 @@ impl Client {
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
-                            unreachable += 1;
+                            unreachable += usize::from(no_answer);
                         }
                         // A replica electing (or that knows no leader) answers NotLeader
                         // without a hint.
@@ -927,15 +993,17 @@ impl Client {
                     Err(e) => return Err(e),
                 }
             }
+            // No endpoint answered: their names may point elsewhere now (an old address
+            // of a moved replica silent, or reused by a server of another cell).
+            if !redirected && tried > 0 && unreachable + refused == tried {
+                self.resolve_again();
+            }
             // Every endpoint refused the TLS handshake: a certificate or CA to fix, which
             // no retry will.
             if !redirected && tried > 0 && refused == tried {
                 if let Some(e) = last_err {
                     return Err(e);
                 }
-            }
-            if !redirected && tried > 0 && unreachable == tried {
-                self.resolve_again().await;
             }
             if !redirected {
                 attempt += 1;
@@ -996,7 +1064,7 @@ impl Client {
                     frame::write(&mut send, &req, CLIENT_FRAME_BYTES_MAX).await?;
                     let _ = send.finish();
                     let first: Response = frame::read(&mut recv, CLIENT_FRAME_BYTES_MAX).await?;
-                    Ok::<_, Error>((first?, recv))
+                    Ok::<_, Error>((first, recv))
                 };
                 let t = self.inner.cfg.attempt_timeout;
                 let r = match tokio::time::timeout(t, attempt).await {
@@ -1006,6 +1074,9 @@ impl Client {
                         after_ms: t.as_millis() as u64,
                     }),
                 };
+                // No answer from the endpoint itself (not an error it answered with).
+                let no_answer = r.is_err();
+                let r = r.and_then(|(first, recv)| Ok((first?, recv)));
                 match r {
                     Ok((reply, recv)) => {
                         self.inner.leader.set(addr);
@@ -1042,18 +1113,18 @@ impl Client {
                     Err(e) if e.is_retryable() => {
                         if matches!(e, Error::Connection { .. } | Error::Timeout { .. }) {
                             self.connection_failed(addr);
-                            unreachable += 1;
+                            unreachable += usize::from(no_answer);
                         }
                         last_err = e
                     }
                     Err(e) => return Err(e),
                 }
             }
+            if !redirected && tried > 0 && unreachable + refused == tried {
+                self.resolve_again();
+            }
             if !redirected && tried > 0 && refused == tried {
                 return Err(last_err);
-            }
-            if !redirected && tried > 0 && unreachable == tried {
-                self.resolve_again().await;
             }
             if !redirected {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1392,16 +1463,19 @@ pub(crate) fn unexpected(r: &Reply) -> Error {
     }
 }
 
-/// An endpoint (`host:port` or `ip:port`) as a socket address: its first address, looked
-/// up within [`RESOLVE_WITHIN`]; the reason if there is none.
-async fn resolve(endpoint: &str) -> Result<SocketAddr, String> {
+/// An endpoint (`host:port` or `ip:port`) as a socket address: its first address (of
+/// IPv6 if `v6` is `Some(true)`, of IPv4 if `Some(false)`: the family of the client's
+/// socket), looked up within [`RESOLVE_WITHIN`]; the reason if there is none.
+async fn resolve(endpoint: &str, v6: Option<bool>) -> Result<SocketAddr, String> {
     if let Ok(a) = endpoint.parse() {
         return Ok(a);
     }
     match tokio::time::timeout(RESOLVE_WITHIN, tokio::net::lookup_host(endpoint)).await {
         Ok(Ok(mut found)) => found
-            .next()
-            .ok_or_else(|| format!("{endpoint}: resolves to nothing")),
+            .find(|a| v6.is_none_or(|v6| a.is_ipv6() == v6))
+            .ok_or_else(|| {
+                format!("{endpoint}: resolves to nothing (of this client's address family)")
+            }),
         Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
         Err(_) => Err(format!(
             "{endpoint}: no answer within {} s",
