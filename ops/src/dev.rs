@@ -299,7 +299,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if !proxies.is_empty() {
         // Every proxy reachable (it answers its status) before this is printed: a test's
         // first handshake to a proxy still starting timed out on a busy machine.
-        wait_for_proxies(&client, &proxies, Duration::from_secs(30)).await?;
+        wait_for_proxies(
+            &client,
+            &proxies,
+            &mut children,
+            &args.data,
+            Duration::from_secs(30),
+        )
+        .await?;
         println!(
             "started {} proxies on {}",
             proxies.len(),
@@ -388,16 +395,28 @@ async fn wait_for_leader(client: &Client, within: Duration) -> anyhow::Result<u6
     anyhow::bail!("no leader within {} s", within.as_secs())
 }
 
-/// Waits until every proxy of `proxies` answers its status.
+/// Waits until every proxy of `proxies` answers its status; fails at once, naming its
+/// log, if a proxy process (`proxy-N` among `children`, logging to `data`) exits.
 async fn wait_for_proxies(
     client: &Client,
     proxies: &[String],
+    children: &mut Children,
+    data: &std::path::Path,
     within: Duration,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
-    for p in proxies {
+    for (i, p) in proxies.iter().enumerate() {
         let addr: std::net::SocketAddr = p.parse()?;
+        let name = format!("proxy-{}", i + 1);
         loop {
+            if let Some((_, c)) = children.0.iter_mut().find(|(n, _)| *n == name) {
+                if let Some(status) = c.try_wait()? {
+                    anyhow::bail!(
+                        "{name} exited at start ({status}); its log: {}",
+                        data.join(format!("{name}.log")).display()
+                    );
+                }
+            }
             match client.proxy_status_of(addr).await {
                 Ok(_) => break,
                 Err(e) if Instant::now() >= deadline => {

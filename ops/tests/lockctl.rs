@@ -1721,3 +1721,55 @@ fn a_client_resolves_its_endpoint_names_again_when_it_reaches_none() {
         moved.elapsed().as_millis()
     );
 }
+
+/// A proxy that cannot start (its port taken) stops `lockctl dev` at once with the
+/// proxy's log named, rather than after a 30 s wait for it to answer; the replicas it
+/// started stop with it.
+#[test]
+fn a_proxy_that_cannot_start_stops_dev_naming_its_log() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base(3);
+    let pbase = free_base_from(base + 3, 1);
+    let _taken = std::net::UdpSocket::bind(("127.0.0.1", pbase)).unwrap();
+    let started = Instant::now();
+    let mut dev = Command::new(LOCKCTL)
+        .args(["dev", "--no-demo", "--replicas", "3", "--base-port"])
+        .arg(base.to_string())
+        .args(["--proxies", "1", "--proxy-base-port"])
+        .arg(pbase.to_string())
+        .arg("--data")
+        .arg(dir.path().join("cell"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = started + Duration::from_secs(60);
+    while dev.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = dev.kill();
+    let o = dev.wait_with_output().unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("proxy-1 exited at start") && t.contains("proxy-1.log"),
+        "{t}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?} (the wait for a proxy that answers is 30 s): {t}",
+        started.elapsed()
+    );
+    // Nothing of the cell left running.
+    let cell = dir.path().join("cell");
+    let ps = Command::new("pgrep")
+        .args(["-f", &cell.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+        "processes of the cell still run: {}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+}
