@@ -866,14 +866,12 @@ impl Client {
     }
 
     fn candidates(&self) -> Vec<SocketAddr> {
-        let addrs = self.endpoints();
+        let addrs = self.inner.addrs.lock().expect("addrs lock");
         let mut v = Vec::with_capacity(addrs.len() + 1);
-        if let Some(l) = self.inner.leader.get() {
-            v.push(l);
-        }
-        for a in addrs {
-            if !v.contains(&a) {
-                v.push(a);
+        v.extend(self.inner.leader.get());
+        for a in addrs.iter().flatten() {
+            if !v.contains(a) {
+                v.push(*a);
             }
         }
         v
@@ -1473,8 +1471,11 @@ async fn resolve(endpoint: &str, v6: Option<bool>) -> Result<SocketAddr, String>
     match tokio::time::timeout(RESOLVE_WITHIN, tokio::net::lookup_host(endpoint)).await {
         Ok(Ok(mut found)) => found
             .find(|a| v6.is_none_or(|v6| a.is_ipv6() == v6))
-            .ok_or_else(|| {
-                format!("{endpoint}: resolves to nothing (of this client's address family)")
+            .ok_or_else(|| match v6 {
+                None => format!("{endpoint}: resolves to nothing"),
+                Some(_) => {
+                    format!("{endpoint}: resolves to nothing of this client's address family")
+                }
             }),
         Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
         Err(_) => Err(format!(
