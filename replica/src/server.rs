@@ -71,6 +71,7 @@ pub async fn run_on(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     cfg.validate()?;
+    let started = tokio::time::Instant::now();
     let log_dir = crate::backup::log_dir(&cfg.data_dir);
     let snap_dir = crate::backup::snapshot_dir(&cfg.data_dir);
     std::fs::create_dir_all(&log_dir)?;
@@ -128,6 +129,7 @@ pub async fn run_on(
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell)
         .with_tls_files(peer_files);
     let peer_dials = network.dials();
+    let probe_network = network.clone();
     let peer_certificate_checks = network.cert_checks();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {
@@ -150,22 +152,9 @@ pub async fn run_on(
         }
     };
 
-    if cfg.bootstrap && !raft.is_initialized().await? {
-        let members: BTreeMap<u64, BasicNode> = cfg
-            .members
-            .iter()
-            .map(|m| {
-                (
-                    m.id,
-                    BasicNode {
-                        addr: m.addr.clone(),
-                    },
-                )
-            })
-            .collect();
-        tracing::info!(?members, "initializing a new cell");
-        raft.initialize(members).await?;
-    }
+    // A new cell is initialized once the other members are asked (below, beside serving:
+    // this replica answers their probes and RPCs meanwhile).
+    let bootstrap = cfg.bootstrap && !raft.is_initialized().await?;
 
     let timeout = Duration::from_millis(cfg.request_timeout_ms);
     let gate = ReadGate::start(raft.clone(), timeout);
@@ -305,6 +294,31 @@ pub async fn run_on(
     };
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw, bounds));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
+    if bootstrap {
+        let members: BTreeMap<u64, BasicNode> = cfg
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.id,
+                    BasicNode {
+                        addr: m.addr.clone(),
+                    },
+                )
+            })
+            .collect();
+        tracing::info!(
+            ?members,
+            "asking the other members before initializing a new cell"
+        );
+        wire::rt::spawn(crate::raft::bootstrap::initialize_new_cell(
+            raft.clone(),
+            probe_network,
+            cfg.id,
+            members,
+            started,
+        ));
+    }
 
     shutdown.await;
     tracing::info!("shutting down");

@@ -315,3 +315,119 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
         assert_eq!(data, vec![1; 100]);
     });
 }
+
+/// A cell restored from a backup whose replica 1 was left empty and still has
+/// `bootstrap = true` (docs/operations.md, "Restoring a cell from a backup"): replica 1
+/// asks the other members before it initializes, finds seeded ones, and joins their cell
+/// instead of starting one of its own. Without the probe it initialized a cell at index 0
+/// at once and the two other empty members elected it (members 4 and 5, seeded, have slow
+/// election timers here, so that such a replica 1 always wins the race): the cell then
+/// served an empty namespace from replica 1 while 4 and 5 held the backup's.
+#[test]
+fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
+    let _g = serial();
+    rt().block_on(async {
+        // The backup: a cell of three holding one node, its leader's snapshot file.
+        let backup = {
+            let old = TestCell::start(Opts {
+                replicas: 3,
+                ..Opts::default()
+            });
+            let client = old.client().await;
+            let leader = old
+                .wait_settled_leader(&client, Duration::from_secs(20))
+                .await;
+            let s = client.open_session().await.unwrap();
+            s.create("/from-the-backup", b"kept".to_vec(), CreateMode::default())
+                .await
+                .unwrap();
+            let req = wire::types::Request {
+                session: 0,
+                request_id: 0,
+                ack_below: 0,
+                op: Op::Snapshot,
+            };
+            let taken = client
+                .call_at(old.addr(leader).parse().unwrap(), &req)
+                .await;
+            assert!(
+                matches!(taken, Ok(Reply::SnapshotTaken { .. })),
+                "{taken:?}"
+            );
+            let dir = replica::backup::snapshot_dir(&old.configs[&leader].1.data_dir);
+            let file = replica::raft::snapshot_file::latest(&dir)
+                .unwrap()
+                .expect("the leader's snapshot");
+            replica::raft::snapshot_file::to_bytes(&file.meta, &file.data).unwrap()
+        };
+
+        // A new cell of five: 4 and 5 seeded, 1 (bootstrap = true), 2 and 3 left empty.
+        let mut cell = TestCell::prepare(Opts::default());
+        let members = cell.member_addrs();
+        for id in [4, 5] {
+            let verified = replica::backup::verify(&backup, "the backup").unwrap();
+            replica::backup::seed(&cell.configs[&id].1.data_dir, id, verified, &members, 0)
+                .unwrap();
+            let raft = &mut cell.configs.get_mut(&id).unwrap().1.raft;
+            raft.election_timeout_min_ms = 4_000;
+            raft.election_timeout_max_ms = 4_500;
+            cell.rewrite_config(id);
+        }
+        for id in 1..=5 {
+            cell.spawn(id);
+        }
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(40))
+            .await;
+        assert!(
+            leader == 4 || leader == 5,
+            "replica {leader} leads, not a seeded one: replica 1 started a cell of its own; \
+             logs in {}",
+            cell.dir.path().display()
+        );
+        let (data, _) = client
+            .get("/from-the-backup")
+            .await
+            .expect("the backup's node");
+        assert_eq!(data, b"kept");
+        cell.assert_same_state(&client, Duration::from_secs(30))
+            .await;
+        let log = log_of(&cell, 1);
+        assert!(
+            log.contains("not initializing a new cell: member") && !log.contains(": initializing"),
+            "replica 1 should have found a seeded member and not initialized:\n{log}"
+        );
+    });
+}
+
+/// A new cell starts with a minority of its members down: the bootstrap replica waits a
+/// moment for them (`bootstrap::STRAGGLERS_WAIT`), then initializes with the majority
+/// that answered empty, naming the silent ones; the late members join when they start.
+#[test]
+fn a_new_cell_starts_with_a_minority_of_its_members_down() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::prepare(Opts::default());
+        for id in 1..=3 {
+            cell.spawn(id);
+        }
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(30))
+            .await;
+        let s = client.open_session().await.unwrap();
+        s.create("/early", vec![1], CreateMode::default())
+            .await
+            .unwrap();
+        let log = log_of(&cell, 1);
+        assert!(
+            log.contains("members did not answer") && log.contains(": initializing a new cell"),
+            "replica 1 (leader now: {leader}) should have initialized without 4 and 5:\n{log}"
+        );
+        cell.spawn(4);
+        cell.spawn(5);
+        cell.assert_same_state(&client, Duration::from_secs(30))
+            .await;
+    });
+}

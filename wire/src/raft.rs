@@ -45,6 +45,10 @@ pub enum PeerRequest {
     Vote(VoteRequest<NodeId>),
     /// One chunk of a snapshot.
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// What do you hold? Asked by a replica about to initialize a new cell, which does so
+    /// only if no other member already holds one. Answered with [`PeerResponse::Probe`];
+    /// a replica built before this request answers `Refused` (it does not decode).
+    Probe,
 }
 
 /// The answer to a [`PeerRequest`].
@@ -60,4 +64,19 @@ pub enum PeerResponse {
     ),
     /// The request could not be handled at all (malformed, wrong cell).
     Refused(crate::Error),
+    /// Answer to `Probe`.
+    Probe(PeerState),
+}
+
+/// What a replica holds of a cell, as it answers [`PeerRequest::Probe`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerState {
+    /// Whether it holds any Raft state: a vote, a log entry, or a snapshot it was seeded
+    /// with (openraft's `is_initialized`). A replica that holds none is empty: it joins
+    /// whichever cell contacts it first.
+    pub initialized: bool,
+    /// Its current term (0 before any election it took part in).
+    pub term: u64,
+    /// The index of its last log entry or snapshot, if it has one.
+    pub last_log_index: Option<u64>,
 }

@@ -321,6 +321,7 @@ fn peer_requests() -> Vec<PeerRequest> {
             data: vec![9; 64],
             done: true,
         }),
+        PeerRequest::Probe,
     ]
 }
 
@@ -339,6 +340,11 @@ fn peer_responses() -> Vec<PeerResponse> {
             vote: Vote::new_committed(2, 1),
         })),
         PeerResponse::Refused(Error::Malformed { reason: "x".into() }),
+        PeerResponse::Probe(wire::raft::PeerState {
+            initialized: true,
+            term: 4,
+            last_log_index: Some(31),
+        }),
     ]
 }
 

@@ -9,6 +9,7 @@
 //! another openraft line touches those and nothing else (the actors' tests build
 //! openraft values too).
 
+pub mod bootstrap;
 pub mod log_store;
 pub mod mem_log;
 pub mod network;

@@ -38,7 +38,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply};
-use wire::raft::{NodeId, PeerRequest, PeerResponse, TypeConfig};
+use wire::raft::{NodeId, PeerRequest, PeerResponse, PeerState, TypeConfig};
 use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
 
 use crate::raft::Raft;
@@ -311,6 +311,36 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`; an error names
+    /// why it did not answer (unreachable, timed out, refused the request).
+    pub async fn probe(&self, ttl: Duration) -> Result<PeerState, String> {
+        match self.call(PeerRequest::Probe, ttl).await {
+            Ok(PeerResponse::Probe(s)) => Ok(s),
+            Ok(PeerResponse::Refused(e)) => Err(format!("refused the probe: {e}")),
+            Ok(_) => Err("answered the probe with something else".into()),
+            Err(CallError::Unreachable(m) | CallError::Network(m)) => Err(m),
+        }
+    }
+}
+
+/// What this replica holds, for a peer's [`PeerRequest::Probe`].
+async fn peer_state(raft: &Raft) -> Result<PeerState, wire::Error> {
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| wire::Error::Unavailable {
+            reason: format!("the Raft core stopped: {e}"),
+        })?;
+    let m = raft.metrics();
+    let m = m.borrow();
+    Ok(PeerState {
+        initialized,
+        term: m.current_term,
+        last_log_index: m.last_log_index,
+    })
+}
+
 fn rpc_err<E: std::error::Error>(e: CallError) -> RPCError<NodeId, BasicNode, E> {
     match e {
         CallError::Unreachable(m) => RPCError::Unreachable(Unreachable::new(&Failure(m))),
@@ -477,6 +507,13 @@ pub async fn serve_peer(
                 Ok((PeerRequest::Vote(r), held)) => {
                     (PeerResponse::Vote(raft.vote(r).await), Some(held))
                 }
+                Ok((PeerRequest::Probe, held)) => (
+                    match peer_state(&raft).await {
+                        Ok(s) => PeerResponse::Probe(s),
+                        Err(e) => PeerResponse::Refused(e),
+                    },
+                    Some(held),
+                ),
                 Ok((PeerRequest::InstallSnapshot(r), held)) => {
                     if r.offset.saturating_add(r.data.len() as u64) > SNAPSHOT_BYTES_MAX {
                         let e = wire::Error::LimitExceeded {

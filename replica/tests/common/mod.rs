@@ -74,6 +74,16 @@ fn free_udp_port() -> u16 {
 impl TestCell {
     /// Writes configs and starts `opts.replicas` replicas; replica 1 bootstraps the cell.
     pub fn start(opts: Opts) -> TestCell {
+        let mut cell = TestCell::prepare(opts);
+        for id in 1..=cell.opts.replicas {
+            cell.spawn(id);
+        }
+        cell
+    }
+
+    /// Writes the configs of `opts.replicas` replicas (replica 1 bootstraps the cell) and
+    /// starts none of them: [`TestCell::spawn`] each.
+    pub fn prepare(opts: Opts) -> TestCell {
         let dir = tempfile::tempdir().expect("tempdir");
         let tls = dir.path().join("tls");
         let ca = wire::tls::DevCa::generate().expect("ca");
@@ -98,9 +108,22 @@ impl TestCell {
         };
         for m in &members {
             cell.write_config(m.id, &m.addr, m.id == 1);
-            cell.spawn(m.id);
         }
         cell
+    }
+
+    /// The members' ids and addresses, as a restore takes them.
+    pub fn member_addrs(&self) -> BTreeMap<u64, String> {
+        self.members
+            .iter()
+            .map(|m| (m.id, m.addr.clone()))
+            .collect()
+    }
+
+    /// Writes replica `id`'s config file again from `configs[id]` (changed by the test).
+    pub fn rewrite_config(&self, id: u64) {
+        let (path, cfg) = &self.configs[&id];
+        std::fs::write(path, toml::to_string_pretty(cfg).expect("toml")).expect("write config");
     }
 
     fn write_config(&mut self, id: u64, addr: &str, bootstrap: bool) {

@@ -1,0 +1,274 @@
+//! Initializing a new cell, and only a new one.
+//!
+//! The replica started with `bootstrap = true` writes the cell's first membership, but
+//! only once it knows no other member already holds a cell: before, one whose data
+//! directory was lost (or that was left empty beside members seeded from a backup)
+//! initialized a cell of its own at index 0, which other empty members could elect, and
+//! the seeded members would take that leader's entries at indices they already hold as
+//! committed for theirs (openraft skips them): two states under one name. It asks every
+//! other member what it holds ([`PeerRequest::Probe`](wire::raft::PeerRequest::Probe))
+//! and decides with [`decide`]:
+//!
+//! - a member that holds any Raft state (a vote, a log, a seeded snapshot): do not
+//!   initialize; this replica waits to be caught up by that cell's leader, as any member
+//!   started with `bootstrap = false` does;
+//! - every other member answered, each empty: initialize now;
+//! - a majority of the members (this one among them) answered empty and
+//!   [`STRAGGLERS_WAIT`] has passed since the replica started: initialize, naming the
+//!   members that did not answer (a new cell can be started with a minority down);
+//! - otherwise ask those that did not answer again (a cell needs a majority to elect its
+//!   first leader anyway).
+//!
+//! A member that is down, or does not answer within the wait, cannot be asked: the guard
+//! protects against members that are up (start seeded members first).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use openraft::{BasicNode, RaftNetworkFactory};
+use tokio::time::Instant;
+use wire::raft::{NodeId, PeerState};
+
+use crate::raft::network::PeerNetworkFactory;
+use crate::raft::Raft;
+
+/// How long the bootstrap replica waits, from its start, for members that do not answer
+/// once a majority has answered empty.
+pub const STRAGGLERS_WAIT: Duration = Duration::from_secs(2);
+
+/// How long one probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// The pause between rounds of probes.
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+
+/// What the bootstrap replica does after a round of probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Initialize the cell; `silent` are the members that did not answer.
+    Initialize {
+        /// Members (other than this one) that did not answer.
+        silent: Vec<NodeId>,
+    },
+    /// Do not initialize: member `id` holds a cell already.
+    Held {
+        /// The member that answered so (the lowest such id).
+        id: NodeId,
+        /// What it answered.
+        state: PeerState,
+    },
+    /// Ask again.
+    Wait,
+}
+
+/// Decides from the `answers` so far (member id → what it holds) whether replica
+/// `self_id`, itself empty, initializes a cell of `members`; `waited` is whether
+/// [`STRAGGLERS_WAIT`] has passed.
+pub fn decide(
+    self_id: NodeId,
+    members: &[NodeId],
+    answers: &BTreeMap<NodeId, PeerState>,
+    waited: bool,
+) -> Decision {
+    if let Some((id, state)) = answers
+        .iter()
+        .find(|(id, s)| **id != self_id && members.contains(id) && s.initialized)
+    {
+        return Decision::Held {
+            id: *id,
+            state: state.clone(),
+        };
+    }
+    let others: Vec<NodeId> = members
+        .iter()
+        .copied()
+        .filter(|id| *id != self_id)
+        .collect();
+    let silent: Vec<NodeId> = others
+        .iter()
+        .copied()
+        .filter(|id| !answers.contains_key(id))
+        .collect();
+    let empty = 1 + others.len() - silent.len();
+    let majority = members.len() / 2 + 1;
+    if silent.is_empty() || (waited && empty >= majority) {
+        Decision::Initialize { silent }
+    } else {
+        Decision::Wait
+    }
+}
+
+/// Initializes a new cell of `members` once [`decide`] says so, probing the other members
+/// until then; returns without initializing when one holds a cell already or this
+/// replica joined one meanwhile. Runs beside the replica's serving (it answers probes and
+/// RPCs while it waits). `started` is when the replica started, on tokio's clock (the
+/// simulation's, under `faultsuite sim`).
+pub async fn initialize_new_cell(
+    raft: Raft,
+    mut network: PeerNetworkFactory,
+    self_id: NodeId,
+    members: BTreeMap<NodeId, BasicNode>,
+    started: Instant,
+) {
+    let ids: Vec<NodeId> = members.keys().copied().collect();
+    let mut answers: BTreeMap<NodeId, PeerState> = BTreeMap::new();
+    let mut reasons: BTreeMap<NodeId, String> = BTreeMap::new();
+    loop {
+        match raft.is_initialized().await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!("not initializing a new cell: this replica joined one meanwhile");
+                return;
+            }
+            Err(e) => {
+                tracing::error!("not initializing a new cell: the Raft core stopped: {e}");
+                return;
+            }
+        }
+        let mut probes = Vec::new();
+        for (id, node) in members.iter().filter(|(id, _)| **id != self_id) {
+            if answers.contains_key(id) {
+                continue;
+            }
+            let client = network.new_client(*id, node).await;
+            let id = *id;
+            probes.push(async move { (id, client.probe(PROBE_TIMEOUT).await) });
+        }
+        for (id, answer) in futures::future::join_all(probes).await {
+            match answer {
+                Ok(state) => {
+                    reasons.remove(&id);
+                    answers.insert(id, state);
+                }
+                Err(e) => {
+                    reasons.insert(id, e);
+                }
+            }
+        }
+        match decide(
+            self_id,
+            &ids,
+            &answers,
+            started.elapsed() >= STRAGGLERS_WAIT,
+        ) {
+            Decision::Initialize { silent } => {
+                if !silent.is_empty() {
+                    tracing::warn!(
+                        ?silent,
+                        why = ?reasons,
+                        "members did not answer; a majority did, each empty"
+                    );
+                }
+                tracing::info!(?members, "initializing a new cell");
+                if let Err(e) = raft.initialize(members).await {
+                    // `NotAllowed`: a leader reached this replica first.
+                    tracing::info!("not initializing a new cell: {e}");
+                }
+                return;
+            }
+            Decision::Held { id, state } => {
+                tracing::warn!(
+                    member = id,
+                    term = state.term,
+                    last_log_index = ?state.last_log_index,
+                    "not initializing a new cell: member {id} already holds one; this \
+                     replica waits to be caught up by its leader, as a member started with \
+                     bootstrap = false does (set bootstrap = false on this replica)"
+                );
+                return;
+            }
+            Decision::Wait => tokio::time::sleep(PROBE_EVERY).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty() -> PeerState {
+        PeerState {
+            initialized: false,
+            term: 0,
+            last_log_index: None,
+        }
+    }
+
+    fn held(index: u64) -> PeerState {
+        PeerState {
+            initialized: true,
+            term: 0,
+            last_log_index: Some(index),
+        }
+    }
+
+    #[test]
+    fn every_other_member_empty_initializes_at_once() {
+        let answers: BTreeMap<_, _> = (2..=5).map(|id| (id, empty())).collect();
+        assert_eq!(
+            decide(1, &[1, 2, 3, 4, 5], &answers, false),
+            Decision::Initialize { silent: vec![] }
+        );
+        // A cell of one has no one to ask.
+        assert_eq!(
+            decide(1, &[1], &BTreeMap::new(), false),
+            Decision::Initialize { silent: vec![] }
+        );
+    }
+
+    #[test]
+    fn one_member_holding_a_cell_stops_it_whatever_the_others_say() {
+        let mut answers: BTreeMap<_, _> = (2..=4).map(|id| (id, empty())).collect();
+        answers.insert(5, held(40));
+        for waited in [false, true] {
+            assert_eq!(
+                decide(1, &[1, 2, 3, 4, 5], &answers, waited),
+                Decision::Held {
+                    id: 5,
+                    state: held(40)
+                }
+            );
+        }
+        // A replica that only voted counts as holding one too.
+        let voted = PeerState {
+            initialized: true,
+            term: 3,
+            last_log_index: None,
+        };
+        let answers = BTreeMap::from([(3, voted.clone())]);
+        assert_eq!(
+            decide(1, &[1, 2, 3], &answers, true),
+            Decision::Held {
+                id: 3,
+                state: voted
+            }
+        );
+    }
+
+    #[test]
+    fn silent_members_are_waited_for_then_a_majority_of_empty_ones_is_enough() {
+        let members = [1, 2, 3, 4, 5];
+        let two: BTreeMap<_, _> = (2..=3).map(|id| (id, empty())).collect();
+        assert_eq!(decide(1, &members, &two, false), Decision::Wait);
+        assert_eq!(
+            decide(1, &members, &two, true),
+            Decision::Initialize { silent: vec![4, 5] }
+        );
+        // Itself and one other are not a majority of five, however long it waited.
+        let one = BTreeMap::from([(2, empty())]);
+        assert_eq!(decide(1, &members, &one, true), Decision::Wait);
+        assert_eq!(decide(1, &members, &BTreeMap::new(), true), Decision::Wait);
+        // Of two, itself alone is not a majority.
+        assert_eq!(decide(1, &[1, 2], &BTreeMap::new(), true), Decision::Wait);
+    }
+
+    #[test]
+    fn answers_from_outside_the_members_count_for_nothing() {
+        let answers = BTreeMap::from([(9, held(7)), (2, empty())]);
+        assert_eq!(decide(1, &[1, 2, 3], &answers, false), Decision::Wait);
+        assert_eq!(
+            decide(1, &[1, 2, 3], &answers, true),
+            Decision::Initialize { silent: vec![3] }
+        );
+    }
+}
