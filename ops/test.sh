@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (needs protoc for loadgen's etcd client and promtool for the
-# alerting rules: apt-get install -y protobuf-compiler prometheus; moto's S3 server for
-# the backup test: python3 -m pip install 'moto[server]'): formatting, lints,
+# alerting rules: apt-get install -y protobuf-compiler prometheus; moto's S3 server and
+# Azurite for the backup test: python3 -m pip install 'moto[server]'; npm install -g
+# azurite@3.35.0): formatting, lints,
 # docs, the monitoring files and every test (unit, property, openraft's storage suite,
 # and the cell tests that start real replica processes on loopback). Figures measured by the cell tests are printed as lines starting "FIGURE".
 set -euo pipefail

@@ -39,7 +39,8 @@ pub struct DevArgs {
     /// Session lease in milliseconds.
     #[arg(long, default_value_t = 12_000)]
     lease_ms: u64,
-    /// Back the cell up to this object store (`s3://bucket/prefix` or `file:///path`;
+    /// Back the cell up to this object store (`s3://bucket/prefix`,
+    /// `azure://container/prefix` or `file:///path`;
     /// the replicas' `[backup] url`): the leader writes a backup every
     /// --backup-interval-secs, and `lockctl snapshot save` writes one now.
     #[arg(long, value_name = "URL")]

@@ -21,7 +21,8 @@ pub enum SnapshotCommand {
     #[command(after_help = "Examples:\n  \
         lockctl snapshot ls --store s3://backups/lockservice --cell prod-1\n  \
         lockctl snapshot ls --store s3://b/p --store-option endpoint=http://127.0.0.1:9000 \
-        --store-option allow_http=true --json")]
+        --store-option allow_http=true --json\n  \
+        lockctl snapshot ls --store azure://backups/lockservice --store-option account_name=acct")]
     Ls {
         #[command(flatten)]
         store: StoreArgs,
@@ -79,7 +80,8 @@ pub enum SnapshotCommand {
 #[derive(clap::Args, Debug)]
 pub struct StoreArgs {
     /// The store: s3://bucket/prefix (credentials from the AWS_* environment or
-    /// --store-option) or file:///path.
+    /// --store-option), azure://container/prefix (AZURE_* environment or --store-option)
+    /// or file:///path.
     #[arg(long, env = "LOCKCTL_BACKUP_STORE")]
     store: String,
     /// An option of the store, KEY=VALUE, as the replicas' `[backup] options` (e.g.

@@ -77,7 +77,9 @@ impl Moto {
         s.read_to_string(&mut out)?;
         Ok(out)
     }
+}
 
+impl StoreServer for Moto {
     fn url(&self) -> String {
         format!("s3://{BUCKET}/drill")
     }
@@ -96,6 +98,122 @@ impl Moto {
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Azurite's development account (published in its documentation; every Azurite has it).
+const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// Azurite's Blob service (Microsoft's Azure Storage emulator, from npm: `npm install -g
+/// azurite`, which `.ci/run` does) on a free loopback port, in memory, stopped on drop.
+struct Azurite {
+    child: Child,
+    port: u16,
+}
+
+impl Azurite {
+    fn start() -> Azurite {
+        let ok = Command::new("azurite-blob")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            ok,
+            "Azurite is needed: npm install -g azurite (.ci/run does)"
+        );
+        let port = free_tcp_base(&[0]);
+        let child = Command::new("azurite-blob")
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &port.to_string(),
+                "--inMemoryPersistence",
+                "--disableTelemetry",
+                "--silent",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("azurite-blob");
+        let azurite = Azurite { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "Azurite did not start in 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        azurite
+    }
+
+    /// Creates the container (object_store writes blobs, it does not make containers),
+    /// signed with the account's key by object_store's own Azure signer.
+    async fn create_container(&self) {
+        use object_store::azure::{AzureAccessKey, AzureAuthorizer, AzureCredential};
+        use object_store::client::{HttpConnector, ReqwestConnector};
+        let credential = AzureCredential::AccessKey(AzureAccessKey::try_new(AZURITE_KEY).unwrap());
+        let mut req = http::Request::builder()
+            .method("PUT")
+            .uri(format!(
+                "http://127.0.0.1:{}/{AZURITE_ACCOUNT}/{BUCKET}?restype=container",
+                self.port
+            ))
+            .header("content-length", "0")
+            .body(object_store::client::HttpRequestBody::empty())
+            .unwrap();
+        AzureAuthorizer::new(&credential, AZURITE_ACCOUNT).authorize(&mut req);
+        let client = ReqwestConnector::default()
+            .connect(&object_store::ClientOptions::new().with_allow_http(true))
+            .unwrap();
+        let resp = client.execute(req).await.expect("create the container");
+        assert_eq!(
+            resp.status().as_u16(),
+            201,
+            "creating the container: {resp:?}"
+        );
+    }
+}
+
+impl StoreServer for Azurite {
+    fn url(&self) -> String {
+        format!("azure://{BUCKET}/drill")
+    }
+
+    fn options(&self) -> Vec<(String, String)> {
+        [
+            ("account_name", AZURITE_ACCOUNT.to_string()),
+            ("access_key", AZURITE_KEY.to_string()),
+            (
+                "endpoint",
+                format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port),
+            ),
+            ("allow_http", "true".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An object store server the tests run: its URL and options, as `--store` and
+/// `--store-option` (and `[backup]`) take them.
+trait StoreServer {
+    fn url(&self) -> String;
+    fn options(&self) -> Vec<(String, String)>;
 
     fn args(&self, flag: &str) -> Vec<String> {
         self.options()
@@ -110,20 +228,13 @@ impl Moto {
     }
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn json(o: &std::process::Output) -> serde_json::Value {
     assert!(o.status.success(), "{}", text(o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
 }
 
 /// `lockctl snapshot ls|restore` against the store (no cell).
-fn offline(moto: &Moto, args: &[&str]) -> std::process::Output {
+fn offline(moto: &dyn StoreServer, args: &[&str]) -> std::process::Output {
     Command::new(LOCKCTL)
         .args(["snapshot"])
         .args(args)
@@ -133,7 +244,7 @@ fn offline(moto: &Moto, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn listed(moto: &Moto) -> Vec<serde_json::Value> {
+fn listed(moto: &dyn StoreServer) -> Vec<serde_json::Value> {
     json(&offline(moto, &["ls", "--cell", "dev", "--json"]))["backups"]
         .as_array()
         .unwrap()
@@ -394,4 +505,90 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
     let o = ctl(&["snapshot", "save"]);
     assert_eq!(o.status.code(), Some(9), "{}", text(&o));
     assert!(text(&o).contains("[backup] url"), "{}", text(&o));
+}
+
+/// The same flow against Azure Blob Storage (Azurite): scheduled backups with retention
+/// (deletes), one on demand listed and read back with the leader's digest, a damaged
+/// object refused, and a large object uploaded in blocks (Azure's multipart: blocks, then
+/// the block list) reading back whole.
+#[test]
+fn backups_to_azure_blob_storage() {
+    let _serial = serial();
+    let azurite = Azurite::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(azurite.create_container());
+    let mut extra: Vec<String> = vec![
+        "--backup".into(),
+        azurite.url(),
+        "--backup-interval-secs".into(),
+        "2".into(),
+        "--backup-keep".into(),
+        "2".into(),
+    ];
+    extra.extend(azurite.args("--backup-option"));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut cell = DevCell::start(&extra);
+    let ctl = |args: &[&str]| lockctl(&cell.eps(), &cell.ca, args);
+
+    // Scheduled, with retention keeping 2: the first one is deleted once newer ones come.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        if let Some(b) = listed(&azurite).first() {
+            break b["name"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "no scheduled backup in 60 s");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    loop {
+        let l = listed(&azurite);
+        assert!(l.len() <= 2, "retention keeps 2: {l:?}");
+        if l.len() == 2 && l.iter().all(|b| b["name"] != first.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "retention never deleted the first: {l:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // On demand, read back with the digest the leader reported.
+    assert!(ctl(&["create", "/app", "azure"]).status.success());
+    let saved = json(&ctl(&["snapshot", "save", "--json"]));
+    let object = saved["object"].as_str().unwrap().to_string();
+    let digest = saved["digest"].as_str().unwrap().to_string();
+    let check = json(&offline(
+        &azurite,
+        &["restore", "--object", &object, "--check", "--json"],
+    ));
+    assert_eq!(check["digest"].as_str().unwrap(), digest, "{check}");
+    cell.stop();
+
+    // Damaged: cut short, refused with the reason.
+    let store = azurite.store();
+    let good = rt
+        .block_on(store.get(&object, replica::backup::BACKUP_BYTES_MAX))
+        .unwrap();
+    let index = saved["index"].as_u64().unwrap();
+    let now = replica::backup::unix_ms_now();
+    let cut = rt
+        .block_on(store.put("dev", index + 1, now, good[..good.len() / 2].to_vec()))
+        .unwrap();
+    let o = offline(&azurite, &["restore", "--object", &cut.name, "--check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("truncated"), "{}", text(&o));
+
+    // In blocks: 11 MiB in 5 MiB blocks, whole when read back (not a backup: refused).
+    let large: Vec<u8> = (0..11u32 << 20).map(|i| (i % 251) as u8).collect();
+    let blocks = rt
+        .block_on(store.put_in_parts("dev", index + 2, now + 1, large.clone(), 1 << 20, 5 << 20))
+        .unwrap();
+    assert!(
+        rt.block_on(store.get(&blocks.name, replica::backup::BACKUP_BYTES_MAX))
+            .unwrap()
+            == large
+    );
+    let o = offline(&azurite, &["restore", "--object", &blocks.name, "--check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("not a snapshot file"), "{}", text(&o));
 }

@@ -11,8 +11,10 @@
 //! replica's data directory from one ([`seed`]).
 //!
 //! The store is [`object_store`] (Apache Arrow's): `s3://bucket/prefix` (AWS S3 or any
-//! S3-compatible server, credentials from the usual `AWS_*` environment or the options)
-//! and `file:///path` (a local or mounted directory).
+//! S3-compatible server, Google Cloud Storage's included through its XML API and HMAC
+//! keys; credentials from the usual `AWS_*` environment or the options),
+//! `azure://container/prefix` (Azure Blob Storage; credentials from the `AZURE_*`
+//! environment or the options) and `file:///path` (a local or mounted directory).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -42,12 +44,16 @@ pub const BACKUP_BYTES_MAX: u64 = crate::raft::network::SNAPSHOT_BYTES_MAX;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct BackupConfig {
-    /// Where backups go: `s3://bucket/prefix` or `file:///path`. Unset: no backups.
+    /// Where backups go: `s3://bucket/prefix`, `azure://container/prefix` or
+    /// `file:///path`. Unset: no backups.
     pub url: Option<String>,
     /// Options of the store, by object_store's names (for S3: `endpoint`, `region`,
     /// `allow_http`, `access_key_id`, `secret_access_key`, `virtual_hosted_style_request`,
-    /// ...). Credentials are better left to the `AWS_*` environment variables or the
-    /// instance's role than written here. A name the store does not know is refused.
+    /// ...; for Azure: `account_name`, `access_key`, `sas_key`, `client_id`,
+    /// `client_secret`, `tenant_id`, `use_azure_cli`, `endpoint`, `allow_http`, ...).
+    /// Credentials are better left to the `AWS_*` or `AZURE_*` environment variables or
+    /// the instance's role or managed identity than written here. A name the store does
+    /// not know is refused.
     pub options: BTreeMap<String, String>,
     /// How often the leader writes one (seconds): when the newest backup of this cell in
     /// the store is this old, the leader writes another. Checked every minute (or every
@@ -171,14 +177,23 @@ pub const MULTIPART_ABOVE: usize = 2 * PART_BYTES;
 /// The size of one part of a multipart upload.
 pub const PART_BYTES: usize = 16 << 20;
 
+/// Retries of one request: a few, within [`REQUEST_TIMEOUT`].
+fn retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: REQUEST_TIMEOUT,
+        ..Default::default()
+    }
+}
+
 impl Store {
     /// The store at `url` with `options` (see [`BackupConfig`]). Makes no request.
     pub fn open(url: &str, options: &BTreeMap<String, String>) -> Result<Store, String> {
         let parsed = url::Url::parse(url).map_err(|e| {
-            format!("backup store {url:?}: {e} (expected s3://bucket/prefix or file:///path)")
+            format!("backup store {url:?}: {e} (expected s3://bucket/prefix, azure://container/prefix or file:///path)")
         })?;
         let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|e| {
-            format!("backup store {url:?}: {e} (expected s3://bucket/prefix or file:///path)")
+            format!("backup store {url:?}: {e} (expected s3://bucket/prefix, azure://container/prefix or file:///path)")
         })?;
         let store: Arc<dyn ObjectStore> = match scheme {
             ObjectStoreScheme::Local => {
@@ -192,11 +207,7 @@ impl Store {
             ObjectStoreScheme::AmazonS3 => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_url(url)
-                    .with_retry(object_store::RetryConfig {
-                        max_retries: 3,
-                        retry_timeout: REQUEST_TIMEOUT,
-                        ..Default::default()
-                    })
+                    .with_retry(retry())
                     .with_client_options(
                         object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT),
                     );
@@ -215,10 +226,43 @@ impl Store {
                         .map_err(|e| format!("backup store {url:?}: {e}"))?,
                 )
             }
+            ObjectStoreScheme::MicrosoftAzure => {
+                // object_store 0.12 takes `az://container/a/b`'s container from the host
+                // but drops the first path segment from its prefix (a/b becomes b).
+                if parsed.scheme() == "az" {
+                    return Err(format!(
+                        "backup store {url:?}: write azure://container/prefix (an az:// URL \
+                         loses its prefix's first segment in object_store 0.12)"
+                    ));
+                }
+                // `from_env`: credentials from the `AZURE_*` environment (a Secret's),
+                // as the S3 store takes `AWS_*`.
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .with_retry(retry())
+                    .with_client_options(
+                        object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT),
+                    );
+                for (k, v) in options {
+                    let key: object_store::azure::AzureConfigKey = k.parse().map_err(|_| {
+                        format!(
+                            "backup store {url:?}: option {k:?} is not one object_store's \
+                             Azure client takes (account_name, access_key, sas_key, \
+                             client_id, client_secret, tenant_id, endpoint, allow_http, ...)"
+                        )
+                    })?;
+                    b = b.with_config(key, v.clone());
+                }
+                Arc::new(
+                    b.build()
+                        .map_err(|e| format!("backup store {url:?}: {e}"))?,
+                )
+            }
             other => {
                 return Err(format!(
-                    "backup store {url:?}: {other:?} is not built into this binary (s3:// and \
-                     file:// are)"
+                    "backup store {url:?}: {other:?} is not built into this binary (s3://, \
+                     azure:// and file:// are; Google Cloud Storage through s3:// with its \
+                     XML API's endpoint and HMAC keys)"
                 ))
             }
         };
@@ -274,8 +318,10 @@ impl Store {
     }
 
     /// Writes a backup: one PUT, or above [`MULTIPART_ABOVE`] a multipart upload in
-    /// [`PART_BYTES`] parts; either way the object appears whole, when complete, or not at
-    /// all (a multipart upload that fails is aborted, its parts deleted).
+    /// [`PART_BYTES`] parts (Azure: blocks, then the block list); either way the object
+    /// appears whole, when complete, or not at all (a multipart upload that fails is
+    /// aborted, its parts deleted on S3; Azure keeps uncommitted blocks, invisible, until
+    /// it discards them after a week).
     pub async fn put(
         &self,
         cell: &str,
@@ -383,10 +429,12 @@ impl Store {
             .take(all.len().saturating_sub(keep.max(1)))
             .filter(|o| Some(o.name.as_str()) != spare)
         {
-            self.store
-                .delete(&self.path(&old.name)?)
-                .await
-                .map_err(|e| format!("deleting {} from {}: {e}", old.name, self.url))?;
+            match self.store.delete(&self.path(&old.name)?).await {
+                // S3 answers a delete of a missing object with success, Azure with
+                // NotFound: gone either way (another leader pruned it first).
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(format!("deleting {} from {}: {e}", old.name, self.url)),
+            }
             deleted.push(old.name.clone());
         }
         Ok(deleted)
@@ -616,6 +664,15 @@ mod tests {
         ]
         .into();
         Store::open("s3://bucket/p", &ok).unwrap();
+        // Azure: az:// would lose the prefix's first segment; an option it does not know.
+        let account: BTreeMap<String, String> =
+            [("account_name".to_string(), "acct".to_string())].into();
+        let e = Store::open("az://container/a/b", &account).unwrap_err();
+        assert!(e.contains("azure://container/prefix"), "{e}");
+        let e = Store::open("azure://container/p", &bad).unwrap_err();
+        assert!(e.contains("endpoit") && e.contains("Azure"), "{e}");
+        let s = Store::open("azure://container/a/b", &account).unwrap();
+        assert_eq!(s.prefix.as_ref(), "a/b");
     }
 
     fn sample_state() -> SmState {
