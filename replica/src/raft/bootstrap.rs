@@ -6,21 +6,23 @@
 //! initialized a cell of its own at index 0, which other empty members could elect, and
 //! the seeded members would take that leader's entries at indices they already hold as
 //! committed for theirs (openraft skips them): two states under one name. It asks every
-//! other member what it holds ([`PeerRequest::Probe`](wire::raft::PeerRequest::Probe))
-//! and decides with [`decide`]:
+//! other member what it holds
+//! ([`PeerRequest::Probe`](wire::raft::PeerRequest::Probe)), every round afresh, and
+//! decides with [`decide`]:
 //!
 //! - a member that holds any Raft state (a vote, a log, a seeded snapshot): do not
 //!   initialize; this replica waits to be caught up by that cell's leader, as any member
 //!   started with `bootstrap = false` does;
+//! - a member that was reached and refused the probe (a build without it, a stopped Raft
+//!   core): it may hold a cell, so ask again (and say so in the log);
 //! - every other member answered, each empty: initialize now;
-//! - a majority of the members (this one among them) answered empty and
+//! - a majority of the members (this one among them) answered empty in this round and
 //!   [`STRAGGLERS_WAIT`] has passed since the replica started: initialize, naming the
 //!   members that did not answer (a new cell can be started with a minority down);
-//! - otherwise ask those that did not answer again (a cell needs a majority to elect its
-//!   first leader anyway).
+//! - otherwise ask again (a cell needs a majority to elect its first leader anyway).
 //!
-//! A member that is down, or does not answer within the wait, cannot be asked: the guard
-//! protects against members that are up (start seeded members first).
+//! A member that is down, or does not answer, cannot be asked: the guard protects against
+//! members that are up (start seeded members first).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,7 +31,7 @@ use openraft::{BasicNode, RaftNetworkFactory};
 use tokio::time::Instant;
 use wire::raft::{NodeId, PeerState};
 
-use crate::raft::network::PeerNetworkFactory;
+use crate::raft::network::{PeerNetworkFactory, ProbeFailure};
 use crate::raft::Raft;
 
 /// How long the bootstrap replica waits, from its start, for members that do not answer
@@ -61,35 +63,30 @@ pub enum Decision {
     Wait,
 }
 
-/// Decides from the `answers` so far (member id → what it holds) whether replica
-/// `self_id`, itself empty, initializes a cell of `members`; `waited` is whether
-/// [`STRAGGLERS_WAIT`] has passed.
+/// Decides from one round's `answers` (member id → what it holds, or why not) whether
+/// replica `self_id`, itself empty, initializes a cell of `members`; `waited` is whether
+/// [`STRAGGLERS_WAIT`] has passed. A member with no entry in `answers` was not asked.
 pub fn decide(
     self_id: NodeId,
     members: &[NodeId],
-    answers: &BTreeMap<NodeId, PeerState>,
+    answers: &BTreeMap<NodeId, Result<PeerState, ProbeFailure>>,
     waited: bool,
 ) -> Decision {
-    if let Some((id, state)) = answers
-        .iter()
-        .find(|(id, s)| **id != self_id && members.contains(id) && s.initialized)
-    {
-        return Decision::Held {
-            id: *id,
-            state: state.clone(),
-        };
+    let others = || members.iter().filter(move |id| **id != self_id);
+    if let Some((id, state)) = others().find_map(|id| match answers.get(id) {
+        Some(Ok(s)) if s.initialized => Some((*id, s.clone())),
+        _ => None,
+    }) {
+        return Decision::Held { id, state };
     }
-    let others: Vec<NodeId> = members
-        .iter()
+    if others().any(|id| matches!(answers.get(id), Some(Err(ProbeFailure::Refused(_))))) {
+        return Decision::Wait;
+    }
+    let silent: Vec<NodeId> = others()
+        .filter(|id| !matches!(answers.get(id), Some(Ok(_))))
         .copied()
-        .filter(|id| *id != self_id)
         .collect();
-    let silent: Vec<NodeId> = others
-        .iter()
-        .copied()
-        .filter(|id| !answers.contains_key(id))
-        .collect();
-    let empty = 1 + others.len() - silent.len();
+    let empty = 1 + others().count() - silent.len();
     let majority = members.len() / 2 + 1;
     if silent.is_empty() || (waited && empty >= majority) {
         Decision::Initialize { silent }
@@ -98,11 +95,14 @@ pub fn decide(
     }
 }
 
-/// Initializes a new cell of `members` once [`decide`] says so, probing the other members
-/// until then; returns without initializing when one holds a cell already or this
-/// replica joined one meanwhile. Runs beside the replica's serving (it answers probes and
-/// RPCs while it waits). `started` is when the replica started, on tokio's clock (the
-/// simulation's, under `faultsuite sim`).
+/// How often the bootstrap replica says in its log what it still waits for.
+const WAITING_LOGGED_EVERY: Duration = Duration::from_secs(10);
+
+/// Initializes a new cell of `members` once [`decide`] says so, asking every other member
+/// each round until then; returns without initializing when one holds a cell already or
+/// this replica joined one meanwhile. Runs beside the replica's serving (it answers
+/// probes and RPCs while it waits). `started` is when the replica started, on tokio's
+/// clock (the simulation's, under `faultsuite sim`).
 pub async fn initialize_new_cell(
     raft: Raft,
     mut network: PeerNetworkFactory,
@@ -111,8 +111,7 @@ pub async fn initialize_new_cell(
     started: Instant,
 ) {
     let ids: Vec<NodeId> = members.keys().copied().collect();
-    let mut answers: BTreeMap<NodeId, PeerState> = BTreeMap::new();
-    let mut reasons: BTreeMap<NodeId, String> = BTreeMap::new();
+    let mut logged = started;
     loop {
         match raft.is_initialized().await {
             Ok(false) => {}
@@ -125,26 +124,25 @@ pub async fn initialize_new_cell(
                 return;
             }
         }
+        // Every member afresh each round: one that answered empty before may have voted
+        // for a seeded member since.
         let mut probes = Vec::new();
         for (id, node) in members.iter().filter(|(id, _)| **id != self_id) {
-            if answers.contains_key(id) {
-                continue;
-            }
             let client = network.new_client(*id, node).await;
             let id = *id;
             probes.push(async move { (id, client.probe(PROBE_TIMEOUT).await) });
         }
-        for (id, answer) in futures::future::join_all(probes).await {
-            match answer {
-                Ok(state) => {
-                    reasons.remove(&id);
-                    answers.insert(id, state);
-                }
-                Err(e) => {
-                    reasons.insert(id, e);
-                }
-            }
-        }
+        let answers: BTreeMap<NodeId, Result<PeerState, ProbeFailure>> =
+            futures::future::join_all(probes)
+                .await
+                .into_iter()
+                .collect();
+        let not_empty = || {
+            answers
+                .iter()
+                .filter_map(|(id, a)| a.as_ref().err().map(|e| format!("{id}: {e}")))
+                .collect::<Vec<_>>()
+        };
         match decide(
             self_id,
             &ids,
@@ -155,7 +153,7 @@ pub async fn initialize_new_cell(
                 if !silent.is_empty() {
                     tracing::warn!(
                         ?silent,
-                        why = ?reasons,
+                        why = ?not_empty(),
                         "members did not answer; a majority did, each empty"
                     );
                 }
@@ -164,6 +162,20 @@ pub async fn initialize_new_cell(
                     // `NotAllowed`: a leader reached this replica first.
                     tracing::info!("not initializing a new cell: {e}");
                 }
+                return;
+            }
+            Decision::Held { id, state } if state.last_log_index.is_none() => {
+                tracing::warn!(
+                    member = id,
+                    term = state.term,
+                    "not initializing a new cell: member {id} has voted (term {}) but holds \
+                     no entry yet; this replica waits to be caught up by the cell's leader. \
+                     If no member ever holds an entry (`lockctl status`: none has applied \
+                     anything), this replica's data was lost before the cell's first entry \
+                     reached the others and the cell cannot elect: stop every member, empty \
+                     their data directories and start the cell again.",
+                    state.term
+                );
                 return;
             }
             Decision::Held { id, state } => {
@@ -177,7 +189,18 @@ pub async fn initialize_new_cell(
                 );
                 return;
             }
-            Decision::Wait => tokio::time::sleep(PROBE_EVERY).await,
+            Decision::Wait => {
+                if logged.elapsed() >= WAITING_LOGGED_EVERY {
+                    logged = Instant::now();
+                    tracing::warn!(
+                        why = ?not_empty(),
+                        "not initializing a new cell yet: waiting for a majority of the \
+                         members to answer empty (and for every member that refused the \
+                         probe to answer it)"
+                    );
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
         }
     }
 }
@@ -186,12 +209,14 @@ pub async fn initialize_new_cell(
 mod tests {
     use super::*;
 
-    fn empty() -> PeerState {
-        PeerState {
+    type Answers = BTreeMap<NodeId, Result<PeerState, ProbeFailure>>;
+
+    fn empty() -> Result<PeerState, ProbeFailure> {
+        Ok(PeerState {
             initialized: false,
             term: 0,
             last_log_index: None,
-        }
+        })
     }
 
     fn held(index: u64) -> PeerState {
@@ -202,24 +227,33 @@ mod tests {
         }
     }
 
+    fn silent() -> Result<PeerState, ProbeFailure> {
+        Err(ProbeFailure::NoAnswer("connect: timed out".into()))
+    }
+
+    fn refused() -> Result<PeerState, ProbeFailure> {
+        Err(ProbeFailure::Refused("malformed".into()))
+    }
+
     #[test]
     fn every_other_member_empty_initializes_at_once() {
-        let answers: BTreeMap<_, _> = (2..=5).map(|id| (id, empty())).collect();
+        let answers: Answers = (2..=5).map(|id| (id, empty())).collect();
         assert_eq!(
             decide(1, &[1, 2, 3, 4, 5], &answers, false),
             Decision::Initialize { silent: vec![] }
         );
         // A cell of one has no one to ask.
         assert_eq!(
-            decide(1, &[1], &BTreeMap::new(), false),
+            decide(1, &[1], &Answers::new(), false),
             Decision::Initialize { silent: vec![] }
         );
     }
 
     #[test]
     fn one_member_holding_a_cell_stops_it_whatever_the_others_say() {
-        let mut answers: BTreeMap<_, _> = (2..=4).map(|id| (id, empty())).collect();
-        answers.insert(5, held(40));
+        let mut answers: Answers = (2..=3).map(|id| (id, empty())).collect();
+        answers.insert(4, silent());
+        answers.insert(5, Ok(held(40)));
         for waited in [false, true] {
             assert_eq!(
                 decide(1, &[1, 2, 3, 4, 5], &answers, waited),
@@ -235,7 +269,7 @@ mod tests {
             term: 3,
             last_log_index: None,
         };
-        let answers = BTreeMap::from([(3, voted.clone())]);
+        let answers = Answers::from([(3, Ok(voted.clone()))]);
         assert_eq!(
             decide(1, &[1, 2, 3], &answers, true),
             Decision::Held {
@@ -248,23 +282,42 @@ mod tests {
     #[test]
     fn silent_members_are_waited_for_then_a_majority_of_empty_ones_is_enough() {
         let members = [1, 2, 3, 4, 5];
-        let two: BTreeMap<_, _> = (2..=3).map(|id| (id, empty())).collect();
+        let mut two: Answers = (2..=3).map(|id| (id, empty())).collect();
+        two.insert(4, silent());
         assert_eq!(decide(1, &members, &two, false), Decision::Wait);
         assert_eq!(
             decide(1, &members, &two, true),
             Decision::Initialize { silent: vec![4, 5] }
         );
         // Itself and one other are not a majority of five, however long it waited.
-        let one = BTreeMap::from([(2, empty())]);
+        let one = Answers::from([(2, empty())]);
         assert_eq!(decide(1, &members, &one, true), Decision::Wait);
-        assert_eq!(decide(1, &members, &BTreeMap::new(), true), Decision::Wait);
+        assert_eq!(decide(1, &members, &Answers::new(), true), Decision::Wait);
         // Of two, itself alone is not a majority.
-        assert_eq!(decide(1, &[1, 2], &BTreeMap::new(), true), Decision::Wait);
+        assert_eq!(decide(1, &[1, 2], &Answers::new(), true), Decision::Wait);
+    }
+
+    #[test]
+    fn a_member_that_refuses_the_probe_is_waited_for_as_it_may_hold_a_cell() {
+        let mut answers: Answers = (2..=4).map(|id| (id, empty())).collect();
+        answers.insert(5, refused());
+        for waited in [false, true] {
+            assert_eq!(
+                decide(1, &[1, 2, 3, 4, 5], &answers, waited),
+                Decision::Wait
+            );
+        }
+        // One that holds a cell still decides.
+        answers.insert(4, Ok(held(9)));
+        assert!(matches!(
+            decide(1, &[1, 2, 3, 4, 5], &answers, true),
+            Decision::Held { id: 4, .. }
+        ));
     }
 
     #[test]
     fn answers_from_outside_the_members_count_for_nothing() {
-        let answers = BTreeMap::from([(9, held(7)), (2, empty())]);
+        let answers = Answers::from([(9, Ok(held(7))), (8, refused()), (2, empty())]);
         assert_eq!(decide(1, &[1, 2, 3], &answers, false), Decision::Wait);
         assert_eq!(
             decide(1, &[1, 2, 3], &answers, true),

@@ -312,14 +312,36 @@ impl PeerClient {
 }
 
 impl PeerClient {
-    /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`; an error names
-    /// why it did not answer (unreachable, timed out, refused the request).
-    pub async fn probe(&self, ttl: Duration) -> Result<PeerState, String> {
+    /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`.
+    pub async fn probe(&self, ttl: Duration) -> Result<PeerState, ProbeFailure> {
         match self.call(PeerRequest::Probe, ttl).await {
             Ok(PeerResponse::Probe(s)) => Ok(s),
-            Ok(PeerResponse::Refused(e)) => Err(format!("refused the probe: {e}")),
-            Ok(_) => Err("answered the probe with something else".into()),
-            Err(CallError::Unreachable(m) | CallError::Network(m)) => Err(m),
+            Ok(PeerResponse::Refused(e)) => Err(ProbeFailure::Refused(e.to_string())),
+            Ok(_) => Err(ProbeFailure::Refused(
+                "answered the probe with something else".into(),
+            )),
+            Err(CallError::Unreachable(m) | CallError::Network(m)) => {
+                Err(ProbeFailure::NoAnswer(m))
+            }
+        }
+    }
+}
+
+/// Why a [`PeerClient::probe`] got no state back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeFailure {
+    /// Not reached, or no answer in time (down, not started yet, partitioned).
+    NoAnswer(String),
+    /// Reached, and it refused (a build without the probe, a stopped Raft core): it is up
+    /// and may hold a cell.
+    Refused(String),
+}
+
+impl std::fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeFailure::NoAnswer(m) => write!(f, "no answer: {m}"),
+            ProbeFailure::Refused(m) => write!(f, "refused: {m}"),
         }
     }
 }
