@@ -130,6 +130,7 @@ pub async fn run_on(
         .with_tls_files(peer_files);
     let peer_dials = network.dials();
     let probe_network = network.clone();
+    let raft_slot = network.raft_slot();
     let peer_certificate_checks = network.cert_checks();
     let config = Arc::new(raft_config(&cfg)?);
     let (raft, log_stats) = match plumbing.memory_log {
@@ -152,6 +153,7 @@ pub async fn run_on(
         }
     };
 
+    let _ = raft_slot.set(raft.clone());
     // A new cell is initialized once the other members are asked (below, beside serving:
     // this replica answers their probes and RPCs meanwhile).
     let bootstrap = cfg.bootstrap && !raft.is_initialized().await?;

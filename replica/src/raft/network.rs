@@ -63,6 +63,7 @@ pub struct PeerNetworkFactory {
     dials: Arc<AtomicU64>,
     cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
+    raft: Arc<std::sync::OnceLock<Raft>>,
 }
 
 impl PeerNetworkFactory {
@@ -83,7 +84,15 @@ impl PeerNetworkFactory {
             dials: Arc::default(),
             cert_checks: Arc::default(),
             tls_files: None,
+            raft: Arc::default(),
         }
+    }
+
+    /// Where the replica puts its Raft handle once it is made (the factory is made
+    /// first): the clients use it to stand again at once after a split vote they cannot
+    /// lose ([`stand_again`]).
+    pub fn raft_slot(&self) -> Arc<std::sync::OnceLock<Raft>> {
+        self.raft.clone()
     }
 
     /// Checks a peer's certificate again, before each RPC, once `files` took new files
@@ -130,6 +139,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             dials: self.dials.clone(),
             cert_checks: self.cert_checks.clone(),
             tls_files: self.tls_files.clone(),
+            raft: self.raft.clone(),
         }
     }
 }
@@ -149,6 +159,7 @@ pub struct PeerClient {
     dials: Arc<AtomicU64>,
     cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
+    raft: Arc<std::sync::OnceLock<Raft>>,
 }
 
 /// When a peer's certificate was last checked on a connection: the TLS files'
@@ -462,17 +473,78 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let (vote, last_log_id) = (rpc.vote, rpc.last_log_id);
         match self
             .call(PeerRequest::Vote(rpc), option.hard_ttl())
             .await
             .map_err(rpc_err)?
         {
-            PeerResponse::Vote(Ok(r)) => Ok(r),
+            PeerResponse::Vote(Ok(r)) => {
+                if stand_again(&vote, last_log_id.as_ref(), self.target, &r) {
+                    if let Some(raft) = self.raft.get() {
+                        stand_now(raft, vote, self.target, &r).await;
+                    }
+                }
+                Ok(r)
+            }
             PeerResponse::Vote(Err(e)) => {
                 Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
             _ => Err(unexpected("vote")),
         }
+    }
+}
+
+/// Whether a candidate whose vote request (`vote`, its log ending at `last_log_id`) got
+/// `resp` from `voter` should stand again at once, in the next term, rather than after
+/// an election timeout: the voter refused because it stood itself in the same term (its
+/// vote is its own, uncommitted: two followers stood together), and its log is shorter
+/// than the candidate's, so it can never have this candidate's vote (a longer log
+/// refuses it). openraft 0.9 orders the candidacies of one term by node
+/// id, so when the follower with the higher id and the shorter log stands first or in
+/// the same tick, the one with the longer log lost the term and waited a whole election
+/// timeout (0.5-1 s) for the next (docs/benchmarks.md, "failover at 14f868b, traced at
+/// the server"). In the next term the voter, holding an uncommitted vote, has no leader
+/// lease to keep and grants the longer log. Never when the voter's vote is committed (a
+/// leader was elected in that term) or of another term. Only liveness is at stake: an
+/// election started anew is one more round trip at worst.
+pub fn stand_again(
+    vote: &openraft::Vote<NodeId>,
+    last_log_id: Option<&wire::raft::LogId>,
+    voter: NodeId,
+    resp: &VoteResponse<NodeId>,
+) -> bool {
+    !resp.vote_granted
+        && !vote.is_committed()
+        && !resp.vote.is_committed()
+        && resp.vote.leader_id().term == vote.leader_id().term
+        && resp.vote.leader_id().voted_for() == Some(voter)
+        && resp.last_log_id.as_ref() < last_log_id
+}
+
+/// Stands again in the next term, if this replica still holds `vote` (still the
+/// candidate the refusal answered).
+async fn stand_now(
+    raft: &Raft,
+    vote: openraft::Vote<NodeId>,
+    voter: NodeId,
+    resp: &VoteResponse<NodeId>,
+) {
+    let still = raft
+        .with_raft_state(move |st| *st.vote_ref() == vote)
+        .await
+        .unwrap_or(false);
+    if !still {
+        return;
+    }
+    tracing::info!(
+        term = vote.leader_id().term,
+        voter,
+        voter_vote = %resp.vote,
+        "split vote with a shorter log: standing again at once in the next term"
+    );
+    if let Err(e) = raft.trigger().elect().await {
+        tracing::warn!("standing again: {e}");
     }
 }
 
@@ -594,4 +666,72 @@ async fn resolve_peer(addr: &str, endpoint: &quinn::Endpoint) -> Result<SocketAd
             if v6 { 6 } else { 4 }
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    fn log(index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(1, 1), index))
+    }
+
+    fn resp(
+        vote: Vote<NodeId>,
+        granted: bool,
+        last: Option<LogId<NodeId>>,
+    ) -> VoteResponse<NodeId> {
+        VoteResponse {
+            vote,
+            vote_granted: granted,
+            last_log_id: last,
+        }
+    }
+
+    /// The traced case: replica 2 (log to 2 632) stood in term 2 together with replica 3
+    /// (log to 2 631), which refused it by its own vote `T2-N3`.
+    #[test]
+    fn a_split_vote_against_a_shorter_log_stands_again_at_once() {
+        let mine = Vote::new(2, 2);
+        let r = resp(Vote::new(2, 3), false, log(2631));
+        assert!(stand_again(&mine, log(2632).as_ref(), 3, &r));
+        // Equal logs: the voter's candidacy can win with this one's vote; leave it.
+        assert!(!stand_again(&mine, log(2631).as_ref(), 3, &r));
+        // A longer log at the voter: it is the one to win.
+        let r = resp(Vote::new(2, 3), false, log(2700));
+        assert!(!stand_again(&mine, log(2632).as_ref(), 3, &r));
+    }
+
+    #[test]
+    fn nothing_else_makes_it_stand_again() {
+        let mine = Vote::new(2, 2);
+        let last = log(2632);
+        for (why, from, r) in [
+            ("granted", 3, resp(Vote::new(2, 2), true, log(2631))),
+            // A leader was elected in this term: never disrupt it.
+            (
+                "leader",
+                3,
+                resp(Vote::new_committed(2, 3), false, log(2631)),
+            ),
+            // The voter follows a leader of the term before (refused by its lease).
+            (
+                "lease",
+                3,
+                resp(Vote::new_committed(1, 1), false, log(2631)),
+            ),
+            // A later term: the cell has moved on.
+            ("later term", 3, resp(Vote::new(3, 3), false, log(2631))),
+            // It voted for a third replica, whose log this one does not know.
+            ("another's vote", 3, resp(Vote::new(2, 4), false, log(2631))),
+            // An empty voter that voted for itself: None is below any log, so it stands
+            // again only against a log that has entries.
+        ] {
+            assert!(!stand_again(&mine, last.as_ref(), from, &r), "{why}");
+        }
+        let empty = resp(Vote::new(2, 3), false, None);
+        assert!(stand_again(&mine, last.as_ref(), 3, &empty));
+        assert!(!stand_again(&mine, None, 3, &empty));
+    }
 }
