@@ -64,6 +64,9 @@ pub struct PeerNetworkFactory {
     cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
     raft: Arc<std::sync::OnceLock<Raft>>,
+    /// The highest term this replica stood again from ([`stand_again`]): once per term,
+    /// however many voters refuse it alike.
+    stood_again: Arc<AtomicU64>,
 }
 
 impl PeerNetworkFactory {
@@ -85,6 +88,7 @@ impl PeerNetworkFactory {
             cert_checks: Arc::default(),
             tls_files: None,
             raft: Arc::default(),
+            stood_again: Arc::default(),
         }
     }
 
@@ -140,6 +144,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             cert_checks: self.cert_checks.clone(),
             tls_files: self.tls_files.clone(),
             raft: self.raft.clone(),
+            stood_again: self.stood_again.clone(),
         }
     }
 }
@@ -160,6 +165,7 @@ pub struct PeerClient {
     cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
     raft: Arc<std::sync::OnceLock<Raft>>,
+    stood_again: Arc<AtomicU64>,
 }
 
 /// When a peer's certificate was last checked on a connection: the TLS files'
@@ -480,7 +486,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             .map_err(rpc_err)?
         {
             PeerResponse::Vote(Ok(r)) => {
-                if stand_again(&vote, last_log_id.as_ref(), self.target, &r) {
+                // Once per term: two voters refusing alike would otherwise have it stand
+                // in the next term and at once in the one after.
+                let term = vote.leader_id().term;
+                if stand_again(&vote, last_log_id.as_ref(), self.target, &r)
+                    && self.stood_again.fetch_max(term, Ordering::Relaxed) < term
+                {
                     if let Some(raft) = self.raft.get() {
                         stand_now(raft, vote, self.target, &r).await;
                     }
@@ -506,8 +517,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// timeout (0.5-1 s) for the next (docs/benchmarks.md, "failover at 14f868b, traced at
 /// the server"). In the next term the voter, holding an uncommitted vote, has no leader
 /// lease to keep and grants the longer log. Never when the voter's vote is committed (a
-/// leader was elected in that term) or of another term. Only liveness is at stake: an
-/// election started anew is one more round trip at worst.
+/// leader was elected in that term) or of another term, as the response shows it. Only
+/// liveness is at stake: an election started anew is one more round trip at worst; in a
+/// cell of five or more, a voter that won the term with the others' votes after it
+/// answered can be deposed by the longer log's next term (one more leader change).
 pub fn stand_again(
     vote: &openraft::Vote<NodeId>,
     last_log_id: Option<&wire::raft::LogId>,
