@@ -244,6 +244,21 @@ fn offline(moto: &dyn StoreServer, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `lockctl dev` backing up to `server` every 2 s, keeping `keep`.
+fn dev_cell_backing_up_to(server: &dyn StoreServer, keep: u32) -> DevCell {
+    let mut extra: Vec<String> = vec![
+        "--backup".into(),
+        server.url(),
+        "--backup-interval-secs".into(),
+        "2".into(),
+        "--backup-keep".into(),
+        keep.to_string(),
+    ];
+    extra.extend(server.args("--backup-option"));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    DevCell::start(&extra)
+}
+
 fn listed(moto: &dyn StoreServer) -> Vec<serde_json::Value> {
     json(&offline(moto, &["ls", "--cell", "dev", "--json"]))["backups"]
         .as_array()
@@ -255,17 +270,7 @@ fn listed(moto: &dyn StoreServer) -> Vec<serde_json::Value> {
 fn backups_to_s3_and_a_cell_restored_from_one() {
     let _serial = serial();
     let moto = Moto::start();
-    let mut extra: Vec<String> = vec![
-        "--backup".into(),
-        moto.url(),
-        "--backup-interval-secs".into(),
-        "2".into(),
-        "--backup-keep".into(),
-        "3".into(),
-    ];
-    extra.extend(moto.args("--backup-option"));
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let mut cell = DevCell::start(&extra);
+    let mut cell = dev_cell_backing_up_to(&moto, 3);
     let ctl = |args: &[&str]| lockctl(&cell.eps(), &cell.ca, args);
 
     // On a schedule, with retention: backups every 2 s, the store keeping 3. Bounded:
@@ -517,17 +522,7 @@ fn backups_to_azure_blob_storage() {
     let azurite = Azurite::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(azurite.create_container());
-    let mut extra: Vec<String> = vec![
-        "--backup".into(),
-        azurite.url(),
-        "--backup-interval-secs".into(),
-        "2".into(),
-        "--backup-keep".into(),
-        "2".into(),
-    ];
-    extra.extend(azurite.args("--backup-option"));
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let mut cell = DevCell::start(&extra);
+    let mut cell = dev_cell_backing_up_to(&azurite, 2);
     let ctl = |args: &[&str]| lockctl(&cell.eps(), &cell.ca, args);
 
     // Scheduled, with retention keeping 2: the first one is deleted once newer ones come.
