@@ -177,6 +177,14 @@ pub const MULTIPART_ABOVE: usize = 2 * PART_BYTES;
 /// The size of one part of a multipart upload.
 pub const PART_BYTES: usize = 16 << 20;
 
+/// The store URLs [`Store::open`] takes, for its errors.
+const URL_FORMS: &str = "s3://bucket/prefix, azure://container/prefix or file:///path";
+
+/// Each request's own limit, [`REQUEST_TIMEOUT`].
+fn client_options() -> object_store::ClientOptions {
+    object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT)
+}
+
 /// Retries of one request: a few, within [`REQUEST_TIMEOUT`].
 fn retry() -> object_store::RetryConfig {
     object_store::RetryConfig {
@@ -189,12 +197,10 @@ fn retry() -> object_store::RetryConfig {
 impl Store {
     /// The store at `url` with `options` (see [`BackupConfig`]). Makes no request.
     pub fn open(url: &str, options: &BTreeMap<String, String>) -> Result<Store, String> {
-        let parsed = url::Url::parse(url).map_err(|e| {
-            format!("backup store {url:?}: {e} (expected s3://bucket/prefix, azure://container/prefix or file:///path)")
-        })?;
-        let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|e| {
-            format!("backup store {url:?}: {e} (expected s3://bucket/prefix, azure://container/prefix or file:///path)")
-        })?;
+        let parsed = url::Url::parse(url)
+            .map_err(|e| format!("backup store {url:?}: {e} (expected {URL_FORMS})"))?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
+            .map_err(|e| format!("backup store {url:?}: {e} (expected {URL_FORMS})"))?;
         let store: Arc<dyn ObjectStore> = match scheme {
             ObjectStoreScheme::Local => {
                 if let Some(k) = options.keys().next() {
@@ -208,9 +214,7 @@ impl Store {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_url(url)
                     .with_retry(retry())
-                    .with_client_options(
-                        object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT),
-                    );
+                    .with_client_options(client_options());
                 for (k, v) in options {
                     let key: object_store::aws::AmazonS3ConfigKey = k.parse().map_err(|_| {
                         format!(
@@ -240,9 +244,7 @@ impl Store {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_url(url)
                     .with_retry(retry())
-                    .with_client_options(
-                        object_store::ClientOptions::new().with_timeout(REQUEST_TIMEOUT),
-                    );
+                    .with_client_options(client_options());
                 for (k, v) in options {
                     let key: object_store::azure::AzureConfigKey = k.parse().map_err(|_| {
                         format!(

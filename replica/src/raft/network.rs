@@ -326,9 +326,7 @@ impl PeerClient {
             ))),
         }
     }
-}
 
-impl PeerClient {
     /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`.
     pub async fn probe(&self, ttl: Duration) -> Result<PeerState, ProbeFailure> {
         match self.call(PeerRequest::Probe, ttl).await {
@@ -738,11 +736,11 @@ mod tests {
             ("later term", 3, resp(Vote::new(3, 3), false, log(2631))),
             // It voted for a third replica, whose log this one does not know.
             ("another's vote", 3, resp(Vote::new(2, 4), false, log(2631))),
-            // An empty voter that voted for itself: None is below any log, so it stands
-            // again only against a log that has entries.
         ] {
             assert!(!stand_again(&mine, last.as_ref(), from, &r), "{why}");
         }
+        // An empty voter that voted for itself: None is below any log, so it stands
+        // again only against a log that has entries.
         let empty = resp(Vote::new(2, 3), false, None);
         assert!(stand_again(&mine, last.as_ref(), 3, &empty));
         assert!(!stand_again(&mine, None, 3, &empty));
