@@ -216,6 +216,33 @@ fn batch_commands<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Er
     nested(true, || Vec::<Command>::deserialize(d))
 }
 
+/// What openraft's logs show of an entry (openraft 0.10 requires `Display` of its
+/// application data): the command's kind and approximate size, never its contents (a
+/// batch may hold a megabyte, and node data may be anything).
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Command::Noop { .. } => "Noop",
+            Command::CreateSession { .. } => "CreateSession",
+            Command::CloseSession { .. } => "CloseSession",
+            Command::ExpireSessions { .. } => "ExpireSessions",
+            Command::Write { .. } => "Write",
+            Command::LeaseCheckpoint { .. } => "LeaseCheckpoint",
+            Command::MarkCacher { .. } => "MarkCacher",
+            Command::Held { .. } => "Held",
+            Command::Batch { .. } => "Batch",
+            Command::Bootstrap { .. } => "Bootstrap",
+            Command::SetAcl { .. } => "SetAcl",
+            Command::SetGroup { .. } => "SetGroup",
+            Command::SetAdmin { .. } => "SetAdmin",
+            Command::SetPrefix { .. } => "SetPrefix",
+            Command::ImportPrefix { .. } => "ImportPrefix",
+            Command::DropPrefix { .. } => "DropPrefix",
+        };
+        write!(f, "{kind}(~{} B)", self.approx_bytes())
+    }
+}
+
 impl Command {
     /// About how many bytes this command adds to a log entry (its paths and data, plus a
     /// little for the rest): cheap, for the limits on a batch and on one AppendEntries.

@@ -15,8 +15,13 @@ use crate::types::ReplicaId;
 /// [`crate::types::Op::Sessions`]; 9 since [`crate::types::Op::Backup`].
 /// [`crate::types::Op::Leadership`] came after 9 without a bump: only clients send it,
 /// only to find a new leader faster, and a replica of an older build cannot decode it
-/// (it answers `Malformed`), which a client takes as no answer.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// (it answers `Malformed`), which a client takes as no answer. 10 since openraft 0.10:
+/// the peer RPCs carry its types (`VoteRequest` has a `leadership_transfer` field, the
+/// responses and errors are generic over the type configuration, `RaftError`'s fatal
+/// errors changed), snapshots travel whole (`PeerRequest::Snapshot`) instead of in
+/// chunks, and a cell must not mix replicas of the two openraft lines (their elections
+/// and leases differ), so replicas of 9 and 10 refuse each other at the hello.
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// ALPN for client (and proxy) connections to a replica.
 pub const ALPN_CLIENT: &[u8] = b"lockservice-client";

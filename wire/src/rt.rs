@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "raft")]
-use openraft::async_runtime::TokioOneShotSender;
+use openraft::async_runtime::watch;
 #[cfg(feature = "raft")]
-use openraft::{AsyncRuntime, OptionalSend, TokioInstant};
+use openraft::{AsyncRuntime, OptionalSend, OptionalSync};
+#[cfg(feature = "raft")]
+use openraft_rt_tokio::TokioInstant;
 
 static LOCAL: AtomicBool = AtomicBool::new(false);
 
@@ -62,7 +64,10 @@ where
     }
 }
 
-/// openraft's runtime: tokio's, with its tasks spawned by [`spawn`].
+/// openraft's runtime: tokio's, with its tasks spawned by [`spawn`]. openraft 0.10's
+/// runtime also names its channels and mutex; they are openraft-rt-tokio's, except the
+/// watch channel ([`RaftWatch`]), which hands out tokio's own receivers so that
+/// `Raft::metrics()` stays a `tokio::sync::watch::Receiver`.
 #[cfg(feature = "raft")]
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct RaftRuntime;
@@ -75,10 +80,11 @@ impl AsyncRuntime for RaftRuntime {
     type Instant = TokioInstant;
     type TimeoutError = tokio::time::error::Elapsed;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = tokio::time::Timeout<T>;
-    type ThreadLocalRng = rand::rngs::ThreadRng;
-    type OneshotSender<T: OptionalSend> = TokioOneShotSender<T>;
-    type OneshotReceiver<T: OptionalSend> = tokio::sync::oneshot::Receiver<T>;
-    type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
+    type ThreadLocalRng = rand010::rngs::ThreadRng;
+    type Mpsc = openraft_rt_tokio::TokioMpsc;
+    type Watch = RaftWatch;
+    type Oneshot = openraft_rt_tokio::TokioOneshot;
+    type Mutex<T: OptionalSend + 'static> = openraft_rt_tokio::TokioMutex<T>;
 
     fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
     where
@@ -93,7 +99,7 @@ impl AsyncRuntime for RaftRuntime {
     }
 
     fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
-        tokio::time::sleep_until(deadline)
+        tokio::time::sleep_until(tokio_instant(deadline))
     }
 
     fn timeout<R, F: Future<Output = R> + OptionalSend>(
@@ -107,7 +113,7 @@ impl AsyncRuntime for RaftRuntime {
         deadline: Self::Instant,
         future: F,
     ) -> Self::Timeout<R, F> {
-        tokio::time::timeout_at(deadline, future)
+        tokio::time::timeout_at(tokio_instant(deadline), future)
     }
 
     fn is_panic(join_error: &Self::JoinError) -> bool {
@@ -115,15 +121,94 @@ impl AsyncRuntime for RaftRuntime {
     }
 
     fn thread_rng() -> Self::ThreadLocalRng {
-        rand::thread_rng()
+        rand010::rng()
     }
 
-    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    /// Not used by openraft itself (its tests and `AsyncRuntime::run` only): a
+    /// multi-threaded tokio runtime, as openraft-rt-tokio's.
+    fn new(threads: usize) -> Self {
+        let _ = threads;
+        RaftRuntime
+    }
+
+    fn block_on<F, T>(&mut self, future: F) -> T
     where
-        T: OptionalSend,
+        F: Future<Output = T>,
     {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (TokioOneShotSender(tx), rx)
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(future)
+    }
+}
+
+/// `deadline` as tokio's instant. openraft-rt-tokio's instant wraps one but does not
+/// give it out: both read tokio's clock (paused and advanced alike in tests), so the
+/// distance from now is the same on both.
+#[cfg(feature = "raft")]
+fn tokio_instant(deadline: TokioInstant) -> tokio::time::Instant {
+    use openraft::Instant as _;
+    tokio::time::Instant::now() + deadline.saturating_duration_since(TokioInstant::now())
+}
+
+/// openraft's watch channel on tokio's, with tokio's own sender and receiver types (so
+/// the metrics openraft publishes are read with tokio's `borrow` and `changed`).
+#[cfg(feature = "raft")]
+#[derive(Debug)]
+pub struct RaftWatch;
+
+#[cfg(feature = "raft")]
+impl watch::Watch for RaftWatch {
+    type Sender<T: OptionalSend + OptionalSync> = tokio::sync::watch::Sender<T>;
+    type Receiver<T: OptionalSend + OptionalSync> = tokio::sync::watch::Receiver<T>;
+    type Ref<'a, T: OptionalSend + 'a> = tokio::sync::watch::Ref<'a, T>;
+
+    fn channel<T: OptionalSend + OptionalSync>(init: T) -> (Self::Sender<T>, Self::Receiver<T>) {
+        tokio::sync::watch::channel(init)
+    }
+}
+
+#[cfg(feature = "raft")]
+impl<T: OptionalSend + OptionalSync> watch::WatchSender<RaftWatch, T>
+    for tokio::sync::watch::Sender<T>
+{
+    fn send(&self, value: T) -> Result<(), watch::SendError<T>> {
+        tokio::sync::watch::Sender::send(self, value).map_err(|e| watch::SendError(e.0))
+    }
+
+    fn send_if_modified<F>(&self, modify: F) -> bool
+    where
+        F: FnOnce(&mut T) -> bool,
+    {
+        tokio::sync::watch::Sender::send_if_modified(self, modify)
+    }
+
+    fn borrow_watched(&self) -> tokio::sync::watch::Ref<'_, T> {
+        self.borrow()
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<T> {
+        tokio::sync::watch::Sender::subscribe(self)
+    }
+}
+
+#[cfg(feature = "raft")]
+impl<T: OptionalSend + OptionalSync> watch::WatchReceiver<RaftWatch, T>
+    for tokio::sync::watch::Receiver<T>
+{
+    async fn changed(&mut self) -> Result<(), watch::RecvError> {
+        tokio::sync::watch::Receiver::changed(self)
+            .await
+            .map_err(|_| watch::RecvError(()))
+    }
+
+    fn borrow_watched(&self) -> tokio::sync::watch::Ref<'_, T> {
+        self.borrow()
+    }
+
+    fn borrow_and_update(&mut self) -> tokio::sync::watch::Ref<'_, T> {
+        tokio::sync::watch::Receiver::borrow_and_update(self)
     }
 }
 
