@@ -463,9 +463,9 @@ pub fn encode(state: &SmState) -> Result<Encoded, String> {
     let meta = SnapshotMeta {
         last_log_id: state.last_applied,
         last_membership: state.membership.clone(),
-        snapshot_id: format!("backup-{index}"),
     };
-    let bytes = snapshot_file::to_bytes(&meta, &data).map_err(|e| e.to_string())?;
+    let bytes = snapshot_file::to_bytes(&meta, &format!("backup-{index}"), &data)
+        .map_err(|e| e.to_string())?;
     Ok(Encoded {
         bytes,
         index,
@@ -587,7 +587,13 @@ pub fn seed(
         .checked_add(bump)
         .filter(|i| i.checked_mul(1 << 20).is_some())
         .ok_or_else(|| format!("index {} + bump {bump} is too large", backup.index()))?;
-    let log_id = LogId::new(openraft::CommittedLeaderId::new(0, 0), index);
+    let log_id = LogId::new(
+        wire::raft::LeaderId {
+            term: 0,
+            node_id: 0,
+        },
+        index,
+    );
     let voters: BTreeSet<u64> = members.keys().copied().collect();
     let nodes: BTreeMap<u64, BasicNode> = members
         .iter()
@@ -595,16 +601,17 @@ pub fn seed(
         .collect();
     let mut state = backup.state;
     state.last_applied = Some(log_id);
-    state.membership = StoredMembership::new(Some(log_id), Membership::new(vec![voters], nodes));
+    let membership = Membership::new(vec![voters], nodes).map_err(|e| e.to_string())?;
+    state.membership = StoredMembership::new(Some(log_id), membership);
     let data = postcard::to_allocvec(&state).map_err(|e| e.to_string())?;
     let meta = SnapshotMeta {
         last_log_id: Some(log_id),
         last_membership: state.membership.clone(),
-        snapshot_id: format!("{SEEDED_ID_PREFIX}{index}"),
     };
     let dir = snapshot_dir(data_dir);
     let existed = dir.exists();
-    snapshot_file::write(&dir, &meta, &data).map_err(|e| {
+    let id = format!("{SEEDED_ID_PREFIX}{index}");
+    snapshot_file::write(&dir, &meta, &id, &data).map_err(|e| {
         // Nothing half-written left behind (the directory was empty): the restore can be
         // run again once the cause is fixed.
         if existed {
@@ -687,7 +694,13 @@ mod tests {
         };
         assert!(sm.apply(5, &cmd).0.is_ok());
         SmState {
-            last_applied: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 5)),
+            last_applied: Some(LogId::new(
+                wire::raft::LeaderId {
+                    term: 3,
+                    node_id: 1,
+                },
+                5,
+            )),
             membership: StoredMembership::default(),
             sm,
         }
@@ -852,18 +865,23 @@ mod tests {
     fn a_state_that_does_not_decode_or_match_its_metadata_is_refused() {
         let state = sample_state();
         let meta = |index| SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), index)),
+            last_log_id: Some(LogId::new(
+                wire::raft::LeaderId {
+                    term: 3,
+                    node_id: 1,
+                },
+                index,
+            )),
             last_membership: StoredMembership::default(),
-            snapshot_id: "x".into(),
         };
-        let garbage = snapshot_file::to_bytes(&meta(5), &[0xff; 64]).unwrap();
+        let garbage = snapshot_file::to_bytes(&meta(5), "x", &[0xff; 64]).unwrap();
         assert!(verify(&garbage, "o")
             .unwrap_err()
             .contains("does not decode"));
         let data = postcard::to_allocvec(&state).unwrap();
-        let other = snapshot_file::to_bytes(&meta(6), &data).unwrap();
+        let other = snapshot_file::to_bytes(&meta(6), "x", &data).unwrap();
         assert!(verify(&other, "o").unwrap_err().contains("metadata covers"));
-        assert!(verify(&snapshot_file::to_bytes(&meta(5), &data).unwrap(), "o").is_ok());
+        assert!(verify(&snapshot_file::to_bytes(&meta(5), "x", &data).unwrap(), "o").is_ok());
     }
 
     /// A seeded data directory holds the backup's state at its index in term 0 with the

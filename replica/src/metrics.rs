@@ -173,6 +173,9 @@ impl ReplicaProbe {
         // whose quorum last acknowledged it long ago leads nothing (the no-leader alert
         // counts only leaders heard from recently).
         let alone = st.members.iter().filter(|x| x.voter).count() == 1;
+        // Deprecated in openraft 0.10 for `last_quorum_acked` (an instant), still filled
+        // in; kept so that the gauge means what it meant.
+        #[allow(deprecated)]
         let ack = m.millis_since_quorum_ack.or(alone.then_some(0));
         if let (true, Some(ms)) = (leading, ack) {
             s.gauge_in(

@@ -37,7 +37,15 @@ pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
         install_snapshot_timeout: 5_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(r.snapshot_interval_entries),
         max_in_snapshot_log_to_keep: r.log_entries_kept_after_snapshot,
+        // Pieces a snapshot is written to a follower's stream in (`network::full_snapshot`),
+        // each due within `install_snapshot_timeout`, as 0.9's chunks were.
         snapshot_max_chunk_size: 4 * 1024 * 1024,
+        // What the feature `loosen-follower-log-revert` did in openraft 0.9 (see the
+        // workspace's Cargo.toml).
+        allow_log_reversion: Some(true),
+        // openraft 0.9 had no pre-vote: keep elections as they were (0.10's default is off
+        // too, but may change; `network.rs` does not implement the pre-vote RPC).
+        enable_pre_vote: Some(false),
         ..Default::default()
     };
     Ok(c.validate()?)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use client_sdk::CreateMode;
 use common::{rt, serial, Opts, TestCell};
 use wire::hello::{Hello, HelloReply, ALPN_CLIENT, ALPN_PEER};
-use wire::raft::{PeerRequest, PeerResponse, TypeConfig};
+use wire::raft::{PeerRequest, PeerResponse};
 use wire::{frame, CLIENT_FRAME_BYTES_MAX};
 
 /// The replica's RSS during the stalled-frames attack stays below this. What it may hold:
@@ -232,14 +232,20 @@ fn alive(pid: u32) -> bool {
 /// splicing, since building the value itself would recurse as deep when encoded.
 fn nested_append_entries(depth: usize, batch: bool) -> Vec<u8> {
     const MAGIC: u64 = 0x5eed_5eed_5eed;
-    let entry = openraft::Entry::<TypeConfig> {
-        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
+    let entry = wire::raft::Entry {
+        log_id: openraft::LogId::new(
+            wire::raft::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            1,
+        ),
         payload: openraft::EntryPayload::Normal(wire::command::Command::MarkCacher {
             session: MAGIC,
         }),
     };
     let req = PeerRequest::AppendEntries(openraft::raft::AppendEntriesRequest {
-        vote: openraft::Vote::new_committed(1, 1),
+        vote: wire::raft::Vote::new_committed(1, 1),
         prev_log_id: None,
         entries: vec![entry],
         leader_commit: None,

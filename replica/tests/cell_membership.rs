@@ -358,7 +358,7 @@ fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
             let file = replica::raft::snapshot_file::latest(&dir)
                 .unwrap()
                 .expect("the leader's snapshot");
-            replica::raft::snapshot_file::to_bytes(&file.meta, &file.data).unwrap()
+            replica::raft::snapshot_file::to_bytes(&file.meta, &file.id, &file.data).unwrap()
         };
 
         // A new cell of five: 4 and 5 seeded, 1 (bootstrap = true), 2 and 3 left empty.

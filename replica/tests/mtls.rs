@@ -62,10 +62,10 @@ type Case<'a> = (&'a str, Option<&'a (PathBuf, PathBuf)>, &'a [u8], &'a str);
 /// A vote request for term 1 000 from node 99: had a refused peer connection been
 /// served, the replica's term would jump.
 fn vote_frame() -> PeerRequest {
-    PeerRequest::Vote(openraft::raft::VoteRequest {
-        vote: openraft::Vote::new(1_000, 99),
-        last_log_id: None,
-    })
+    PeerRequest::Vote(openraft::raft::VoteRequest::new(
+        wire::raft::Vote::new(1_000, 99),
+        None,
+    ))
 }
 
 /// Dials `addr` with `tls` and says a hello on the first stream (on the peer protocol it

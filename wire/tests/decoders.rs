@@ -17,11 +17,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use openraft::{BasicNode, CommittedLeaderId, EntryPayload, LogId, Membership, Vote};
+use openraft::{BasicNode, EntryPayload, Membership};
 use proptest::prelude::*;
 use wire::command::{Command, LeaseCheckpoint};
 use wire::hello::{Hello, HelloOk, HelloReply};
-use wire::raft::{PeerRequest, PeerResponse, TypeConfig};
+use wire::raft::{LogId, Vote};
+use wire::raft::{PeerRequest, PeerResponse};
 use wire::types::*;
 use wire::{Error, CLIENT_FRAME_BYTES_MAX, PEER_FRAME_BYTES_MAX};
 
@@ -88,8 +89,8 @@ fn cases() -> u32 {
         .unwrap_or(512)
 }
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new(wire::raft::LeaderId { term, node_id: 1 }, index)
 }
 
 fn write(session: u64) -> Command {
@@ -279,11 +280,11 @@ fn membership() -> Membership<u64, BasicNode> {
         .into_iter()
         .map(|i| (i, BasicNode::new(format!("127.0.0.1:71{i:02}"))))
         .collect();
-    Membership::new(vec![voters], nodes)
+    Membership::new(vec![voters], nodes).expect("membership")
 }
 
 fn peer_requests() -> Vec<PeerRequest> {
-    let mut entries: Vec<openraft::Entry<TypeConfig>> = commands()
+    let mut entries: Vec<wire::raft::Entry> = commands()
         .into_iter()
         .enumerate()
         .map(|(i, c)| openraft::Entry {
@@ -306,22 +307,26 @@ fn peer_requests() -> Vec<PeerRequest> {
             entries,
             leader_commit: Some(log_id(2, 9)),
         }),
-        PeerRequest::Vote(openraft::raft::VoteRequest {
-            vote: Vote::new(3, 2),
-            last_log_id: Some(log_id(2, 31)),
-        }),
-        PeerRequest::InstallSnapshot(openraft::raft::InstallSnapshotRequest {
+        PeerRequest::Vote(openraft::raft::VoteRequest::new(
+            Vote::new(3, 2),
+            Some(log_id(2, 31)),
+        )),
+        PeerRequest::InstallSnapshot,
+        PeerRequest::Probe,
+        PeerRequest::Snapshot(wire::raft::SnapshotOffer {
             vote: Vote::new_committed(2, 1),
             meta: openraft::SnapshotMeta {
                 last_log_id: Some(log_id(2, 31)),
                 last_membership: openraft::StoredMembership::new(Some(log_id(2, 30)), membership()),
-                snapshot_id: "2-31-7".into(),
             },
-            offset: 0,
-            data: vec![9; 64],
-            done: true,
+            id: "2-31-7".into(),
+            bytes: 64,
         }),
-        PeerRequest::Probe,
+        PeerRequest::TransferLeader(openraft::raft::TransferLeaderRequest::new(
+            Vote::new_committed(2, 1),
+            3,
+            Some(log_id(2, 31)),
+        )),
     ]
 }
 
@@ -331,14 +336,16 @@ fn peer_responses() -> Vec<PeerResponse> {
         PeerResponse::AppendEntries(Ok(openraft::raft::AppendEntriesResponse::HigherVote(
             Vote::new(5, 3),
         ))),
-        PeerResponse::Vote(Ok(openraft::raft::VoteResponse {
-            vote: Vote::new(3, 2),
-            vote_granted: true,
-            last_log_id: Some(log_id(2, 31)),
-        })),
-        PeerResponse::InstallSnapshot(Ok(openraft::raft::InstallSnapshotResponse {
-            vote: Vote::new_committed(2, 1),
-        })),
+        PeerResponse::Vote(Ok(openraft::raft::VoteResponse::new(
+            Vote::new(3, 2),
+            Some(log_id(2, 31)),
+            true,
+        ))),
+        PeerResponse::InstallSnapshot,
+        PeerResponse::Snapshot(Ok(openraft::raft::SnapshotResponse::new(
+            Vote::new_committed(2, 1),
+        ))),
+        PeerResponse::TransferLeader(Ok(Ok(()))),
         PeerResponse::Refused(Error::Malformed { reason: "x".into() }),
         PeerResponse::Probe(wire::raft::PeerState {
             initialized: true,
@@ -499,7 +506,7 @@ fn every_seed_decodes() {
         }
     }
     // The element sizes alloc_bound counts on.
-    assert!(std::mem::size_of::<openraft::Entry<TypeConfig>>() <= 512);
+    assert!(std::mem::size_of::<wire::raft::Entry>() <= 512);
     assert!(std::mem::size_of::<Command>() <= 512);
     assert!(std::mem::size_of::<TxnOp>() <= 512);
 }

@@ -178,8 +178,11 @@ async fn batcher(
         };
         tracing::trace!(commands = batch.len(), "propose");
         let proposed = std::time::Instant::now();
-        match raft.client_write_ff(cmd).await {
-            Ok(reply) => {
+        // openraft 0.10 takes the responder from the caller (0.9 made one and handed
+        // back its receiver): one that answers on completion only.
+        let (responder, reply) = openraft::impls::ProgressResponder::complete_only();
+        match raft.client_write_ff(cmd, Some(responder)).await {
+            Ok(()) => {
                 let commit_seconds = commit_seconds.clone();
                 wire::rt::spawn(async move {
                     let r = reply.await;

@@ -146,8 +146,10 @@ impl SessionManager {
         if m.membership_config.membership().voter_ids().count() < 2 {
             return false;
         }
-        m.millis_since_quorum_ack
-            .is_none_or(|ms| Duration::from_millis(ms) > *silence)
+        // Deprecated in openraft 0.10 for `last_quorum_acked`, still filled in.
+        #[allow(deprecated)]
+        let ack = m.millis_since_quorum_ack;
+        ack.is_none_or(|ms| Duration::from_millis(ms) > *silence)
     }
 
     /// Counts the sessions this manager expires in `c` (the replica's

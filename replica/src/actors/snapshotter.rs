@@ -89,7 +89,8 @@ impl Handler<WriteSnapshot> for Snapshotter {
     type Result = Result<Vec<u8>, String>;
 
     fn handle(&mut self, msg: WriteSnapshot, _: &mut SyncContext<Self>) -> Self::Result {
-        snapshot_file::write(&self.dir, &msg.meta, &msg.data).map_err(|e| e.to_string())?;
+        snapshot_file::write(&self.dir, &msg.meta, &msg.id, &msg.data)
+            .map_err(|e| e.to_string())?;
         self.written += 1;
         Ok(msg.data)
     }

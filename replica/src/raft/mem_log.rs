@@ -8,22 +8,19 @@
 //! the restarted replica, so a crash loses exactly what a real one loses after fsync:
 //! nothing acknowledged.
 
-// openraft's trait methods return its (large) StorageError.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogReader, StorageError, Vote};
-use wire::raft::{Entry, LogId, NodeId, TypeConfig};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+use wire::raft::{Entry, LogId, TypeConfig, Vote};
 
 #[derive(Debug, Default)]
 struct State {
     log: BTreeMap<u64, Entry>,
-    vote: Option<Vote<NodeId>>,
+    vote: Option<Vote>,
     committed: Option<LogId>,
     purged: Option<LogId>,
 }
@@ -62,15 +59,19 @@ impl RaftLogReader<TypeConfig> for MemLog {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError<NodeId>> {
+    ) -> Result<Vec<Entry>, std::io::Error> {
         Ok(self.with(|s| s.log.range(range).map(|(_, e)| e.clone()).collect()))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
+        Ok(self.with(|s| s.vote))
     }
 }
 
 impl RaftLogStorage<TypeConfig> for MemLog {
     type LogReader = MemLog;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, std::io::Error> {
         Ok(self.with(|s| {
             let last = s.log.values().next_back().map(|e| e.log_id);
             LogState {
@@ -84,32 +85,25 @@ impl RaftLogStorage<TypeConfig> for MemLog {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
         self.with(|s| s.vote = Some(*vote));
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(self.with(|s| s.vote))
-    }
-
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId>,
-    ) -> Result<(), StorageError<NodeId>> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
         self.with(|s| s.committed = committed);
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError<NodeId>> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>, std::io::Error> {
         Ok(self.with(|s| s.committed))
     }
 
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<NodeId>>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), std::io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -119,18 +113,20 @@ impl RaftLogStorage<TypeConfig> for MemLog {
                 s.log.insert(e.log_id.index, e);
             }
         });
-        callback.log_io_completed(Ok(()));
+        callback.io_completed(Ok(()));
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
+    /// Removes every entry after `last_log_id` (all of them if `None`).
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
         self.with(|s| {
-            s.log.split_off(&log_id.index);
+            s.log.split_off(&from);
         });
         Ok(())
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError<NodeId>> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
         self.with(|s| {
             s.purged = Some(log_id);
             s.log = s.log.split_off(&(log_id.index + 1));
@@ -142,7 +138,7 @@ impl RaftLogStorage<TypeConfig> for MemLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::testing::log::{StoreBuilder, Suite};
 
     // openraft's storage conformance suite, run against the in-memory log (with the real
     // state-machine store in a temporary directory).
@@ -153,8 +149,10 @@ mod tests {
     {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, MemLog, crate::raft::sm_store::SmStore), StorageError<NodeId>>
-        {
+        ) -> Result<
+            (tempfile::TempDir, MemLog, crate::raft::sm_store::SmStore),
+            openraft::StorageError<TypeConfig>,
+        > {
             let dir = tempfile::tempdir().expect("tempdir");
             let sm = crate::raft::sm_store::SmStore::open_standalone(&dir.path().join("snapshots"))
                 .expect("open sm");
@@ -162,9 +160,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn openraft_storage_suite() {
-        Suite::test_all(Builder).expect("suite");
+    // openraft 0.10's suite is async (0.9's ran its own runtime).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn openraft_storage_suite() {
+        Suite::test_all(Builder).await.expect("suite");
     }
 
     #[test]

@@ -17,12 +17,12 @@ pub mod read_gate;
 pub mod sm_store;
 pub mod snapshot_file;
 
-/// The Raft handle (`Clone + Send`).
-pub type Raft = openraft::Raft<wire::raft::TypeConfig>;
+/// The Raft handle (`Clone + Send`). openraft 0.10's handle names the state machine too.
+pub type Raft = openraft::Raft<wire::raft::TypeConfig, sm_store::SmStore>;
 
-/// openraft's metrics, as [`openraft::Raft::metrics`] hands them out (a watch).
-pub type Metrics =
-    tokio::sync::watch::Receiver<openraft::RaftMetrics<wire::raft::NodeId, openraft::BasicNode>>;
+/// openraft's metrics, as [`openraft::Raft::metrics`] hands them out (a tokio watch:
+/// `wire::rt::RaftWatch`).
+pub type Metrics = tokio::sync::watch::Receiver<openraft::RaftMetrics<wire::raft::TypeConfig>>;
 
 /// The term this replica leads in now by openraft's own view, if it leads.
 pub fn leading_term(metrics: &Metrics) -> Option<u64> {

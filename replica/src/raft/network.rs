@@ -12,8 +12,10 @@
 //! time: a replication stream keeps its own, as before the pool, so its large AppendEntries
 //! never share a congestion window with the heartbeats of a check. Each RPC is one
 //! bidirectional stream: a [`PeerRequest`] frame out, a [`PeerResponse`] frame back.
-//! Snapshots travel as openraft's chunked `InstallSnapshot` RPCs on the connection of the
-//! client openraft sends them with. The first stream of a connection carries the hello.
+//! A snapshot travels whole on one stream of the connection of the client openraft sends
+//! it with ([`PeerRequest::Snapshot`]: a frame with its metadata and length, then its
+//! bytes, raw; openraft 0.10 dropped 0.9's chunked `InstallSnapshot` RPC and leaves the
+//! transfer to the application). The first stream of a connection carries the hello.
 //!
 //! A peer killed and restarted at the same address resets the connections made to its
 //! previous process at their next packet (its endpoint signs stateless resets with keys
@@ -28,19 +30,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply};
-use wire::raft::{NodeId, PeerRequest, PeerResponse, PeerState, TypeConfig};
+use wire::raft::{NodeId, PeerRequest, PeerResponse, PeerState, SnapshotOffer, TypeConfig, Vote};
 use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
 
+use crate::raft::sm_store::{Snapshot, SnapshotData};
 use crate::raft::Raft;
 
 /// Idle connections, by peer id and address (a member re-added at another address is
@@ -378,16 +381,31 @@ async fn peer_state(raft: &Raft) -> Result<PeerState, wire::Error> {
     })
 }
 
-fn rpc_err<E: std::error::Error>(e: CallError) -> RPCError<NodeId, BasicNode, E> {
+fn rpc_err(e: CallError) -> RPCError<TypeConfig> {
     match e {
         CallError::Unreachable(m) => RPCError::Unreachable(Unreachable::new(&Failure(m))),
         CallError::Network(m) => RPCError::Network(NetworkError::new(&Failure(m))),
     }
 }
 
-fn unexpected<E: std::error::Error>(what: &str) -> RPCError<NodeId, BasicNode, E> {
+fn unexpected(what: &str) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::new(&Failure(format!(
         "unexpected peer response to {what}"
+    ))))
+}
+
+/// A peer's Raft error (its core stopped: the only error its RPC handlers return). openraft
+/// 0.10's `RaftNetworkV2` has no remote-error form for these RPCs (0.9 took a
+/// `RemoteError` carrying it): the peer cannot take part now, so it is unreachable, and
+/// openraft backs off as for a peer that is down.
+fn remote_err(target: NodeId, e: RaftError<TypeConfig>) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(&Failure(format!("peer {target}: {e}"))))
+}
+
+/// A refusal (`PeerResponse::Refused`) as an RPC error.
+fn refused(target: NodeId, e: wire::Error) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::new(&Failure(format!(
+        "peer {target} refused: {e}"
     ))))
 }
 
@@ -402,7 +420,7 @@ const APPEND_BYTES_MAX: usize = 1 << 20;
 
 /// How many of `entries` one AppendEntries carries: the longest prefix of at most
 /// [`APPEND_BYTES_MAX`] bytes (estimated), and at least one entry.
-fn append_prefix(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+fn append_prefix(entries: &[wire::raft::Entry]) -> usize {
     let mut bytes = 0;
     for (i, e) in entries.iter().enumerate() {
         bytes += 32
@@ -418,14 +436,18 @@ fn append_prefix(entries: &[openraft::Entry<TypeConfig>]) -> usize {
     entries.len()
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         // A prefix only, if the whole is large: the follower's success then covers up to
-        // the last entry sent, which openraft takes as `PartialSuccess` and goes on from.
+        // the last entry sent, which openraft takes as `PartialSuccess` and goes on from
+        // (0.10 still has it: its default `stream_append` ends the pipeline at a partial
+        // success and the replication loop sends the rest in the next request).
         let n = append_prefix(&rpc.entries);
         let partial = if n < rpc.entries.len() {
             rpc.entries.truncate(n);
@@ -444,39 +466,62 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 Ok(AppendEntriesResponse::PartialSuccess(partial))
             }
             PeerResponse::AppendEntries(Ok(r)) => Ok(r),
-            PeerResponse::AppendEntries(Err(e)) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
+            PeerResponse::AppendEntries(Err(e)) => Err(remote_err(self.target, e)),
+            PeerResponse::Refused(e) => Err(refused(self.target, e)),
             _ => Err(unexpected("append_entries")),
         }
     }
 
-    async fn install_snapshot(
+    /// Sends a whole snapshot on one stream ([`PeerRequest::Snapshot`]): its head, then
+    /// its bytes in pieces of openraft's `snapshot_max_chunk_size`, each due within the
+    /// RPC's time to live (`install_snapshot_timeout`, as each chunk RPC of 0.9 was), then
+    /// the answer within it again (the receiver decodes and installs the snapshot before
+    /// it answers, as 0.9's last chunk did). So a snapshot of any size goes through as
+    /// long as it keeps moving; a peer frame would have bounded it.
+    async fn full_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
         option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        match self
-            .call(PeerRequest::InstallSnapshot(rpc), option.hard_ttl())
-            .await
-            .map_err(rpc_err)?
-        {
-            PeerResponse::InstallSnapshot(Ok(r)) => Ok(r),
-            PeerResponse::InstallSnapshot(Err(e)) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            _ => Err(unexpected("install_snapshot")),
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let ttl = option.hard_ttl();
+        let chunk = option
+            .snapshot_chunk_size()
+            .unwrap_or(4 << 20)
+            .max(64 << 10);
+        let send = self.send_snapshot(vote, snapshot, ttl, chunk);
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            r = send => r,
         }
     }
 
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(PeerRequest::TransferLeader(req), option.hard_ttl())
+            .await
+            .map_err(rpc_err)?
+        {
+            PeerResponse::TransferLeader(Ok(r)) => Ok(r),
+            PeerResponse::TransferLeader(Err(e)) => Err(remote_err(self.target, e)),
+            PeerResponse::Refused(e) => Err(refused(self.target, e)),
+            _ => Err(unexpected("transfer_leader")),
+        }
+    }
+
+    // `pre_vote` is left to openraft's default (granted without asking): 0.9 had no
+    // pre-vote, and `raft_config` keeps it off (`enable_pre_vote: Some(false)`).
+
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let (vote, last_log_id) = (rpc.vote, rpc.last_log_id);
         match self
             .call(PeerRequest::Vote(rpc), option.hard_ttl())
@@ -486,7 +531,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             PeerResponse::Vote(Ok(r)) => {
                 // Once per term: two voters refusing alike would otherwise have it stand
                 // in the next term and at once in the one after.
-                let term = vote.leader_id().term;
+                let term = vote.leader_id.term;
                 if stand_again(&vote, last_log_id.as_ref(), self.target, &r)
                     && self.stood_again.fetch_max(term, Ordering::Relaxed) < term
                 {
@@ -496,10 +541,83 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 }
                 Ok(r)
             }
-            PeerResponse::Vote(Err(e)) => {
-                Err(RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
+            PeerResponse::Vote(Err(e)) => Err(remote_err(self.target, e)),
+            PeerResponse::Refused(e) => Err(refused(self.target, e)),
             _ => Err(unexpected("vote")),
+        }
+    }
+}
+
+impl PeerClient {
+    /// [`RaftNetworkV2::full_snapshot`] without its cancellation.
+    async fn send_snapshot(
+        &self,
+        vote: Vote,
+        snapshot: Snapshot,
+        ttl: Duration,
+        chunk: usize,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let stream_err = |e: CallError| -> StreamingError<TypeConfig> {
+            match e {
+                CallError::Unreachable(m) => {
+                    StreamingError::Unreachable(Unreachable::new(&Failure(m)))
+                }
+                CallError::Network(m) => StreamingError::Network(NetworkError::new(&Failure(m))),
+            }
+        };
+        let net = |m: String| stream_err(CallError::Network(m));
+        let timed_out = |what: &str| net(format!("snapshot to {}: {what} timed out", self.target));
+        let conn = tokio::time::timeout(ttl, self.connection())
+            .await
+            .map_err(|_| timed_out("connecting"))?
+            .map_err(stream_err)?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| {
+            stream_err(CallError::Unreachable(format!(
+                "stream to {}: {e}",
+                self.target
+            )))
+        })?;
+        let data = snapshot.snapshot.data.into_inner();
+        let offer = SnapshotOffer {
+            vote,
+            meta: snapshot.meta,
+            id: snapshot.snapshot.id,
+            bytes: data.len() as u64,
+        };
+        tokio::time::timeout(
+            ttl,
+            frame::write(
+                &mut send,
+                &PeerRequest::Snapshot(offer),
+                PEER_FRAME_BYTES_MAX,
+            ),
+        )
+        .await
+        .map_err(|_| timed_out("head"))?
+        .map_err(|e| net(e.to_string()))?;
+        for piece in data.chunks(chunk) {
+            tokio::time::timeout(ttl, send.write_all(piece))
+                .await
+                .map_err(|_| timed_out("data"))?
+                .map_err(|e| net(e.to_string()))?;
+        }
+        let _ = send.finish();
+        drop(data);
+        let resp = tokio::time::timeout(
+            ttl,
+            frame::read::<_, PeerResponse>(&mut recv, PEER_FRAME_BYTES_MAX),
+        )
+        .await
+        .map_err(|_| timed_out("answer"))?
+        .map_err(|e| net(e.to_string()))?;
+        match resp {
+            PeerResponse::Snapshot(Ok(r)) => Ok(r),
+            PeerResponse::Snapshot(Err(e)) => Err(stream_err(CallError::Unreachable(format!(
+                "peer {}: {e}",
+                self.target
+            )))),
+            PeerResponse::Refused(e) => Err(net(format!("peer {} refused: {e}", self.target))),
+            _ => Err(net("unexpected peer response to a snapshot".into())),
         }
     }
 }
@@ -520,27 +638,22 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// cell of five or more, a voter that won the term with the others' votes after it
 /// answered can be deposed by the longer log's next term (one more leader change).
 pub fn stand_again(
-    vote: &openraft::Vote<NodeId>,
+    vote: &Vote,
     last_log_id: Option<&wire::raft::LogId>,
     voter: NodeId,
-    resp: &VoteResponse<NodeId>,
+    resp: &VoteResponse<TypeConfig>,
 ) -> bool {
     !resp.vote_granted
         && !vote.is_committed()
         && !resp.vote.is_committed()
-        && resp.vote.leader_id().term == vote.leader_id().term
-        && resp.vote.leader_id().voted_for() == Some(voter)
+        && resp.vote.leader_id.term == vote.leader_id.term
+        && resp.vote.leader_id.node_id == voter
         && resp.last_log_id.as_ref() < last_log_id
 }
 
 /// Stands again in the next term, if this replica still holds `vote` (still the
 /// candidate the refusal answered).
-async fn stand_now(
-    raft: &Raft,
-    vote: openraft::Vote<NodeId>,
-    voter: NodeId,
-    resp: &VoteResponse<NodeId>,
-) {
+async fn stand_now(raft: &Raft, vote: Vote, voter: NodeId, resp: &VoteResponse<TypeConfig>) {
     let still = raft
         .with_raft_state(move |st| *st.vote_ref() == vote)
         .await
@@ -549,22 +662,86 @@ async fn stand_now(
         return;
     }
     tracing::info!(
-        term = vote.leader_id().term,
+        term = vote.leader_id.term,
         voter,
         voter_vote = %resp.vote,
         "split vote with a shorter log: standing again at once in the next term"
     );
-    if let Err(e) = raft.trigger().elect().await {
+    // No pre-vote round (0.9 had none): the point is to stand at once.
+    if let Err(e) = raft.trigger().elect(false).await {
         tracing::warn!("standing again: {e}");
     }
 }
 
-/// The largest snapshot a follower accepts, in bytes (an `InstallSnapshot` chunk whose
-/// offset and length reach past it is refused): openraft writes a chunk at the offset it
-/// names into a buffer it grows to fit, so one crafted chunk with an offset of a terabyte
-/// would have the follower allocate it. Four times the design's 1 GB of state would be
-/// generous; two is what a snapshot of 1 GB (the state's upper bound) needs with room.
+/// The largest snapshot a follower accepts, in bytes (a [`PeerRequest::Snapshot`] whose
+/// head announces more is refused before anything is allocated for it, and its bytes are
+/// read into a buffer grown as they arrive, never past what the head announced): a
+/// crafted head announcing a terabyte would otherwise have the follower allocate it. Four
+/// times the design's 1 GB of state would be generous; two is what a snapshot of 1 GB
+/// (the state's upper bound) needs with room.
 pub const SNAPSHOT_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
+
+/// Bytes of a received snapshot read at a time, each piece due within
+/// [`frame::FRAME_DEADLINE_MS`] (a sender that stops sending is dropped).
+const SNAPSHOT_READ_BYTES: usize = 1 << 20;
+
+/// Reads the `bytes` bytes of a snapshot that follow its head on `recv`.
+async fn read_snapshot_bytes(recv: &mut quinn::RecvStream, bytes: u64) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    let deadline = Duration::from_millis(frame::FRAME_DEADLINE_MS);
+    while (buf.len() as u64) < bytes {
+        let at = buf.len();
+        let n = ((bytes - at as u64) as usize).min(SNAPSHOT_READ_BYTES);
+        buf.resize(at + n, 0);
+        match tokio::time::timeout(deadline, recv.read_exact(&mut buf[at..])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("reading a snapshot: {e}")),
+            Err(_) => return Err("reading a snapshot: no data in time".into()),
+        }
+    }
+    Ok(buf)
+}
+
+/// Receives and installs one snapshot ([`PeerRequest::Snapshot`]), whose head was read.
+async fn install_snapshot(
+    raft: &Raft,
+    recv: &mut quinn::RecvStream,
+    offer: SnapshotOffer,
+) -> Result<PeerResponse, wire::Error> {
+    if offer.bytes > SNAPSHOT_BYTES_MAX {
+        return Err(wire::Error::LimitExceeded {
+            bound: wire::Bound::SnapshotBytes,
+            limit: SNAPSHOT_BYTES_MAX,
+        });
+    }
+    // openraft 0.10 panics (its core stops) on a snapshot whose last log id is of a later
+    // leadership than the vote it comes with: no correct leader sends one, so it is
+    // refused here instead.
+    if offer
+        .meta
+        .last_log_id
+        .is_some_and(|l| l.leader_id > offer.vote.leader_id)
+    {
+        return Err(wire::Error::Malformed {
+            reason: "a snapshot beyond its sender's leadership".into(),
+        });
+    }
+    let data = read_snapshot_bytes(recv, offer.bytes)
+        .await
+        .map_err(|reason| wire::Error::Connection { reason })?;
+    let snapshot = Snapshot {
+        meta: offer.meta,
+        snapshot: SnapshotData {
+            id: offer.id,
+            data: std::io::Cursor::new(data),
+        },
+    };
+    Ok(PeerResponse::Snapshot(
+        raft.install_full_snapshot(offer.vote, snapshot)
+            .await
+            .map_err(RaftError::Fatal),
+    ))
+}
 
 /// Serves one accepted peer connection: the hello, then one RPC per stream, each read
 /// within the bounds of `wire::frame::read_request` against the connection's `budget`.
@@ -594,12 +771,18 @@ pub async fn serve_peer(
         return;
     }
     let exceeded = Arc::new(wire::quic::ExceededLog::default());
+    let snapshots = Arc::new(Mutex::new(()));
     loop {
         let (mut send, mut recv) = match conn.accept_bi().await {
             Ok(s) => s,
             Err(_) => return,
         };
-        let (raft, budget, exceeded) = (raft.clone(), budget.clone(), exceeded.clone());
+        let (raft, budget, exceeded, snapshots) = (
+            raft.clone(),
+            budget.clone(),
+            exceeded.clone(),
+            snapshots.clone(),
+        );
         let remote = conn.remote_address();
         wire::rt::spawn(async move {
             let read =
@@ -619,21 +802,35 @@ pub async fn serve_peer(
                     },
                     Some(held),
                 ),
-                Ok((PeerRequest::InstallSnapshot(r), held)) => {
-                    if r.offset.saturating_add(r.data.len() as u64) > SNAPSHOT_BYTES_MAX {
-                        let e = wire::Error::LimitExceeded {
-                            bound: wire::Bound::SnapshotBytes,
-                            limit: SNAPSHOT_BYTES_MAX,
-                        };
-                        exceeded.record(remote, &e);
-                        (PeerResponse::Refused(e), None)
-                    } else {
-                        (
-                            PeerResponse::InstallSnapshot(raft.install_snapshot(r).await),
-                            Some(held),
-                        )
+                Ok((PeerRequest::TransferLeader(r), held)) => (
+                    PeerResponse::TransferLeader(
+                        raft.handle_transfer_leader(r)
+                            .await
+                            .map_err(RaftError::Fatal),
+                    ),
+                    Some(held),
+                ),
+                Ok((PeerRequest::Snapshot(offer), held)) => {
+                    // One snapshot at a time per connection: its bytes are held outside
+                    // the connection's budget (bounded by SNAPSHOT_BYTES_MAX instead).
+                    let _one = snapshots.lock().await;
+                    match install_snapshot(&raft, &mut recv, offer).await {
+                        Ok(resp) => (resp, Some(held)),
+                        Err(e) => {
+                            if matches!(e, wire::Error::LimitExceeded { .. }) {
+                                exceeded.record(remote, &e);
+                            }
+                            let _ = recv.stop(5u32.into());
+                            (PeerResponse::Refused(e), None)
+                        }
                     }
                 }
+                Ok((PeerRequest::InstallSnapshot, held)) => (
+                    PeerResponse::Refused(wire::Error::Malformed {
+                        reason: "InstallSnapshot chunks are no longer taken (protocol 10)".into(),
+                    }),
+                    Some(held),
+                ),
                 Err(e) => {
                     exceeded.record(remote, &e);
                     (PeerResponse::Refused(e), None)
@@ -682,22 +879,20 @@ async fn resolve_peer(addr: &str, endpoint: &quinn::Endpoint) -> Result<SocketAd
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::{CommittedLeaderId, LogId, Vote};
+    use wire::raft::{LeaderId, LogId};
 
-    fn log(index: u64) -> Option<LogId<NodeId>> {
-        Some(LogId::new(CommittedLeaderId::new(1, 1), index))
+    fn log(index: u64) -> Option<LogId> {
+        Some(LogId::new(
+            LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ))
     }
 
-    fn resp(
-        vote: Vote<NodeId>,
-        granted: bool,
-        last: Option<LogId<NodeId>>,
-    ) -> VoteResponse<NodeId> {
-        VoteResponse {
-            vote,
-            vote_granted: granted,
-            last_log_id: last,
-        }
+    fn resp(vote: Vote, granted: bool, last: Option<LogId>) -> VoteResponse<TypeConfig> {
+        VoteResponse::new(vote, last, granted)
     }
 
     /// The traced case: replica 2 (log to 2 632) stood in term 2 together with replica 3

@@ -30,7 +30,13 @@ type Waiter = oneshot::Sender<Result<(), Error>>;
 async fn confirm_within(raft: &Raft, timeout: Duration) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await {
+        // ReadIndex, as 0.9's `ensure_linearizable()` did: a quorum must acknowledge a
+        // heartbeat sent after the call (openraft 0.10's LeaseRead would answer from an
+        // earlier acknowledgement within the leader lease; not used). In 0.10 a round waits
+        // at most one leader lease for its quorum, then fails (`QuorumNotEnough`) and is
+        // retried here.
+        let read = raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex);
+        match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(_)) => return Ok(()),
             Ok(Err(e)) => {
                 let e = crate::errors::from_check_leader(e);

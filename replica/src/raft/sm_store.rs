@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{EntryPayload, RaftSnapshotBuilder, StorageError, StorageIOError};
+use futures::TryStreamExt;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use wire::command::{Command, CommandOutput, Effect};
-use wire::raft::{Entry, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig};
+use wire::raft::{LeaderId, LogId, NodeId, SnapshotMeta, StoredMembership, TypeConfig};
 use wire::types::Reply;
 
 use crate::raft::snapshot_file;
@@ -33,6 +34,22 @@ pub struct SmState {
 
 /// The state shared with readers (gateway, session manager).
 pub type SharedState = Arc<RwLock<SmState>>;
+
+/// A snapshot's data as openraft hands it between the state machine and the network
+/// (`RaftStateMachine::SnapshotData`, openraft 0.10): the serialized state, and our id of
+/// the snapshot, which 0.9 kept in openraft's metadata and 0.10 does not (the id names a
+/// restored backup's snapshot, `snapshot_file::SEEDED_ID_PREFIX`, and travels to the
+/// followers a leader sends it to, as it did).
+#[derive(Debug)]
+pub struct SnapshotData {
+    /// Our id of the snapshot.
+    pub id: String,
+    /// The serialized state ([`SmState`], postcard).
+    pub data: Cursor<Vec<u8>>,
+}
+
+/// A snapshot: openraft's metadata and [`SnapshotData`].
+pub type Snapshot = openraft::Snapshot<LeaderId, NodeId, openraft::BasicNode, SnapshotData>;
 
 /// What one applied batch changed.
 #[derive(Debug, Clone)]
@@ -93,6 +110,8 @@ impl EncodeSnapshot {
 pub struct WriteSnapshot {
     /// Its metadata.
     pub meta: SnapshotMeta,
+    /// Our id of it.
+    pub id: String,
     /// The serialized state.
     pub data: Vec<u8>,
 }
@@ -102,24 +121,24 @@ impl SnapshotSink {
     async fn write(
         &self,
         meta: &SnapshotMeta,
+        id: &str,
         data: Vec<u8>,
-    ) -> Result<Vec<u8>, StorageError<NodeId>> {
+    ) -> Result<Vec<u8>, std::io::Error> {
         let r = match self {
-            SnapshotSink::Direct(dir) => snapshot_file::write(dir, meta, &data)
+            SnapshotSink::Direct(dir) => snapshot_file::write(dir, meta, id, &data)
                 .map(|_| data)
                 .map_err(|e| e.to_string()),
             SnapshotSink::Actor { write, .. } => write
                 .send(WriteSnapshot {
                     meta: meta.clone(),
+                    id: id.to_string(),
                     data,
                 })
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r),
         };
-        r.map_err(|e| {
-            StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e)).into()
-        })
+        r.map_err(|e| std::io::Error::other(format!("writing snapshot {id}: {e}")))
     }
 }
 
@@ -150,8 +169,8 @@ pub struct SmStore {
     build_delay: std::time::Duration,
 }
 
-fn sm_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
-    StorageIOError::read_state_machine(&e).into()
+fn sm_err(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("reading the state machine's snapshot: {e}"))
 }
 
 impl SmStore {
@@ -166,11 +185,7 @@ impl SmStore {
             state = postcard::from_bytes(&file.data)?;
             let index = file.meta.last_log_id.map(|l| l.index).unwrap_or(0);
             let (nodes, sessions) = (state.sm.node_count(), state.sm.session_count());
-            if file
-                .meta
-                .snapshot_id
-                .starts_with(snapshot_file::SEEDED_ID_PREFIX)
-            {
+            if file.id.starts_with(snapshot_file::SEEDED_ID_PREFIX) {
                 // Seeded from a backup (`lockctl snapshot restore`): the digest, once, so
                 // a disaster-recovery drill can compare it with the backup's.
                 let digest = format!("{:016x}", state.sm.digest());
@@ -254,7 +269,9 @@ pub fn decode_state(data: &[u8]) -> Result<SmState, String> {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
         let started = tokio::time::Instant::now();
         // A copy taken under the read lock and serialized without it. Serializing under
         // the lock held every apply back for as long as it took (std's `RwLock` then held
@@ -270,13 +287,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
         let meta = SnapshotMeta {
             last_log_id: last,
             last_membership: copy.membership.clone(),
-            snapshot_id: format!(
-                "{}-{}-{}",
-                last.map(|l| l.leader_id.term).unwrap_or(0),
-                last.map(|l| l.index).unwrap_or(0),
-                self.counter
-            ),
         };
+        let id = format!(
+            "{}-{}-{}",
+            last.map(|l| l.leader_id.term).unwrap_or(0),
+            last.map(|l| l.index).unwrap_or(0),
+            self.counter
+        );
         // Serialized on the snapshot encoder's thread, at low CPU priority (a large state
         // takes a core for a while, which at the replica's own priority held back its
         // commits, and on a runtime worker the tasks queued behind it, heartbeats among
@@ -294,10 +311,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
                 .map_err(|e| e.to_string())
                 .and_then(|r| r),
         };
-        let (data, serialize_ms) = encoded.map_err(|e| {
-            StorageIOError::write_snapshot(Some(meta.signature()), &std::io::Error::other(e))
-        })?;
-        let data = self.sink.write(&meta, data).await?;
+        let (data, serialize_ms) = encoded
+            .map_err(|e| std::io::Error::other(format!("serializing snapshot {id}: {e}")))?;
+        let data = self.sink.write(&meta, &id, data).await?;
         let index = meta.last_log_id.map(|l| l.index).unwrap_or(0);
         let total_ms = started.elapsed().as_millis() as u64;
         tracing::info!(
@@ -316,31 +332,40 @@ impl RaftSnapshotBuilder<TypeConfig> for SmSnapshotBuilder {
         st.built.fetch_add(1, Ordering::Release);
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: SnapshotData {
+                id,
+                data: Cursor::new(data),
+            },
         })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for SmStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SmSnapshotBuilder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId>, StoredMembership), StorageError<NodeId>> {
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), std::io::Error> {
         let s = self.state.read().expect("state lock");
         Ok((s.last_applied, s.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandOutput>, StorageError<NodeId>>
+    /// Applies a batch: openraft 0.10 streams the entries, each with the responder of its
+    /// proposer (on the leader), where 0.9 passed a list and took the outputs back. The
+    /// batch is collected first and applied under one write lock, as before (the lock is
+    /// never held across an await); the effects are published, then the proposers
+    /// answered, in the order 0.9's core answered them after `apply` returned.
+    async fn apply<Strm>(&mut self, entries: Strm) -> Result<(), std::io::Error>
     where
-        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
-        I::IntoIter: openraft::OptionalSend,
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>>
+            + Unpin
+            + OptionalSend,
     {
-        let mut outputs = Vec::new();
+        let batch: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        let mut outputs = Vec::with_capacity(batch.len());
         let mut published = Vec::new();
         {
             let mut s = self.state.write().expect("state lock");
-            for entry in entries {
+            for (entry, responder) in batch {
                 s.last_applied = Some(entry.log_id);
                 let mut batch = Vec::new();
                 let result = match entry.payload {
@@ -366,7 +391,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                         Ok(Reply::Closed)
                     }
                 };
-                outputs.push(CommandOutput { result, batch });
+                outputs.push((responder, CommandOutput { result, batch }));
             }
         }
         if let Some(tx) = &self.applied_tx {
@@ -374,7 +399,12 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                 let _ = tx.send(a);
             }
         }
-        Ok(outputs)
+        for (responder, output) in outputs {
+            if let Some(r) = responder {
+                r.send(output);
+            }
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -388,27 +418,18 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         }
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
-        let data = snapshot.into_inner();
-        let mut new_state = decode_state(&data).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                &std::io::Error::other(e),
-            ))
-        })?;
+        snapshot: SnapshotData,
+    ) -> Result<(), std::io::Error> {
+        let SnapshotData { id, data } = snapshot;
+        let data = data.into_inner();
+        let mut new_state = decode_state(&data)
+            .map_err(|e| std::io::Error::other(format!("decoding snapshot {id}: {e}")))?;
         new_state.last_applied = meta.last_log_id;
         new_state.membership = meta.last_membership.clone();
-        self.sink.write(meta, data).await?;
+        self.sink.write(meta, &id, data).await?;
         *self.state.write().expect("state lock") = new_state;
         if let Some(tx) = &self.applied_tx {
             let _ = tx.send(Applied::SnapshotInstalled {
@@ -418,9 +439,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, std::io::Error> {
         let dir = self.dir.clone();
         let file = match self.sink {
             // Snapshots written from the calling task (tests, the simulation) are read
@@ -436,7 +455,10 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         };
         Ok(file.map(|f| Snapshot {
             meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+            snapshot: SnapshotData {
+                id: f.id,
+                data: Cursor::new(f.data),
+            },
         }))
     }
 }

@@ -1,9 +1,10 @@
 //! Snapshot files: written atomically, checksummed, a few kept as backups.
 //!
-//! Format: the magic `LKSNAP4\n` (2 since sessions record their owner, 3 since the state
+//! Format: the magic `LKSNAP5\n` (2 since sessions record their owner, 3 since the state
 //! holds ACLs, groups and admins, 4 since it records the prefixes the cell owns and each
-//! node's fencing token; a file of another version is refused with an error
-//! naming both), a big-endian CRC-32 of the body, the body's length as a
+//! node's fencing token, 5 since openraft 0.10: its `SnapshotMeta` has no snapshot id, so
+//! [`SnapshotFile`] carries ours, and the metadata is openraft 0.10's; a file of another
+//! version is refused with an error naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
 //! leaves either the old set of snapshots or the new one, never a torn file. A file whose
@@ -16,9 +17,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
-const MAGIC: &[u8; 8] = b"LKSNAP4\n";
+const MAGIC: &[u8; 8] = b"LKSNAP5\n";
 
-/// The `snapshot_id` prefix of a snapshot a restore seeded from a backup
+/// The snapshot id prefix of a snapshot a restore seeded from a backup
 /// (`crate::backup::seed`): a replica that starts from one logs the state's digest
 /// ("seeded from a backup").
 pub const SEEDED_ID_PREFIX: &str = "restored-";
@@ -29,10 +30,14 @@ pub const SNAPSHOTS_KEPT: usize = 3;
 /// What a snapshot file holds.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SnapshotFile {
-    /// openraft's metadata (last log id, membership, snapshot id).
+    /// openraft's metadata (last log id, membership).
     pub meta: SnapshotMeta,
     /// The serialized state machine (the same bytes peers receive).
     pub data: Vec<u8>,
+    /// Our id of the snapshot (`<term>-<index>-<n>` for one this replica built, the
+    /// builder's for one received from a leader, [`SEEDED_ID_PREFIX`]`<index>` for one a
+    /// restore seeded): openraft 0.9 kept it in its metadata, 0.10 does not.
+    pub id: String,
 }
 
 fn file_name(meta: &SnapshotMeta) -> String {
@@ -41,10 +46,11 @@ fn file_name(meta: &SnapshotMeta) -> String {
 }
 
 /// The file's body (postcard of [`SnapshotFile`]) and its 20-byte head.
-fn encode(meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+fn encode(meta: &SnapshotMeta, id: &str, data: &[u8]) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
     let body = postcard::to_allocvec(&SnapshotFile {
         meta: meta.clone(),
         data: data.to_vec(),
+        id: id.to_string(),
     })
     .map_err(std::io::Error::other)?;
     let mut head = Vec::with_capacity(20);
@@ -56,17 +62,17 @@ fn encode(meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<(Vec<u8>, Vec<u8>
 
 /// A snapshot file's bytes, in memory (what a backup uploads: the same format as on
 /// disk, so its checksum and length travel with it).
-pub fn to_bytes(meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<Vec<u8>> {
-    let (mut head, body) = encode(meta, data)?;
+pub fn to_bytes(meta: &SnapshotMeta, id: &str, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let (mut head, body) = encode(meta, id, data)?;
     head.extend_from_slice(&body);
     Ok(head)
 }
 
-/// Writes `meta` + `data` atomically into `dir`, then prunes old files beyond
+/// Writes `meta` + `id` + `data` atomically into `dir`, then prunes old files beyond
 /// [`SNAPSHOTS_KEPT`]. Returns the final path.
-pub fn write(dir: &Path, meta: &SnapshotMeta, data: &[u8]) -> std::io::Result<PathBuf> {
+pub fn write(dir: &Path, meta: &SnapshotMeta, id: &str, data: &[u8]) -> std::io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
-    let (head, body) = encode(meta, data)?;
+    let (head, body) = encode(meta, id, data)?;
     let path = dir.join(file_name(meta));
     let tmp = path.with_extension("snap.tmp");
     {
@@ -223,12 +229,18 @@ mod tests {
     fn meta(index: u64) -> SnapshotMeta {
         SnapshotMeta {
             last_log_id: Some(openraft::LogId::new(
-                openraft::CommittedLeaderId::new(1, 1),
+                wire::raft::LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
                 index,
             )),
             last_membership: Default::default(),
-            snapshot_id: format!("s{index}"),
         }
+    }
+
+    fn id(index: u64) -> String {
+        format!("s{index}")
     }
 
     /// A snapshot of several writeback chunks, not a multiple of one, reads back whole.
@@ -238,9 +250,9 @@ mod tests {
         let data: Vec<u8> = (0..WRITEBACK_CHUNK * 3 + 12_345)
             .map(|i| (i % 251) as u8)
             .collect();
-        write(dir.path(), &meta(7), &data).unwrap();
+        write(dir.path(), &meta(7), &id(7), &data).unwrap();
         let back = latest(dir.path()).unwrap().unwrap();
-        assert_eq!(back.meta.snapshot_id, "s7");
+        assert_eq!(back.id, "s7");
         assert!(back.data == data, "the data came back changed");
     }
 
@@ -248,11 +260,11 @@ mod tests {
     fn write_read_prune_and_skip_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         for i in 1..=5 {
-            write(dir.path(), &meta(i * 10), &[i as u8; 100]).unwrap();
+            write(dir.path(), &meta(i * 10), &id(i * 10), &[i as u8; 100]).unwrap();
         }
         assert_eq!(list(dir.path()).unwrap().len(), SNAPSHOTS_KEPT);
         let newest = latest(dir.path()).unwrap().unwrap();
-        assert_eq!(newest.meta.snapshot_id, "s50");
+        assert_eq!(newest.id, "s50");
         // Corrupt the newest: the next older one is used.
         let p = list(dir.path()).unwrap()[0].clone();
         let mut bytes = fs::read(&p).unwrap();
@@ -260,7 +272,7 @@ mod tests {
         bytes[last] ^= 0xff;
         fs::write(&p, bytes).unwrap();
         let s = latest(dir.path()).unwrap().unwrap();
-        assert_eq!(s.meta.snapshot_id, "s40");
+        assert_eq!(s.id, "s40");
         assert!(p.with_extension("corrupt").exists());
     }
 
@@ -269,13 +281,13 @@ mod tests {
     #[test]
     fn a_snapshot_of_another_format_is_an_error_not_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &meta(10), &[1; 100]).unwrap();
+        write(dir.path(), &meta(10), &id(10), &[1; 100]).unwrap();
         let p = list(dir.path()).unwrap()[0].clone();
         let mut bytes = fs::read(&p).unwrap();
         bytes[..8].copy_from_slice(b"LKSNAP2\n");
         fs::write(&p, bytes).unwrap();
         let e = latest(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP4"), "{e}");
+        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP5"), "{e}");
         assert!(p.exists(), "the file was moved");
     }
 }

@@ -34,7 +34,10 @@ fn state_with_old_cacher() -> (SharedState, SessionId, u64) {
     };
     assert!(s.sm.apply(2, &Command::MarkCacher { session }).0.is_ok());
     s.last_applied = Some(openraft::LogId::new(
-        openraft::CommittedLeaderId::new(1, 1),
+        wire::raft::LeaderId {
+            term: 1,
+            node_id: 1,
+        },
         2,
     ));
     (Arc::new(RwLock::new(s)), session, 2)
@@ -256,7 +259,10 @@ async fn a_hold_waits_until_the_log_is_applied_up_to_the_takeover() {
         "a hold before the log was applied up to the takeover: {r:?}"
     );
     state.write().expect("state").last_applied = Some(openraft::LogId::new(
-        openraft::CommittedLeaderId::new(1, 1),
+        wire::raft::LeaderId {
+            term: 1,
+            node_id: 1,
+        },
         last + 1,
     ));
     let mut held = Box::pin(list.send(Hold(vec!["/a".into()])));
@@ -305,7 +311,10 @@ fn apply(state: &SharedState, cmd: Command) -> (Result<Reply, Error>, Vec<Effect
     let index = s.last_applied.map_or(0, |l| l.index) + 1;
     let r = s.sm.apply(index, &cmd);
     s.last_applied = Some(openraft::LogId::new(
-        openraft::CommittedLeaderId::new(2, 1),
+        wire::raft::LeaderId {
+            term: 2,
+            node_id: 1,
+        },
         index,
     ));
     r
