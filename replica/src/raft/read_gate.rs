@@ -9,7 +9,9 @@
 //! reusing the no-op of its original election; its saved committed index may then be
 //! behind entries that were acknowledged before the restart (it is not fsynced). So before
 //! the first check a process answers, it commits a `Noop` of its own and waits for it to
-//! apply: from then on the state machine holds every entry acknowledged before.
+//! apply: from then on the state machine holds every entry acknowledged before. openraft
+//! 0.10 does the same (`Config::enable_leader_restore`, on by default), so the barrier
+//! stays.
 
 use std::time::Duration;
 
