@@ -3,8 +3,9 @@
 //! Format: the magic `LKSNAP5\n` (2 since sessions record their owner, 3 since the state
 //! holds ACLs, groups and admins, 4 since it records the prefixes the cell owns and each
 //! node's fencing token, 5 since openraft 0.10: its `SnapshotMeta` has no snapshot id, so
-//! [`SnapshotFile`] carries ours, and the metadata is openraft 0.10's; a file of another
-//! version is refused with an error naming both), a big-endian CRC-32 of the body, the body's length as a
+//! [`SnapshotFile`] carries ours, and the metadata is openraft 0.10's; `LKSNAP4` is still
+//! read, so backups of 0.9 builds restore; a file of another version is refused with an
+//! error naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
 //! leaves either the old set of snapshots or the new one, never a torn file. A file whose
@@ -18,6 +19,22 @@ use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"LKSNAP5\n";
+
+/// The format before: openraft 0.9's `SnapshotMeta` (last log id, membership, snapshot id)
+/// and the data. Still read (not written), so that a backup taken by a 0.9 build seeds a
+/// cell of this one: 0.10's log ids and memberships encode as 0.9's did with the leader id
+/// we use (`leader_id_adv`: term and node id), and postcard lays a nested struct out as its
+/// fields in a row, so [`FileV4`] reads such a body whole, its snapshot id included.
+const MAGIC_V4: &[u8; 8] = b"LKSNAP4\n";
+
+/// An `LKSNAP4` body ([`MAGIC_V4`]).
+#[derive(Deserialize)]
+struct FileV4 {
+    last_log_id: Option<wire::raft::LogId>,
+    last_membership: wire::raft::StoredMembership,
+    snapshot_id: String,
+    data: Vec<u8>,
+}
 
 /// The snapshot id prefix of a snapshot a restore seeded from a backup
 /// (`crate::backup::seed`): a replica that starts from one logs the state's digest
@@ -169,7 +186,8 @@ pub fn read(path: &Path) -> Result<SnapshotFile, String> {
 /// object). Refused, with the reason: another format, not a snapshot file at all, fewer
 /// or more bytes than its head says (a partial copy), a checksum that does not match.
 pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
-    if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] {
+    let v4 = bytes.len() >= 8 && bytes[..8] == MAGIC_V4[..];
+    if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] && !v4 {
         return Err(format!(
             "{what}: snapshot format {:?}, this build reads {:?} (written by another build; \
              move the data directory aside and let the replica catch up from its peers)",
@@ -177,7 +195,7 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
             String::from_utf8_lossy(&MAGIC[..7]),
         ));
     }
-    if bytes.len() < 20 || &bytes[..8] != MAGIC {
+    if bytes.len() < 20 || (&bytes[..8] != MAGIC && !v4) {
         return Err(format!("{what}: not a snapshot file"));
     }
     let crc = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
@@ -194,6 +212,17 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
             "{what}: checksum mismatch (the bytes changed after it was written)"
         ));
     }
+    if v4 {
+        let f: FileV4 = postcard::from_bytes(body).map_err(|e| format!("{what}: {e}"))?;
+        return Ok(SnapshotFile {
+            meta: SnapshotMeta {
+                last_log_id: f.last_log_id,
+                last_membership: f.last_membership,
+            },
+            data: f.data,
+            id: f.snapshot_id,
+        });
+    }
     postcard::from_bytes(body).map_err(|e| format!("{what}: {e}"))
 }
 
@@ -208,6 +237,7 @@ pub fn latest(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
             .is_ok()
             && magic[..6] == MAGIC[..6]
             && magic != *MAGIC
+            && magic != *MAGIC_V4
         {
             return Err(std::io::Error::other(read(&path).err().unwrap_or_default()));
         }
@@ -274,6 +304,42 @@ mod tests {
         let s = latest(dir.path()).unwrap().unwrap();
         assert_eq!(s.id, "s40");
         assert!(p.with_extension("corrupt").exists());
+    }
+
+    /// An `LKSNAP4` file (openraft 0.9's metadata with its snapshot id, then the data),
+    /// as a 0.9 build wrote it (postcard of the same fields in the same order), reads back
+    /// with its id.
+    #[test]
+    fn a_snapshot_of_the_format_before_reads_back_with_its_id() {
+        #[derive(Serialize)]
+        struct Meta09 {
+            last_log_id: Option<wire::raft::LogId>,
+            last_membership: wire::raft::StoredMembership,
+            snapshot_id: String,
+        }
+        #[derive(Serialize)]
+        struct File09 {
+            meta: Meta09,
+            data: Vec<u8>,
+        }
+        let m = meta(42);
+        let body = postcard::to_allocvec(&File09 {
+            meta: Meta09 {
+                last_log_id: m.last_log_id,
+                last_membership: m.last_membership.clone(),
+                snapshot_id: "restored-42".into(),
+            },
+            data: vec![7; 1000],
+        })
+        .unwrap();
+        let mut bytes = MAGIC_V4.to_vec();
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
+        bytes.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        bytes.extend_from_slice(&body);
+        let f = from_bytes(&bytes, "old").unwrap();
+        assert_eq!(f.id, "restored-42");
+        assert_eq!(f.meta, m);
+        assert_eq!(f.data, vec![7; 1000]);
     }
 
     /// A snapshot of another format (an older build's `LKSNAP2`) is refused with an error
