@@ -80,7 +80,7 @@ impl AsyncRuntime for RaftRuntime {
     type Instant = TokioInstant;
     type TimeoutError = tokio::time::error::Elapsed;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = tokio::time::Timeout<T>;
-    type ThreadLocalRng = rand010::rngs::ThreadRng;
+    type ThreadLocalRng = rand010::rngs::SmallRng;
     type Mpsc = openraft_rt_tokio::TokioMpsc;
     type Watch = RaftWatch;
     type Oneshot = openraft_rt_tokio::TokioOneshot;
@@ -120,8 +120,18 @@ impl AsyncRuntime for RaftRuntime {
         join_error.is_panic()
     }
 
+    /// Seeded from the thread's generator (OS entropy), as 0.9's `thread_rng` was; after
+    /// [`spawn_on_local_sets`] (the simulation) seeded with a constant instead, so every
+    /// draw is the same in every run: openraft 0.10 draws the first tick's phase from it
+    /// (`Tick::sample_first_wait`, new in 0.10), which made a seed's replay diverge (the
+    /// simulation fixes the election timeouts itself, with a range 1 ms wide).
     fn thread_rng() -> Self::ThreadLocalRng {
-        rand010::rng()
+        use rand010::SeedableRng;
+        if spawns_locally() {
+            rand010::rngs::SmallRng::seed_from_u64(0x6c6f_636b)
+        } else {
+            rand010::rngs::SmallRng::from_rng(&mut rand010::rng())
+        }
     }
 
     /// Not used by openraft itself (its tests and `AsyncRuntime::run` only): a
