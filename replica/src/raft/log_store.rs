@@ -44,11 +44,13 @@ const FORMAT_KEY: &[u8] = b"format";
 /// what this one writes), 5 since each create gets its own fencing token (`index × 1024 +
 /// position`) and creates under one parent share entries (an older log replayed would
 /// give its nodes other tokens than the ones its clients were told), 6 since openraft 0.10
-/// writes the entries, the vote and the log ids (its serde forms of `Entry`, `Vote` and
-/// `LogId`, which are openraft's and not promised stable across its lines; and a log a
-/// 0.10 replica wrote must not be run by a 0.9 build, whose elections, leases and
-/// snapshot RPCs differ: the whole cell moves at once, protocol 10); stores from before
-/// 2 carry no mark.
+/// writes the entries, the vote and the log ids. Their postcard bytes are the same as
+/// 0.9.25's for our types (checked: `LogId`, `Vote`, `Entry` of each payload,
+/// `Membership`, `StoredMembership`), but openraft's serde forms are not promised stable
+/// across its lines, and a log a 0.10 replica wrote must not be run by a 0.9 build (or the
+/// reverse) inside a cell: their elections, leases and snapshot RPCs differ, so the whole
+/// cell moves at once (protocol 10) and a store of the other line is refused at open;
+/// stores from before 2 carry no mark.
 pub const LOG_FORMAT: u32 = 6;
 
 /// Counters of the flusher, for status, metrics and benchmarks.
