@@ -222,7 +222,7 @@ fn batch_commands<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Er
 impl std::fmt::Display for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self {
-            Command::Noop { .. } => "Noop",
+            Command::Noop => "Noop",
             Command::CreateSession { .. } => "CreateSession",
             Command::CloseSession { .. } => "CloseSession",
             Command::ExpireSessions { .. } => "ExpireSessions",
