@@ -694,8 +694,12 @@ pub const SNAPSHOT_BYTES_MAX: u64 = 2 * 1024 * 1024 * 1024;
 /// [`frame::FRAME_DEADLINE_MS`] (a sender that stops sending is dropped).
 const SNAPSHOT_READ_BYTES: usize = 1 << 20;
 
-/// Reads the `bytes` bytes of a snapshot that follow its head on `recv`.
-async fn read_snapshot_bytes(recv: &mut quinn::RecvStream, bytes: u64) -> Result<Vec<u8>, String> {
+/// Reads the `bytes` bytes of a snapshot that follow its head on `recv`, and no more.
+async fn read_snapshot_bytes<R: tokio::io::AsyncRead + Unpin>(
+    recv: &mut R,
+    bytes: u64,
+) -> Result<Vec<u8>, String> {
+    use tokio::io::AsyncReadExt;
     let mut buf = Vec::new();
     let deadline = Duration::from_millis(frame::FRAME_DEADLINE_MS);
     while (buf.len() as u64) < bytes {
@@ -902,6 +906,37 @@ mod tests {
 
     fn resp(vote: Vote, granted: bool, last: Option<LogId>) -> VoteResponse<TypeConfig> {
         VoteResponse::new(vote, last, granted)
+    }
+
+    /// A snapshot's bytes are read to the length its head announced, across pieces and
+    /// past a peer frame's size, and nothing after them.
+    #[tokio::test]
+    async fn a_snapshot_is_read_to_its_announced_length_past_a_frames_size() {
+        let len = PEER_FRAME_BYTES_MAX + 3 * SNAPSHOT_READ_BYTES + 123;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 16);
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            tx.write_all(&sent).await.unwrap();
+            tx.write_all(b"after").await.unwrap();
+            tx
+        });
+        let got = read_snapshot_bytes(&mut rx, len as u64).await.unwrap();
+        assert!(got == data, "the snapshot came back changed");
+        let _tx = writer.await.unwrap();
+        let mut after = [0u8; 5];
+        tokio::io::AsyncReadExt::read_exact(&mut rx, &mut after)
+            .await
+            .unwrap();
+        assert_eq!(&after, b"after");
+        // A sender that stops short is an error, not a short snapshot.
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 16);
+        tokio::io::AsyncWriteExt::write_all(&mut tx, &[1; 10])
+            .await
+            .unwrap();
+        drop(tx);
+        assert!(read_snapshot_bytes(&mut rx, 11).await.is_err());
     }
 
     /// The traced case: replica 2 (log to 2 632) stood in term 2 together with replica 3
