@@ -14,10 +14,11 @@
 //! synced before `save_vote` returns.
 //!
 //! openraft 0.10 does not wait for an append's callback before going on (0.9's core did):
-//! it submits the next appends and counts an entry as flushed (for its own vote in the
-//! commit quorum, and for a follower's answer to the leader) only when the callback
-//! carrying it completes. The rule is unchanged: a callback completes only after the fsync
-//! that covers its entries.
+//! it counts an entry as flushed (for its own vote in the commit quorum, and for a
+//! follower's answer to the leader) only when the callback carrying it completes, and it
+//! replicates an entry as soon as `append` returns. The rule is unchanged: a callback
+//! completes only after the fsync that covers its entries; and `append` itself returns
+//! only after that fsync ([`DURABLE_BEFORE_RETURN`], which says why).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -52,6 +53,28 @@ const FORMAT_KEY: &[u8] = b"format";
 /// cell moves at once (protocol 10) and a store of the other line is refused at open;
 /// stores from before 2 carry no mark.
 pub const LOG_FORMAT: u32 = 6;
+
+/// Whether `append` returns only once the fsync covering its entries is done (its
+/// callback is completed by the flusher either way, after that fsync).
+///
+/// openraft 0.10 replicates an entry as soon as `append` *returns* ("submitted"), not once
+/// it is flushed; 0.9 replicated only after the leader's own flush. With 0.10's default
+/// `Config::enable_leader_restore` (on, as 0.9's behaviour was), a leader that crashes and
+/// loses appended-but-unsynced entries (fjall buffers its journal in the process until a
+/// persist) can restart and lead again *in the same term* without an election, before its
+/// followers' election timeout runs out. If its followers had flushed and committed those
+/// entries, it then proposes new entries under the very same log ids (same term, same
+/// leader, same indexes): the followers take them for the ones they hold, and the logs and
+/// state machines diverge under identical log ids. 0.9 could not get there: a leader's own
+/// entries were durable before any follower saw them. So `append` waits for its fsync, as
+/// 0.9's core did (the leader writes one append per fsync again; the batcher's
+/// `ENTRIES_IN_FLIGHT` groups commands as before, and the flusher still completes every
+/// callback only after its fsync). Setting this to `false` overlaps the leader's fsync
+/// with replication (0.10's gain) and is only safe together with
+/// `enable_leader_restore: Some(false)` in `server::raft_config` (a restarted leader then
+/// stands for election in a new term, where Raft's log check protects the entries it lost).
+/// docs/port-openraft-0.10.md, "Open questions and safety concerns".
+pub const DURABLE_BEFORE_RETURN: bool = true;
 
 /// Counters of the flusher, for status, metrics and benchmarks.
 #[derive(Debug)]
@@ -419,11 +442,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             b.insert(&self.inner.log, e.log_id.index.to_be_bytes(), encode(&e)?);
         }
         b.commit().map_err(io_err)?;
+        if !DURABLE_BEFORE_RETURN {
+            self.inner
+                .flush_tx
+                .send(Box::new(move |r| callback.io_completed(r)))
+                .map_err(|_| io_err(std::io::Error::other("log flusher stopped")))?;
+            return Ok(());
+        }
+        let (synced_tx, synced) = tokio::sync::oneshot::channel();
         self.inner
             .flush_tx
-            .send(Box::new(move |r| callback.io_completed(r)))
+            .send(Box::new(move |r: std::io::Result<()>| {
+                let outcome = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                callback.io_completed(r);
+                let _ = synced_tx.send(outcome);
+            }))
             .map_err(|_| io_err(std::io::Error::other("log flusher stopped")))?;
-        Ok(())
+        match synced.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(io_err(format!("fsync: {e}"))),
+            Err(_) => Err(io_err("log flusher stopped")),
+        }
     }
 
     /// Removes every entry after `last_log_id` (all of them if `None`), durably. openraft
