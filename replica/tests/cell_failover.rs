@@ -783,3 +783,83 @@ fn a_client_follows_a_new_leader_without_waiting_out_its_probe() {
         }
     });
 }
+
+/// Issue 27, item 6: the follower with the longer log stands as soon as it refuses a
+/// shorter log's candidacy once its dead leader's lease has run out
+/// (`raft::network::stand_first`), rather than on its own timer. Set-up: a cell of three;
+/// one follower ("slow") gets an election timer and lease of 6-6.5 s, the other
+/// ("lagging") 310-400 ms and misses the last writes (SIGSTOPped while they commit); the
+/// leader is killed and the lagging one resumed at once. The lagging one stands term
+/// after term (refused by the slow one's lease, then by its log) and can never win; the
+/// slow one's own timer would stand it 12.5-13 s after the kill (lease plus timeout), and
+/// it stands instead at the lagging one's first candidacy after its lease (6.5 s), at
+/// most about 8 s after the kill. Its first candidacy is in a term below the lagging one's
+/// latest, refused, and it stands again above it at once (`stand_again`, a later term).
+#[test]
+fn the_longer_log_stands_as_soon_as_it_refuses_a_shorter_one() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts {
+            replicas: 3,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(20))
+            .await;
+        let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        let (slow, lagging) = (others[0], others[1]);
+        for (id, min, max) in [(slow, 6_000, 6_500), (lagging, 310, 400)] {
+            cell.kill(id);
+            let raft = &mut cell.configs.get_mut(&id).unwrap().1.raft;
+            raft.election_timeout_min_ms = min;
+            raft.election_timeout_max_ms = max;
+            cell.rewrite_config(id);
+            cell.spawn(id);
+            // Back and caught up (a write committed with it) before the next one goes.
+            let session = client.open_session().await.unwrap();
+            let applied = cell.statuses(&client).await[&leader].last_applied;
+            cell.wait_applied(&client, applied, Duration::from_secs(20))
+                .await;
+            session.close().await.unwrap();
+        }
+        let session = client.open_session().await.unwrap();
+        session
+            .create("/s", vec![], CreateMode::default())
+            .await
+            .unwrap();
+        let applied = cell.statuses(&client).await[&leader].last_applied;
+        cell.wait_applied(&client, applied, Duration::from_secs(20))
+            .await;
+
+        cell.signal(lagging, libc::SIGSTOP);
+        for i in 0..5 {
+            session
+                .create(&format!("/s/k{i}"), vec![1; 16], CreateMode::default())
+                .await
+                .unwrap();
+        }
+        cell.kill(leader);
+        let killed = Instant::now();
+        cell.signal(lagging, libc::SIGCONT);
+        let (new, at) = elected_other_than(&cell, &client, leader, Duration::from_secs(30)).await;
+        let took = at - killed;
+        println!(
+            "FIGURE longer log elected {:.2} s after the kill",
+            took.as_secs_f64()
+        );
+        assert_eq!(new, slow, "only the longer log can win");
+        assert!(
+            took < Duration::from_millis(10_500),
+            "the longer log was elected {took:?} after the kill: on its own timer (12.5 s \
+             and more), not when it refused the shorter log; logs in {}",
+            cell.dir.path().display()
+        );
+        let log =
+            std::fs::read_to_string(cell.dir.path().join(format!("replica-{slow}.log"))).unwrap();
+        assert!(
+            log.contains("standing at once"),
+            "the slow replica's log says why it stood"
+        );
+    });
+}
