@@ -863,3 +863,98 @@ fn the_longer_log_stands_as_soon_as_it_refuses_a_shorter_one() {
         );
     });
 }
+
+/// Issue 27, item 6: a replica holds `Op::LeadershipAfter` until it is elected and answers
+/// then, so a client searching for the new leader hears from it about a round trip after
+/// the election instead of at its next question (every 100 ms). The leader of a cell of
+/// three with fast elections (followers stand 0.7-1.05 s after the last heartbeat) is
+/// killed; from 200 ms after the kill each follower is asked, held up to 1 s and asked
+/// again when an answer comes back without a leader. The answer naming the new leader
+/// must come from a question held 100 ms or more (one asked before the election and
+/// answered by it), and no later than the election is seen by asking every 20 ms.
+#[test]
+fn a_held_leadership_question_is_answered_when_the_replica_is_elected() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts {
+            replicas: 3,
+            raft: replica::config::RaftConfig {
+                heartbeat_interval_ms: 100,
+                election_timeout_min_ms: 250,
+                election_timeout_max_ms: 450,
+                ..Default::default()
+            },
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(30))
+            .await;
+        // Connected to every follower before the kill.
+        let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        for id in &followers {
+            client
+                .status_of(cell.addr(*id).parse().unwrap())
+                .await
+                .unwrap();
+        }
+        cell.kill(leader);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asks: Vec<_> = followers
+            .iter()
+            .map(|id| {
+                let (client, addr) = (client.clone(), cell.addr(*id).parse().unwrap());
+                tokio::spawn(async move {
+                    let held = wire::types::Request {
+                        session: 0,
+                        request_id: 0,
+                        ack_below: 0,
+                        op: wire::types::Op::LeadershipAfter { wait_ms: 1_000 },
+                    };
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline {
+                        let sent = Instant::now();
+                        match client.call_at(addr, &held).await {
+                            Ok(wire::types::Reply::Leadership { leading: true, .. }) => {
+                                return Some((sent, Instant::now()));
+                            }
+                            Ok(_) => {}
+                            Err(e) => panic!("a held question failed: {e}"),
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        let (new, seen) = elected_other_than(&cell, &client, leader, Duration::from_secs(10)).await;
+        let i = followers.iter().position(|id| *id == new).unwrap();
+        let mut answers = Vec::new();
+        for a in asks {
+            answers.push(a);
+        }
+        let other = answers.remove(1 - i);
+        other.abort();
+        let (sent, answered) = answers
+            .remove(0)
+            .await
+            .unwrap()
+            .expect("the new leader answered a held question");
+        println!(
+            "FIGURE held leadership question: held {} ms, answered {} ms before the \
+             election was seen by asking every 20 ms",
+            (answered - sent).as_millis(),
+            seen.saturating_duration_since(answered).as_millis()
+        );
+        assert!(
+            answered - sent >= Duration::from_millis(100),
+            "the answer naming replica {new} came {:?} after its question: not held until \
+             the election",
+            answered - sent
+        );
+        assert!(
+            answered <= seen + Duration::from_millis(20),
+            "the held answer came {:?} after the election was seen",
+            answered - seen
+        );
+    });
+}

@@ -192,7 +192,8 @@ const ELECTION_POLL: Duration = Duration::from_millis(100);
 /// ask for it late).
 const SEARCHES_KEPT: Duration = Duration::from_secs(5);
 
-/// How long one replica's answer to [`Op::Leadership`] may take once connected.
+/// How long one replica's answer to [`Op::LeadershipAfter`] (held by the replica for up
+/// to [`SEARCH_EVERY`]) may take once connected.
 const SEARCH_ANSWER_WITHIN: Duration = Duration::from_millis(250);
 
 /// A search's outcome: `None` while it runs, then the new leader it found, if any.
@@ -696,9 +697,14 @@ impl Client {
 
     /// Looks for a replica other than `silent` (whose connection `conn` has gone quiet
     /// while requests wait on it) that leads now: asks every other replica endpoint who
-    /// leads ([`Op::Leadership`]) every [`SEARCH_EVERY`], and returns the endpoint of one
-    /// that says it leads in a term no answer of the same round exceeds
-    /// ([`newest_leader`]). A cell elects only after its followers heard nothing from the
+    /// leads every [`SEARCH_EVERY`], each answering at once if it leads and otherwise
+    /// holding the answer for the round's length unless it is elected meanwhile
+    /// ([`Op::LeadershipAfter`]), and returns the endpoint of the first that says it
+    /// leads in a term no answer of the search so far exceeds, or at the round's end of
+    /// one that leads in a term no answer of the round exceeds ([`newest_leader`]). So
+    /// the new leader is heard from about one round trip after its election, not up to a
+    /// round later (60-137 ms after the election with the answers not held,
+    /// docs/benchmarks.md). A cell elects only after its followers heard nothing from the
     /// old leader for their election timeout, so the new leader's answer is the earliest
     /// sign of a fail-over the client can have; the probe alone would give the old
     /// connection up only [`ClientConfig::probe_timeout`] after the silence began,
@@ -726,14 +732,24 @@ impl Client {
             return None;
         }
         let rounds = self.inner.cfg.probe_timeout.as_millis() / SEARCH_EVERY.as_millis() + 1;
+        // The newest term any answer of this search named.
+        let mut newest = 0;
         for _ in 0..rounds {
             if conn.close_reason().is_some() || conn.stats().udp_rx.datagrams != received {
                 return None;
             }
             let next = Instant::now() + SEARCH_EVERY;
-            let answers =
-                futures::future::join_all(others.iter().map(|a| self.ask_leadership(*a))).await;
-            let answers: Vec<_> = answers.into_iter().flatten().collect();
+            let mut asks: futures::stream::FuturesUnordered<_> =
+                others.iter().map(|a| self.ask_leadership(*a)).collect();
+            let mut answers = Vec::new();
+            while let Some(answer) = futures::StreamExt::next(&mut asks).await {
+                let Some(a) = answer else { continue };
+                newest = newest.max(a.term);
+                if a.leading && a.term == newest {
+                    return Some(a.addr);
+                }
+                answers.push(a);
+            }
             if let Some(leader) = newest_leader(&answers) {
                 return Some(leader);
             }
@@ -763,7 +779,15 @@ impl Client {
         let ask = async {
             // Connected a moment ago; under the timeout in case it closed since.
             let conn = self.connection(addr).await?;
-            exchange(&conn, &sessionless(Op::Leadership)).await
+            let held = Op::LeadershipAfter {
+                wait_ms: SEARCH_EVERY.as_millis() as u32,
+            };
+            match exchange(&conn, &sessionless(held)).await {
+                r @ Ok(Ok(Reply::Leadership { .. })) => r,
+                // A replica of an older build cannot decode the held question
+                // (`Malformed`): ask it the plain one.
+                _ => exchange(&conn, &sessionless(Op::Leadership)).await,
+            }
         };
         match tokio::time::timeout(SEARCH_ANSWER_WITHIN, ask).await {
             Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {

@@ -384,6 +384,7 @@ impl Gateway {
                 | Op::AckInvalidations { .. }
                 | Op::AckInvalidationsBatch { .. }
                 | Op::Leadership
+                | Op::LeadershipAfter { .. }
         ) {
             return Ok(None);
         }
@@ -552,6 +553,7 @@ impl Gateway {
             // The cell itself (admin.rs).
             Op::Status => Ok(Reply::Status(self.status().await)),
             Op::Leadership => Ok(self.leadership()),
+            Op::LeadershipAfter { wait_ms } => Ok(self.leadership_after(wait_ms).await),
             Op::ProxyStatus => Err(Error::BadRequest {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),
