@@ -384,7 +384,6 @@ impl Gateway {
                 | Op::AckInvalidations { .. }
                 | Op::AckInvalidationsBatch { .. }
                 | Op::Leadership
-                | Op::LeadershipAfter { .. }
         ) {
             return Ok(None);
         }
