@@ -197,8 +197,9 @@ const ELECTION_POLL: Duration = Duration::from_millis(100);
 /// ask for it late).
 const SEARCHES_KEPT: Duration = Duration::from_secs(5);
 
-/// How long one replica's answer to [`Op::LeadershipAfter`] (held by the replica for up
-/// to [`SEARCH_EVERY`]) may take once connected.
+/// How long one replica's answer to [`Op::Leadership`] may take once connected; to
+/// [`Op::LeadershipAfter`], held by the replica for up to [`SEARCH_EVERY`], that much
+/// longer.
 const SEARCH_ANSWER_WITHIN: Duration = Duration::from_millis(250);
 
 /// A search's outcome: `None` while it runs, then the new leader it found, if any.
@@ -805,7 +806,9 @@ impl Client {
             }
             exchange(&conn, &sessionless(Op::Leadership)).await
         };
-        match tokio::time::timeout(SEARCH_ANSWER_WITHIN, ask).await {
+        // A held question's answer may come a round later, plus the same allowance.
+        let within = SEARCH_ANSWER_WITHIN + if held { SEARCH_EVERY } else { Duration::ZERO };
+        match tokio::time::timeout(within, ask).await {
             Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {
                 addr,
                 term,
