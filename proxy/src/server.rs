@@ -363,7 +363,7 @@ impl Proxy {
             Op::StateDigest => Err(Error::BadRequest {
                 reason: "StateDigest is answered by replicas; this is a proxy".into(),
             }),
-            Op::Leadership => Err(Error::BadRequest {
+            Op::Leadership | Op::LeadershipAfter { .. } => Err(Error::BadRequest {
                 reason: "Leadership is answered by replicas; this is a proxy".into(),
             }),
             Op::Events => Err(Error::BadRequest {

@@ -273,6 +273,7 @@ pub async fn run_on(
         last_digest: Default::default(),
         quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
         instruments: instruments.clone(),
+        stood_first: Default::default(),
     });
     let l = &cfg.limits;
     let bounds = crate::gateway::ServeBounds {

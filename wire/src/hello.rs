@@ -15,7 +15,9 @@ use crate::types::ReplicaId;
 /// [`crate::types::Op::Sessions`]; 9 since [`crate::types::Op::Backup`].
 /// [`crate::types::Op::Leadership`] came after 9 without a bump: only clients send it,
 /// only to find a new leader faster, and a replica of an older build cannot decode it
-/// (it answers `Malformed`), which a client takes as no answer. 10 since openraft 0.10:
+/// (it answers `Malformed`), which a client takes as no answer;
+/// [`crate::types::Op::LeadershipAfter`] likewise (a client asks such a replica
+/// [`crate::types::Op::Leadership`] instead). 10 since openraft 0.10:
 /// the peer RPCs carry its types (`VoteRequest` has a `leadership_transfer` field, the
 /// responses and errors are generic over the type configuration, `RaftError`'s fatal
 /// errors changed), snapshots travel whole (`PeerRequest::Snapshot`) instead of in

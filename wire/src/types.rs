@@ -544,7 +544,18 @@ pub enum Op {
     /// lock), so a client whose leader fell silent can ask the others whether one of them
     /// leads now; a proxy answers `BadRequest`. Reply: [`Reply::Leadership`].
     Leadership,
+    /// [`Op::Leadership`], answered as soon as the answering replica leads (at once if it
+    /// does), or after `wait_ms` (at most [`LEADERSHIP_WAIT_MAX_MS`]) with its view then:
+    /// a client searching for a new leader hears from it when it is elected, not when it
+    /// next asks. Reply: [`Reply::Leadership`].
+    LeadershipAfter {
+        /// How long the replica may hold the answer, in milliseconds.
+        wait_ms: u32,
+    },
 }
+
+/// The longest an [`Op::LeadershipAfter`] is held, in milliseconds.
+pub const LEADERSHIP_WAIT_MAX_MS: u32 = 1_000;
 
 /// The most sessions one [`Op::Sessions`] answer lists.
 pub const SESSIONS_PAGE_MAX: u32 = 1_000;
@@ -578,6 +589,7 @@ impl Op {
             Op::Sessions { .. } => "Sessions",
             Op::Backup => "Backup",
             Op::Leadership => "Leadership",
+            Op::LeadershipAfter { .. } => "LeadershipAfter",
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
             Op::KeepAliveBatch { .. } => "KeepAliveBatch",

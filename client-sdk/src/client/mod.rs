@@ -174,6 +174,11 @@ const RESOLVE_AGAIN_MAX: Duration = Duration::from_secs(30);
 /// How long one name's lookup may take.
 const RESOLVE_WITHIN: Duration = Duration::from_secs(2);
 
+/// How many passes of one call in a row may end by following a leader hint at once
+/// (replicas with stale views naming each other would otherwise be gone round without a
+/// pause); then the call waits its backoff.
+const HINTS_FOLLOWED_MAX: u32 = 4;
+
 /// How often [`Client::newer_leader`] asks the other replicas who leads while a request
 /// waits on a silent one: a new leader is found at most this long after it was elected.
 const SEARCH_EVERY: Duration = Duration::from_millis(100);
@@ -192,7 +197,9 @@ const ELECTION_POLL: Duration = Duration::from_millis(100);
 /// ask for it late).
 const SEARCHES_KEPT: Duration = Duration::from_secs(5);
 
-/// How long one replica's answer to [`Op::Leadership`] may take once connected.
+/// How long one replica's answer to [`Op::Leadership`] may take once connected; to
+/// [`Op::LeadershipAfter`], held by the replica for up to [`SEARCH_EVERY`], that much
+/// longer.
 const SEARCH_ANSWER_WITHIN: Duration = Duration::from_millis(250);
 
 /// A search's outcome: `None` while it runs, then the new leader it found, if any.
@@ -206,13 +213,13 @@ struct LeadershipAnswer {
     leading: bool,
 }
 
-/// The replica among `answers` that leads in the newest term any of them reports, if one
-/// does. Raft elects at most one leader per term, so a replica leading in that term is
-/// the cell's leader now, unless a replica this client did not hear from has already
-/// moved to a later one; a replica still leading in an older term (cut off from the
-/// others, not yet told) is passed over as long as one answer names a later term.
-fn newest_leader(answers: &[LeadershipAnswer]) -> Option<SocketAddr> {
-    let newest = answers.iter().map(|a| a.term).max()?;
+/// The replica among `answers` that leads in `newest`, the newest term any answer of the
+/// search reported, if one does. Raft elects at most one leader at a time, so a replica
+/// leading in that term is the cell's leader now, unless a replica this client did not
+/// hear from has already moved to a later one; a replica still leading in an older term
+/// (cut off from the others, not yet told) is passed over as long as one answer names a
+/// later term.
+fn newest_leader(newest: u64, answers: &[LeadershipAnswer]) -> Option<SocketAddr> {
     answers
         .iter()
         .find(|a| a.term == newest && a.leading)
@@ -696,9 +703,14 @@ impl Client {
 
     /// Looks for a replica other than `silent` (whose connection `conn` has gone quiet
     /// while requests wait on it) that leads now: asks every other replica endpoint who
-    /// leads ([`Op::Leadership`]) every [`SEARCH_EVERY`], and returns the endpoint of one
-    /// that says it leads in a term no answer of the same round exceeds
-    /// ([`newest_leader`]). A cell elects only after its followers heard nothing from the
+    /// leads every [`SEARCH_EVERY`], each answering at once if it leads and otherwise
+    /// holding the answer for the round's length unless it is elected meanwhile
+    /// ([`Op::LeadershipAfter`]), and returns the endpoint of the first that says it
+    /// leads in a term no answer of the search so far exceeds, or at the round's end of
+    /// one that leads in a term no answer of the round exceeds ([`newest_leader`]). So
+    /// the new leader is heard from about one round trip after its election, not up to a
+    /// round later (60-137 ms after the election with the answers not held,
+    /// docs/benchmarks.md). A cell elects only after its followers heard nothing from the
     /// old leader for their election timeout, so the new leader's answer is the earliest
     /// sign of a fail-over the client can have; the probe alone would give the old
     /// connection up only [`ClientConfig::probe_timeout`] after the silence began,
@@ -726,15 +738,32 @@ impl Client {
             return None;
         }
         let rounds = self.inner.cfg.probe_timeout.as_millis() / SEARCH_EVERY.as_millis() + 1;
-        for _ in 0..rounds {
+        // The newest term any answer of this search named.
+        let mut newest = 0;
+        for round in 0..rounds {
             if conn.close_reason().is_some() || conn.stats().udp_rx.datagrams != received {
                 return None;
             }
             let next = Instant::now() + SEARCH_EVERY;
-            let answers =
-                futures::future::join_all(others.iter().map(|a| self.ask_leadership(*a))).await;
-            let answers: Vec<_> = answers.into_iter().flatten().collect();
-            if let Some(leader) = newest_leader(&answers) {
+            // The first round's questions are answered at once, so every replica's term is
+            // known before a held round: a replica still leading in an older term (cut
+            // off, not yet told) answers a held question at once, and the followers'
+            // newer terms come only at the round's end.
+            let held = round > 0;
+            let mut asks: futures::stream::FuturesUnordered<_> = others
+                .iter()
+                .map(|a| self.ask_leadership(*a, held))
+                .collect();
+            let mut answers = Vec::new();
+            while let Some(answer) = futures::StreamExt::next(&mut asks).await {
+                let Some(a) = answer else { continue };
+                newest = newest.max(a.term);
+                if held && a.leading && a.term == newest {
+                    return Some(a.addr);
+                }
+                answers.push(a);
+            }
+            if let Some(leader) = newest_leader(newest, &answers) {
                 return Some(leader);
             }
             tokio::time::sleep_until(next).await;
@@ -747,7 +776,7 @@ impl Client {
     /// proxy's refusal, a replica of an older build). An endpoint without an open
     /// connection is dialed in the background, with its connect timeout (cut shorter, a
     /// slow handshake would be started over in every round and never finish).
-    async fn ask_leadership(&self, addr: SocketAddr) -> Option<LeadershipAnswer> {
+    async fn ask_leadership(&self, addr: SocketAddr, held: bool) -> Option<LeadershipAnswer> {
         if !self.has_connection(addr) {
             // Dialed in the background and asked in a later round once connected: a
             // replica that is down or cut off would hold every round up for its connect
@@ -763,9 +792,23 @@ impl Client {
         let ask = async {
             // Connected a moment ago; under the timeout in case it closed since.
             let conn = self.connection(addr).await?;
+            if held {
+                let op = Op::LeadershipAfter {
+                    wait_ms: SEARCH_EVERY.as_millis() as u32,
+                };
+                if let r @ Ok(Ok(Reply::Leadership { .. })) =
+                    exchange(&conn, &sessionless(op)).await
+                {
+                    return r;
+                }
+                // A replica of an older build cannot decode the held question
+                // (`Malformed`): ask it the plain one.
+            }
             exchange(&conn, &sessionless(Op::Leadership)).await
         };
-        match tokio::time::timeout(SEARCH_ANSWER_WITHIN, ask).await {
+        // A held question's answer may come a round later, plus the same allowance.
+        let within = SEARCH_ANSWER_WITHIN + if held { SEARCH_EVERY } else { Duration::ZERO };
+        match tokio::time::timeout(within, ask).await {
             Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {
                 addr,
                 term,
@@ -901,11 +944,14 @@ impl Client {
         let started = Instant::now();
         // When a replica first answered this call that it does not lead.
         let mut first_not_leader: Option<Instant> = None;
+        // Passes ended by following a hint without a pause, in a row.
+        let mut followed = 0u32;
         while Instant::now() < deadline {
             let mut redirected = false;
             // Endpoints tried in this pass, how many of them refused the handshake, and how
             // many could not be reached.
             let (mut tried, mut refused, mut unreachable) = (0usize, 0usize, 0usize);
+            let mut tried_here: Vec<SocketAddr> = Vec::new();
             // Whether a replica answered in this pass that it does not lead.
             let mut not_leader = false;
             for addr in self.reachable_first(self.candidates(), deadline).await {
@@ -913,6 +959,7 @@ impl Client {
                     break;
                 }
                 tried += 1;
+                tried_here.push(addr);
                 let proxy = self
                     .inner
                     .proxies
@@ -948,8 +995,17 @@ impl Client {
                         if let Some(h) = hint_addr(&hint).await {
                             // A hint at an endpoint that just failed (the dead leader, named
                             // by followers until they elect another) is kept but not
-                            // followed at once: that went round without a pause.
-                            if self.inner.leader.set(h) && !self.failed_lately(h) {
+                            // followed at once: that went round without a pause. One this
+                            // pass has not tried is followed even when another call set it
+                            // already (its search found the new leader, and this call's
+                            // attempt at the silent one ended without): it used to wait
+                            // out the election poll (100 ms) first. At most
+                            // `HINTS_FOLLOWED_MAX` passes in a row end so.
+                            let changed = self.inner.leader.set(h);
+                            if (changed || !tried_here.contains(&h))
+                                && !self.failed_lately(h)
+                                && followed < HINTS_FOLLOWED_MAX
+                            {
                                 redirected = true;
                             }
                         }
@@ -958,6 +1014,7 @@ impl Client {
                             leader_id,
                         });
                         if redirected {
+                            followed += 1;
                             break;
                         }
                     }
@@ -985,6 +1042,7 @@ impl Client {
                         // round and round without a pause.
                         if found.is_some_and(|l| l != addr && !self.failed_lately(l)) {
                             redirected = true;
+                            followed += 1;
                             break;
                         }
                     }
@@ -1004,6 +1062,7 @@ impl Client {
                 }
             }
             if !redirected {
+                followed = 0;
                 attempt += 1;
                 // A replica answered that it does not lead: the cell is electing, or its
                 // leader is one this client cannot reach (just killed). The replicas name
@@ -1075,6 +1134,9 @@ impl Client {
                 // No answer from the endpoint itself (not an error it answered with).
                 let no_answer = r.is_err();
                 let r = r.and_then(|(first, recv)| Ok((first?, recv)));
+                if let Err(e) = &r {
+                    tracing::debug!(%addr, "stream not opened here: {e}");
+                }
                 match r {
                     Ok((reply, recv)) => {
                         self.inner.leader.set(addr);
@@ -1513,22 +1575,28 @@ mod tests {
             term,
             leading,
         };
-        assert_eq!(newest_leader(&[]), None);
+        // The newest term of the answers themselves, as a search's first round has it.
+        let newest =
+            |v: &[LeadershipAnswer]| newest_leader(v.iter().map(|a| a.term).max().unwrap_or(0), v);
+        assert_eq!(newest(&[]), None);
         // Followers of the silent leader, still in its term: nothing newer.
-        assert_eq!(newest_leader(&[a(1, 4, false), a(2, 4, false)]), None);
+        assert_eq!(newest(&[a(1, 4, false), a(2, 4, false)]), None);
         // A candidate in term 5, no leader yet.
-        assert_eq!(newest_leader(&[a(1, 4, false), a(2, 5, false)]), None);
+        assert_eq!(newest(&[a(1, 4, false), a(2, 5, false)]), None);
         // Elected in term 5.
         assert_eq!(
-            newest_leader(&[a(1, 4, false), a(2, 5, true), a(3, 5, false)]),
+            newest(&[a(1, 4, false), a(2, 5, true), a(3, 5, false)]),
             Some(a(2, 5, true).addr)
         );
         // A stale leader of term 3 beside a follower of term 4.
-        assert_eq!(newest_leader(&[a(1, 3, true), a(2, 4, false)]), None);
+        assert_eq!(newest(&[a(1, 3, true), a(2, 4, false)]), None);
         assert_eq!(
-            newest_leader(&[a(1, 3, true), a(2, 4, false), a(3, 4, true)]),
+            newest(&[a(1, 3, true), a(2, 4, false), a(3, 4, true)]),
             Some(a(3, 4, true).addr)
         );
+        // A later round: the stale leader answers alone (the followers' answers held), but
+        // an earlier round named term 4.
+        assert_eq!(newest_leader(4, &[a(1, 3, true)]), None);
     }
 
     /// A leader hint is an address, or a name resolved to an IPv4 address (members named

@@ -138,6 +138,11 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     let leader = ctx.cluster.leader().await?;
     let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
     let event = Instant::now();
+    // The event on the wall clock too, to be read beside the servers' logs (when the new
+    // leader was elected, docs/benchmarks.md).
+    let event_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     unsafe {
         libc::kill(
             pid as i32,
@@ -165,6 +170,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
     let gap = unavailable(&done.lock().expect("done"), event, after);
+    let back = back_after(&done.lock().expect("done"), event);
     let name = if freeze {
         "failover-freeze"
     } else {
@@ -183,6 +189,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     );
     r.param("leader", &leader);
     r.param("run after the event (s)", after.as_secs());
+    r.param("event at (Unix time, s)", format!("{event_unix:.3}"));
     r.latency_failed("write", &lat, failed);
     r.notes.push(
         "write failed: attempts that failed or took over 20 s, each retried after 20 ms \
@@ -190,6 +197,9 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
             .into(),
     );
     r.figure("writes unavailable (s)", gap.as_secs_f64());
+    if let Some(back) = back {
+        r.figure("writes back after the event (s)", back.as_secs_f64());
+    }
     r.figure("sessions lost", lost as f64);
     if let Conn::Zk(_) = ctx.conn {
         r.figure(
@@ -200,4 +210,46 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     crate::server_sessions::report(&mut r, at_server, waited, "the writers' sessions");
     ctx.costs(&mut r);
     Ok(r)
+}
+
+/// When the longest stretch without a successful write after `event` ended, from
+/// `event` (the write that ended it; `None` if none succeeded after it): read beside the
+/// servers' logs, how soon after the new leader's election the clients wrote again.
+fn back_after(successes: &[Instant], event: Instant) -> Option<Duration> {
+    let mut times: Vec<Instant> = successes.iter().copied().filter(|t| *t > event).collect();
+    times.sort();
+    let (mut prev, mut longest, mut back) = (event, Duration::ZERO, None);
+    for t in times {
+        if back.is_none() || t - prev > longest {
+            longest = t - prev;
+            back = Some(t - event);
+        }
+        prev = t;
+    }
+    back
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_back_at_the_end_of_the_longest_gap() {
+        let event = Instant::now();
+        let at = |ms: u64| event + Duration::from_millis(ms);
+        // A write answered just after a freeze, then the fail-over's gap, then writes.
+        let done = [
+            at(0) - Duration::from_millis(5),
+            at(3),
+            at(1_800),
+            at(1_803),
+            at(1_900),
+        ];
+        assert_eq!(back_after(&done, event), Some(Duration::from_millis(1_800)));
+        assert_eq!(back_after(&[at(0) - Duration::from_millis(1)], event), None);
+        assert_eq!(
+            back_after(&[at(40)], event),
+            Some(Duration::from_millis(40))
+        );
+    }
 }

@@ -202,6 +202,20 @@ impl Gateway {
         }
     }
 
+    /// [`Gateway::leadership`] once this replica leads, or after `wait_ms` (at most
+    /// [`wire::types::LEADERSHIP_WAIT_MAX_MS`]) ([`Op::LeadershipAfter`]): the new
+    /// leader's answer leaves the moment openraft reports it elected.
+    pub async fn leadership_after(&self, wait_ms: u32) -> Reply {
+        let wait = u64::from(wait_ms.min(wire::types::LEADERSHIP_WAIT_MAX_MS));
+        let mut metrics = self.raft.metrics();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_millis(wait),
+            metrics.wait_for(|m| m.state == openraft::ServerState::Leader),
+        )
+        .await;
+        self.leadership()
+    }
+
     /// This replica's view of the cell.
     pub async fn status(&self) -> Status {
         self.status_with(true).await.0

@@ -97,6 +97,9 @@ pub struct Gateway {
     pub instruments: Arc<crate::metrics::Instruments>,
     /// Backups to object storage, when `[backup]` names a store.
     pub backup: Option<Backups>,
+    /// The highest candidate's term this replica stood at once for
+    /// (`raft::network::stand_first`).
+    pub stood_first: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The replica's backups to object storage ([`crate::actors::backuper`]).
@@ -225,7 +228,14 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
             wire::quic::grant_streams(&conn);
             if peer {
                 let budget = frame::Budget::new(bounds.peer_connection_bytes_max);
-                crate::raft::network::serve_peer(conn, gw.raft.clone(), gw.id, budget).await;
+                crate::raft::network::serve_peer(
+                    conn,
+                    gw.raft.clone(),
+                    gw.id,
+                    gw.stood_first.clone(),
+                    budget,
+                )
+                .await;
             } else {
                 wire::serve::serve(conn, who, gw, bounds.client_connection_bytes_max).await;
             }
@@ -542,6 +552,7 @@ impl Gateway {
             // The cell itself (admin.rs).
             Op::Status => Ok(Reply::Status(self.status().await)),
             Op::Leadership => Ok(self.leadership()),
+            Op::LeadershipAfter { wait_ms } => Ok(self.leadership_after(wait_ms).await),
             Op::ProxyStatus => Err(Error::BadRequest {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),

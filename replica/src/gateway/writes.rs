@@ -77,14 +77,38 @@ impl Gateway {
         if paths.is_empty() {
             return self.propose(cmd).await;
         }
-        let (hold, term) =
-            self.cachers
-                .send(Hold(paths))
-                .await
-                .map_err(|e| Error::Internal {
-                    reason: format!("cacher list: {e}"),
-                })??;
+        let mut waited = 0;
+        let (hold, term) = loop {
+            let held =
+                self.cachers
+                    .send(Hold(paths.clone()))
+                    .await
+                    .map_err(|e| Error::Internal {
+                        reason: format!("cacher list: {e}"),
+                    })?;
+            match held {
+                Ok(h) => break h,
+                // Elected a moment ago: openraft says this replica leads, and the cacher
+                // list has not been told yet or has not applied the log up to the
+                // takeover. A client that found this leader as soon as it was elected
+                // (`Op::LeadershipAfter`) would otherwise be refused and come back after
+                // its backoff (100 ms, measured: docs/benchmarks.md); wait here instead, a
+                // few ms at a time, for at most TAKEOVER_WAIT.
+                Err(Error::NotLeader { .. } | Error::Unavailable { .. })
+                    if waited < TAKEOVER_WAIT_MS && self.raft_leads() =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(TAKEOVER_POLL_MS)).await;
+                    waited += TAKEOVER_POLL_MS;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         self.propose_in_hold(Some(hold), term, cmd).await
+    }
+
+    /// Whether openraft says this replica leads now.
+    fn raft_leads(&self) -> bool {
+        self.raft.metrics().borrow().state == openraft::ServerState::Leader
     }
 
     /// Proposes `cmd` as held by the cacher list in `term` (under `hold`, released once
@@ -111,3 +135,10 @@ impl Gateway {
         r
     }
 }
+
+/// How long a write held for cachers waits, at most, for the cacher list of a replica
+/// that openraft has just elected to take over ([`Gateway::propose_held`]), in ms.
+const TAKEOVER_WAIT_MS: u64 = 300;
+
+/// How often it looks again meanwhile, in ms.
+const TAKEOVER_POLL_MS: u64 = 5;

@@ -641,11 +641,16 @@ impl PeerClient {
 /// the same tick, the one with the longer log lost the term and waited a whole election
 /// timeout (0.5-1 s) for the next (docs/benchmarks.md, "failover at 14f868b, traced at
 /// the server"). In the next term the voter, holding an uncommitted vote, has no leader
-/// lease to keep and grants the longer log. Never when the voter's vote is committed (a
-/// leader was elected in that term) or of another term, as the response shows it. Only
-/// liveness is at stake: an election started anew is one more round trip at worst; in a
-/// cell of five or more, a voter that won the term with the others' votes after it
-/// answered can be deposed by the longer log's next term (one more leader change).
+/// lease to keep and grants the longer log. The same when the voter stood in a later
+/// term than this candidacy's (a follower with a shorter log and a shorter timer stood
+/// term after term while the longer log's lease kept it out, and the longer log stood
+/// only when it refused it, [`stand_first`]): openraft takes the voter's uncommitted
+/// vote from the refusal, and this replica stands in the term after it. Never when the
+/// voter's vote is committed (a leader was elected in that term) or of an earlier term,
+/// as the response shows it. Only liveness is at stake: an election started anew is one
+/// more round trip at worst; in a cell of five or more, a voter that won the term with
+/// the others' votes after it answered can be deposed by the longer log's next term (one
+/// more leader change).
 pub fn stand_again(
     vote: &Vote,
     last_log_id: Option<&wire::raft::LogId>,
@@ -655,14 +660,44 @@ pub fn stand_again(
     !resp.vote_granted
         && !vote.is_committed()
         && !resp.vote.is_committed()
-        && resp.vote.leader_id.term == vote.leader_id.term
+        && resp.vote.leader_id.term >= vote.leader_id.term
         && resp.vote.leader_id.node_id == voter
         && resp.last_log_id.as_ref() < last_log_id
 }
 
 /// Stands again in the next term, if this replica still holds `vote` (still the
-/// candidate the refusal answered).
+/// candidate the refusal answered). If the voter stood in a later term, once openraft
+/// has taken the voter's vote from this refusal (the refusal is handed back to it only
+/// after this returns, so that is waited for beside it, for at most 200 ms): a term
+/// above the voter's.
 async fn stand_now(raft: &Raft, vote: Vote, voter: NodeId, resp: &VoteResponse<TypeConfig>) {
+    if resp.vote.leader_id.term > vote.leader_id.term {
+        let (raft, theirs) = (raft.clone(), resp.vote);
+        wire::rt::spawn(async move {
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                match raft.with_raft_state(move |st| *st.vote_ref()).await {
+                    Ok(now) if now == theirs => {
+                        tracing::info!(
+                            term = vote.leader_id.term,
+                            voter,
+                            voter_vote = %theirs,
+                            "refused by a shorter log's later candidacy: standing again at \
+                             once above it"
+                        );
+                        // No pre-vote round (0.9 had none): the point is to stand at once.
+                        if let Err(e) = raft.trigger().elect(false).await {
+                            tracing::warn!("standing again: {e}");
+                        }
+                        return;
+                    }
+                    Ok(now) if now == vote => continue,
+                    _ => return,
+                }
+            }
+        });
+        return;
+    }
     let still = raft
         .with_raft_state(move |st| *st.vote_ref() == vote)
         .await
@@ -679,6 +714,64 @@ async fn stand_now(raft: &Raft, vote: Vote, voter: NodeId, resp: &VoteResponse<T
     // No pre-vote round (0.9 had none): the point is to stand at once.
     if let Err(e) = raft.trigger().elect(false).await {
         tracing::warn!("standing again: {e}");
+    }
+}
+
+/// Whether a voter that answered a vote request (`vote`, the candidate's log ending at
+/// `last_log_id`) with `resp` should stand itself at once, if its leader has been silent
+/// past its lease ([`stand_if_leader_silent`] checks that): it refused the candidate for
+/// its shorter log (its own log, in `resp`, is longer), it follows a leader of an older
+/// term than the candidate's (its vote is committed, and not its own), and that leader,
+/// by the candidate's standing, is silent to the candidate too. The traced slow
+/// fail-overs after the fix of [`stand_again`]: the follower with the shorter log stood
+/// first, the one with the longer log refused it and stood only on its own timer, 0.2
+/// to 0.45 s later (docs/benchmarks.md, "failover at 14f868b, traced at the server").
+/// Standing at once is what that timer would do a little later: the longer log stands
+/// in the next term of its own, the shorter log (which stood in that term too) refuses
+/// it by its own vote, and [`stand_again`] has the longer log stand once more, which the
+/// shorter log grants. Liveness only: when a replica stands is not what keeps two
+/// leaders out of one term, and a leader that still reaches this voter within its lease
+/// is never disrupted (openraft refused the candidate by that lease, and
+/// [`stand_if_leader_silent`] then does nothing).
+pub fn stand_first(
+    vote: &Vote,
+    last_log_id: Option<&wire::raft::LogId>,
+    self_id: NodeId,
+    resp: &VoteResponse<TypeConfig>,
+) -> bool {
+    !resp.vote_granted
+        && resp.vote.is_committed()
+        && resp.vote.leader_id.node_id != self_id
+        && resp.vote.leader_id.term < vote.leader_id.term
+        && last_log_id < resp.last_log_id.as_ref()
+}
+
+/// Stands in the next term if this replica still holds `followed` (the committed vote
+/// for the leader it followed when it refused `candidate`) and that leader has not been
+/// heard for longer than its lease (openraft's `election_timeout_max`).
+async fn stand_if_leader_silent(raft: &Raft, followed: Vote, candidate: Vote) {
+    let lease = Duration::from_millis(raft.config().election_timeout_max);
+    let silent = raft
+        .with_raft_state(move |st| {
+            use openraft::Instant as _;
+            *st.vote_ref() == followed
+                && st
+                    .vote_last_modified()
+                    .is_none_or(|heard| heard.elapsed() > lease)
+        })
+        .await
+        .unwrap_or(false);
+    if !silent {
+        return;
+    }
+    tracing::info!(
+        term = followed.leader_id.term,
+        candidate = %candidate,
+        "refused a shorter log while the leader is silent past its lease: standing at once"
+    );
+    // No pre-vote round (0.9 had none): the point is to stand at once.
+    if let Err(e) = raft.trigger().elect(false).await {
+        tracing::warn!("standing at once: {e}");
     }
 }
 
@@ -758,10 +851,14 @@ async fn install_snapshot(
 
 /// Serves one accepted peer connection: the hello, then one RPC per stream, each read
 /// within the bounds of `wire::frame::read_request` against the connection's `budget`.
+///
+/// `stood_first` is the highest candidate's term this replica stood at once for
+/// ([`stand_first`]), shared by every peer connection of the replica: once per term.
 pub async fn serve_peer(
     conn: quinn::Connection,
     raft: Raft,
     self_id: NodeId,
+    stood_first: Arc<AtomicU64>,
     budget: frame::Budget,
 ) {
     // Hello first.
@@ -796,6 +893,7 @@ pub async fn serve_peer(
             exceeded.clone(),
             snapshots.clone(),
         );
+        let stood_first = stood_first.clone();
         let remote = conn.remote_address();
         wire::rt::spawn(async move {
             let read =
@@ -806,7 +904,21 @@ pub async fn serve_peer(
                     Some(held),
                 ),
                 Ok((PeerRequest::Vote(r), held)) => {
-                    (PeerResponse::Vote(raft.vote(r).await), Some(held))
+                    let (vote, last_log_id) = (r.vote, r.last_log_id);
+                    let resp = raft.vote(r).await;
+                    if let Ok(resp) = &resp {
+                        let term = vote.leader_id.term;
+                        if stand_first(&vote, last_log_id.as_ref(), self_id, resp)
+                            && stood_first.fetch_max(term, Ordering::Relaxed) < term
+                        {
+                            // Answered first; the check and the candidacy go on beside it.
+                            let (raft, their_vote) = (raft.clone(), resp.vote);
+                            wire::rt::spawn(async move {
+                                stand_if_leader_silent(&raft, their_vote, vote).await;
+                            });
+                        }
+                    }
+                    (PeerResponse::Vote(resp), Some(held))
                 }
                 Ok((PeerRequest::Probe, held)) => (
                     match peer_state(&raft).await {
@@ -948,9 +1060,54 @@ mod tests {
         assert!(stand_again(&mine, log(2632).as_ref(), 3, &r));
         // Equal logs: the voter's candidacy can win with this one's vote; leave it.
         assert!(!stand_again(&mine, log(2631).as_ref(), 3, &r));
+        // The voter stood in a later term (its shorter timer, while this one's lease kept
+        // it out): stand above it.
+        let later = resp(Vote::new(6, 3), false, log(2631));
+        assert!(stand_again(&mine, log(2632).as_ref(), 3, &later));
+        assert!(!stand_again(&mine, log(2631).as_ref(), 3, &later));
         // A longer log at the voter: it is the one to win.
         let r = resp(Vote::new(2, 3), false, log(2700));
         assert!(!stand_again(&mine, log(2632).as_ref(), 3, &r));
+    }
+
+    /// The remaining traced case: replica 3 (log to 2 631) stood in term 3 while replica 2
+    /// (log to 2 632) still followed the dead leader 1 of term 2 and refused it by its log.
+    #[test]
+    fn a_follower_refusing_a_shorter_log_stands_first() {
+        let candidate = Vote::new(3, 3);
+        let followed = Vote::new_committed(2, 1);
+        let r = resp(followed, false, log(2632));
+        assert!(stand_first(&candidate, log(2631).as_ref(), 2, &r));
+        // An empty candidate log is shorter than any.
+        assert!(stand_first(&candidate, None, 2, &r));
+    }
+
+    #[test]
+    fn nothing_else_makes_a_follower_stand_first() {
+        let candidate = Vote::new(3, 3);
+        let shorter = log(2631);
+        for (why, r) in [
+            // Granted: the candidate is as long or longer.
+            ("granted", resp(Vote::new(3, 3), true, log(2631))),
+            // Equal logs: a refusal can only be the lease's, or the term's.
+            ("equal", resp(Vote::new_committed(2, 1), false, log(2631))),
+            // A candidacy of its own, or a vote for another candidate: no leader to wait for.
+            ("own", resp(Vote::new(3, 2), false, log(2632))),
+            ("another's", resp(Vote::new(2, 4), false, log(2632))),
+            // It leads itself.
+            ("leader", resp(Vote::new_committed(2, 2), false, log(2632))),
+            // It follows a leader of the candidate's term or a later one.
+            (
+                "same term",
+                resp(Vote::new_committed(3, 4), false, log(2632)),
+            ),
+            (
+                "later term",
+                resp(Vote::new_committed(4, 4), false, log(2632)),
+            ),
+        ] {
+            assert!(!stand_first(&candidate, shorter.as_ref(), 2, &r), "{why}");
+        }
     }
 
     #[test]
@@ -971,8 +1128,14 @@ mod tests {
                 3,
                 resp(Vote::new_committed(1, 1), false, log(2631)),
             ),
-            // A later term: the cell has moved on.
-            ("later term", 3, resp(Vote::new(3, 3), false, log(2631))),
+            // A leader of a later term: the cell has moved on.
+            (
+                "later leader",
+                3,
+                resp(Vote::new_committed(3, 3), false, log(2631)),
+            ),
+            // An earlier term's candidacy of the voter's (a delayed answer).
+            ("earlier term", 3, resp(Vote::new(1, 3), false, log(2631))),
             // It voted for a third replica, whose log this one does not know.
             ("another's vote", 3, resp(Vote::new(2, 4), false, log(2631))),
         ] {
