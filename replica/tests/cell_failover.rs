@@ -882,6 +882,7 @@ fn a_held_leadership_question_is_answered_when_the_replica_is_elected() {
                 .await
                 .unwrap();
         }
+        let old_term = cell.statuses(&client).await[&leader].term;
         cell.kill(leader);
         tokio::time::sleep(Duration::from_millis(400)).await;
         let asks: Vec<_> = followers
@@ -893,7 +894,10 @@ fn a_held_leadership_question_is_answered_when_the_replica_is_elected() {
                         session: 0,
                         request_id: 0,
                         ack_below: 0,
-                        op: wire::types::Op::LeadershipAfter { wait_ms: 1_000 },
+                        op: wire::types::Op::LeadershipAfter {
+                            wait_ms: 1_000,
+                            newer_than: old_term,
+                        },
                     };
                     let deadline = Instant::now() + Duration::from_secs(10);
                     while Instant::now() < deadline {

@@ -544,13 +544,19 @@ pub enum Op {
     /// lock), so a client whose leader fell silent can ask the others whether one of them
     /// leads now; a proxy answers `BadRequest`. Reply: [`Reply::Leadership`].
     Leadership,
-    /// [`Op::Leadership`], answered as soon as the answering replica leads (at once if it
-    /// does), or after `wait_ms` (at most [`LEADERSHIP_WAIT_MAX_MS`]) with its view then:
-    /// a client searching for a new leader hears from it when it is elected, not when it
-    /// next asks. Reply: [`Reply::Leadership`].
+    /// [`Op::Leadership`], answered as soon as the answering replica knows a leader (itself
+    /// or another) in a term above `newer_than` (at once if it does), or after `wait_ms`
+    /// (at most [`LEADERSHIP_WAIT_MAX_MS`]) with its view then: a client searching for a
+    /// new leader hears of it when it is elected (from the new leader) or when its first
+    /// heartbeat arrives (from the others), not when it next asks, and a replica still
+    /// leading in a term the client knows to be old does not answer first.
+    /// Reply: [`Reply::Leadership`].
     LeadershipAfter {
         /// How long the replica may hold the answer, in milliseconds.
         wait_ms: u32,
+        /// The newest term the asker has heard of: an answer is held until a leader of a
+        /// later term is known.
+        newer_than: u64,
     },
 }
 

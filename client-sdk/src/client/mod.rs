@@ -749,7 +749,7 @@ impl Client {
             // known before a held round: a replica still leading in an older term (cut
             // off, not yet told) answers a held question at once, and the followers'
             // newer terms come only at the round's end.
-            let held = round > 0;
+            let held = (round > 0).then_some(newest);
             let mut asks: futures::stream::FuturesUnordered<_> = others
                 .iter()
                 .map(|a| self.ask_leadership(*a, held))
@@ -758,7 +758,7 @@ impl Client {
             while let Some(answer) = futures::StreamExt::next(&mut asks).await {
                 let Some(a) = answer else { continue };
                 newest = newest.max(a.term);
-                if held && a.leading && a.term == newest {
+                if held.is_some() && a.leading && a.term == newest {
                     return Some(a.addr);
                 }
                 answers.push(a);
@@ -776,7 +776,11 @@ impl Client {
     /// proxy's refusal, a replica of an older build). An endpoint without an open
     /// connection is dialed in the background, with its connect timeout (cut shorter, a
     /// slow handshake would be started over in every round and never finish).
-    async fn ask_leadership(&self, addr: SocketAddr, held: bool) -> Option<LeadershipAnswer> {
+    async fn ask_leadership(
+        &self,
+        addr: SocketAddr,
+        held: Option<u64>,
+    ) -> Option<LeadershipAnswer> {
         if !self.has_connection(addr) {
             // Dialed in the background and asked in a later round once connected: a
             // replica that is down or cut off would hold every round up for its connect
@@ -792,9 +796,10 @@ impl Client {
         let ask = async {
             // Connected a moment ago; under the timeout in case it closed since.
             let conn = self.connection(addr).await?;
-            if held {
+            if let Some(newer_than) = held {
                 let op = Op::LeadershipAfter {
                     wait_ms: SEARCH_EVERY.as_millis() as u32,
+                    newer_than,
                 };
                 if let r @ Ok(Ok(Reply::Leadership { .. })) =
                     exchange(&conn, &sessionless(op)).await
@@ -807,7 +812,12 @@ impl Client {
             exchange(&conn, &sessionless(Op::Leadership)).await
         };
         // A held question's answer may come a round later, plus the same allowance.
-        let within = SEARCH_ANSWER_WITHIN + if held { SEARCH_EVERY } else { Duration::ZERO };
+        let within = SEARCH_ANSWER_WITHIN
+            + if held.is_some() {
+                SEARCH_EVERY
+            } else {
+                Duration::ZERO
+            };
         match tokio::time::timeout(within, ask).await {
             Ok(Ok(Ok(Reply::Leadership { term, leading, .. }))) => Some(LeadershipAnswer {
                 addr,

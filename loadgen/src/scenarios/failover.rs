@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use anyhow::Context;
 
-use super::{ticker, unavailable, Ctx};
+use super::{longest_gap, ticker, Ctx};
 use crate::cluster::System;
 use crate::report::{Lat, Report};
 use crate::systems::Conn;
@@ -169,8 +169,10 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     if freeze {
         unsafe { libc::kill(pid as i32, libc::SIGCONT) };
     }
-    let gap = unavailable(&done.lock().expect("done"), event, after);
-    let back = back_after(&done.lock().expect("done"), event);
+    // The longest stretch without a write after the event, and when the writes were
+    // back (read beside the servers' logs: how soon after the election).
+    let longest = longest_gap(&done.lock().expect("done"), event);
+    let gap = longest.map_or(after, |(gap, _)| gap);
     let name = if freeze {
         "failover-freeze"
     } else {
@@ -197,7 +199,7 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
             .into(),
     );
     r.figure("writes unavailable (s)", gap.as_secs_f64());
-    if let Some(back) = back {
+    if let Some((_, back)) = longest {
         r.figure("writes back after the event (s)", back.as_secs_f64());
     }
     r.figure("sessions lost", lost as f64);
@@ -210,23 +212,6 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     crate::server_sessions::report(&mut r, at_server, waited, "the writers' sessions");
     ctx.costs(&mut r);
     Ok(r)
-}
-
-/// When the longest stretch without a successful write after `event` ended, from
-/// `event` (the write that ended it; `None` if none succeeded after it): read beside the
-/// servers' logs, how soon after the new leader's election the clients wrote again.
-fn back_after(successes: &[Instant], event: Instant) -> Option<Duration> {
-    let mut times: Vec<Instant> = successes.iter().copied().filter(|t| *t > event).collect();
-    times.sort();
-    let (mut prev, mut longest, mut back) = (event, Duration::ZERO, None);
-    for t in times {
-        if back.is_none() || t - prev > longest {
-            longest = t - prev;
-            back = Some(t - event);
-        }
-        prev = t;
-    }
-    back
 }
 
 #[cfg(test)]
@@ -245,11 +230,17 @@ mod tests {
             at(1_803),
             at(1_900),
         ];
-        assert_eq!(back_after(&done, event), Some(Duration::from_millis(1_800)));
-        assert_eq!(back_after(&[at(0) - Duration::from_millis(1)], event), None);
         assert_eq!(
-            back_after(&[at(40)], event),
-            Some(Duration::from_millis(40))
+            longest_gap(&done, event),
+            Some((Duration::from_millis(1_797), Duration::from_millis(1_800)))
+        );
+        assert_eq!(
+            longest_gap(&[at(0) - Duration::from_millis(1)], event),
+            None
+        );
+        assert_eq!(
+            longest_gap(&[at(40)], event),
+            Some((Duration::from_millis(40), Duration::from_millis(40)))
         );
     }
 }

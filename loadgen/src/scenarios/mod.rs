@@ -234,19 +234,24 @@ pub use max_writes::max_writes;
 /// Unavailability after `event`: from it to the first success after it, or the longest
 /// gap between successes after it if that is longer; `none` if nothing succeeded.
 pub(crate) fn unavailable(successes: &[Instant], event: Instant, none: Duration) -> Duration {
+    longest_gap(successes, event).map_or(none, |(gap, _)| gap)
+}
+
+/// The longest stretch without a success after `event` (counted from `event` up to the
+/// first success after it, then between successes) and when it ended, from `event` (the
+/// first such stretch if several are as long); `None` if nothing succeeded after it.
+pub(crate) fn longest_gap(successes: &[Instant], event: Instant) -> Option<(Duration, Duration)> {
     let mut times: Vec<Instant> = successes.iter().copied().filter(|t| *t > event).collect();
     times.sort();
-    let mut gap = Duration::ZERO;
     let mut prev = event;
+    let mut longest: Option<(Duration, Duration)> = None;
     for t in times {
-        gap = gap.max(t - prev);
+        if longest.is_none_or(|(gap, _)| t - prev > gap) {
+            longest = Some((t - prev, t - event));
+        }
         prev = t;
     }
-    if prev == event {
-        none
-    } else {
-        gap
-    }
+    longest
 }
 
 /// The note of a scenario that fails as a whole on any failed operation.

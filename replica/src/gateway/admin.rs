@@ -202,15 +202,16 @@ impl Gateway {
         }
     }
 
-    /// [`Gateway::leadership`] once this replica leads, or after `wait_ms` (at most
-    /// [`wire::types::LEADERSHIP_WAIT_MAX_MS`]) ([`Op::LeadershipAfter`]): the new
-    /// leader's answer leaves the moment openraft reports it elected.
-    pub async fn leadership_after(&self, wait_ms: u32) -> Reply {
+    /// [`Gateway::leadership`] once this replica knows a leader in a term above
+    /// `newer_than`, or after `wait_ms` (at most [`wire::types::LEADERSHIP_WAIT_MAX_MS`])
+    /// ([`Op::LeadershipAfter`]): the new leader's answer leaves the moment openraft
+    /// reports it elected, a follower's when the new leader's first heartbeat arrives.
+    pub async fn leadership_after(&self, wait_ms: u32, newer_than: u64) -> Reply {
         let wait = u64::from(wait_ms.min(wire::types::LEADERSHIP_WAIT_MAX_MS));
         let mut metrics = self.raft.metrics();
         let _ = tokio::time::timeout(
             std::time::Duration::from_millis(wait),
-            metrics.wait_for(|m| m.state == openraft::ServerState::Leader),
+            metrics.wait_for(|m| m.current_term > newer_than && m.current_leader.is_some()),
         )
         .await;
         self.leadership()

@@ -552,7 +552,10 @@ impl Gateway {
             // The cell itself (admin.rs).
             Op::Status => Ok(Reply::Status(self.status().await)),
             Op::Leadership => Ok(self.leadership()),
-            Op::LeadershipAfter { wait_ms } => Ok(self.leadership_after(wait_ms).await),
+            Op::LeadershipAfter {
+                wait_ms,
+                newer_than,
+            } => Ok(self.leadership_after(wait_ms, newer_than).await),
             Op::ProxyStatus => Err(Error::BadRequest {
                 reason: "ProxyStatus is answered by proxies; this is a replica".into(),
             }),
