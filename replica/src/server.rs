@@ -46,6 +46,15 @@ pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
         // openraft 0.9 had no pre-vote: keep elections as they were (0.10's default is off
         // too, but may change; `network.rs` does not implement the pre-vote RPC).
         enable_pre_vote: Some(false),
+        // A leader's own entries may not be on its disk when its followers commit them
+        // (0.10 replicates an entry once `append` returns, before its fsync: the log
+        // store's `append` returns at once, so the leader's fsync overlaps replication and
+        // many appends share one fsync). A leader killed then and restarted must not lead
+        // again in its old term: it would give the entries it lost, which the cell
+        // committed, new contents under the same log ids. With restore off it comes back
+        // as a follower and a new term is elected, whose log check keeps those entries.
+        // Test: `cell_failover::a_leader_killed_before_its_fsync_loses_no_committed_write`.
+        enable_leader_restore: Some(false),
         ..Default::default()
     };
     Ok(c.validate()?)
@@ -147,12 +156,13 @@ pub async fn run_on(
             (raft, Arc::default())
         }
         None => {
-            // A slow disk on demand, for tests only (`LogStore::open_with_hook`).
+            // A slow disk and a power loss on demand, for tests only
+            // (`LogStore::open_with_hook`).
             let hook = (std::env::var(crate::raft::log_store::TEST_HOOKS_ENV).as_deref()
                 == Ok("1"))
-            .then(|| cfg.data_dir.join(crate::raft::log_store::SYNC_STALL_FILE));
+            .then(|| cfg.data_dir.clone());
             if hook.is_some() {
-                tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks");
+                tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks, and a power loss is emulated at start if test-lose-unsynced exists");
             }
             let log_store = LogStore::open_with_hook(&log_dir, hook)?;
             let log_stats = log_store.stats();

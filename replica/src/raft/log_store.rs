@@ -17,8 +17,12 @@
 //! it counts an entry as flushed (for its own vote in the commit quorum, and for a
 //! follower's answer to the leader) only when the callback carrying it completes, and it
 //! replicates an entry as soon as `append` returns. The rule is unchanged: a callback
-//! completes only after the fsync that covers its entries; and `append` itself returns
-//! only after that fsync ([`DURABLE_BEFORE_RETURN`], which says why).
+//! completes only after the fsync that covers its entries. `append` returns as soon as the
+//! batch is in fjall's journal buffer, so the leader goes on appending and replicating
+//! while the flusher syncs, and every append that arrives meanwhile shares the next fsync.
+//! The price: a leader's own entries can be committed by its followers before they are on
+//! its disk, and lost if it crashes then; so a restarted leader must not lead again in its
+//! old term (`enable_leader_restore` is off in `server::raft_config`, which says why).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -53,28 +57,6 @@ const FORMAT_KEY: &[u8] = b"format";
 /// cell moves at once (protocol 10) and a store of the other line is refused at open;
 /// stores from before 2 carry no mark.
 pub const LOG_FORMAT: u32 = 6;
-
-/// Whether `append` returns only once the fsync covering its entries is done (its
-/// callback is completed by the flusher either way, after that fsync).
-///
-/// openraft 0.10 replicates an entry as soon as `append` *returns* ("submitted"), not once
-/// it is flushed; 0.9 replicated only after the leader's own flush. With 0.10's default
-/// `Config::enable_leader_restore` (on, as 0.9's behaviour was), a leader that crashes and
-/// loses appended-but-unsynced entries (fjall buffers its journal in the process until a
-/// persist) can restart and lead again *in the same term* without an election, before its
-/// followers' election timeout runs out. If its followers had flushed and committed those
-/// entries, it then proposes new entries under the very same log ids (same term, same
-/// leader, same indexes): the followers take them for the ones they hold, and the logs and
-/// state machines diverge under identical log ids. 0.9 could not get there: a leader's own
-/// entries were durable before any follower saw them. So `append` waits for its fsync, as
-/// 0.9's core did (the leader writes one append per fsync again; the batcher's
-/// `ENTRIES_IN_FLIGHT` groups commands as before, and the flusher still completes every
-/// callback only after its fsync). Setting this to `false` overlaps the leader's fsync
-/// with replication (0.10's gain) and is only safe together with
-/// `enable_leader_restore: Some(false)` in `server::raft_config` (a restarted leader then
-/// stands for election in a new term, where Raft's log check protects the entries it lost).
-/// docs/port-openraft-0.10.md, "Open questions and safety concerns".
-pub const DURABLE_BEFORE_RETURN: bool = true;
 
 /// Counters of the flusher, for status, metrics and benchmarks.
 #[derive(Debug)]
@@ -183,6 +165,9 @@ struct Inner {
     meta: Keyspace,
     flush_tx: mpsc::Sender<Completion>,
     stats: Arc<FlushStats>,
+    /// The index of the last entry written (by `append`), for the test hook's record of
+    /// what each fsync covered ([`SYNCED_INDEX_FILE`]).
+    written: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The log store; cheap to clone (the clone is also the log reader).
@@ -209,8 +194,9 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, std::io::Error> {
     postcard::to_allocvec(v).map_err(io_err)
 }
 
-/// The environment variable that turns the log's test hook on (`1`): see
-/// [`SYNC_STALL_FILE`]. Never set in production.
+/// The environment variable that turns the log's test hooks on (`1`): see
+/// [`SYNC_STALL_FILE`], [`SYNCED_INDEX_FILE`] and [`LOSE_UNSYNCED_FILE`]. Never set in
+/// production.
 pub const TEST_HOOKS_ENV: &str = "LOCKSERVICE_TEST_HOOKS";
 
 /// The test hook's file, in the replica's data directory: with [`TEST_HOOKS_ENV`] set to
@@ -219,6 +205,20 @@ pub const TEST_HOOKS_ENV: &str = "LOCKSERVICE_TEST_HOOKS";
 /// item 3: a stall of the leader's fsync must not start an election or put a session in
 /// jeopardy). Without the variable the file is never looked at.
 pub const SYNC_STALL_FILE: &str = "test-sync-stall-ms";
+
+/// The test hooks' record, in the replica's data directory (with [`TEST_HOOKS_ENV`]): the
+/// index of the last log entry written before the latest successful fsync began, i.e. the
+/// last entry a power loss could not take. Rewritten after every fsync of the flusher.
+pub const SYNCED_INDEX_FILE: &str = "test-synced-index";
+
+/// A test hook's file, in the replica's data directory (with [`TEST_HOOKS_ENV`]): when it
+/// exists as the replica starts, the log store first removes every entry after the index
+/// in [`SYNCED_INDEX_FILE`] and the committed mark (which was not synced either), then
+/// this file: what the log would hold after a power loss, the entries that were written
+/// but not yet synced gone. A `kill -9` alone loses almost nothing (fjall hands its journal
+/// to the kernel often); with this a test can make a killed replica lose exactly what a
+/// machine's crash would.
+pub const LOSE_UNSYNCED_FILE: &str = "test-lose-unsynced";
 
 /// The stall [`SYNC_STALL_FILE`] asks for now, if any.
 fn asked_stall(file: &std::path::Path) -> Option<std::time::Duration> {
@@ -232,11 +232,13 @@ impl LogStore {
         Self::open_with_hook(dir, None)
     }
 
-    /// [`LogStore::open`], with every fsync stalled as `stall_file` asks
-    /// ([`SYNC_STALL_FILE`]) if one is given.
+    /// [`LogStore::open`], with the test hooks on if `hooks` names the directory of their
+    /// files: every fsync stalled as [`SYNC_STALL_FILE`] asks, what each fsync covered
+    /// recorded in [`SYNCED_INDEX_FILE`], and a power loss emulated at open if
+    /// [`LOSE_UNSYNCED_FILE`] exists.
     pub fn open_with_hook(
         dir: &std::path::Path,
-        stall_file: Option<std::path::PathBuf>,
+        hooks: Option<std::path::PathBuf>,
     ) -> anyhow::Result<LogStore> {
         let db = Database::builder(dir).open()?;
         let log = db.keyspace("log", KeyspaceCreateOptions::default)?;
@@ -266,20 +268,34 @@ impl LogStore {
                 found.map_or("1 (no mark)".to_string(), |f| f.to_string()),
             );
         }
+        if let Some(hooks) = hooks.as_deref() {
+            lose_unsynced(hooks, &db, &log, &meta)?;
+        }
         let (flush_tx, flush_rx) = mpsc::channel::<Completion>();
         let stats = Arc::new(FlushStats::default());
+        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let flusher_db = db.clone();
         let flusher_stats = stats.clone();
+        let flusher_written = written.clone();
         thread::Builder::new()
             .name("log-flusher".into())
             .spawn(move || {
                 let sync = || {
-                    if let Some(d) = stall_file.as_deref().and_then(asked_stall) {
+                    let Some(hooks) = hooks.as_deref() else {
+                        return flusher_db
+                            .persist(PersistMode::SyncData)
+                            .map_err(|e| e.to_string());
+                    };
+                    if let Some(d) = asked_stall(&hooks.join(SYNC_STALL_FILE)) {
                         thread::sleep(d);
                     }
+                    // Entries written before this load are in the journal this persist syncs.
+                    let covered = flusher_written.load(std::sync::atomic::Ordering::SeqCst);
                     flusher_db
                         .persist(PersistMode::SyncData)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string())?;
+                    std::fs::write(hooks.join(SYNCED_INDEX_FILE), covered.to_string())
+                        .map_err(|e| format!("the test hook's record: {e}"))
                 };
                 flusher(sync, flush_rx, flusher_stats)
             })?;
@@ -290,6 +306,7 @@ impl LogStore {
                 meta,
                 flush_tx,
                 stats,
+                written,
             }),
         })
     }
@@ -305,6 +322,38 @@ impl LogStore {
             None => Ok(None),
         }
     }
+}
+
+/// The power loss of [`LOSE_UNSYNCED_FILE`], if asked for: every entry after the last one
+/// an fsync covered ([`SYNCED_INDEX_FILE`]) and the committed mark are removed, durably.
+fn lose_unsynced(
+    hooks: &std::path::Path,
+    db: &Database,
+    log: &Keyspace,
+    meta: &Keyspace,
+) -> anyhow::Result<()> {
+    let marker = hooks.join(LOSE_UNSYNCED_FILE);
+    if !marker.exists() {
+        return Ok(());
+    }
+    let synced: u64 = std::fs::read_to_string(hooks.join(SYNCED_INDEX_FILE))?
+        .trim()
+        .parse()?;
+    let mut b = db.batch().durability(Some(PersistMode::SyncData));
+    let mut lost = 0u64;
+    for kv in log.range((synced + 1).to_be_bytes()..) {
+        b.remove(log, kv.key()?);
+        lost += 1;
+    }
+    b.remove(meta, COMMITTED_KEY);
+    b.commit()?;
+    std::fs::remove_file(&marker)?;
+    tracing::warn!(
+        synced,
+        lost,
+        "test hook: a power loss emulated, the log's unsynced entries removed"
+    );
+    Ok(())
 }
 
 /// The group-commit loop: takes every completion waiting at that moment, syncs once, then
@@ -438,31 +487,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut b = self.inner.db.batch();
+        let mut last = None;
         for e in entries {
             b.insert(&self.inner.log, e.log_id.index.to_be_bytes(), encode(&e)?);
+            last = Some(e.log_id.index);
         }
         b.commit().map_err(io_err)?;
-        if !DURABLE_BEFORE_RETURN {
+        if let Some(last) = last {
             self.inner
-                .flush_tx
-                .send(Box::new(move |r| callback.io_completed(r)))
-                .map_err(|_| io_err(std::io::Error::other("log flusher stopped")))?;
-            return Ok(());
+                .written
+                .store(last, std::sync::atomic::Ordering::SeqCst);
         }
-        let (synced_tx, synced) = tokio::sync::oneshot::channel();
         self.inner
             .flush_tx
-            .send(Box::new(move |r: std::io::Result<()>| {
-                let outcome = r.as_ref().map(|_| ()).map_err(|e| e.to_string());
-                callback.io_completed(r);
-                let _ = synced_tx.send(outcome);
-            }))
+            .send(Box::new(move |r| callback.io_completed(r)))
             .map_err(|_| io_err(std::io::Error::other("log flusher stopped")))?;
-        match synced.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(io_err(format!("fsync: {e}"))),
-            Err(_) => Err(io_err("log flusher stopped")),
-        }
+        Ok(())
     }
 
     /// Removes every entry after `last_log_id` (all of them if `None`), durably. openraft

@@ -205,6 +205,20 @@ impl TestCell {
         }
     }
 
+    /// Makes replica `id`, when next started, lose the log entries its last fsync did not
+    /// cover, as after a power loss (the log store's test hook,
+    /// `replica::raft::log_store::LOSE_UNSYNCED_FILE`). Call it after [`TestCell::kill`].
+    pub fn lose_unsynced_at_restart(&self, id: u64) {
+        let dir = &self.configs[&id].1.data_dir;
+        assert!(
+            dir.join(replica::raft::log_store::SYNCED_INDEX_FILE)
+                .exists(),
+            "replica {id} recorded no fsync"
+        );
+        std::fs::write(dir.join(replica::raft::log_store::LOSE_UNSYNCED_FILE), "")
+            .expect("write the power-loss marker");
+    }
+
     /// `kill -9` replica `id` and reap it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.procs.remove(&id) {
