@@ -284,6 +284,7 @@ pub async fn run_on(
         quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
         instruments: instruments.clone(),
         stood_first: Default::default(),
+        snapshot_receiving: Default::default(),
     });
     let l = &cfg.limits;
     let bounds = crate::gateway::ServeBounds {

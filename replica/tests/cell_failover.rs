@@ -389,6 +389,15 @@ fn a_leader_killed_before_its_fsync_loses_no_committed_write() {
         );
         assert!(before_kill >= 20, "too few writes under the stall: {before_kill}");
         cell.wait_leader(&client, Duration::from_secs(20), None).await;
+        // The restarted leader did lose entries (or this test would test nothing).
+        let log = std::fs::read_to_string(cell.dir.path().join(format!("replica-{leader}.log")))
+            .expect("the leader's log");
+        let lost: u64 = log
+            .lines()
+            .filter(|l| l.contains("power loss emulated"))
+            .find_map(|l| l.split("lost=").nth(1)?.split_whitespace().next()?.parse().ok())
+            .expect("the restarted leader logged its emulated power loss");
+        assert!(lost > 0, "the emulated power loss took no entry");
         s.create("/k-after", vec![], CreateMode::default())
             .await
             .expect("a write after the restart");

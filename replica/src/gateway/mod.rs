@@ -100,6 +100,10 @@ pub struct Gateway {
     /// The highest candidate's term this replica stood at once for
     /// (`raft::network::stand_first`).
     pub stood_first: Arc<std::sync::atomic::AtomicU64>,
+    /// Held while a snapshot sent by a peer is received and installed: one at a time in
+    /// the replica, whichever connection it comes on (its bytes are held outside every
+    /// connection's budget, bounded by `raft::network::SNAPSHOT_BYTES_MAX`).
+    pub snapshot_receiving: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The replica's backups to object storage ([`crate::actors::backuper`]).
@@ -233,6 +237,7 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
                     gw.raft.clone(),
                     gw.id,
                     gw.stood_first.clone(),
+                    gw.snapshot_receiving.clone(),
                     budget,
                 )
                 .await;

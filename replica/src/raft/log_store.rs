@@ -165,9 +165,38 @@ struct Inner {
     meta: Keyspace,
     flush_tx: mpsc::Sender<Completion>,
     stats: Arc<FlushStats>,
-    /// The index of the last entry written (by `append`), for the test hook's record of
-    /// what each fsync covered ([`SYNCED_INDEX_FILE`]).
-    written: Arc<std::sync::atomic::AtomicU64>,
+    /// The test hooks, if on.
+    hooks: Option<Arc<Hooks>>,
+}
+
+/// The test hooks' state ([`TEST_HOOKS_ENV`]).
+struct Hooks {
+    /// The directory of their files (the replica's data directory).
+    dir: std::path::PathBuf,
+    /// The index of the last entry written (by `append`, or kept by `truncate_after`).
+    written: std::sync::atomic::AtomicU64,
+    /// Held from reading `written` to recording it after a sync, and around a
+    /// truncation, so the record never names an entry the sync did not cover.
+    record: std::sync::Mutex<()>,
+}
+
+impl Hooks {
+    /// Runs `sync`, then records in [`SYNCED_INDEX_FILE`] the last entry written before it.
+    fn synced(&self, sync: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+        let _g = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        // Entries written before this load are in the journal the sync covers.
+        let covered = self.written.load(std::sync::atomic::Ordering::SeqCst);
+        sync()?;
+        self.write_record(covered)
+    }
+
+    /// Writes the record (a new file renamed over the old, so a kill leaves one whole).
+    fn write_record(&self, covered: u64) -> Result<(), String> {
+        let tmp = self.dir.join(format!("{SYNCED_INDEX_FILE}.tmp"));
+        std::fs::write(&tmp, covered.to_string())
+            .and_then(|()| std::fs::rename(&tmp, self.dir.join(SYNCED_INDEX_FILE)))
+            .map_err(|e| format!("the test hook's record: {e}"))
+    }
 }
 
 /// The log store; cheap to clone (the clone is also the log reader).
@@ -271,31 +300,53 @@ impl LogStore {
         if let Some(hooks) = hooks.as_deref() {
             lose_unsynced(hooks, &db, &log, &meta)?;
         }
+        // What the log holds now is on disk before anything is acknowledged from it:
+        // openraft counts the entries it finds at start as flushed (a follower answers a
+        // leader for them without another fsync), and after a crash of the process alone
+        // they may still be only in the kernel's cache.
+        db.persist(PersistMode::SyncAll)?;
+        let hooks = match hooks {
+            Some(dir) => {
+                let last = match log.last_key_value() {
+                    Some(kv) => {
+                        let key = kv.key()?;
+                        u64::from_be_bytes(<[u8; 8]>::try_from(&key[..]).map_err(|_| {
+                            anyhow::anyhow!("{}: a log key that is not an index", dir.display())
+                        })?)
+                    }
+                    None => 0,
+                };
+                let h = Hooks {
+                    dir,
+                    written: std::sync::atomic::AtomicU64::new(last),
+                    record: std::sync::Mutex::new(()),
+                };
+                h.write_record(last).map_err(anyhow::Error::msg)?;
+                Some(Arc::new(h))
+            }
+            None => None,
+        };
         let (flush_tx, flush_rx) = mpsc::channel::<Completion>();
         let stats = Arc::new(FlushStats::default());
-        let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let flusher_db = db.clone();
         let flusher_stats = stats.clone();
-        let flusher_written = written.clone();
+        let flusher_hooks = hooks.clone();
         thread::Builder::new()
             .name("log-flusher".into())
             .spawn(move || {
                 let sync = || {
-                    let Some(hooks) = hooks.as_deref() else {
-                        return flusher_db
+                    let persist = || {
+                        flusher_db
                             .persist(PersistMode::SyncData)
-                            .map_err(|e| e.to_string());
+                            .map_err(|e| e.to_string())
                     };
-                    if let Some(d) = asked_stall(&hooks.join(SYNC_STALL_FILE)) {
+                    let Some(hooks) = flusher_hooks.as_deref() else {
+                        return persist();
+                    };
+                    if let Some(d) = asked_stall(&hooks.dir.join(SYNC_STALL_FILE)) {
                         thread::sleep(d);
                     }
-                    // Entries written before this load are in the journal this persist syncs.
-                    let covered = flusher_written.load(std::sync::atomic::Ordering::SeqCst);
-                    flusher_db
-                        .persist(PersistMode::SyncData)
-                        .map_err(|e| e.to_string())?;
-                    std::fs::write(hooks.join(SYNCED_INDEX_FILE), covered.to_string())
-                        .map_err(|e| format!("the test hook's record: {e}"))
+                    hooks.synced(persist)
                 };
                 flusher(sync, flush_rx, flusher_stats)
             })?;
@@ -306,7 +357,7 @@ impl LogStore {
                 meta,
                 flush_tx,
                 stats,
-                written,
+                hooks,
             }),
         })
     }
@@ -314,6 +365,27 @@ impl LogStore {
     /// Flusher counters.
     pub fn stats(&self) -> Arc<FlushStats> {
         self.inner.stats.clone()
+    }
+
+    /// Runs `commit` (a batch written with `SyncData`), and records what it covered if the
+    /// test hooks are on.
+    fn synced(
+        &self,
+        commit: impl FnOnce() -> Result<(), std::io::Error>,
+    ) -> Result<(), std::io::Error> {
+        let Some(hooks) = self.inner.hooks.as_deref() else {
+            return commit();
+        };
+        let mut failed = None;
+        hooks
+            .synced(|| {
+                commit().map_err(|e| {
+                    let msg = e.to_string();
+                    failed = Some(e);
+                    msg
+                })
+            })
+            .map_err(|msg| failed.take().unwrap_or_else(|| io_err(msg)))
     }
 
     fn last_purged(&self) -> Result<Option<LogId>, std::io::Error> {
@@ -459,8 +531,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .batch()
             .durability(Some(PersistMode::SyncData));
         b.insert(&self.inner.meta, VOTE_KEY, encode(vote)?);
-        b.commit()
-            .map_err(|e| std::io::Error::other(format!("writing the vote: {e}")))
+        // Load-bearing: this sync (as those of `truncate_after` and `purge`) covers every
+        // batch written before it, the appends still waiting for the flusher included, as
+        // all keyspaces share fjall's one journal. openraft relies on it: a flushed vote
+        // counts every append submitted before it as flushed too (its I/O ids order by vote
+        // first), so a follower answers a leader's pending appends once its new vote is
+        // saved, and a new leader counts its whole log as flushed. The vote must never be
+        // kept in another store, nor this batch written without syncing.
+        self.synced(|| {
+            b.commit()
+                .map_err(|e| std::io::Error::other(format!("writing the vote: {e}")))
+        })
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
@@ -493,8 +574,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             last = Some(e.log_id.index);
         }
         b.commit().map_err(io_err)?;
-        if let Some(last) = last {
-            self.inner
+        if let (Some(last), Some(hooks)) = (last, self.inner.hooks.as_deref()) {
+            hooks
                 .written
                 .store(last, std::sync::atomic::Ordering::SeqCst);
         }
@@ -518,7 +599,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for kv in self.inner.log.range(from.to_be_bytes()..) {
             b.remove(&self.inner.log, kv.key().map_err(read_err)?);
         }
-        b.commit().map_err(io_err)
+        let Some(hooks) = self.inner.hooks.as_deref() else {
+            return b.commit().map_err(io_err);
+        };
+        let _g = hooks.record.lock().unwrap_or_else(|p| p.into_inner());
+        b.commit().map_err(io_err)?;
+        let kept = from.saturating_sub(1);
+        hooks
+            .written
+            .store(kept, std::sync::atomic::Ordering::SeqCst);
+        hooks.write_record(kept).map_err(io_err)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
@@ -538,7 +628,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             b.remove(&self.inner.log, kv.key().map_err(read_err)?);
             n += 1;
         }
-        let r = b.commit().map_err(io_err);
+        let r = self.synced(|| b.commit().map_err(io_err));
         tracing::info!(
             upto = log_id.index,
             entries = n,

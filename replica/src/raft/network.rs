@@ -820,6 +820,12 @@ async fn install_snapshot(
             limit: SNAPSHOT_BYTES_MAX,
         });
     }
+    // Only a leader sends a snapshot, with its committed vote (openraft asserts it).
+    if !offer.vote.is_committed() {
+        return Err(wire::Error::Malformed {
+            reason: "a snapshot sent without a leader's committed vote".into(),
+        });
+    }
     // openraft 0.10 panics (its core stops) on a snapshot whose last log id is of a later
     // leadership than the vote it comes with: no correct leader sends one, so it is
     // refused here instead.
@@ -853,12 +859,15 @@ async fn install_snapshot(
 /// within the bounds of `wire::frame::read_request` against the connection's `budget`.
 ///
 /// `stood_first` is the highest candidate's term this replica stood at once for
-/// ([`stand_first`]), shared by every peer connection of the replica: once per term.
+/// ([`stand_first`]), shared by every peer connection of the replica: once per term;
+/// `snapshots` is held while a snapshot is received and installed (one at a time in the
+/// replica).
 pub async fn serve_peer(
     conn: quinn::Connection,
     raft: Raft,
     self_id: NodeId,
     stood_first: Arc<AtomicU64>,
+    snapshots: Arc<Mutex<()>>,
     budget: frame::Budget,
 ) {
     // Hello first.
@@ -881,7 +890,6 @@ pub async fn serve_peer(
         return;
     }
     let exceeded = Arc::new(wire::quic::ExceededLog::default());
-    let snapshots = Arc::new(Mutex::new(()));
     loop {
         let (mut send, mut recv) = match conn.accept_bi().await {
             Ok(s) => s,
@@ -936,8 +944,9 @@ pub async fn serve_peer(
                     Some(held),
                 ),
                 Ok((PeerRequest::Snapshot(offer), held)) => {
-                    // One snapshot at a time per connection: its bytes are held outside
-                    // the connection's budget (bounded by SNAPSHOT_BYTES_MAX instead).
+                    // One snapshot at a time in the replica (a sender that timed out and
+                    // sent again on a new connection waits here): its bytes are held
+                    // outside the connection's budget (bounded by SNAPSHOT_BYTES_MAX).
                     let _one = snapshots.lock().await;
                     match install_snapshot(&raft, &mut recv, offer).await {
                         Ok(resp) => (resp, Some(held)),

@@ -9,9 +9,11 @@
 //! reusing the no-op of its original election; its saved committed index may then be
 //! behind entries that were acknowledged before the restart (it is not fsynced). So before
 //! the first check a process answers, it commits a `Noop` of its own and waits for it to
-//! apply: from then on the state machine holds every entry acknowledged before. openraft
-//! 0.10 does the same (`Config::enable_leader_restore`, on by default), so the barrier
-//! stays.
+//! apply: from then on the state machine holds every entry acknowledged before. With
+//! openraft 0.10 that restore is turned off (`server::raft_config`: a restarted leader
+//! stands in a new term), and a new leader's own blank entry already serves as the
+//! barrier; the barrier stays anyway: it costs one entry per leadership and keeps reads
+//! correct if the restore were ever turned back on.
 
 use std::time::Duration;
 
