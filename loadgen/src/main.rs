@@ -130,12 +130,16 @@ enum Cmd {
     Herd,
     /// A lock holder process is killed (`kill -9`): time until a waiter is granted.
     Takeover,
-    /// Writers while the leader is killed (`kill -9`), or frozen with `--freeze`: how long
-    /// writes fail, and sessions lost.
+    /// Writers while the leader is killed (`kill -9`), frozen with `--freeze`, or stopped
+    /// as an operator would with `--stop`: how long writes fail, and sessions lost.
     Failover {
         /// SIGSTOP the leader instead of killing it.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "stop")]
         freeze: bool,
+        /// SIGTERM the leader instead of killing it (a planned restart: ours and etcd hand
+        /// the leadership over first, ZooKeeper shuts down).
+        #[arg(long)]
+        stop: bool,
         /// How long the writers go on after the kill or freeze, in seconds (default 12
         /// after a kill, 20 after a freeze: the figures in docs/benchmarks.md).
         #[arg(long)]
@@ -183,8 +187,8 @@ enum Cmd {
     },
     /// Runs a scenario against ours, etcd and ZooKeeper and prints one table with ratios.
     Compare {
-        /// The scenario: acquire, herd, takeover, failover, failover-freeze, max-writes,
-        /// burst, profile and state.
+        /// The scenario: acquire, herd, takeover, failover, failover-freeze, failover-stop,
+        /// max-writes, burst, profile and state.
         scenario: String,
     },
     /// One share of a profile split over several processes (started by `profile`).
@@ -233,10 +237,17 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         "takeover" => Cmd::Takeover,
         "failover" => Cmd::Failover {
             freeze: false,
+            stop: false,
             after_secs: None,
         },
         "failover-freeze" => Cmd::Failover {
             freeze: true,
+            stop: false,
+            after_secs: None,
+        },
+        "failover-stop" => Cmd::Failover {
+            freeze: false,
+            stop: true,
             after_secs: None,
         },
         "max-writes" => Cmd::MaxWrites,
@@ -254,7 +265,7 @@ fn scenario_cmd(name: &str) -> anyhow::Result<Cmd> {
         },
         other => anyhow::bail!(
             "unknown scenario {other:?} (acquire, herd, takeover, failover, failover-freeze, \
-             max-writes, burst, profile, state, abuse, move)"
+             failover-stop, max-writes, burst, profile, state, abuse, move)"
         ),
     })
 }
@@ -439,13 +450,17 @@ async fn run_one(
         Cmd::Acquire => scenarios::acquire(&ctx).await,
         Cmd::Herd => scenarios::herd(&ctx).await,
         Cmd::Takeover => scenarios::takeover(&ctx, &std::env::current_exe()?).await,
-        Cmd::Failover { freeze, after_secs } => {
-            scenarios::failover(
-                &ctx,
-                *freeze,
-                after_secs.map(std::time::Duration::from_secs),
-            )
-            .await
+        Cmd::Failover {
+            freeze,
+            stop,
+            after_secs,
+        } => {
+            let event = match (freeze, stop) {
+                (true, _) => scenarios::LeaderEvent::Freeze,
+                (_, true) => scenarios::LeaderEvent::Stop,
+                _ => scenarios::LeaderEvent::Kill,
+            };
+            scenarios::failover(&ctx, event, after_secs.map(std::time::Duration::from_secs)).await
         }
         Cmd::MaxWrites => scenarios::max_writes(&ctx).await,
         Cmd::Burst => scenarios::burst(&ctx).await,

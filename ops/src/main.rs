@@ -566,6 +566,15 @@ enum MemberCommand {
         /// Its replica id.
         id: u64,
     },
+    /// Hand the leadership to another voter (before maintenance on the leader; a replica
+    /// stopped with SIGTERM while leading does it by itself). Returns once it leads.
+    #[command(
+        after_help = "Examples:\n  lockctl member transfer-leader      # to the most caught-up follower\n  lockctl member transfer-leader 3    # to replica 3"
+    )]
+    TransferLeader {
+        /// The voter to hand over to (default: the follower whose log reaches furthest).
+        id: Option<u64>,
+    },
 }
 
 fn main() {
@@ -956,6 +965,15 @@ async fn command(
                 MemberCommand::AddLearner { id, addr } => Op::AddLearner { id, addr },
                 MemberCommand::Promote { id } => Op::Promote { id },
                 MemberCommand::Remove { id } => Op::RemoveMember { id },
+                MemberCommand::TransferLeader { id } => {
+                    return match client.request(Op::TransferLeader { to: id }).await? {
+                        Reply::LeaderTransferred { from, to, took_ms } => {
+                            println!("replica {to} leads (was {from}; {took_ms} ms)");
+                            Ok(())
+                        }
+                        other => anyhow::bail!("unexpected reply {other:?}"),
+                    };
+                }
             };
             match client.request(op).await? {
                 Reply::MembershipChanged { members } => {

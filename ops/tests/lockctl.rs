@@ -101,6 +101,22 @@ fn dev_cell_demo_commands_and_clean_stop() {
         "{}",
         text(&o)
     );
+    // The leadership handed over on demand (a replica stopped with SIGTERM while
+    // leading does the same: replica/tests/handover.rs).
+    let o = lockctl(&endpoints, &ca, &["member", "transfer-leader", "9"]);
+    assert!(
+        !o.status.success() && text(&o).contains("not a voter"),
+        "{}",
+        text(&o)
+    );
+    let o = lockctl(&endpoints, &ca, &["member", "transfer-leader"]);
+    assert!(
+        o.status.success() && text(&o).contains(" leads (was "),
+        "{}",
+        text(&o)
+    );
+    let o = lockctl(&endpoints, &ca, &["status"]);
+    assert_eq!(text(&o).matches("Leader").count(), 1, "{}", text(&o));
 
     // A snapshot on demand on every replica; `status --full` shows its size.
     let o = lockctl(&endpoints, &ca, &["snapshot"]);

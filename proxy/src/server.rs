@@ -420,6 +420,7 @@ impl Proxy {
                         Op::AddLearner { .. }
                             | Op::Promote { .. }
                             | Op::RemoveMember { .. }
+                            | Op::TransferLeader { .. }
                             | Op::Snapshot
                     )
                 {

@@ -344,6 +344,20 @@ pub async fn run_on(
 
     shutdown.await;
     tracing::info!("shutting down");
+    // A leader hands over first, so clients lose no more than a few round trips
+    // (issue 27, item 5); a follower, or a leader whose hand-over fails, just stops.
+    if raft.metrics().borrow().state == openraft::ServerState::Leader {
+        if let Err(e) = crate::raft::handover::hand_over(
+            &raft,
+            cfg.id,
+            None,
+            crate::raft::handover::HAND_OVER_WITHIN,
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "stopping without handing the leadership over");
+        }
+    }
     endpoint.close(0u32.into(), b"shutdown");
     let _ = raft.shutdown().await;
     serve.abort();

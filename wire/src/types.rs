@@ -558,6 +558,16 @@ pub enum Op {
         /// later term is known.
         newer_than: u64,
     },
+    /// Hand the leadership over (admin, leader only): to `to`, a voter, or when `None` to
+    /// the follower whose log reaches furthest. Answered once another replica leads (or
+    /// with [`crate::Error::Timeout`] after a few seconds, when the cell then elects a
+    /// leader by its timers, as after a crash); writes reaching the old leader meanwhile
+    /// are answered [`crate::Error::NotLeader`] naming the target. A replica told to stop
+    /// (SIGTERM) while leading does the same first. Reply: [`Reply::LeaderTransferred`].
+    TransferLeader {
+        /// The voter to hand over to; `None`: the best follower.
+        to: Option<ReplicaId>,
+    },
 }
 
 /// The longest an [`Op::LeadershipAfter`] is held, in milliseconds.
@@ -596,6 +606,7 @@ impl Op {
             Op::Backup => "Backup",
             Op::Leadership => "Leadership",
             Op::LeadershipAfter { .. } => "LeadershipAfter",
+            Op::TransferLeader { .. } => "TransferLeader",
             Op::CreateSession => "CreateSession",
             Op::KeepAlive => "KeepAlive",
             Op::KeepAliveBatch { .. } => "KeepAliveBatch",
@@ -899,6 +910,16 @@ pub enum Reply {
         leading: bool,
         /// The leader it knows of in that term, if any (itself when `leading`).
         leader: Option<ReplicaId>,
+    },
+    /// Answer to [`Op::TransferLeader`]: the leadership moved.
+    LeaderTransferred {
+        /// The replica that led.
+        from: ReplicaId,
+        /// The replica that leads now.
+        to: ReplicaId,
+        /// Milliseconds from the request to the new leader's election, as the old leader
+        /// saw it.
+        took_ms: u64,
     },
 }
 

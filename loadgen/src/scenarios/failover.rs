@@ -86,10 +86,28 @@ pub async fn takeover(ctx: &Ctx, exe: &std::path::Path) -> anyhow::Result<Report
     Ok(r)
 }
 
-/// Writers (and their sessions) while the leader is killed (`kill -9`) or frozen
-/// (SIGSTOP): how long writes fail, and whether any session is lost, as the clients
-/// declared it and as the server confirms it ([`crate::server_sessions`]).
-pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyhow::Result<Report> {
+/// What happens to the leader in [`failover`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaderEvent {
+    /// `kill -9`: a crash.
+    Kill,
+    /// SIGSTOP (resumed with SIGCONT after the run): a stall.
+    Freeze,
+    /// SIGTERM: a planned restart, as an operator stops a server (each system's own
+    /// graceful stop: ours and etcd hand the leadership over first).
+    Stop,
+}
+
+/// Writers (and their sessions) while the leader is killed (`kill -9`), frozen
+/// (SIGSTOP) or stopped (SIGTERM): how long writes fail, and whether any session is
+/// lost, as the clients declared it and as the server confirms it
+/// ([`crate::server_sessions`]).
+pub async fn failover(
+    ctx: &Ctx,
+    event_kind: LeaderEvent,
+    after: Option<Duration>,
+) -> anyhow::Result<Report> {
+    let freeze = event_kind == LeaderEvent::Freeze;
     let n = ctx.n(16.0, 4);
     let sessions = ctx.sessions(n).await?;
     for (i, s) in sessions.iter().enumerate() {
@@ -133,7 +151,12 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
             })
         })
         .collect();
-    let (pb, t) = ticker(before + after, if freeze { "freeze" } else { "kill -9" });
+    let what = match event_kind {
+        LeaderEvent::Kill => "kill -9",
+        LeaderEvent::Freeze => "freeze",
+        LeaderEvent::Stop => "SIGTERM",
+    };
+    let (pb, t) = ticker(before + after, what);
     tokio::time::sleep(before).await;
     let leader = ctx.cluster.leader().await?;
     let pid = ctx.cluster.pid_of(&leader).context("leader pid")?;
@@ -143,12 +166,12 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     let event_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    unsafe {
-        libc::kill(
-            pid as i32,
-            if freeze { libc::SIGSTOP } else { libc::SIGKILL },
-        )
+    let signal = match event_kind {
+        LeaderEvent::Kill => libc::SIGKILL,
+        LeaderEvent::Freeze => libc::SIGSTOP,
+        LeaderEvent::Stop => libc::SIGTERM,
     };
+    unsafe { libc::kill(pid as i32, signal) };
     tokio::time::sleep(after).await;
     stop.store(true, Ordering::SeqCst);
     let mut lat = Lat::new(start);
@@ -173,20 +196,20 @@ pub async fn failover(ctx: &Ctx, freeze: bool, after: Option<Duration>) -> anyho
     // back (read beside the servers' logs: how soon after the election).
     let longest = longest_gap(&done.lock().expect("done"), event);
     let gap = longest.map_or(after, |(gap, _)| gap);
-    let name = if freeze {
-        "failover-freeze"
-    } else {
-        "failover"
+    let name = match event_kind {
+        LeaderEvent::Kill => "failover",
+        LeaderEvent::Freeze => "failover-freeze",
+        LeaderEvent::Stop => "failover-stop",
     };
     let mut r = ctx.report(name);
     r.param("writers (sessions, one key each)", n);
     r.param("sessions held", super::sessions_model(&ctx.conn));
     r.param(
         "event",
-        if freeze {
-            "leader SIGSTOP"
-        } else {
-            "leader kill -9"
+        match event_kind {
+            LeaderEvent::Kill => "leader kill -9",
+            LeaderEvent::Freeze => "leader SIGSTOP",
+            LeaderEvent::Stop => "leader SIGTERM",
         },
     );
     r.param("leader", &leader);

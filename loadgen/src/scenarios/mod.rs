@@ -227,7 +227,7 @@ pub mod move_prefix;
 pub use abuse::abuse;
 pub use acquire::acquire;
 pub use burst::burst;
-pub use failover::{failover, takeover};
+pub use failover::{failover, takeover, LeaderEvent};
 pub use herd::herd;
 pub use max_writes::max_writes;
 

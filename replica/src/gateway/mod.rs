@@ -311,6 +311,12 @@ impl wire::serve::Handler for Gateway {
     }
 }
 
+/// How long a request answered `NotLeader` by a replica that cannot name another leader
+/// is held for the election under way ([`Gateway::leader_coming`]), in ms: a leader
+/// transfer or a contested election takes a few round trips; an election that takes
+/// longer (no quorum) gets the `NotLeader` answer as before, a little later.
+const LEADER_HOLD_MS: u64 = 300;
+
 impl Gateway {
     /// Answers one request from `caller`; a proxy's [`Op::Forwarded`] is answered as if
     /// its client had sent the inner op.
@@ -321,7 +327,31 @@ impl Gateway {
         received: Instant,
     ) -> Response {
         let op = req.op.name();
-        let r = match req.op {
+        // A copy only where it may be needed: a replica that does not lead now may be
+        // elected while the request waits (`leader_coming`), and serves it then.
+        let again = (!self.raft_leads()).then(|| req.clone());
+        let mut r = self.placed(caller, req, received).await;
+        if matches!(r, Err(Error::NotLeader { .. })) && self.leader_coming().await {
+            if let Some(req) = again {
+                r = self.placed(caller, req, received).await;
+            }
+        }
+        self.latency.record(op, received.elapsed());
+        if let Err(e) = &r {
+            self.instruments.refused(e);
+        }
+        self.with_leader_hint(r)
+    }
+
+    /// `req` checked against the prefixes this cell owns, then dispatched (as the client
+    /// a proxy forwards it for, if it does).
+    async fn placed(
+        &self,
+        caller: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
+        match req.op {
             Op::Forwarded { identity, op } => match self.forwarded_caller(caller, identity, &op) {
                 Ok(client) => match self.request_place(&client, &op) {
                     Ok(_place) => {
@@ -336,12 +366,36 @@ impl Gateway {
                 Ok(_place) => self.dispatch(caller, req, received).await,
                 Err(e) => Err(e),
             },
-        };
-        self.latency.record(op, received.elapsed());
-        if let Err(e) = &r {
-            self.instruments.refused(e);
         }
-        self.with_leader_hint(r)
+    }
+
+    /// Called when a request was answered `NotLeader`: if this replica cannot name
+    /// another leader yet (an election is under way, or it leads but is handing the
+    /// leadership over), waits until it can, at most [`LEADER_HOLD_MS`], so the answer
+    /// names the new leader (filled in by `with_leader_hint`) instead of sending the
+    /// client round the replicas and into its election poll (100 ms). Returns true if
+    /// this replica itself was elected meanwhile (the request is then served here).
+    async fn leader_coming(&self) -> bool {
+        let mut metrics = self.raft.metrics();
+        let handing_over = {
+            let m = metrics.borrow_and_update();
+            match m.current_leader {
+                None => false,
+                Some(l) if l == self.id && m.state == openraft::ServerState::Leader => true,
+                Some(_) => return false,
+            }
+        };
+        let me = self.id;
+        let known = tokio::time::timeout(
+            std::time::Duration::from_millis(LEADER_HOLD_MS),
+            metrics.wait_for(|m| match m.current_leader {
+                None => false,
+                Some(l) if l == me => !handing_over && m.state == openraft::ServerState::Leader,
+                Some(_) => true,
+            }),
+        )
+        .await;
+        matches!(known, Ok(Ok(m)) if m.current_leader == Some(me))
     }
 
     /// The caller of a request a proxy forwards for `identity`: only a proxy of this
@@ -578,6 +632,22 @@ impl Gateway {
                 self.require_admin_confirmed(&me, "change the cell's membership")
                     .await?;
                 self.change(ChangeMembership::Remove { id }).await
+            }
+            Op::TransferLeader { to } => {
+                self.require_admin_confirmed(&me, "hand the leadership over")
+                    .await?;
+                let (leader, took) = crate::raft::handover::hand_over(
+                    &self.raft,
+                    self.id,
+                    to,
+                    crate::raft::handover::HAND_OVER_WITHIN,
+                )
+                .await?;
+                Ok(Reply::LeaderTransferred {
+                    from: self.id,
+                    to: leader,
+                    took_ms: took.as_millis() as u64,
+                })
             }
             Op::Snapshot => {
                 self.require_admin(&me, "make a replica take a snapshot")?;

@@ -111,7 +111,7 @@ impl Gateway {
     }
 
     /// Whether openraft says this replica leads now.
-    fn raft_leads(&self) -> bool {
+    pub(super) fn raft_leads(&self) -> bool {
         self.raft.metrics().borrow().state == openraft::ServerState::Leader
     }
 

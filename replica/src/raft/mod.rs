@@ -10,6 +10,7 @@
 //! openraft values too).
 
 pub mod bootstrap;
+pub mod handover;
 pub mod log_store;
 pub mod mem_log;
 pub mod network;

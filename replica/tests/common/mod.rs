@@ -219,6 +219,34 @@ impl TestCell {
             .expect("write the power-loss marker");
     }
 
+    /// Stops replica `id` as an operator would (SIGTERM) and waits for it to exit, at
+    /// most `within` (then it is killed and the test fails). Returns how long it took.
+    pub async fn stop(&mut self, id: u64, within: Duration) -> Duration {
+        let started = Instant::now();
+        let mut child = self.procs.remove(&id).expect("a running replica");
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        // Bounded by `within`.
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    assert!(status.success(), "replica {id} exited with {status}");
+                    return started.elapsed();
+                }
+                Ok(None) if started.elapsed() < within => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "replica {id} did not exit within {within:?} of SIGTERM; logs in {}",
+                        self.dir.path().display()
+                    );
+                }
+            }
+        }
+    }
+
     /// `kill -9` replica `id` and reap it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.procs.remove(&id) {
