@@ -17,12 +17,10 @@ use wire::types::{Op, Reply};
 /// Writes `/w` in a loop until told to stop; returns the successes' times and every
 /// error. Each write is one request; the SDK retries an attempt a replica refused as
 /// it would for any application, and only what the application sees counts.
-fn writer(
-    s: client_sdk::Session,
-) -> (
-    Arc<std::sync::atomic::AtomicBool>,
-    tokio::task::JoinHandle<(Vec<Instant>, Vec<Error>)>,
-) {
+/// The writer's outcome: when each write succeeded, and every error.
+type Written = tokio::task::JoinHandle<(Vec<Instant>, Vec<Error>)>;
+
+fn writer(s: client_sdk::Session) -> (Arc<std::sync::atomic::AtomicBool>, Written) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = stop.clone();
     let task = tokio::spawn(async move {
