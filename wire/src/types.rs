@@ -559,11 +559,15 @@ pub enum Op {
         newer_than: u64,
     },
     /// Hand the leadership over (admin, leader only): to `to`, a voter, or when `None` to
-    /// the follower whose log reaches furthest. Answered once another replica leads (or
-    /// with [`crate::Error::Timeout`] after a few seconds, when the cell then elects a
-    /// leader by its timers, as after a crash); writes reaching the old leader meanwhile
-    /// are answered [`crate::Error::NotLeader`] naming the target. A replica told to stop
-    /// (SIGTERM) while leading does the same first. Reply: [`Reply::LeaderTransferred`].
+    /// the follower whose log reaches furthest (either must have answered the leader in
+    /// the last second, and be close to its log). Answered once another replica leads;
+    /// refused with [`crate::Error::Membership`] (not retried) when no voter fits, while
+    /// a membership change is half done, or when the target did not take over within
+    /// 1 s (the old leader then refuses writes until the cell elects a leader by its
+    /// timers, as after a crash). Naming the replica that leads answers at once, as
+    /// done. Writes reaching the old leader meanwhile are answered
+    /// [`crate::Error::NotLeader`] naming the target. A replica told to stop (SIGTERM)
+    /// while leading does the same first. Reply: [`Reply::LeaderTransferred`].
     TransferLeader {
         /// The voter to hand over to; `None`: the best follower.
         to: Option<ReplicaId>,

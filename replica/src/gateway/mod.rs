@@ -327,15 +327,7 @@ impl Gateway {
         received: Instant,
     ) -> Response {
         let op = req.op.name();
-        // A copy only where it may be needed: a replica that does not lead now may be
-        // elected while the request waits (`leader_coming`), and serves it then.
-        let again = (!self.raft_leads()).then(|| req.clone());
-        let mut r = self.placed(caller, req, received).await;
-        if matches!(r, Err(Error::NotLeader { .. })) && self.leader_coming().await {
-            if let Some(req) = again {
-                r = self.placed(caller, req, received).await;
-            }
-        }
+        let r = self.placed(caller, req, received).await;
         self.latency.record(op, received.elapsed());
         if let Err(e) = &r {
             self.instruments.refused(e);
@@ -343,8 +335,9 @@ impl Gateway {
         self.with_leader_hint(r)
     }
 
-    /// `req` checked against the prefixes this cell owns, then dispatched (as the client
-    /// a proxy forwards it for, if it does).
+    /// `req` given a place in its identity's request quota and dispatched (as the
+    /// client a proxy forwards it for, if it does); its place is kept while it is held
+    /// for an election ([`Gateway::dispatch_or_hold`]).
     async fn placed(
         &self,
         caller: &wire::serve::Caller,
@@ -355,7 +348,7 @@ impl Gateway {
             Op::Forwarded { identity, op } => match self.forwarded_caller(caller, identity, &op) {
                 Ok(client) => match self.request_place(&client, &op) {
                     Ok(_place) => {
-                        self.dispatch(&client, Request { op: *op, ..req }, received)
+                        self.dispatch_or_hold(&client, Request { op: *op, ..req }, received)
                             .await
                     }
                     Err(e) => Err(e),
@@ -363,9 +356,35 @@ impl Gateway {
                 Err(e) => Err(e),
             },
             _ => match self.request_place(caller, &req.op) {
-                Ok(_place) => self.dispatch(caller, req, received).await,
+                Ok(_place) => self.dispatch_or_hold(caller, req, received).await,
                 Err(e) => Err(e),
             },
+        }
+    }
+
+    /// Dispatches `req`; if it is answered `NotLeader` while an election is under way,
+    /// holds the answer for it ([`Gateway::leader_coming`]), and dispatches the request
+    /// again if this replica was elected meanwhile: as the client's own retry with the
+    /// same request id would, only sooner. Never a `TransferLeader` (it would give away
+    /// the leadership just won).
+    async fn dispatch_or_hold(
+        &self,
+        caller: &wire::serve::Caller,
+        req: Request,
+        received: Instant,
+    ) -> Response {
+        // A copy only where it may be served again: here, a replica that knows no leader
+        // now may be elected while the request waits.
+        let again = (self.raft.metrics().borrow().current_leader.is_none()
+            && !matches!(req.op, Op::TransferLeader { .. }))
+        .then(|| req.clone());
+        let r = self.dispatch(caller, req, received).await;
+        let Err(Error::NotLeader { leader_id, .. }) = &r else {
+            return r;
+        };
+        match (self.leader_coming(*leader_id).await, again) {
+            (true, Some(req)) => self.dispatch(caller, req, received).await,
+            _ => r,
         }
     }
 
@@ -375,13 +394,23 @@ impl Gateway {
     /// names the new leader (filled in by `with_leader_hint`) instead of sending the
     /// client round the replicas and into its election poll (100 ms). Returns true if
     /// this replica itself was elected meanwhile (the request is then served here).
-    async fn leader_coming(&self) -> bool {
+    ///
+    /// `named` is the leader the `NotLeader` answer named: a leader handing over names
+    /// its target (one that refuses for another reason, just elected or its lease run
+    /// out, names none and is not held).
+    async fn leader_coming(&self, named: Option<wire::types::ReplicaId>) -> bool {
         let mut metrics = self.raft.metrics();
         let handing_over = {
             let m = metrics.borrow_and_update();
             match m.current_leader {
                 None => false,
-                Some(l) if l == self.id && m.state == openraft::ServerState::Leader => true,
+                Some(l)
+                    if l == self.id
+                        && m.state == openraft::ServerState::Leader
+                        && named.is_some_and(|n| n != self.id) =>
+                {
+                    true
+                }
                 Some(_) => return false,
             }
         };

@@ -36,19 +36,27 @@ const ASK_AGAIN: Duration = Duration::from_millis(50);
 /// The voter the leadership goes to: `to` if given (a voter other than `me`), else the
 /// voter other than `me` whose log the leader has replicated furthest (the lowest id
 /// among equals), so the transfer waits least for the target to catch up. Either must
-/// have answered the leader within [`HEARD_WITHIN`].
+/// have answered the leader within [`HEARD_WITHIN`]; none while a membership change is
+/// half done (the second step needs this leader). `Ok(None)`: `to` is `me`, which leads
+/// already. Refusals are [`Error::Membership`] (not retried: a retry would not help
+/// soon, and a retried hand-over could move the leadership again).
 pub fn choose(
     m: &openraft::RaftMetrics<wire::raft::TypeConfig>,
     me: NodeId,
     to: Option<NodeId>,
-) -> Result<NodeId, Error> {
+) -> Result<Option<NodeId>, Error> {
     use openraft::Instant as _;
-    let voters: Vec<NodeId> = m
-        .membership_config
-        .membership()
-        .voter_ids()
-        .filter(|id| *id != me)
-        .collect();
+    let refuse = |reason: String| Err(Error::Membership { reason });
+    if to == Some(me) {
+        return Ok(None);
+    }
+    let membership = m.membership_config.membership();
+    if membership.get_joint_config().len() > 1 {
+        return refuse(
+            "a membership change is half done; hand the leadership over once it completes".into(),
+        );
+    }
+    let voters: Vec<NodeId> = membership.voter_ids().filter(|id| *id != me).collect();
     let heard = |id: &NodeId| {
         m.heartbeat
             .as_ref()
@@ -56,50 +64,53 @@ pub fn choose(
             .is_some_and(|at| at.elapsed() < HEARD_WITHIN)
     };
     if let Some(to) = to {
-        if to == me {
-            return Err(Error::BadRequest {
-                reason: format!("replica {me} already leads; name another voter"),
-            });
-        }
         if !voters.contains(&to) {
-            return Err(Error::BadRequest {
-                reason: format!("replica {to} is not a voter of this cell (voters: {voters:?})"),
-            });
+            return refuse(format!(
+                "replica {to} is not a voter of this cell (voters: {voters:?})"
+            ));
         }
         if !heard(&to) {
-            return Err(Error::Unavailable {
-                reason: format!(
-                    "replica {to} has not answered the leader for {HEARD_WITHIN:?} or more"
-                ),
-            });
+            return refuse(format!(
+                "replica {to} has not answered the leader for {HEARD_WITHIN:?} or more"
+            ));
         }
-        return Ok(to);
+        return Ok(Some(to));
     }
-    let matched = |id: &NodeId| {
-        m.replication
-            .as_ref()
-            .and_then(|r| r.get(id).cloned().flatten())
-            .map(|l| l.index)
-    };
     if voters.is_empty() {
-        return Err(Error::BadRequest {
-            reason: "this cell has no other voter to hand the leadership to".into(),
-        });
+        return refuse("this cell has no other voter to hand the leadership to".into());
     }
     voters
         .iter()
         .copied()
         .filter(heard)
-        .max_by(|a, b| matched(a).cmp(&matched(b)).then(b.cmp(a)))
-        .ok_or_else(|| Error::Unavailable {
+        .max_by(|a, b| matched(m, *a).cmp(&matched(m, *b)).then(b.cmp(a)))
+        .map(Some)
+        .ok_or_else(|| Error::Membership {
             reason: format!(
                 "no other voter has answered the leader within {HEARD_WITHIN:?} (voters: {voters:?})"
             ),
         })
 }
 
+/// The index of the last entry the leader knows `id` holds.
+fn matched(m: &openraft::RaftMetrics<wire::raft::TypeConfig>, id: NodeId) -> Option<u64> {
+    m.replication
+        .as_ref()
+        .and_then(|r| r.get(&id).cloned().flatten())
+        .map(|l| l.index)
+}
+
+/// How far behind the leader's last entry the target may be when the transfer starts:
+/// the leader takes no new entry from then on, and the target must receive the rest
+/// before it may stand (a target further behind, one that needs a snapshot say, would
+/// leave the cell without writes for the whole hand-over).
+const CAUGHT_UP_WITHIN: u64 = 64;
+
 /// Hands this replica's leadership to `to` (or to [`choose`]'s pick) and waits until
 /// another replica leads, at most `within`. Returns the new leader and how long it took.
+/// The transfer starts only once the target is within [`CAUGHT_UP_WITHIN`] entries of
+/// the leader's log (waited for within `within`), so a lagging target is refused
+/// without stopping the cell's writes.
 pub async fn hand_over(
     raft: &Raft,
     me: NodeId,
@@ -107,6 +118,7 @@ pub async fn hand_over(
     within: Duration,
 ) -> Result<(NodeId, Duration), Error> {
     let started = Instant::now();
+    let deadline = started + within;
     let mut metrics = raft.metrics();
     let target = {
         let m = metrics.borrow_and_update();
@@ -122,10 +134,43 @@ pub async fn hand_over(
                 leader_addr,
             });
         }
-        choose(&m, me, to)?
+        match choose(&m, me, to)? {
+            Some(t) => t,
+            None => return Ok((me, Duration::ZERO)),
+        }
     };
+    let caught_up = tokio::time::timeout_at(
+        deadline.into(),
+        metrics.wait_for(|m| {
+            m.state != ServerState::Leader
+                || matched(m, target).unwrap_or(0) + CAUGHT_UP_WITHIN
+                    >= m.last_log_index.unwrap_or(0)
+        }),
+    )
+    .await
+    .map(|r| r.map(|m| m.state == ServerState::Leader));
+    match caught_up {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => {
+            return Err(Error::Membership {
+                reason: "this replica stopped leading before the hand-over began".into(),
+            })
+        }
+        Ok(Err(_)) => {
+            return Err(Error::Unavailable {
+                reason: "raft stopped".into(),
+            })
+        }
+        Err(_) => {
+            return Err(Error::Membership {
+                reason: format!(
+                    "replica {target} did not catch up with the leader's log within {within:?}; \
+                     the leadership stays here"
+                ),
+            })
+        }
+    }
     tracing::info!(to = target, "handing the leadership over");
-    let deadline = started + within;
     loop {
         raft.trigger()
             .transfer_leader(target)
@@ -156,9 +201,12 @@ pub async fn hand_over(
                 })
             }
             Err(_) if Instant::now() >= deadline => {
-                return Err(Error::Timeout {
-                    what: format!("replica {target} to take the leadership over"),
-                    after_ms: within.as_millis() as u64,
+                return Err(Error::Membership {
+                    reason: format!(
+                        "replica {target} did not take the leadership over within {within:?}; \
+                         this replica refuses writes until the cell elects a leader by its \
+                         timers (an election timeout)"
+                    ),
                 })
             }
             Err(_) => {}
