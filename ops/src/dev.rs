@@ -61,6 +61,11 @@ pub struct DevArgs {
     /// Stop after the demonstration instead of running until Ctrl-C.
     #[arg(long)]
     exit_after_demo: bool,
+    /// After the demonstration, restart every replica in turn as an operator would
+    /// (SIGTERM, then start it again once it exited) while a writer writes, and print
+    /// what the writer saw: a leader stopped so hands the leadership over first.
+    #[arg(long, conflicts_with = "cells")]
+    rolling_restart: bool,
     /// Start several cells behind a directory instead of one cell: a root cell (one
     /// replica) holding the map, this many cells (--replicas each, ports base-port,
     /// base-port + 10, ...), one directory instance, and prefixes /cell-1-demo, ... placed
@@ -340,6 +345,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             s.close().await?;
         }
     }
+    if args.rolling_restart {
+        rolling_restart(&args, &client, &mut children).await?;
+    }
     print_status(&client).await?;
     // The hint's compare-and-set names the version the node has now (the demo changed it).
     let set_hint = match client.get("/demo/config").await {
@@ -378,6 +386,126 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     println!("stopping the cell");
     children.stop();
+    Ok(())
+}
+
+/// Starts replica `id` of the cell again from its config (`lockctl dev
+/// --rolling-restart`), its log appended to.
+fn spawn_replica(args: &DevArgs, id: u64) -> anyhow::Result<Child> {
+    let cfg = args.data.join(format!("replica-{id}.toml"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(args.data.join(format!("replica-{id}.log")))?;
+    std::process::Command::new(std::env::current_exe()?)
+        .arg("replica")
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("start replica {id} again"))
+}
+
+/// Waits until every replica of `client`'s endpoints names one leader in one term and
+/// has applied within 64 entries of its commit.
+async fn wait_settled(client: &Client, within: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + within;
+    // Bounded by `within`.
+    while Instant::now() < deadline {
+        let mut st = Vec::new();
+        for addr in client.endpoints() {
+            if let Ok(s) = client.status_of(addr).await {
+                st.push(s);
+            }
+        }
+        let leaders: std::collections::BTreeSet<_> = st
+            .iter()
+            .map(|s| (s.term, s.leader.as_ref().map(|l| l.id)))
+            .collect();
+        let top = st.iter().map(|s| s.last_applied).max().unwrap_or(0);
+        if st.len() == client.endpoints().len()
+            && leaders.len() == 1
+            && st.iter().all(|s| s.last_applied + 64 >= top)
+        {
+            if let Some((_, Some(leader))) = leaders.first() {
+                return Ok(*leader);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!(
+        "the replicas did not settle on one leader within {} s",
+        within.as_secs()
+    )
+}
+
+/// `lockctl dev --rolling-restart`: restarts every replica in turn as an operator
+/// would (SIGTERM, wait for the exit, start again, wait until it follows and has caught
+/// up) while a writer writes `/demo/rolling` in a loop, and prints what the writer saw:
+/// a leader stopped so hands the leadership over first (docs/operations.md, "Rolling
+/// restarts").
+async fn rolling_restart(
+    args: &DevArgs,
+    client: &Client,
+    children: &mut Children,
+) -> anyhow::Result<()> {
+    println!("\n-- rolling restart --");
+    let session = client.open_session().await?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (session, stop) = (session.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed, mut longest) = (0u64, 0u64, Duration::ZERO);
+            let mut last = Instant::now();
+            // Bounded: stopped once every replica was restarted.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match session
+                    .set_data("/demo/config", ok.to_string().into_bytes(), None)
+                    .await
+                {
+                    Ok(_) => {
+                        ok += 1;
+                        longest = longest.max(last.elapsed());
+                        last = Instant::now();
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            (ok, failed, longest)
+        })
+    };
+    for id in 1..=args.replicas {
+        let leader = wait_settled(client, Duration::from_secs(30)).await?;
+        let name = format!("replica-{id}");
+        let Some(pos) = children.0.iter().position(|(n, _)| *n == name) else {
+            anyhow::bail!("{name} is not running");
+        };
+        let (_, mut child) = children.0.remove(pos);
+        let started = Instant::now();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+        let stopped = started.elapsed();
+        children.0.push((name.clone(), spawn_replica(args, id)?));
+        let now = wait_settled(client, Duration::from_secs(30)).await?;
+        println!(
+            "{name}: stopped in {} ms ({status}){}, started again; replica {now} leads",
+            stopped.as_millis(),
+            if id == leader {
+                format!(", it led: handed over to replica {now}")
+            } else {
+                String::new()
+            }
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed, longest) = writer.await?;
+    session.close().await?;
+    println!(
+        "rolling restart done: {ok} writes, {failed} failed, the longest pause between two \
+         writes {} ms",
+        longest.as_millis()
+    );
     Ok(())
 }
 
@@ -682,6 +810,7 @@ async fn run_cells(args: DevArgs, n: u16) -> anyhow::Result<()> {
         backup_keep: args.backup_keep,
         no_demo: true,
         exit_after_demo: false,
+        rolling_restart: false,
         cells: None,
     };
     let root_args = sub("root", args.base_port + 100, 1);

@@ -569,7 +569,7 @@ enum MemberCommand {
     /// Hand the leadership to another voter (before maintenance on the leader; a replica
     /// stopped with SIGTERM while leading does it by itself). Returns once it leads.
     #[command(
-        after_help = "Examples:\n  lockctl member transfer-leader      # to the most caught-up follower\n  lockctl member transfer-leader 3    # to replica 3"
+        after_help = "Examples:\n  lockctl member transfer-leader\n  lockctl member transfer-leader 3"
     )]
     TransferLeader {
         /// The voter to hand over to (default: the follower whose log reaches furthest).
