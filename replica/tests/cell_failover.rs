@@ -390,8 +390,7 @@ fn a_leader_killed_before_its_fsync_loses_no_committed_write() {
         assert!(before_kill >= 20, "too few writes under the stall: {before_kill}");
         cell.wait_leader(&client, Duration::from_secs(20), None).await;
         // The restarted leader did lose entries (or this test would test nothing).
-        let log = std::fs::read_to_string(cell.dir.path().join(format!("replica-{leader}.log")))
-            .expect("the leader's log");
+        let log = cell.log_of(leader);
         let lost: u64 = log
             .lines()
             .filter(|l| l.contains("power loss emulated"))
@@ -572,8 +571,7 @@ fn a_slow_disk_on_the_leader_starts_no_election_and_puts_no_session_in_jeopardy(
         );
         // The stall took effect: the leader's own fsyncs were slow (its writes need not
         // be: the followers' fsyncs make the quorum while the leader's lags).
-        let log = std::fs::read_to_string(cell.dir.path().join(format!("replica-{leader}.log")))
-            .expect("the leader's log");
+        let log = cell.log_of(leader);
         let slow = log.matches("slow fsync of the log").count();
         assert!(
             slow >= 5,
@@ -929,8 +927,7 @@ fn the_longer_log_stands_as_soon_as_it_refuses_a_shorter_one() {
              and more), not when it refused the shorter log; logs in {}",
             cell.dir.path().display()
         );
-        let log =
-            std::fs::read_to_string(cell.dir.path().join(format!("replica-{slow}.log"))).unwrap();
+        let log = cell.log_of(slow);
         assert!(
             log.contains("standing at once"),
             "the slow replica's log says why it stood"

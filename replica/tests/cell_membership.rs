@@ -230,11 +230,6 @@ fn wipe(cell: &TestCell, id: u64) {
     std::fs::remove_dir_all(dir).expect("wipe the data directory");
 }
 
-/// The replica's own log (stdout and stderr).
-fn log_of(cell: &TestCell, id: u64) -> String {
-    std::fs::read_to_string(cell.dir.path().join(format!("replica-{id}.log"))).unwrap_or_default()
-}
-
 /// Waits until `id` has applied `index`.
 async fn wait_caught_up(cell: &TestCell, client: &client_sdk::Client, id: u64, index: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -305,7 +300,7 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
         // Its Raft core still running (openraft's metrics keep the last role of a core
         // that panicked, and the process stays up).
         assert!(
-            !log_of(&cell, leader).contains("panicked"),
+            !cell.log_of(leader).contains("panicked"),
             "the leader's Raft core panicked; logs in {}",
             cell.dir.path().display()
         );
@@ -397,7 +392,7 @@ fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
         assert_eq!(data, b"kept");
         cell.assert_same_state(&client, Duration::from_secs(30))
             .await;
-        let log = log_of(&cell, 1);
+        let log = cell.log_of(1);
         assert!(
             log.contains("not initializing a new cell: member") && !log.contains(": initializing"),
             "replica 1 should have found a seeded member and not initialized:\n{log}"
@@ -424,7 +419,7 @@ fn a_new_cell_starts_with_a_minority_of_its_members_down() {
         s.create("/early", vec![1], CreateMode::default())
             .await
             .unwrap();
-        let log = log_of(&cell, 1);
+        let log = cell.log_of(1);
         assert!(
             log.contains("members did not answer") && log.contains(": initializing a new cell"),
             "replica 1 (leader now: {leader}) should have initialized without 4 and 5:\n{log}"

@@ -69,8 +69,7 @@ fn assert_calm(
 
 /// The old leader's log says it handed the leadership over (not that it was lost).
 fn assert_handed_over(cell: &TestCell, id: u64) {
-    let log = std::fs::read_to_string(cell.dir.path().join(format!("replica-{id}.log")))
-        .expect("the replica's log");
+    let log = cell.log_of(id);
     assert!(
         log.contains("leadership handed over"),
         "replica {id} did not hand its leadership over; logs in {}",

@@ -247,6 +247,12 @@ impl TestCell {
         }
     }
 
+    /// Replica `id`'s own log (its stdout and stderr; empty if it never started).
+    pub fn log_of(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("replica-{id}.log")))
+            .unwrap_or_default()
+    }
+
     /// `kill -9` replica `id` and reap it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.procs.remove(&id) {
