@@ -136,8 +136,8 @@ enum Cmd {
         /// SIGSTOP the leader instead of killing it.
         #[arg(long, conflicts_with = "stop")]
         freeze: bool,
-        /// SIGTERM the leader instead of killing it (a planned restart: ours and etcd hand
-        /// the leadership over first, ZooKeeper shuts down).
+        /// SIGTERM the leader instead of killing it (a planned restart, each system's own
+        /// graceful stop: ours hands the leadership over first).
         #[arg(long)]
         stop: bool,
         /// How long the writers go on after the kill or freeze, in seconds (default 12

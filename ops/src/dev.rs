@@ -246,18 +246,11 @@ fn spawn_replicas(
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("create {}", args.data.display()))?;
     let configs = write_configs(args)?;
-    let exe = std::env::current_exe()?;
     for (i, cfg) in configs.iter().enumerate() {
         let id = i as u64 + 1;
         let log = std::fs::File::create(args.data.join(format!("replica-{id}.log")))?;
-        let child = std::process::Command::new(&exe)
-            .arg("replica")
-            .arg("--config")
-            .arg(cfg)
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .with_context(|| format!("start {name} replica {id}"))?;
+        let child =
+            start_replica(cfg, log).with_context(|| format!("start {name} replica {id}"))?;
         children.0.push((format!("{name}-{id}"), child));
     }
     Ok((1..=args.replicas)
@@ -392,19 +385,23 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 /// Starts replica `id` of the cell again from its config (`lockctl dev
 /// --rolling-restart`), its log appended to.
 fn spawn_replica(args: &DevArgs, id: u64) -> anyhow::Result<Child> {
-    let cfg = args.data.join(format!("replica-{id}.toml"));
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(args.data.join(format!("replica-{id}.log")))?;
-    std::process::Command::new(std::env::current_exe()?)
+    start_replica(&args.data.join(format!("replica-{id}.toml")), log)
+        .with_context(|| format!("start replica {id} again"))
+}
+
+/// Runs `lockctl replica --config cfg` as a child process logging to `log`.
+fn start_replica(cfg: &Path, log: std::fs::File) -> anyhow::Result<Child> {
+    Ok(std::process::Command::new(std::env::current_exe()?)
         .arg("replica")
         .arg("--config")
-        .arg(&cfg)
+        .arg(cfg)
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
-        .spawn()
-        .with_context(|| format!("start replica {id} again"))
+        .spawn()?)
 }
 
 /// Waits until every replica of `client`'s endpoints names one leader in one term and

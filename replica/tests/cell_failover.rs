@@ -344,14 +344,7 @@ fn a_restarted_leader_comes_back_in_a_new_term_with_every_write() {
 fn a_leader_killed_before_its_fsync_loses_no_committed_write() {
     let _g = serial();
     rt().block_on(async {
-        let mut cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(30))
-            .await;
+        let (mut cell, client, leader) = TestCell::settled(3).await;
         let s = client.open_session().await.unwrap();
         s.create("/k", vec![], CreateMode::default()).await.unwrap();
         cell.stall_fsyncs(leader, 1_000);

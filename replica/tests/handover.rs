@@ -84,14 +84,7 @@ fn assert_handed_over(cell: &TestCell, id: u64) {
 fn sigterm_on_the_leader_hands_the_leadership_over() {
     let _g = serial();
     rt().block_on(async {
-        let mut cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(30))
-            .await;
+        let (mut cell, client, leader) = TestCell::settled(3).await;
         let s = client.open_session().await.unwrap();
         let idle = client.open_session().await.unwrap();
         let (mut events, mut idle_events) = (s.events(), idle.events());
@@ -137,14 +130,7 @@ fn sigterm_on_the_leader_hands_the_leadership_over() {
 fn transfer_leader_on_demand() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(30))
-            .await;
+        let (cell, client, leader) = TestCell::settled(3).await;
         let target = (1..=3).find(|id| *id != leader).expect("a follower");
         let term = cell.statuses(&client).await[&leader].term;
         match client
@@ -257,14 +243,7 @@ fn a_rolling_restart_of_five_costs_clients_nothing() {
 fn a_request_to_a_replica_that_knows_no_leader_waits_for_one() {
     let _g = serial();
     rt().block_on(async {
-        let mut cell = TestCell::start(Opts {
-            replicas: 3,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(30))
-            .await;
+        let (mut cell, client, leader) = TestCell::settled(3).await;
         let survivor = (1..=3).find(|id| *id != leader).expect("a follower");
         let addr: std::net::SocketAddr = cell.addr(survivor).parse().unwrap();
         client.status_of(addr).await.unwrap();
@@ -321,11 +300,7 @@ fn a_request_to_a_replica_that_knows_no_leader_waits_for_one() {
 fn the_leadership_is_not_handed_to_a_follower_that_is_down() {
     let _g = serial();
     rt().block_on(async {
-        let mut cell = TestCell::start(Opts::default());
-        let client = cell.client().await;
-        let leader = cell
-            .wait_settled_leader(&client, Duration::from_secs(30))
-            .await;
+        let (mut cell, client, leader) = TestCell::settled(5).await;
         let down = (1..=5).find(|id| *id != leader).expect("a follower");
         cell.kill(down);
         tokio::time::sleep(Duration::from_millis(1_500)).await;

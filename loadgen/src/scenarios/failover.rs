@@ -94,7 +94,7 @@ pub enum LeaderEvent {
     /// SIGSTOP (resumed with SIGCONT after the run): a stall.
     Freeze,
     /// SIGTERM: a planned restart, as an operator stops a server (each system's own
-    /// graceful stop: ours and etcd hand the leadership over first).
+    /// graceful stop: ours hands the leadership over first, etcd documents doing so).
     Stop,
 }
 

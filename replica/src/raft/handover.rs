@@ -123,15 +123,10 @@ pub async fn hand_over(
     let target = {
         let m = metrics.borrow_and_update();
         if m.state != ServerState::Leader {
-            let leader_addr = m.current_leader.and_then(|l| {
-                m.membership_config
-                    .membership()
-                    .get_node(&l)
-                    .map(|n| n.addr.clone())
-            });
+            // The gateway names the leader it knows (`Gateway::with_leader_hint`).
             return Err(Error::NotLeader {
-                leader_id: m.current_leader,
-                leader_addr,
+                leader_id: None,
+                leader_addr: None,
             });
         }
         match choose(&m, me, to)? {

@@ -181,13 +181,18 @@ struct Hooks {
 }
 
 impl Hooks {
-    /// Runs `sync`, then records in [`SYNCED_INDEX_FILE`] the last entry written before it.
-    fn synced(&self, sync: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    /// Runs `sync`, then records in [`SYNCED_INDEX_FILE`] the last entry written before it
+    /// (a failure to record as `err` makes of it).
+    fn synced<E>(
+        &self,
+        sync: impl FnOnce() -> Result<(), E>,
+        err: impl FnOnce(String) -> E,
+    ) -> Result<(), E> {
         let _g = self.record.lock().unwrap_or_else(|p| p.into_inner());
         // Entries written before this load are in the journal the sync covers.
         let covered = self.written.load(std::sync::atomic::Ordering::SeqCst);
         sync()?;
-        self.write_record(covered)
+        self.write_record(covered).map_err(err)
     }
 
     /// Writes the record (a new file renamed over the old, so a kill leaves one whole).
@@ -307,15 +312,7 @@ impl LogStore {
         db.persist(PersistMode::SyncAll)?;
         let hooks = match hooks {
             Some(dir) => {
-                let last = match log.last_key_value() {
-                    Some(kv) => {
-                        let key = kv.key()?;
-                        u64::from_be_bytes(<[u8; 8]>::try_from(&key[..]).map_err(|_| {
-                            anyhow::anyhow!("{}: a log key that is not an index", dir.display())
-                        })?)
-                    }
-                    None => 0,
-                };
+                let last = last_log_id(&log)?.map_or(0, |l| l.index);
                 let h = Hooks {
                     dir,
                     written: std::sync::atomic::AtomicU64::new(last),
@@ -346,7 +343,7 @@ impl LogStore {
                     if let Some(d) = asked_stall(&hooks.dir.join(SYNC_STALL_FILE)) {
                         thread::sleep(d);
                     }
-                    hooks.synced(persist)
+                    hooks.synced(persist, |e| e)
                 };
                 flusher(sync, flush_rx, flusher_stats)
             })?;
@@ -373,19 +370,10 @@ impl LogStore {
         &self,
         commit: impl FnOnce() -> Result<(), std::io::Error>,
     ) -> Result<(), std::io::Error> {
-        let Some(hooks) = self.inner.hooks.as_deref() else {
-            return commit();
-        };
-        let mut failed = None;
-        hooks
-            .synced(|| {
-                commit().map_err(|e| {
-                    let msg = e.to_string();
-                    failed = Some(e);
-                    msg
-                })
-            })
-            .map_err(|msg| failed.take().unwrap_or_else(|| io_err(msg)))
+        match self.inner.hooks.as_deref() {
+            Some(hooks) => hooks.synced(commit, io_err),
+            None => commit(),
+        }
     }
 
     fn last_purged(&self) -> Result<Option<LogId>, std::io::Error> {
@@ -393,6 +381,17 @@ impl LogStore {
             Some(v) => decode(&v),
             None => Ok(None),
         }
+    }
+}
+
+/// The id of the last entry in the log keyspace, if any.
+fn last_log_id(log: &Keyspace) -> Result<Option<LogId>, std::io::Error> {
+    match log.last_key_value() {
+        Some(kv) => {
+            let v = kv.value().map_err(read_err)?;
+            Ok(Some(decode::<Entry>(&v)?.log_id))
+        }
+        None => Ok(None),
     }
 }
 
@@ -507,13 +506,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, std::io::Error> {
         let last_purged_log_id = self.last_purged()?;
-        let last = match self.inner.log.last_key_value() {
-            Some(kv) => {
-                let v = kv.value().map_err(read_err)?;
-                Some(decode::<Entry>(&v)?.log_id)
-            }
-            None => None,
-        };
+        let last = last_log_id(&self.inner.log)?;
         Ok(LogState {
             last_purged_log_id,
             last_log_id: last.or(last_purged_log_id),

@@ -354,6 +354,20 @@ impl TestCell {
         );
     }
 
+    /// A cell of `replicas` replicas (the other options default), a client, and the
+    /// leader every replica agrees on ([`Self::wait_settled_leader`], within 30 s).
+    pub async fn settled(replicas: u64) -> (TestCell, Client, u64) {
+        let cell = TestCell::start(Opts {
+            replicas,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(30))
+            .await;
+        (cell, client, leader)
+    }
+
     /// Waits until every running replica reports the same leader in the same term, twice
     /// 300 ms apart, and returns it. Right after a cell starts, a follower that has not
     /// heard from the bootstrapping replica yet may still call an election (more likely
