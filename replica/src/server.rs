@@ -188,6 +188,7 @@ pub async fn run_on(
         instruments.leader_changes.clone(),
     ));
     let mut raft_node_addr = None;
+    let mut proposer = None;
     let session_manager = SessionManager::create(|ctx| {
         let subscribers = vec![
             ctx.address().recipient(),
@@ -195,8 +196,9 @@ pub async fn run_on(
             cacher_list.clone().recipient(),
         ];
         let rn = RaftNode::new(raft.clone(), timeout, subscribers)
-            .with_commit_histogram(instruments.commit_seconds.clone())
-            .start();
+            .with_commit_histogram(instruments.commit_seconds.clone());
+        proposer = Some(rn.proposer());
+        let rn = rn.start();
         raft_node_addr = Some(rn.clone());
         SessionManager::new(
             rn,
@@ -214,6 +216,7 @@ pub async fn run_on(
         )
     });
     let raft_node = raft_node_addr.expect("raft node started");
+    let proposer = proposer.expect("raft node started");
 
     let sm_for_applied = session_manager.clone();
     let wt_for_applied = watch_table.clone();
@@ -267,6 +270,7 @@ pub async fn run_on(
         cell,
         raft: raft.clone(),
         raft_node,
+        proposer,
         sessions: session_manager,
         watches: watch_table,
         cachers: cacher_list.clone(),

@@ -22,7 +22,7 @@ use crate::actors::cacher_list::{
     Ack, BeginRead, CacherListActor, Hold, HoldEnd, Overdue, Record, Release, Stats,
     StreamConnected, Unacknowledged, UnacknowledgedMany,
 };
-use crate::actors::raft_node::{members, ChangeMembership, Propose, RaftNode};
+use crate::actors::raft_node::{members, ChangeMembership, RaftNode};
 use crate::actors::session_manager::{KeepAliveMany, SessionManager};
 use crate::actors::watch_table::{Arm, Connect, WatchCount, WatchTableActor};
 use crate::raft::read_gate::ReadGate;
@@ -57,8 +57,10 @@ pub struct Gateway {
     pub cell: String,
     /// Raft handle (metrics, peers).
     pub raft: Raft,
-    /// Where commands are proposed.
+    /// The Raft node: membership changes and the security bootstrap go through it.
     pub raft_node: Addr<RaftNode>,
+    /// Where the gateway's commands are proposed (the Raft node's batcher, directly).
+    pub proposer: crate::actors::raft_node::Proposer,
     /// Where KeepAlives go.
     pub sessions: Addr<SessionManager>,
     /// Where watches are armed and event streams attached.
@@ -561,11 +563,7 @@ impl Gateway {
     }
 
     async fn propose(&self, cmd: Command) -> Response {
-        self.raft_node.send(Propose(cmd)).await.unwrap_or_else(|e| {
-            Err(Error::Internal {
-                reason: format!("raft node: {e}"),
-            })
-        })
+        self.proposer.propose(cmd).await
     }
 
     async fn dispatch(
