@@ -153,6 +153,18 @@ impl Default for FlushStats {
     }
 }
 
+/// The largest memtable of the log keyspace, in bytes (fjall's default is 64 MiB). The
+/// log is written once, read back only for a follower that lags (recent entries, from a
+/// memtable or from tables the kernel still caches), and purged behind each snapshot; a
+/// 64 MiB memtable of entries nobody reads was the largest part of a loaded member's
+/// memory that is not its state: about 95 MB of RSS at 100 000 nodes of 1 KB
+/// (docs/benchmarks.md, "A member's memory").
+const LOG_MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// fjall's block cache for the log's tables, in bytes (its default is 32 MiB): only a
+/// follower far behind reads entries old enough to have left the memtables.
+const LOG_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
 /// An fsync slower than this is logged (the seed's warning sign for a disk).
 const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -274,8 +286,10 @@ impl LogStore {
         dir: &std::path::Path,
         hooks: Option<std::path::PathBuf>,
     ) -> anyhow::Result<LogStore> {
-        let db = Database::builder(dir).open()?;
-        let log = db.keyspace("log", KeyspaceCreateOptions::default)?;
+        let db = Database::builder(dir).cache_size(LOG_CACHE_BYTES).open()?;
+        let log = db.keyspace("log", || {
+            KeyspaceCreateOptions::default().max_memtable_size(LOG_MEMTABLE_BYTES)
+        })?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default)?;
         let found = match meta.get(FORMAT_KEY)? {
             Some(v) => Some(
