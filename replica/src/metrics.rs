@@ -87,7 +87,8 @@ impl Instruments {
 
 /// Counts every change of the leader this replica knows of, until raft stops.
 pub async fn count_leader_changes(raft: Raft, changes: Counter) {
-    let mut metrics = raft.metrics();
+    // The server metrics change with the leader, not with every entry.
+    let mut metrics = raft.server_metrics();
     let mut leader = metrics.borrow_and_update().current_leader;
     while metrics.changed().await.is_ok() {
         let now = metrics.borrow_and_update().current_leader;

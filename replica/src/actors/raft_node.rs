@@ -139,9 +139,10 @@ fn take_batch(queue: &mut std::collections::VecDeque<Proposal>) -> Vec<Proposal>
     batch
 }
 
-/// Completes once this replica does not lead (at once if it does not now).
+/// Completes once this replica does not lead (at once if it does not now). Watches the
+/// server metrics, which change with the role but not with every entry.
 async fn not_leading(raft: &Raft) {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     loop {
         if metrics.borrow_and_update().state != ServerState::Leader {
             return;
@@ -244,20 +245,25 @@ impl Actor for RaftNode {
         if let Some(rx) = self.batcher_rx.take() {
             wire::rt::spawn(batcher(self.raft.clone(), rx, self.commit_seconds.clone()));
         }
-        // Watch openraft's metrics and tell subscribers when leadership changes.
-        let mut metrics = self.raft.metrics();
+        // Tell subscribers when leadership changes. The trigger is openraft's server
+        // metrics, which change only with the role, the vote, the leader or the
+        // membership: its full metrics change with every entry, and each change woke
+        // this actor's thread (docs/benchmarks.md, "CPU per write"). At each change the
+        // role, term and last log index are read from Raft's own state, one consistent
+        // view as fresh as the change or fresher (the full metrics, sent after the
+        // server metrics, may not show the change yet when this wakes).
+        let raft = self.raft.clone();
+        let mut server = self.raft.server_metrics();
         let subscribers = self.subscribers.clone();
         let fut = async move {
             let mut leading = false;
             let mut term = 0;
             loop {
-                let (now_leading, now_term, last_log_index) = {
-                    let m = metrics.borrow_and_update();
-                    (
-                        m.state == ServerState::Leader,
-                        m.current_term,
-                        m.last_log_index.unwrap_or(0),
-                    )
+                server.borrow_and_update();
+                let Ok((now_leading, now_term, last_log_index)) =
+                    raft.with_raft_state(leadership_view).await
+                else {
+                    return;
                 };
                 if now_leading != leading || (now_leading && now_term != term) {
                     leading = now_leading;
@@ -271,13 +277,23 @@ impl Actor for RaftNode {
                         });
                     }
                 }
-                if metrics.changed().await.is_err() {
+                if server.changed().await.is_err() {
                     return;
                 }
             }
         };
         ctx.spawn(actix::fut::wrap_future(fut));
     }
+}
+
+/// Whether this replica leads, its term and its last log index, from one view of Raft's
+/// state (what [`LeadershipChanged`] carries).
+fn leadership_view(st: &openraft::RaftState<wire::raft::TypeConfig>) -> (bool, u64, u64) {
+    (
+        st.server_state == ServerState::Leader,
+        st.vote_ref().leader_id.term,
+        st.log_ids.last().map_or(0, |l| l.index),
+    )
 }
 
 fn timeout_error(what: &str, d: Duration) -> Error {
