@@ -156,7 +156,7 @@ async fn not_leading(raft: &Raft) {
 /// Proposes what arrives on `rx`: each command in an entry of its own while fewer than
 /// [`ENTRIES_IN_FLIGHT`] entries are in flight, else together with the others that
 /// waited, as one [`Command::Batch`]. Entries go to openraft in the order their commands
-/// arrived. Ends when the actor is gone.
+/// arrived. Ends when the actor and every [`Proposer`] are gone.
 async fn batcher(
     raft: Raft,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Proposal>,
@@ -263,6 +263,12 @@ impl Actor for RaftNode {
                 let Ok((now_leading, now_term, last_log_index)) =
                     raft.with_raft_state(leadership_view).await
                 else {
+                    // Raft's core stopped (shutdown, or a fatal error with the process
+                    // still up). Its last word, the `Shutdown` role, reaches the full
+                    // metrics only: a leader says here that it no longer leads.
+                    if leading {
+                        stopped_leading(&subscribers, term, &raft);
+                    }
                     return;
                 };
                 if now_leading != leading || (now_leading && now_term != term) {
@@ -278,11 +284,28 @@ impl Actor for RaftNode {
                     }
                 }
                 if server.changed().await.is_err() {
+                    if leading {
+                        stopped_leading(&subscribers, term, &raft);
+                    }
                     return;
                 }
             }
         };
         ctx.spawn(actix::fut::wrap_future(fut));
+    }
+}
+
+/// Tells `subscribers` that this replica, which led in `term`, leads no more: Raft's core
+/// stopped.
+fn stopped_leading(subscribers: &[Recipient<LeadershipChanged>], term: u64, raft: &Raft) {
+    let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
+    tracing::info!(leading = false, term, "leadership changed: raft stopped");
+    for s in subscribers {
+        s.do_send(LeadershipChanged {
+            leading: false,
+            term,
+            last_log_index,
+        });
     }
 }
 
@@ -617,5 +640,101 @@ mod tests {
         ] {
             assert!(releases_hold(&r), "{r:?}");
         }
+    }
+
+    /// Records what [`LeadershipChanged`] messages it is sent.
+    struct Seen(std::sync::Arc<std::sync::Mutex<Vec<(bool, u64)>>>);
+
+    impl Actor for Seen {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<LeadershipChanged> for Seen {
+        type Result = ();
+
+        fn handle(&mut self, m: LeadershipChanged, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push((m.leading, m.term));
+        }
+    }
+
+    /// The Raft node tells its subscribers when it starts leading, and when a leader's
+    /// Raft core stops (shut down here; a fatal storage error stops it the same way with
+    /// the process still up) that it leads no more: openraft's last word, the `Shutdown`
+    /// role, reaches only its full metrics, which the leadership watcher does not wait on.
+    #[actix_rt::test]
+    async fn a_leader_whose_raft_stops_tells_its_subscribers_it_leads_no_more() {
+        use crate::raft::{
+            mem_log::MemLog,
+            network::PeerNetworkFactory,
+            sm_store::{SmStore, SnapshotSink},
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let tls_dir = dir.path().join("tls");
+        wire::tls::DevCa::generate()
+            .unwrap()
+            .write_to(&tls_dir)
+            .unwrap();
+        let tls = wire::tls::TlsConfig::replica_in_dir(&tls_dir);
+        let rustls = || {
+            wire::tls::client_config(&tls, wire::hello::ALPN_PEER)
+                .unwrap()
+                .0
+        };
+        let endpoint =
+            wire::quic::client_endpoint(rustls(), "127.0.0.1:0".parse().unwrap()).unwrap();
+        let peer_tls = wire::quic::client_config(rustls()).unwrap();
+        let network = PeerNetworkFactory::new(endpoint, peer_tls, 1, "test");
+        let snaps = dir.path().join("snapshots");
+        std::fs::create_dir_all(&snaps).unwrap();
+        let sm = SmStore::open(&snaps, SnapshotSink::Direct(snaps.clone()), None).unwrap();
+        let config = openraft::Config {
+            heartbeat_interval: 50,
+            election_timeout_min: 150,
+            election_timeout_max: 300,
+            ..Default::default()
+        };
+        let raft = Raft::new(
+            1,
+            std::sync::Arc::new(config.validate().unwrap()),
+            network,
+            MemLog::new(),
+            sm,
+        )
+        .await
+        .unwrap();
+        raft.initialize(std::collections::BTreeMap::from([(
+            1,
+            BasicNode {
+                addr: "127.0.0.1:1".into(),
+            },
+        )]))
+        .await
+        .unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let subscriber = Seen(seen.clone()).start();
+        let _node = RaftNode::new(
+            raft.clone(),
+            Duration::from_secs(5),
+            vec![subscriber.recipient()],
+        )
+        .start();
+        let until = |want: (bool, u64)| {
+            let seen = seen.clone();
+            async move {
+                for _ in 0..100 {
+                    if seen.lock().unwrap().contains(&want) {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                false
+            }
+        };
+        assert!(until((true, 1)).await, "told it leads in term 1: {seen:?}");
+        raft.shutdown().await.unwrap();
+        assert!(
+            until((false, 1)).await,
+            "told it leads no more once raft stopped: {seen:?}"
+        );
     }
 }
