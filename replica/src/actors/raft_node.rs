@@ -263,13 +263,7 @@ impl Actor for RaftNode {
                 let Ok((now_leading, now_term, last_log_index)) =
                     raft.with_raft_state(leadership_view).await
                 else {
-                    // Raft's core stopped (shutdown, or a fatal error with the process
-                    // still up). Its last word, the `Shutdown` role, reaches the full
-                    // metrics only: a leader says here that it no longer leads.
-                    if leading {
-                        stopped_leading(&subscribers, term, &raft);
-                    }
-                    return;
+                    break;
                 };
                 if now_leading != leading || (now_leading && now_term != term) {
                     leading = now_leading;
@@ -284,11 +278,14 @@ impl Actor for RaftNode {
                     }
                 }
                 if server.changed().await.is_err() {
-                    if leading {
-                        stopped_leading(&subscribers, term, &raft);
-                    }
-                    return;
+                    break;
                 }
+            }
+            // Raft's core stopped (shutdown, or a fatal error with the process still
+            // up). Its last word, the `Shutdown` role, reaches the full metrics only: a
+            // leader says here that it no longer leads.
+            if leading {
+                stopped_leading(&subscribers, term, &raft);
             }
         };
         ctx.spawn(actix::fut::wrap_future(fut));

@@ -57,7 +57,7 @@ pub struct Gateway {
     pub cell: String,
     /// Raft handle (metrics, peers).
     pub raft: Raft,
-    /// The Raft node: membership changes and the security bootstrap go through it.
+    /// The Raft node: membership changes go through it.
     pub raft_node: Addr<RaftNode>,
     /// Where the gateway's commands are proposed (the Raft node's batcher, directly).
     pub proposer: crate::actors::raft_node::Proposer,

@@ -158,7 +158,8 @@ impl Default for FlushStats {
 /// memtable or from tables the kernel still caches), and purged behind each snapshot; a
 /// 64 MiB memtable of entries nobody reads was the largest part of a loaded member's
 /// memory that is not its state: about 95 MB of RSS at 100 000 nodes of 1 KB
-/// (docs/benchmarks.md, "A member's memory").
+/// (docs/benchmarks.md, "A member's memory"). fjall records it when it creates the
+/// keyspace: a log made by an earlier build keeps the size it was made with.
 const LOG_MEMTABLE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// fjall's block cache for the log's tables, in bytes (its default is 32 MiB): only a
