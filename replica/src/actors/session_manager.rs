@@ -455,7 +455,13 @@ impl Handler<AppliedMsg> for SessionManager {
         let now = Instant::now();
         for e in effects {
             match e {
-                Effect::SessionOpened { session } => self.leases.opened(session, now),
+                Effect::SessionOpened { session } => {
+                    // Whether the log marks it: a checkpoint that marked every session
+                    // may have applied after this one was created and been answered
+                    // before this effect arrived (they travel by different tasks).
+                    let marked = self.marked_in_log(session);
+                    self.leases.opened(session, now, marked)
+                }
                 Effect::SessionEnded { session } => {
                     self.leases.ended(session);
                     for (_, (_, tx)) in self.take_waiters(&[session]) {
@@ -494,6 +500,14 @@ enum Part {
 }
 
 impl SessionManager {
+    /// Whether the applied state has session `id` marked (its silence counted by lease
+    /// checkpoints, `silent_ms` set); false for a session it does not hold.
+    fn marked_in_log(&self, id: SessionId) -> bool {
+        let s = self.state.read().expect("state lock");
+        s.sm.session(id)
+            .is_some_and(|sess| sess.silent_ms.is_some())
+    }
+
     /// The first step of a KeepAlive for `id`: its lease's state, after adopting a session
     /// opened so recently that its effect has not reached the lease table yet.
     fn keepalive_step(&mut self, id: SessionId, received: Instant) -> Result<KeepAliveStep, Error> {
@@ -502,11 +516,11 @@ impl SessionManager {
             return Ok(step);
         }
         // Opened so recently that its effect has not reached us yet?
-        {
+        let marked = {
             let s = self.state.read().expect("state lock");
-            s.sm.check_session(id).map(|_| ())?;
-        }
-        self.leases.opened(id, Instant::now());
+            s.sm.check_session(id)?.silent_ms.is_some()
+        };
+        self.leases.opened(id, Instant::now(), marked);
         Ok(self.leases.keepalive(id, received))
     }
 }

@@ -168,14 +168,21 @@ impl Leases {
         self.checkpoint_in_flight = false;
     }
 
-    /// A session was created (applied) while leading: a full lease.
-    pub fn opened(&mut self, id: SessionId, now: Instant) {
+    /// A session was created (applied) while leading: a full lease. `marked_in_log` is
+    /// whether the applied state has it marked (`silent_ms` set): a checkpoint that
+    /// marked every session may have applied after the session was created and been
+    /// answered (clearing `mark_all_unapplied`) before the creation's effect arrived, as
+    /// the two travel by different tasks. A session marked in the log stays marked here
+    /// until a checkpoint names it as renewed; renewed without one, its silence would
+    /// keep growing in the log while its client renews, and the next leader would give
+    /// it less lease than its client counts on.
+    pub fn opened(&mut self, id: SessionId, now: Instant, marked_in_log: bool) {
         if !self.active {
             return;
         }
         self.sessions.entry(id).or_insert(Lease {
             deadline: now + self.lease,
-            marked: self.mark_all_unapplied,
+            marked: self.mark_all_unapplied || marked_in_log,
             expiring: false,
             renewal_pending: false,
             asked_at: None,

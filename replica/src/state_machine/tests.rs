@@ -673,6 +673,12 @@ enum LeaseAction {
     Takeover,
     /// A client opens a session.
     Open,
+    /// A client opens a session whose `SessionOpened` effect reaches the lease table
+    /// only at a later `Deliver` (effects and checkpoint answers travel by different
+    /// tasks: a checkpoint applied after the session may be answered first).
+    OpenLate,
+    /// The effects of every `OpenLate` so far reach the lease table.
+    Deliver,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -694,6 +700,8 @@ fn lease_action() -> impl Strategy<Value = LeaseAction> {
         .prop_map(LeaseAction::Checkpoint),
         1 => Just(LeaseAction::Takeover),
         1 => Just(LeaseAction::Open),
+        1 => Just(LeaseAction::OpenLate),
+        1 => Just(LeaseAction::Deliver),
     ]
 }
 
@@ -720,7 +728,12 @@ proptest! {
         let mut acked: BTreeMap<u64, Instant> = ids.iter().map(|id| (*id, t0)).collect();
         // KeepAlives waiting for a checkpoint: (session, received).
         let mut waiting: Vec<(u64, Instant)> = Vec::new();
+        // Sessions opened whose effect has not reached the lease table yet.
+        let mut late: Vec<u64> = Vec::new();
         let mut leader = Leases::new(lease, Duration::from_secs(1));
+        // Whether the log has session `id` marked, as the session manager reads it when
+        // the effect arrives.
+        let marked = |h: &Harness, id: u64| h.sm.session(id).is_some_and(|s| s.silent_ms.is_some());
         let load = |h: &Harness| -> Vec<(u64, Option<u64>)> {
             h.sm.sessions().map(|(id, s)| (id, s.silent_ms)).collect()
         };
@@ -730,7 +743,14 @@ proptest! {
                 LeaseAction::Advance(ms) => now += Duration::from_millis(ms),
                 LeaseAction::KeepAlive(i) => {
                     let id = ids[i % ids.len()];
-                    match leader.keepalive(id, now) {
+                    let mut step = leader.keepalive(id, now);
+                    if step == KeepAliveStep::Unknown && h.sm.session(id).is_some() {
+                        // The session manager adopts a session whose effect has not
+                        // reached it yet (`keepalive_step`).
+                        leader.opened(id, now, marked(&h, id));
+                        step = leader.keepalive(id, now);
+                    }
+                    match step {
                         KeepAliveStep::Renew => {
                             if leader.renew(id, now, now) == Renewal::Renewed {
                                 acked.insert(id, now);
@@ -763,9 +783,20 @@ proptest! {
                 }
                 LeaseAction::Open => {
                     let id = h.session();
-                    leader.opened(id, now);
+                    leader.opened(id, now, marked(&h, id));
                     acked.insert(id, now);
                     ids.push(id);
+                }
+                LeaseAction::OpenLate => {
+                    let id = h.session();
+                    acked.insert(id, now);
+                    ids.push(id);
+                    late.push(id);
+                }
+                LeaseAction::Deliver => {
+                    for id in late.drain(..) {
+                        leader.opened(id, now, marked(&h, id));
+                    }
                 }
             }
             for (id, s) in h.sm.sessions() {
