@@ -222,6 +222,32 @@ fn exclusive_and_shared_locks() {
             .unwrap();
         assert!(gw.token() > r2_token);
         gw.release().await.unwrap();
+
+        // Modes mixed at one path: a reader never shares the lock with an exclusive
+        // holder (it once waited only for `write-` nodes and was granted at once).
+        let ex = Lock::exclusive(&a, "/locks/mixed").acquire().await.unwrap();
+        assert!(
+            Lock::read(&b, "/locks/mixed")
+                .try_acquire()
+                .await
+                .unwrap()
+                .is_none(),
+            "a reader waits for an exclusive holder"
+        );
+        let lr = Lock::read(&b, "/locks/mixed");
+        let reader = tokio::spawn(async move { lr.acquire().await });
+        wait_children(&client, "/locks/mixed", 2).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!reader.is_finished(), "the reader waits while a holds it");
+        let ex_token = ex.token();
+        ex.release().await.unwrap();
+        let gr = tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .expect("reader granted")
+            .unwrap()
+            .unwrap();
+        assert!(gr.token() > ex_token);
+        gr.release().await.unwrap();
     });
 }
 

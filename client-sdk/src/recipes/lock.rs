@@ -256,7 +256,8 @@ pub fn sequence_of(name: &str) -> Option<u64> {
 }
 
 /// The node that blocks `mine` in a queue of children: the nearest earlier node, or for a
-/// reader the nearest earlier writer. `None`: `mine` holds the lock.
+/// reader the nearest earlier node that is not a reader's (a writer, or an exclusive
+/// contender queued at the same path). `None`: `mine` holds the lock.
 pub fn blocker<'a>(
     children: &'a [(String, NodeStat)],
     mine: &str,
@@ -267,7 +268,7 @@ pub fn blocker<'a>(
         .iter()
         .filter_map(|(name, _)| sequence_of(name).map(|seq| (seq, name.as_str())))
         .filter(|(seq, name)| {
-            *seq < my_seq && (mode != LockMode::Read || name.starts_with(LockMode::Write.prefix()))
+            *seq < my_seq && (mode != LockMode::Read || !name.starts_with(LockMode::Read.prefix()))
         })
         .max_by_key(|(seq, _)| *seq)
         .map(|(_, name)| name)
@@ -550,6 +551,17 @@ mod tests {
         assert_eq!(
             blocker(&q, "write-0000000005", LockMode::Write),
             Some("read-0000000004")
+        );
+        // Modes mixed at one path: a reader waits for an earlier exclusive contender as for
+        // a writer (it once looked only for `write-` nodes and shared the lock with one).
+        let q = kids(&["lock-0000000001", "read-0000000002", "read-0000000003"]);
+        assert_eq!(
+            blocker(&q, "read-0000000002", LockMode::Read),
+            Some("lock-0000000001")
+        );
+        assert_eq!(
+            blocker(&q, "read-0000000003", LockMode::Read),
+            Some("lock-0000000001")
         );
         let q = kids(&["lock-0000000007", "lock-0000000009", "lock-0000000012"]);
         assert_eq!(blocker(&q, "lock-0000000007", LockMode::Exclusive), None);
