@@ -40,7 +40,8 @@ pub enum SnapshotCommand {
         lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 --check\n  \
         lockctl snapshot restore --store s3://backups/lockservice --cell prod-1 \\\n    \
         --data-dir /var/lib/lockservice --id 1 \\\n    \
-        --members 1=r1.prod:7001,2=r2.prod:7001,3=r3.prod:7001,4=r4.prod:7001,5=r5.prod:7001")]
+        --members 1=r1.prod:7001,2=r2.prod:7001,3=r3.prod:7001,4=r4.prod:7001,5=r5.prod:7001 \\\n    \
+        --bump-index 360000000")]
     Restore {
         #[command(flatten)]
         store: StoreArgs,
@@ -66,10 +67,13 @@ pub enum SnapshotCommand {
         /// Start the new cell's log this many entries past the backup's index, so that
         /// every fencing token it grants (index × 1024 + position) is above every token
         /// the old cell granted, including after the backup was taken: at least the
-        /// entries the old cell could have committed since (writes per second × seconds
-        /// between the backup and the old cell's end). 0: tokens go on from the backup's.
-        #[arg(long, default_value_t = 0)]
-        bump_index: u64,
+        /// entries the old cell could have committed since (its entries per second ×
+        /// seconds between the backup and the old cell's end). Required when seeding
+        /// (left out, the restore refuses and suggests a value from the backup's age);
+        /// the same on every member. 0 lets the new cell repeat tokens the old one granted
+        /// after the backup: use it only if the old cell wrote nothing since.
+        #[arg(long)]
+        bump_index: Option<u64>,
         /// Only read and verify the backup, and print what it holds.
         #[arg(long)]
         check: bool,
@@ -169,6 +173,21 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
             let written = match (check, data_dir, id) {
                 (true, _, _) => None,
                 (false, Some(dir), Some(id)) => {
+                    let bump = bump_index.ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "refused: --bump-index is needed to seed a new cell; nothing was \
+                             written. {}",
+                            bump_advice(chosen.unix_ms, backup::unix_ms_now())
+                        )
+                    })?;
+                    if bump == 0 {
+                        eprintln!(
+                            "lockctl: warning: --bump-index 0: the new cell's fencing tokens \
+                             go on from the backup's index, so it may grant tokens equal to or \
+                             lower than ones the old cell granted after the backup, which a \
+                             protected resource would then accept from the old holders"
+                        );
+                    }
                     let mut by_id = BTreeMap::new();
                     for (id, addr) in members {
                         anyhow::ensure!(
@@ -177,7 +196,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                         );
                     }
                     Some(
-                        backup::seed(&dir, id, verified, &by_id, bump_index)
+                        backup::seed(&dir, id, verified, &by_id, bump)
                             .map_err(anyhow::Error::msg)
                             .with_context(|| format!("seeding {}", dir.display()))?,
                     )
@@ -190,7 +209,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                     serde_json::json!({
                         "object": chosen.name,
                         "index": chosen.index,
-                        "log_index": written.as_ref().map(|_| chosen.index + bump_index),
+                        "log_index": written.as_ref().map(|_| chosen.index + bump_index.unwrap_or(0)),
                         "digest": format!("{digest:016x}"),
                         "nodes": nodes,
                         "sessions": sessions,
@@ -211,7 +230,7 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
                      backup expire a lease after the new leader takes over unless their \
                      clients renew them",
                     path.display(),
-                    chosen.index + bump_index
+                    chosen.index + bump_index.unwrap_or(0)
                 );
             }
             Ok(())
@@ -220,6 +239,25 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
 }
 
 /// The object named, or the newest of the cell named, or the newest of the only cell.
+/// Entries a second assumed by [`bump_advice`]: about ten times what a cell commits on
+/// a fast disk (log entries, not writes: one entry carries many writes under load).
+const ADVICE_ENTRIES_PER_SEC: u64 = 100_000;
+
+/// What `--bump-index` to choose for a backup taken at `taken_ms` when it is `now_ms`:
+/// the entries an old cell could have committed since, at [`ADVICE_ENTRIES_PER_SEC`],
+/// with an hour's margin for clocks. Valid only if the old cell stopped by now.
+fn bump_advice(taken_ms: u64, now_ms: u64) -> String {
+    let age_secs = now_ms.saturating_sub(taken_ms) / 1_000;
+    let suggested = (age_secs + 3_600) * ADVICE_ENTRIES_PER_SEC;
+    format!(
+        "Choose it above the log entries the old cell could have committed since the backup \
+         (taken {age_secs} s ago), so that every fencing token the new cell grants is above \
+         every token the old one granted; the same value on every member. If the old cell is \
+         stopped, at up to {ADVICE_ENTRIES_PER_SEC} entries a second plus an hour's margin: \
+         --bump-index {suggested}"
+    )
+}
+
 async fn choose(
     s: &Store,
     object: Option<String>,
@@ -250,4 +288,18 @@ async fn choose(
             s.url()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The suggested bump covers the backup's age and an hour at the assumed rate.
+    #[test]
+    fn the_suggested_bump_covers_the_backups_age_and_an_hour() {
+        let advice = super::bump_advice(1_000_000, 1_000_000 + 7_200_500);
+        assert!(advice.contains("taken 7200 s ago"), "{advice}");
+        assert!(advice.ends_with("--bump-index 1080000000"), "{advice}");
+        // A backup named in the future (a clock ahead) counts as just taken.
+        let advice = super::bump_advice(5_000, 1_000);
+        assert!(advice.ends_with("--bump-index 360000000"), "{advice}");
+    }
 }

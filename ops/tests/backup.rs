@@ -441,6 +441,36 @@ fn backups_to_s3_and_a_cell_restored_from_one() {
     let o = restore(4);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("not one of the members"), "{}", text(&o));
+    // Without --bump-index a seed is refused and nothing written: the new cell would grant
+    // fencing tokens the old one granted after the backup. The refusal suggests a value.
+    let first = seeded.join("replica-1");
+    let o = offline(
+        &moto,
+        &[
+            "restore",
+            "--object",
+            &object,
+            "--data-dir",
+            first.to_str().unwrap(),
+            "--id",
+            "1",
+            "--members",
+            &members.join(","),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("--bump-index is needed")
+            && text(&o).contains("nothing was written")
+            && text(&o).contains("plus an hour's margin: --bump-index 36"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !first.exists(),
+        "a refused restore wrote {}",
+        first.display()
+    );
     let mut digests = Vec::new();
     for id in 1..=3 {
         let r = json(&restore(id));

@@ -530,12 +530,12 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// The log id is re-based to term 0 at the backup's index plus `bump`: the new cell's
 /// first leader is elected in term 1, so its entries follow the restored state's in log
 /// order, and the index (from which fencing tokens are made: index × 1024 + position)
-/// goes on from there. With `bump` 0, a token the new cell grants is above every token
-/// the old one granted up to the backup; the old cell may have granted higher ones after
-/// it, which a protected resource that saw them keeps refusing new holders' tokens below
-/// (safe, but those holders cannot act until the index passes). A `bump` at least the
-/// entries the old cell could have committed since the backup puts every new token above
-/// every old one (etcdutl's `snapshot restore --bump-revision` is the same idea).
+/// goes on from there. With `bump` 0 the new cell's tokens go on from the backup's index,
+/// so they may equal or fall below tokens the old cell granted after the backup: a
+/// resource would accept the old holders' writes beside (or after) the new ones. A `bump`
+/// at least the entries the old cell could have committed since the backup puts every
+/// new token above every old one (etcdutl's `snapshot restore --bump-revision` is the
+/// same idea); `lockctl snapshot restore` requires one.
 pub fn seed(
     data_dir: &Path,
     id: u64,
