@@ -8,7 +8,7 @@ use clap::Subcommand;
 use client_sdk::{Client, ClientConfig, CreateMode, Session};
 use wire::directory::{
     cell_node, check_cell_name, check_prefix, decode, encode, prefix_node, CellInfo, PrefixEntry,
-    PrefixState, ROOT_CELLS, ROOT_DIR, ROOT_PREFIXES,
+    PrefixRecord, PrefixState, ROOT_CELLS, ROOT_DIR, ROOT_PREFIXES,
 };
 use wire::Error;
 
@@ -184,31 +184,40 @@ async fn run_in(
         }
         DirCommand::Rm { prefix } => {
             check_prefix(&prefix)?;
-            if let Some((e, _)) = entry(s, &prefix).await? {
-                if let Some(to) = &e.moving_to {
-                    anyhow::bail!(
-                        "a move of {prefix} to {to} is under way: finish it first with \
-                         `lockctl dir move {prefix} --to {to}`; the entry stays"
-                    );
-                }
-                // A cell that still serves the prefix keeps it: removing the entry then
-                // would let `dir set` place it in a second cell.
-                if let Ok(info) = cell_info(s, &e.cell).await {
-                    let c = connect(template, &info).await?;
-                    if let Some((ep, st)) = state_in(&c, &prefix).await? {
-                        if st != PrefixState::Gone {
-                            anyhow::bail!(
-                                "{} still records {prefix} as {st} (epoch {ep}): move it away \
-                                 first; the entry stays",
-                                e.cell
-                            );
-                        }
-                    }
-                }
+            let Some((e, version)) = entry(s, &prefix).await? else {
+                println!("{prefix} is not in the map");
+                return Ok(());
+            };
+            if let Some(to) = &e.moving_to {
+                anyhow::bail!(
+                    "a move of {prefix} to {to} is under way: finish it first with \
+                     `lockctl dir move {prefix} --to {to}`; the entry stays"
+                );
             }
-            match s.delete(&prefix_node(&prefix), None).await {
+            // A cell that still serves the prefix keeps it: removing the entry then would
+            // let `dir set` place it in a second cell. A cell that cannot be asked might.
+            let recorded = async {
+                let info = cell_info(s, &e.cell).await?;
+                anyhow::Ok(connect(template, &info).await?.prefixes().await?)
+            }
+            .await
+            .with_context(|| {
+                format!(
+                    "could not ask {} whether it still serves {prefix}; the entry stays",
+                    e.cell
+                )
+            })?;
+            if let Some(why) = still_served(&e.cell, &prefix, &recorded) {
+                anyhow::bail!("{why}: move it away first; the entry stays");
+            }
+            // Only the entry checked: a move or a placement since changed its version.
+            match s.delete(&prefix_node(&prefix), Some(version)).await {
                 Ok(()) => println!("{prefix} removed from the map"),
                 Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
+                Err(Error::BadVersion { .. }) => anyhow::bail!(
+                    "{prefix}'s entry changed while it was checked (a move or a placement \
+                     under way): run this again; the entry stays"
+                ),
                 Err(e) => return Err(e.into()),
             }
             Ok(())
@@ -354,6 +363,22 @@ async fn state_in(c: &Client, prefix: &str) -> anyhow::Result<Option<(u64, Prefi
         .into_iter()
         .find(|r| r.prefix == prefix)
         .map(|r| (r.epoch, r.state)))
+}
+
+/// Why `cell`, recording `recorded`, still serves `prefix` (`None`: it does not). A cell
+/// that records no prefix at all serves every path (a cell before any placement).
+fn still_served(cell: &str, prefix: &str, recorded: &[PrefixRecord]) -> Option<String> {
+    match recorded.iter().find(|r| r.prefix == prefix) {
+        Some(r) if r.state != PrefixState::Gone => Some(format!(
+            "{cell} still records {prefix} as {} (epoch {})",
+            r.state, r.epoch
+        )),
+        Some(_) => None,
+        None if recorded.is_empty() => Some(format!(
+            "{cell} records no prefix, so it serves every path, {prefix} included"
+        )),
+        None => None,
+    }
 }
 
 /// Where a running move holds its lease: an ephemeral node of the mover's session.
@@ -540,6 +565,33 @@ async fn move_prefix(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `dir rm` keeps an entry whose cell still serves the prefix: recorded and not gone, or
+    /// nothing recorded at all (a cell before any placement serves every path; it was
+    /// taken for one that does not serve the prefix, so `dir set` could place it in a
+    /// second cell).
+    #[test]
+    fn an_entry_stays_while_its_cell_serves_the_prefix() {
+        let rec = |prefix: &str, state| PrefixRecord {
+            prefix: prefix.into(),
+            epoch: 1,
+            state,
+        };
+        let why = still_served("cell-a", "/pay", &[]).unwrap();
+        assert!(why.contains("serves every path"), "{why}");
+        let why = still_served("cell-a", "/pay", &[rec("/pay", PrefixState::Owned)]).unwrap();
+        assert!(why.contains("still records /pay as"), "{why}");
+        assert!(still_served("cell-a", "/pay", &[rec("/pay", PrefixState::Frozen)]).is_some());
+        assert!(still_served("cell-a", "/pay", &[rec("/pay", PrefixState::Importing)]).is_some());
+        assert_eq!(
+            still_served("cell-a", "/pay", &[rec("/pay", PrefixState::Gone)]),
+            None
+        );
+        assert_eq!(
+            still_served("cell-a", "/pay", &[rec("/idx", PrefixState::Owned)]),
+            None
+        );
+    }
 
     /// A prefix at the last epoch a token can carry is refused before the move starts;
     /// one below it may move.
