@@ -317,3 +317,62 @@ fn a_deeply_nested_command_is_refused_and_the_replica_lives() {
             .expect("create after the attack");
     });
 }
+
+/// A snapshot offer above the replica's committed log id by term but not by index (no
+/// correct leader sends one: it contradicts an entry committed here) is refused with a
+/// typed error before openraft sees it; openraft asserts against it, and its Raft core
+/// stopped. The replica goes on serving.
+#[test]
+fn a_snapshot_contradicting_committed_entries_is_refused_and_the_replica_lives() {
+    let _g = serial();
+    rt().block_on(async {
+        let cell = TestCell::start(Opts {
+            replicas: 1,
+            ..Opts::default()
+        });
+        let client = cell.client().await;
+        cell.wait_leader(&client, Duration::from_secs(20), None)
+            .await;
+        let s = client.open_session().await.expect("session");
+        for i in 0..3 {
+            s.create(&format!("/before-{i}"), vec![], CreateMode::default())
+                .await
+                .expect("create");
+        }
+        let addr: SocketAddr = cell.addr(1).parse().unwrap();
+        let conn = connect(&cell, addr, ALPN_PEER).await;
+        // A later term than any the cell reached, at index 1, below what it committed.
+        let term = 1_000;
+        let offer = wire::raft::SnapshotOffer {
+            vote: wire::raft::Vote::new_committed(term, 1),
+            meta: wire::raft::SnapshotMeta {
+                last_log_id: Some(openraft::LogId::new(
+                    wire::raft::LeaderId { term, node_id: 1 },
+                    1,
+                )),
+                last_membership: Default::default(),
+            },
+            id: "crafted".into(),
+            bytes: 0,
+        };
+        let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+        frame::write(&mut send, &PeerRequest::Snapshot(offer), 1 << 20)
+            .await
+            .expect("send");
+        let _ = send.finish();
+        let resp: Result<PeerResponse, _> =
+            tokio::time::timeout(Duration::from_secs(10), frame::read(&mut recv, 1 << 20))
+                .await
+                .expect("an answer within 10 s");
+        match resp {
+            Ok(PeerResponse::Refused(e)) => {
+                assert!(e.to_string().contains("contradicts"), "{e}")
+            }
+            other => panic!("expected a typed refusal, got {other:?}"),
+        }
+        assert!(alive(cell.procs[&1].id()), "the replica died");
+        s.create("/after", b"ok".to_vec(), CreateMode::default())
+            .await
+            .expect("create after the crafted snapshot");
+    });
+}

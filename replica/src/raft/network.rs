@@ -838,6 +838,21 @@ async fn install_snapshot(
             reason: "a snapshot beyond its sender's leadership".into(),
         });
     }
+    // Likewise for a snapshot above the committed log id but not at a higher index (it
+    // contradicts entries committed here; openraft asserts it never happens).
+    let committed = raft
+        .with_raft_state(|s| s.local_committed().cloned())
+        .await
+        .map_err(|e| wire::Error::Unavailable {
+            reason: e.to_string(),
+        })?;
+    if let (Some(last), Some(c)) = (&offer.meta.last_log_id, &committed) {
+        if last > c && last.index <= c.index {
+            return Err(wire::Error::Malformed {
+                reason: format!("a snapshot at {last} contradicts the entry committed here at {c}"),
+            });
+        }
+    }
     let data = read_snapshot_bytes(recv, offer.bytes)
         .await
         .map_err(|reason| wire::Error::Connection { reason })?;
