@@ -238,17 +238,19 @@ pub async fn run_offline(cmd: SnapshotCommand, json: bool) -> anyhow::Result<()>
     }
 }
 
-/// The object named, or the newest of the cell named, or the newest of the only cell.
 /// Entries a second assumed by [`bump_advice`]: about ten times what a cell commits on
 /// a fast disk (log entries, not writes: one entry carries many writes under load).
 const ADVICE_ENTRIES_PER_SEC: u64 = 100_000;
 
 /// What `--bump-index` to choose for a backup taken at `taken_ms` when it is `now_ms`:
 /// the entries an old cell could have committed since, at [`ADVICE_ENTRIES_PER_SEC`],
-/// with an hour's margin for clocks. Valid only if the old cell stopped by now.
+/// with an hour's margin for clocks, rounded up to whole hours so that hosts asking
+/// within the same hour are told the same value. Valid only if the old cell stopped by
+/// now.
 fn bump_advice(taken_ms: u64, now_ms: u64) -> String {
     let age_secs = now_ms.saturating_sub(taken_ms) / 1_000;
-    let suggested = (age_secs + 3_600) * ADVICE_ENTRIES_PER_SEC;
+    let hours = (age_secs + 3_600).div_ceil(3_600);
+    let suggested = hours * 3_600 * ADVICE_ENTRIES_PER_SEC;
     format!(
         "Choose it above the log entries the old cell could have committed since the backup \
          (taken {age_secs} s ago), so that every fencing token the new cell grants is above \
@@ -258,6 +260,7 @@ fn bump_advice(taken_ms: u64, now_ms: u64) -> String {
     )
 }
 
+/// The object named, or the newest of the cell named, or the newest of the only cell.
 async fn choose(
     s: &Store,
     object: Option<String>,
@@ -298,6 +301,11 @@ mod tests {
         let advice = super::bump_advice(1_000_000, 1_000_000 + 7_200_500);
         assert!(advice.contains("taken 7200 s ago"), "{advice}");
         assert!(advice.ends_with("--bump-index 1080000000"), "{advice}");
+        // Rounded up to whole hours: the same value for hosts asking within an hour.
+        let advice = super::bump_advice(0, 100_000);
+        assert!(advice.ends_with("--bump-index 720000000"), "{advice}");
+        let advice = super::bump_advice(0, 3_500_000);
+        assert!(advice.ends_with("--bump-index 720000000"), "{advice}");
         // A backup named in the future (a clock ahead) counts as just taken.
         let advice = super::bump_advice(5_000, 1_000);
         assert!(advice.ends_with("--bump-index 360000000"), "{advice}");
