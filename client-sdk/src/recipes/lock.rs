@@ -5,10 +5,11 @@
 //! follow creation order, so the queue is the children sorted by sequence:
 //!
 //! - an exclusive contender (and a writer) holds the lock when no earlier node exists;
-//! - a reader holds it when no earlier *writer* exists.
+//! - a reader holds it when no earlier node other than a reader's (a writer's, or an
+//!   exclusive contender's at the same path) exists.
 //!
 //! A waiter watches only the node that blocks it (the nearest earlier node, or for a reader
-//! the nearest earlier writer), so a release wakes one waiter, not the herd. When woken it
+//! the nearest earlier non-reader), so a release wakes one waiter, not the herd. When woken it
 //! re-lists rather than assuming it now holds the lock, since the node it watched may have
 //! been a waiter that gave up. A waiter that gives up deletes its node. Release deletes the
 //! node; so does the session's expiry, at one log position.
@@ -438,8 +439,8 @@ impl Lock {
         }
         // For exclusive and write modes the node just below ours when the create applied
         // is the one to wait for: no listing needed (2 000 contenders would otherwise each
-        // list 2 000 children at once). Readers wait for the nearest earlier writer, which
-        // only a listing shows.
+        // list 2 000 children at once). Readers wait for the nearest earlier non-reader,
+        // which only a listing shows.
         let mut known_blocker = match (self.mode, &created.predecessor) {
             (LockMode::Read, _) | (_, None) => None,
             (_, Some(p)) => Some(p.name.clone()),

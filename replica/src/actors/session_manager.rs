@@ -455,10 +455,10 @@ impl Handler<AppliedMsg> for SessionManager {
         let now = Instant::now();
         for e in effects {
             match e {
-                Effect::SessionOpened { session } => {
-                    // Whether the log marks it: a checkpoint that marked every session
-                    // may have applied after this one was created and been answered
-                    // before this effect arrived (they travel by different tasks).
+                // Whether the log marks it: a checkpoint that marked every session may
+                // have applied after this one was created and been answered before this
+                // effect arrived (they travel by different tasks). Read only while leading.
+                Effect::SessionOpened { session } if self.leases.is_active() => {
                     let marked = self.marked_in_log(session);
                     self.leases.opened(session, now, marked)
                 }
