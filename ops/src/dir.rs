@@ -210,7 +210,9 @@ async fn run_in(
             if let Some(why) = still_served(&e.cell, &prefix, &recorded) {
                 anyhow::bail!("{why}: move it away first; the entry stays");
             }
-            // Only the entry checked: a move or a placement since changed its version.
+            // Only the entry checked: a move started since changed its version (a `dir set`
+            // of the same prefix leaves it as it is; docs/directory.md says to run one
+            // command per prefix at a time).
             match s.delete(&prefix_node(&prefix), Some(version)).await {
                 Ok(()) => println!("{prefix} removed from the map"),
                 Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
