@@ -838,8 +838,13 @@ async fn install_snapshot(
             reason: "a snapshot beyond its sender's leadership".into(),
         });
     }
+    let data = read_snapshot_bytes(recv, offer.bytes)
+        .await
+        .map_err(|reason| wire::Error::Connection { reason })?;
     // Likewise for a snapshot above the committed log id but not at a higher index (it
-    // contradicts entries committed here; openraft asserts it never happens).
+    // contradicts entries committed here; openraft asserts it never happens). Checked once
+    // the bytes are in, as close to the install as it can be: the committed id grows
+    // while they arrive.
     let committed = raft
         .with_raft_state(|s| s.local_committed().cloned())
         .await
@@ -853,9 +858,6 @@ async fn install_snapshot(
             });
         }
     }
-    let data = read_snapshot_bytes(recv, offer.bytes)
-        .await
-        .map_err(|reason| wire::Error::Connection { reason })?;
     let snapshot = Snapshot {
         meta: offer.meta,
         snapshot: SnapshotData {
