@@ -133,6 +133,9 @@ async fn run_in(
         DirCommand::Set { prefix, cell } => {
             check_prefix(&prefix)?;
             let info = cell_info(s, &cell).await?;
+            // One command per prefix at a time (a move, a placement, a removal).
+            folders(s, root).await?;
+            take_prefix_lease(s, &prefix).await?;
             if let Some((e, _)) = entry(s, &prefix).await? {
                 if e.cell == cell && e.moving_to.is_none() {
                     // Told again (an earlier run may have stopped before telling it).
@@ -184,6 +187,14 @@ async fn run_in(
         }
         DirCommand::Rm { prefix } => {
             check_prefix(&prefix)?;
+            if entry(s, &prefix).await?.is_none() {
+                println!("{prefix} is not in the map");
+                return Ok(());
+            }
+            // One command per prefix at a time (a move, a placement, a removal): a `dir
+            // set` cannot tell the cell to own the prefix between this check and the
+            // removal.
+            take_prefix_lease(s, &prefix).await?;
             let Some((e, version)) = entry(s, &prefix).await? else {
                 println!("{prefix} is not in the map");
                 return Ok(());
@@ -210,9 +221,8 @@ async fn run_in(
             if let Some(why) = still_served(&e.cell, &prefix, &recorded) {
                 anyhow::bail!("{why}: move it away first; the entry stays");
             }
-            // Only the entry checked: a move started since changed its version (a `dir set`
-            // of the same prefix leaves it as it is; docs/directory.md says to run one
-            // command per prefix at a time).
+            // Only the entry checked (the lease serializes our own commands; the version
+            // also catches a hand edit of the map).
             match s.delete(&prefix_node(&prefix), Some(version)).await {
                 Ok(()) => println!("{prefix} removed from the map"),
                 Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
@@ -386,11 +396,11 @@ fn still_served(cell: &str, prefix: &str, recorded: &[PrefixRecord]) -> Option<S
 /// Where a running move holds its lease: an ephemeral node of the mover's session.
 const ROOT_MOVES: &str = "/directory/moves";
 
-/// One mover per prefix at a time: an ephemeral node under [`ROOT_MOVES`], gone with the
-/// mover's session (at once when it ends, within the root cell's lease when it crashed).
-/// A move that finds one waits for it to go (a crashed mover's session expiring) for up
-/// to a minute.
-async fn take_move_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
+/// One `dir set`, `dir rm` or `dir move` per prefix at a time: an ephemeral node under
+/// [`ROOT_MOVES`], gone with the command's session (at once when it ends, within the root
+/// cell's lease when it crashed). A command that finds one waits for it to go (a crashed
+/// mover's session expiring) for up to a minute.
+async fn take_prefix_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
     match s
         .create(ROOT_MOVES, Vec::new(), CreateMode::default())
         .await
@@ -411,8 +421,9 @@ async fn take_move_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
             Err(Error::NodeExists { .. }) if tokio::time::Instant::now() < deadline => {
                 if !said {
                     crate::say!(
-                        "lockctl: another move of {prefix} holds {node}; waiting for it to end \
-                         (a crashed mover's session expires within the root cell's lease)"
+                        "lockctl: another `lockctl dir` command on {prefix} (a move, a \
+                         placement or a removal) holds {node}; waiting for it to end (a \
+                         crashed one's session expires within the root cell's lease)"
                     );
                     said = true;
                 }
@@ -422,7 +433,9 @@ async fn take_move_lease(s: &Session, prefix: &str) -> anyhow::Result<()> {
                 }
             }
             Err(Error::NodeExists { .. }) => {
-                anyhow::bail!("another move of {prefix} still holds {node} after a minute")
+                anyhow::bail!(
+                    "another `lockctl dir` command on {prefix} still holds {node} after a minute"
+                )
             }
             Err(e) => return Err(e.into()),
         }
@@ -456,7 +469,7 @@ async fn move_prefix(
 ) -> anyhow::Result<bool> {
     check_prefix(prefix)?;
     let to_info = cell_info(s, to).await?;
-    take_move_lease(s, prefix).await?;
+    take_prefix_lease(s, prefix).await?;
     let Some((mut e, version)) = entry(s, prefix).await? else {
         anyhow::bail!("{prefix} is not in the map: place it with `lockctl dir set {prefix} CELL`");
     };

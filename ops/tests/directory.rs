@@ -388,6 +388,24 @@ fn a_move_stopped_at_any_step_finishes_when_run_again() {
                 .output()
                 .unwrap();
             assert_eq!(o.status.code(), Some(9), "step {step}: {}", text(&o));
+            if step == 0 {
+                // `dir set` of the prefix waits for the stopped mover's hold (one command
+                // per prefix at a time), then sees the move under way; so does `dir rm`.
+                let o = lockctl(&r, &ca, &["dir", "set", "/pay", to.0]);
+                assert!(
+                    !o.status.success()
+                        && text(&o).contains("another `lockctl dir` command on /pay")
+                        && text(&o).contains(to.0),
+                    "{}",
+                    text(&o)
+                );
+                let o = lockctl(&r, &ca, &["dir", "rm", "/pay"]);
+                assert!(
+                    !o.status.success() && text(&o).contains("a move of /pay to"),
+                    "{}",
+                    text(&o)
+                );
+            }
             let rerun = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", to.0]));
             assert!(
                 rerun.contains(&format!("moved to {}", to.0)),
