@@ -155,8 +155,7 @@ async fn run_in(
             // The entry first, created only if there is none (two placements at once: one
             // wins, the other is refused before it touches its cell); then the cell.
             // Until the cell records the prefix, clients sent there get `WrongCell` and
-            // retry.
-            folders(s, root).await?;
+            // retry. (The folders were made before the lease.)
             let e = PrefixEntry {
                 prefix: prefix.clone(),
                 cell: cell.clone(),

@@ -174,6 +174,78 @@ fn two_cells_one_namespace_a_directory_and_a_move() {
         "{}",
         text(&rm)
     );
+    // One `lockctl dir` command per prefix at a time: while the prefix's node under
+    // /directory/moves is held (here by the test's own session), `dir rm` and `dir set`
+    // wait for it, and go on once it is gone.
+    rt().block_on(async {
+        let root_client = Client::connect(ClientConfig::new(root.endpoints.clone(), ca.clone()))
+            .await
+            .unwrap();
+        let holder = root_client.open_session().await.unwrap();
+        match holder
+            .create("/directory/moves", Vec::new(), CreateMode::default())
+            .await
+        {
+            Ok(_) | Err(Error::NodeExists { .. }) => {}
+            Err(e) => panic!("/directory/moves: {e}"),
+        }
+        holder
+            .create(
+                "/directory/moves/idx",
+                Vec::new(),
+                CreateMode {
+                    ephemeral: true,
+                    sequential: false,
+                },
+            )
+            .await
+            .unwrap();
+        let spawn = |args: &[&str]| {
+            Command::new(LOCKCTL)
+                .env_remove("LOCKCTL_CERT")
+                .env_remove("LOCKCTL_KEY")
+                .env("LOCKCTL_CONFIG", "/dev/null")
+                .args(["--endpoints", &r, "--ca"])
+                .arg(&ca)
+                .args(["--timeout-secs", "10"])
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut waiting = [
+            spawn(&["dir", "rm", "/idx"]),
+            spawn(&["dir", "set", "/idx", "cell-b"]),
+        ];
+        // Held, they do not finish (each would wait up to a minute).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for c in waiting.iter_mut() {
+            assert!(
+                c.try_wait().unwrap().is_none(),
+                "a dir command went on while the prefix's node was held"
+            );
+        }
+        holder.close().await.unwrap();
+        let [rm, set] = waiting.map(|c| c.wait_with_output().unwrap());
+        for o in [&rm, &set] {
+            assert!(
+                text(o).contains("another `lockctl dir` command on /idx"),
+                "{}",
+                text(o)
+            );
+        }
+        assert!(
+            !rm.status.success() && text(&rm).contains("still records /idx as owned"),
+            "{}",
+            text(&rm)
+        );
+        assert!(
+            set.status.success() && text(&set).contains("already"),
+            "{}",
+            text(&set)
+        );
+    });
 
     // Two free ports at once (an instance binds its own only once it runs).
     let ports = free_base(2);
@@ -388,24 +460,6 @@ fn a_move_stopped_at_any_step_finishes_when_run_again() {
                 .output()
                 .unwrap();
             assert_eq!(o.status.code(), Some(9), "step {step}: {}", text(&o));
-            if step == 0 {
-                // `dir set` of the prefix waits for the stopped mover's hold (one command
-                // per prefix at a time), then sees the move under way; so does `dir rm`.
-                let o = lockctl(&r, &ca, &["dir", "set", "/pay", to.0]);
-                assert!(
-                    !o.status.success()
-                        && text(&o).contains("another `lockctl dir` command on /pay")
-                        && text(&o).contains(to.0),
-                    "{}",
-                    text(&o)
-                );
-                let o = lockctl(&r, &ca, &["dir", "rm", "/pay"]);
-                assert!(
-                    !o.status.success() && text(&o).contains("a move of /pay to"),
-                    "{}",
-                    text(&o)
-                );
-            }
             let rerun = ok(lockctl(&r, &ca, &["dir", "move", "/pay", "--to", to.0]));
             assert!(
                 rerun.contains(&format!("moved to {}", to.0)),
