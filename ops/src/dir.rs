@@ -186,6 +186,7 @@ async fn run_in(
         }
         DirCommand::Rm { prefix } => {
             check_prefix(&prefix)?;
+            // Nothing to remove (and then maybe no `/directory` to hold the lease under).
             if entry(s, &prefix).await?.is_none() {
                 println!("{prefix} is not in the map");
                 return Ok(());
@@ -226,8 +227,8 @@ async fn run_in(
                 Ok(()) => println!("{prefix} removed from the map"),
                 Err(Error::NoNode { .. }) => println!("{prefix} is not in the map"),
                 Err(Error::BadVersion { .. }) => anyhow::bail!(
-                    "{prefix}'s entry changed while it was checked (a move or a placement \
-                     under way): run this again; the entry stays"
+                    "{prefix}'s entry changed while it was checked (edited outside `lockctl \
+                     dir`, or by a command whose hold lapsed): run this again; the entry stays"
                 ),
                 Err(e) => return Err(e.into()),
             }

@@ -47,6 +47,18 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// A cell of one replica, and a client once it leads.
+async fn one_replica_cell() -> (TestCell, client_sdk::Client) {
+    let cell = TestCell::start(Opts {
+        replicas: 1,
+        ..Opts::default()
+    });
+    let client = cell.client().await;
+    cell.wait_leader(&client, Duration::from_secs(20), None)
+        .await;
+    (cell, client)
+}
+
 async fn connect(cell: &TestCell, addr: SocketAddr, alpn: &[u8]) -> quinn::Connection {
     // The peer protocol takes replicas' certificates only: the attacker holds one.
     let dir = cell.ca.parent().unwrap();
@@ -179,13 +191,7 @@ async fn attack(
 fn stalled_frames_on_every_stream_do_not_exhaust_the_replica() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 1,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None)
-            .await;
+        let (cell, client) = one_replica_cell().await;
         let honest = client.open_session().await.expect("session");
         let pid = cell.procs[&1].id();
         let baseline = rss_bytes(pid).expect("rss");
@@ -278,13 +284,7 @@ fn nested_append_entries(depth: usize, batch: bool) -> Vec<u8> {
 fn a_deeply_nested_command_is_refused_and_the_replica_lives() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 1,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None)
-            .await;
+        let (cell, client) = one_replica_cell().await;
         let addr: SocketAddr = cell.addr(1).parse().unwrap();
         let conn = connect(&cell, addr, ALPN_PEER).await;
         for batch in [false, true] {
@@ -326,13 +326,7 @@ fn a_deeply_nested_command_is_refused_and_the_replica_lives() {
 fn a_snapshot_contradicting_committed_entries_is_refused_and_the_replica_lives() {
     let _g = serial();
     rt().block_on(async {
-        let cell = TestCell::start(Opts {
-            replicas: 1,
-            ..Opts::default()
-        });
-        let client = cell.client().await;
-        cell.wait_leader(&client, Duration::from_secs(20), None)
-            .await;
+        let (cell, client) = one_replica_cell().await;
         let s = client.open_session().await.expect("session");
         for i in 0..3 {
             s.create(&format!("/before-{i}"), vec![], CreateMode::default())
