@@ -230,6 +230,7 @@ impl wire::serve::Handler for Instance {
                 protocol_version: wire::PROTOCOL_VERSION,
                 replica_id: 0,
                 proxy: false,
+                store: None,
             })
         });
         ((), (), reply)

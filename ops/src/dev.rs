@@ -670,6 +670,7 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
         "fsync p99",
     ]);
     let mut members = None;
+    let mut stores = Vec::new();
     let (mut answered, mut errors) = (0, Vec::new());
     let mut got = Vec::new();
     for addr in client.endpoints() {
@@ -709,7 +710,12 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
                         .map(|us| format!("{:.2} ms", us as f64 / 1000.0))
                         .unwrap_or_else(|| "-".into()),
                 ]);
-                members.get_or_insert(s.members);
+                stores.push((s.id, s.store));
+                if s.role == "Leader" {
+                    members = Some(s.members);
+                } else {
+                    members.get_or_insert(s.members);
+                }
             }
             Err(e) => {
                 println!("{:<4} {:<18} unreachable: {e}", "?", addr.to_string());
@@ -721,8 +727,12 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
         let list: Vec<String> = ms
             .iter()
             .map(|m| {
+                let store = match m.store {
+                    wire::store::Binding::Bound(_) => String::new(),
+                    other => format!(" ({other})"),
+                };
                 format!(
-                    "{}@{}{}",
+                    "{}@{}{}{store}",
                     m.id,
                     m.addr,
                     if m.voter { "" } else { " (learner)" }
@@ -730,6 +740,23 @@ pub async fn print_status(client: &Client) -> anyhow::Result<(usize, Vec<Error>)
             })
             .collect();
         println!("members: {}", list.join(", "));
+        for (id, store) in stores {
+            let Some(m) = ms.iter().find(|m| m.id == id) else {
+                continue;
+            };
+            if let wire::store::Binding::Bound(b) = m.store {
+                if store != Some(b) {
+                    println!(
+                        "replica {id}: its store ({}) is not the one the cell binds it to \
+                         ({b}): its data was lost or replaced, and nothing it says counts. \
+                         Replace it: lockctl member remove {id}; lockctl member add-learner \
+                         {id} {}; lockctl member promote {id}",
+                        store.map_or("unknown".into(), |s| s.to_string()),
+                        m.addr
+                    );
+                }
+            }
+        }
     }
     Ok((answered, errors))
 }

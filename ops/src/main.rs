@@ -979,10 +979,11 @@ async fn command(
                 Reply::MembershipChanged { members } => {
                     for m in members {
                         println!(
-                            "{}\t{}\t{}",
+                            "{}\t{}\t{}\t{}",
                             m.id,
                             m.addr,
-                            if m.voter { "voter" } else { "learner" }
+                            if m.voter { "voter" } else { "learner" },
+                            m.store
                         );
                     }
                     Ok(())

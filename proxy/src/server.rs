@@ -246,6 +246,7 @@ impl wire::serve::Handler for Proxy {
                 protocol_version: wire::PROTOCOL_VERSION,
                 replica_id: 0,
                 proxy: true,
+                store: None,
             }),
             Err(e) => Err(e),
         };

@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme, PutPayload};
-use openraft::{BasicNode, Membership};
+use openraft::Membership;
 use serde::{Deserialize, Serialize};
 use wire::raft::{LogId, SnapshotMeta, StoredMembership};
 
@@ -595,9 +595,11 @@ pub fn seed(
         index,
     );
     let voters: BTreeSet<u64> = members.keys().copied().collect();
-    let nodes: BTreeMap<u64, BasicNode> = members
+    // Unbound: a restore cannot know the other members' new stores; the restored cell's
+    // first leader binds them (`raft::binding::bind_stores`).
+    let nodes: BTreeMap<u64, wire::raft::Member> = members
         .iter()
-        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .map(|(id, addr)| (*id, wire::raft::Member::unbound(addr.clone())))
         .collect();
     let mut state = backup.state;
     state.last_applied = Some(log_id);

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, SyncArbiter};
-use openraft::{BasicNode, SnapshotPolicy};
+use openraft::SnapshotPolicy;
 use tokio::sync::mpsc;
 use wire::hello::{ALPN_CLIENT, ALPN_PEER};
 use wire::quic::Sockets;
+use wire::raft::Member;
 
 use crate::actors::cacher_list::CacherListActor;
 use crate::actors::messages::AppliedMsg;
@@ -143,18 +144,9 @@ pub async fn run_on(
     sm_store.set_build_delay(Duration::from_millis(cfg.faults.snapshot_build_delay_ms));
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
-    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell)
-        .with_tls_files(peer_files);
-    let peer_dials = network.dials();
-    let probe_network = network.clone();
-    let raft_slot = network.raft_slot();
-    let peer_certificate_checks = network.cert_checks();
-    let config = Arc::new(raft_config(&cfg)?);
-    let (raft, log_stats) = match plumbing.memory_log {
-        Some(log) => {
-            let raft = Raft::new(cfg.id, config, network, log, sm_store).await?;
-            (raft, Arc::default())
-        }
+    // The log store first: its id goes in every answer to a peer.
+    let log_store = match &plumbing.memory_log {
+        Some(_) => None,
         None => {
             // A slow disk and a power loss on demand, for tests only
             // (`LogStore::open_with_hook`).
@@ -164,14 +156,50 @@ pub async fn run_on(
             if hook.is_some() {
                 tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks, and a power loss is emulated at start if test-lose-unsynced exists");
             }
-            let log_store = LogStore::open_with_hook(&log_dir, hook)?;
+            Some(LogStore::open_with_hook(&log_dir, hook)?)
+        }
+    };
+    let store_id = match (&plumbing.memory_log, &log_store) {
+        (Some(log), _) => log.store_id(),
+        (None, Some(s)) => s.store_id(),
+        (None, None) => unreachable!("a log store was opened"),
+    };
+    tracing::info!(store = %store_id, "this replica's store");
+    let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell, store_id)
+        .with_tls_files(peer_files);
+    let seen_stores = network.seen_stores();
+    let peer_dials = network.dials();
+    let probe_network = network.clone();
+    let raft_slot = network.raft_slot();
+    let peer_certificate_checks = network.cert_checks();
+    let config = Arc::new(raft_config(&cfg)?);
+    let (raft, log_stats) = match (plumbing.memory_log, log_store) {
+        (Some(log), _) => {
+            let raft = Raft::new(cfg.id, config, network, log, sm_store).await?;
+            (raft, Arc::default())
+        }
+        (None, Some(log_store)) => {
             let log_stats = log_store.stats();
             let raft = Raft::new(cfg.id, config, network, log_store, sm_store).await?;
             (raft, log_stats)
         }
+        (None, None) => unreachable!("a log store was opened"),
     };
 
     let _ = raft_slot.set(raft.clone());
+    // Only the store the cell binds this replica to may stand, and the leader binds the
+    // members not bound yet (`raft::binding`).
+    wire::rt::spawn(crate::raft::binding::guard_candidacy(
+        raft.clone(),
+        cfg.id,
+        store_id,
+    ));
+    wire::rt::spawn(crate::raft::binding::bind_stores(
+        raft.clone(),
+        cfg.id,
+        store_id,
+        seen_stores,
+    ));
     // A new cell is initialized once the other members are asked (below, beside serving:
     // this replica answers their probes and RPCs meanwhile).
     let bootstrap = cfg.bootstrap && !raft.is_initialized().await?;
@@ -288,6 +316,7 @@ pub async fn run_on(
         quotas: wire::quota::Quotas::new(cfg.limits.per_identity.clone()),
         instruments: instruments.clone(),
         stood_first: Default::default(),
+        store: store_id,
         snapshot_receiving: Default::default(),
     });
     let l = &cfg.limits;
@@ -321,17 +350,11 @@ pub async fn run_on(
     let serve = wire::rt::spawn(crate::gateway::serve(endpoint.clone(), gw, bounds));
     tracing::info!(id = cfg.id, listen = %cfg.listen, "replica serving");
     if bootstrap {
-        let members: BTreeMap<u64, BasicNode> = cfg
+        // Unbound: the first leader binds them (`raft::binding::bind_stores`).
+        let members: BTreeMap<u64, Member> = cfg
             .members
             .iter()
-            .map(|m| {
-                (
-                    m.id,
-                    BasicNode {
-                        addr: m.addr.clone(),
-                    },
-                )
-            })
+            .map(|m| (m.id, Member::unbound(m.addr.clone())))
             .collect();
         tracing::info!(
             ?members,

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use client_sdk::{CreateMode, Reply};
 use common::{rt, serial, Opts, TestCell};
 use replica::config::RaftConfig;
+use wire::store::Binding;
 use wire::types::Op;
 
 #[test]
@@ -247,15 +249,74 @@ async fn wait_caught_up(cell: &TestCell, client: &client_sdk::Client, id: u64, i
     }
 }
 
-/// A follower whose data directory was lost comes back under its id: the leader's Raft
-/// core goes on running and catches it up from the start. Without openraft's
-/// `loosen-follower-log-revert`, the leader's Raft core panics on a debug assertion
-/// when it sees the follower's log go back (the process stays up, the others elect
-/// another leader, the old one stays behind). Coming back under its id is still not the
-/// safe way back for a replica whose data was lost (docs/operations.md, "A replica
-/// whose data was lost"); this is about the leader surviving it.
+/// Waits until every member is bound to the store its replica answers status with, as
+/// the leader's membership says (`replica::raft::binding`), and returns the bindings.
+async fn wait_bound(
+    cell: &TestCell,
+    client: &client_sdk::Client,
+    ids: &[u64],
+) -> BTreeMap<u64, Binding> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = cell.statuses(client).await;
+        if let Some(leader) = st.values().find(|s| s.role == "Leader") {
+            let bound: BTreeMap<u64, Binding> =
+                leader.members.iter().map(|m| (m.id, m.store)).collect();
+            if ids.iter().all(|id| {
+                st.get(id).is_some_and(|s| {
+                    s.store.is_some() && bound.get(id) == Some(&Binding::Bound(s.store.unwrap()))
+                })
+            }) {
+                return bound;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members {ids:?} not bound to their stores: {st:?}; logs in {}",
+            cell.dir.path().display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Replaces member `id` under its own id, as docs/operations.md says for a replica
+/// whose data was lost: removed, added back as a learner (bound to the store it answers
+/// from once the leader hears it), promoted.
+async fn replace_under_its_id(cell: &TestCell, client: &client_sdk::Client, id: u64) {
+    match client.request(Op::RemoveMember { id }).await.unwrap() {
+        Reply::MembershipChanged { members } => assert!(!members.iter().any(|m| m.id == id)),
+        other => panic!("{other:?}"),
+    }
+    match client
+        .request(Op::AddLearner {
+            id,
+            addr: cell.addr(id),
+        })
+        .await
+        .unwrap()
+    {
+        Reply::MembershipChanged { members } => {
+            assert!(members.iter().any(|m| m.id == id && !m.voter))
+        }
+        other => panic!("{other:?}"),
+    }
+    match client.request(Op::Promote { id }).await.unwrap() {
+        Reply::MembershipChanged { members } => {
+            assert!(members.iter().any(|m| m.id == id && m.voter))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A follower whose data directory was lost comes back under its id. The cell binds
+/// each member to its store, so the leader counts none of the wiped replica's answers
+/// (the cell goes on serving with the other four), `lockctl status` would name it, and
+/// the leader's Raft core keeps running (without openraft's
+/// `loosen-follower-log-revert` it once panicked when a follower's log went back).
+/// Replaced under its own id (remove, add-learner, promote), it is bound to its new
+/// store, catches up and holds the same state as the others.
 #[test]
-fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
+fn a_follower_whose_data_was_lost_counts_for_nothing_until_replaced_under_its_id() {
     let _g = serial();
     rt().block_on(async {
         let mut cell = TestCell::start(Opts::default());
@@ -263,6 +324,7 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
         let leader = cell
             .wait_settled_leader(&client, Duration::from_secs(20))
             .await;
+        let before = wait_bound(&cell, &client, &[1, 2, 3, 4, 5]).await;
         let s = client.open_session().await.unwrap();
         for i in 0..20 {
             s.create(
@@ -277,6 +339,19 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
         cell.kill(victim);
         wipe(&cell, victim);
         cell.spawn(victim);
+        // Back, with another store: the membership still binds it to its old one.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let new_store = loop {
+            if let Ok(st) = client.status_of(cell.addr(victim).parse().unwrap()).await {
+                break st.store.expect("a replica names its store");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {victim} did not come back"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_ne!(Binding::Bound(new_store), before[&victim]);
         for i in 0..20 {
             s.create(
                 &format!("/after-{i:02}"),
@@ -284,21 +359,44 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
                 CreateMode::default(),
             )
             .await
-            .expect("the cell keeps serving while the wiped follower rejoins");
+            .expect("the cell keeps serving while the wiped follower is back");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cell.log_of(leader).contains(&format!(
+            "replica {victim} answered from store {new_store}, and the cell binds it to"
+        )) {
+            assert!(
+                Instant::now() < deadline,
+                "the leader never refused to count the wiped replica; logs in {}",
+                cell.dir.path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let at = client
             .status_of(cell.addr(leader).parse().unwrap())
             .await
             .unwrap();
+        assert_eq!(at.role, "Leader", "{at:?}");
+        let m = at.members.iter().find(|m| m.id == victim).unwrap();
+        assert_eq!(
+            m.store, before[&victim],
+            "the binding did not change by itself"
+        );
+
+        replace_under_its_id(&cell, &client, victim).await;
+        let after = wait_bound(&cell, &client, &[1, 2, 3, 4, 5]).await;
+        assert_eq!(after[&victim], Binding::Bound(new_store));
         let alive = cell.procs.get_mut(&leader).unwrap().try_wait().unwrap();
         assert!(
             alive.is_none(),
             "the leader exited: {alive:?}; logs in {}",
             cell.dir.path().display()
         );
+        let at = client
+            .status_of(cell.addr(leader).parse().unwrap())
+            .await
+            .unwrap();
         wait_caught_up(&cell, &client, victim, at.last_applied).await;
-        // Its Raft core still running (openraft's metrics keep the last role of a core
-        // that panicked, and the process stays up).
         assert!(
             !cell.log_of(leader).contains("panicked"),
             "the leader's Raft core panicked; logs in {}",
@@ -308,6 +406,179 @@ fn a_follower_whose_data_was_lost_comes_back_under_its_id_and_catches_up() {
             .await;
         let (data, _) = client.get("/before-00").await.unwrap();
         assert_eq!(data, vec![1; 100]);
+    });
+}
+
+/// The loss the bindings prevent: an entry committed on the leader and two followers
+/// (the other two down); one of those followers wiped, the leader and the other follower
+/// down. The wiped replica and the two that never had the entry are a majority: if the
+/// wiped one's vote counted, one of those two would lead without the committed entry
+/// (it did before the bindings). Its store is not the one the cell binds it to, so the
+/// candidates do not count its vote and nobody is elected until a replica holding the
+/// entry is back; then only that one can be, and the entry survives. The wiped replica,
+/// replaced under its id, catches up.
+#[test]
+fn a_replica_whose_data_was_lost_does_not_vote_a_committed_entry_away() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(20))
+            .await;
+        wait_bound(&cell, &client, &[1, 2, 3, 4, 5]).await;
+        let s = client.open_session().await.unwrap();
+        s.create("/before", b"everyone".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let st = cell.statuses(&client).await;
+        let index = st[&leader].last_applied;
+        cell.wait_applied(&client, index, Duration::from_secs(10))
+            .await;
+        let followers: Vec<u64> = (1..=5).filter(|id| *id != leader).collect();
+        let (keeper, wiped, behind) = (followers[0], followers[1], [followers[2], followers[3]]);
+        // Down (killed, not stopped: a stopped process would still find the leader's
+        // appends in its socket's buffer when it resumes).
+        for id in behind {
+            cell.kill(id);
+        }
+        // Committed on the leader, `keeper` and `wiped`: three of five, all of them.
+        s.create("/committed", b"on three".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        cell.kill(wiped);
+        wipe(&cell, wiped);
+        cell.kill(leader);
+        cell.kill(keeper);
+        cell.spawn(wiped);
+        for id in behind {
+            cell.spawn(id);
+        }
+        // Several election timeouts (1-2 s each by default): no leader among the three.
+        let watch_until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < watch_until {
+            for id in [wiped, behind[0], behind[1]] {
+                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
+                    assert_ne!(
+                        st.role,
+                        "Leader",
+                        "replica {id} was elected without the committed entry: {st:?}; logs in {}",
+                        cell.dir.path().display()
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            behind.iter().any(|id| cell
+                .log_of(*id)
+                .contains(&format!("replica {wiped} answered from store"))),
+            "no candidate was refused the wiped replica's vote; logs in {}",
+            cell.dir.path().display()
+        );
+        // The follower that holds the entry is back: it is elected and the entry is there.
+        cell.spawn(keeper);
+        let new = cell
+            .wait_leader(&client, Duration::from_secs(30), None)
+            .await;
+        assert_eq!(
+            new, keeper,
+            "only the replica holding the entry can be elected"
+        );
+        let (data, _) = client.get("/committed").await.unwrap();
+        assert_eq!(data, b"on three");
+        replace_under_its_id(&cell, &client, wiped).await;
+        wait_bound(&cell, &client, &[keeper, wiped, behind[0], behind[1]]).await;
+        let at = client
+            .status_of(cell.addr(keeper).parse().unwrap())
+            .await
+            .unwrap();
+        wait_caught_up(&cell, &client, wiped, at.last_applied).await;
+    });
+}
+
+/// A replica whose Raft log was lost but whose snapshots survived (its log on a disk of
+/// its own) starts from its snapshot, whose membership binds it to the store it lost:
+/// it never stands for election (`raft::binding::guard_candidacy`), since its own vote
+/// would count for a log its new store never promised. Here the leader and another
+/// follower are down, leaving it and two followers: their votes for each other do not
+/// count without its own (its answers come from another store), so only it could be
+/// elected, and without the guard it was, with whatever its old log held past the
+/// snapshot gone. With the guard nobody is; once the leader is back, the cell elects
+/// again, and the replica, replaced under its id, catches up.
+#[test]
+fn a_replica_that_lost_its_log_but_kept_its_snapshot_never_stands() {
+    let _g = serial();
+    rt().block_on(async {
+        let mut cell = TestCell::start(Opts::default());
+        let client = cell.client().await;
+        let leader = cell
+            .wait_settled_leader(&client, Duration::from_secs(20))
+            .await;
+        wait_bound(&cell, &client, &[1, 2, 3, 4, 5]).await;
+        let s = client.open_session().await.unwrap();
+        for i in 0..10 {
+            s.create(&format!("/n-{i}"), vec![i; 10], CreateMode::default())
+                .await
+                .unwrap();
+        }
+        // No session: nothing is written while the replicas are down.
+        s.close().await.unwrap();
+        let index = cell.statuses(&client).await[&leader].last_applied;
+        cell.wait_applied(&client, index, Duration::from_secs(10))
+            .await;
+        let followers: Vec<u64> = (1..=5).filter(|id| *id != leader).collect();
+        let (victim, down, up) = (followers[0], followers[1], [followers[2], followers[3]]);
+        let req = wire::types::Request {
+            session: 0,
+            request_id: 0,
+            ack_below: 0,
+            op: Op::Snapshot,
+        };
+        client
+            .call_at(cell.addr(victim).parse().unwrap(), &req)
+            .await
+            .expect("the victim's snapshot");
+        cell.kill(victim);
+        let log_dir = cell.configs[&victim].1.data_dir.join("log");
+        std::fs::remove_dir_all(&log_dir).expect("remove the log");
+        cell.kill(leader);
+        cell.kill(down);
+        cell.spawn(victim);
+        let watch_until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < watch_until {
+            for id in [victim, up[0], up[1]] {
+                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
+                    assert_ne!(
+                        st.role,
+                        "Leader",
+                        "replica {id} was elected: {st:?}; logs in {}",
+                        cell.dir.path().display()
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            cell.log_of(victim)
+                .contains("It will not stand for election"),
+            "the replica did not see that the cell binds it to another store; logs in {}",
+            cell.dir.path().display()
+        );
+        cell.spawn(leader);
+        let new = cell
+            .wait_leader(&client, Duration::from_secs(30), None)
+            .await;
+        assert_ne!(new, victim);
+        let (data, _) = client.get("/n-9").await.unwrap();
+        assert_eq!(data, vec![9; 10]);
+        replace_under_its_id(&cell, &client, victim).await;
+        wait_bound(&cell, &client, &[leader, victim, up[0], up[1]]).await;
+        let at = client
+            .status_of(cell.addr(new).parse().unwrap())
+            .await
+            .unwrap();
+        wait_caught_up(&cell, &client, victim, at.last_applied).await;
     });
 }
 

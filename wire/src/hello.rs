@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::store::StoreId;
 use crate::types::ReplicaId;
 
 /// The protocol version spoken by this build. Bumped on any incompatible change: 6 since
@@ -22,8 +23,11 @@ use crate::types::ReplicaId;
 /// responses and errors are generic over the type configuration, `RaftError`'s fatal
 /// errors changed), snapshots travel whole (`PeerRequest::Snapshot`) instead of in
 /// chunks, and a cell must not mix replicas of the two openraft lines (their elections
-/// and leases differ), so replicas of 9 and 10 refuse each other at the hello.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// and leases differ), so replicas of 9 and 10 refuse each other at the hello. 11 since
+/// each voter is bound to its store in the membership (`wire::raft::Member`, a new
+/// openraft `Node` type in every membership entry and snapshot) and a replica's hello
+/// answer names its store ([`HelloOk::store`]).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// ALPN for client (and proxy) connections to a replica.
 pub const ALPN_CLIENT: &[u8] = b"lockservice-client";
@@ -50,6 +54,10 @@ pub struct HelloOk {
     /// with it when a request times out there (the cell is slow, not the proxy), and moves
     /// on only when the proxy is unreachable or says it lost the cell (`Unavailable`).
     pub proxy: bool,
+    /// The answering replica's store ([`StoreId`]); `None` from a proxy. A leader or a
+    /// candidate counts a peer's answers only if the membership binds the peer to this
+    /// store (`wire::raft::Binding`).
+    pub store: Option<StoreId>,
 }
 
 /// The hello answer frame.

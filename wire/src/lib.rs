@@ -17,6 +17,7 @@
 //! - [`frame`]: length-prefixed postcard frames, read within bounds (size, time, bytes per
 //!   connection); [`decode`]: postcard decoding bounded in depth and in what it builds.
 //! - [`hello`]: the first exchange on every connection, carrying [`PROTOCOL_VERSION`].
+//! - [`store`]: store ids and the membership's binding of each member to its store.
 //! - [`rt`]: where background tasks are spawned (so the simulation can pause a host).
 //! - [`serve`]: the one request loop of every client-protocol server (replicas and
 //!   proxies), handing each request to a [`serve::Handler`] with its [`serve::Caller`].
@@ -59,6 +60,7 @@ pub mod quota;
 pub mod raft;
 pub mod rt;
 pub mod serve;
+pub mod store;
 pub mod tls;
 pub mod types;
 

@@ -12,6 +12,7 @@ use openraft::RaftTypeConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, CommandOutput};
+pub use crate::store::{Binding, StoreId};
 
 openraft::declare_raft_types!(
     /// The cell's Raft types: log entries are [`Command`]s, apply returns [`CommandOutput`].
@@ -23,7 +24,7 @@ openraft::declare_raft_types!(
         D = Command,
         R = CommandOutput,
         NodeId = u64,
-        Node = openraft::BasicNode,
+        Node = Member,
         AsyncRuntime = crate::rt::RaftRuntime,
 );
 
@@ -39,9 +40,35 @@ pub type Entry = <TypeConfig as RaftTypeConfig>::Entry;
 pub type LogId = openraft::LogId<LeaderId>;
 /// Snapshot metadata (openraft 0.10's has no snapshot id: ours travels beside it, in
 /// [`SnapshotOffer::id`] and the replica's snapshot files).
-pub type SnapshotMeta = openraft::SnapshotMeta<LeaderId, NodeId, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<LeaderId, NodeId, Member>;
 /// A stored membership.
-pub type StoredMembership = openraft::StoredMembership<LeaderId, NodeId, openraft::BasicNode>;
+pub type StoredMembership = openraft::StoredMembership<LeaderId, NodeId, Member>;
+
+/// A member of the cell as the membership records it (openraft's `Node`): where it is
+/// reached, and which store its answers must come from to count.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// `host:port` of its peer and client endpoint.
+    pub addr: String,
+    /// The store it is bound to.
+    pub store: Binding,
+}
+
+impl Member {
+    /// A member at `addr`, bound to nothing yet ([`Binding::Unbound`]).
+    pub fn unbound(addr: impl Into<String>) -> Member {
+        Member {
+            addr: addr.into(),
+            store: Binding::Unbound,
+        }
+    }
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.addr, self.store)
+    }
+}
 
 /// One RPC from a replica to a peer.
 #[derive(Debug, Serialize, Deserialize)]

@@ -145,6 +145,8 @@ pub struct MemberInfo {
     pub addr: String,
     /// Voter (true) or learner (false).
     pub voter: bool,
+    /// The store its answers must come from to count ([`crate::store::Binding`]).
+    pub store: crate::store::Binding,
 }
 
 /// The answer to [`Op::Status`].
@@ -213,6 +215,10 @@ pub struct Status {
     pub recent_fsyncs: u64,
     /// See `recent_fsyncs`.
     pub recent_fsync_p99_us: Option<u64>,
+    /// The answering replica's store ([`crate::store::StoreId`]): when it differs from
+    /// the store `members` binds this replica to, its data was lost and nothing it says
+    /// counts until it is replaced.
+    pub store: Option<crate::store::StoreId>,
 }
 
 /// The answer to [`Op::ProxyStatus`]: a proxy's counters since it started.
@@ -766,7 +772,7 @@ pub enum Reply {
         results: Vec<TxnResult>,
     },
     /// Replica status.
-    Status(Status),
+    Status(Box<Status>),
     /// A membership change committed.
     MembershipChanged {
         /// The cell's members after the change.

@@ -17,11 +17,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use openraft::{BasicNode, EntryPayload, Membership};
+use openraft::{EntryPayload, Membership};
 use proptest::prelude::*;
 use wire::command::{Command, LeaseCheckpoint};
 use wire::hello::{Hello, HelloOk, HelloReply};
-use wire::raft::{LogId, Vote};
+use wire::raft::{Binding, LogId, Member, Vote};
 use wire::raft::{PeerRequest, PeerResponse};
 use wire::types::*;
 use wire::{Error, CLIENT_FRAME_BYTES_MAX, PEER_FRAME_BYTES_MAX};
@@ -274,11 +274,25 @@ fn responses() -> Vec<Response> {
     ]
 }
 
-fn membership() -> Membership<u64, BasicNode> {
+fn membership() -> Membership<u64, Member> {
     let voters: BTreeSet<u64> = [1, 2, 3].into();
-    let nodes: BTreeMap<u64, BasicNode> = [1u64, 2, 3]
+    let stores = [
+        Binding::Unbound,
+        Binding::Pending,
+        Binding::Bound(wire::store::StoreId([9; 16])),
+    ];
+    let nodes: BTreeMap<u64, Member> = [1u64, 2, 3]
         .into_iter()
-        .map(|i| (i, BasicNode::new(format!("127.0.0.1:71{i:02}"))))
+        .zip(stores)
+        .map(|(i, store)| {
+            (
+                i,
+                Member {
+                    addr: format!("127.0.0.1:71{i:02}"),
+                    store,
+                },
+            )
+        })
         .collect();
     Membership::new(vec![voters], nodes).expect("membership")
 }
@@ -360,7 +374,8 @@ fn hello_replies() -> Vec<HelloReply> {
         Ok(HelloOk {
             protocol_version: wire::PROTOCOL_VERSION,
             replica_id: 3,
-            proxy: true,
+            proxy: false,
+            store: Some(wire::store::StoreId([7; 16])),
         }),
         Err(Error::ProtocolVersion {
             client: 1,

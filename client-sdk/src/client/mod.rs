@@ -1255,7 +1255,7 @@ impl Client {
     /// The status of one replica.
     pub async fn status_of(&self, addr: SocketAddr) -> Result<Status, Error> {
         match self.call_at(addr, &sessionless(Op::Status)).await? {
-            Reply::Status(s) => Ok(s),
+            Reply::Status(s) => Ok(*s),
             other => Err(unexpected(&other)),
         }
     }

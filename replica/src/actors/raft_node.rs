@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, Recipient, ResponseFuture};
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::{ChangeMembers, ServerState};
 use wire::command::Command;
 use wire::metrics::prometheus_client::metrics::histogram::Histogram;
 use wire::raft::NodeId;
@@ -20,7 +20,7 @@ use crate::raft::Raft;
 pub struct Propose(pub Command);
 
 /// A membership change.
-#[derive(Message)]
+#[derive(Message, Clone)]
 #[rtype(result = "Result<Reply, Error>")]
 pub enum ChangeMembership {
     /// Add a learner and wait until it has caught up.
@@ -397,6 +397,7 @@ pub fn members(raft: &Raft) -> Vec<MemberInfo> {
             id: *id,
             addr: n.addr.clone(),
             voter: voters.contains(id),
+            store: n.store,
         })
         .collect()
 }
@@ -410,31 +411,18 @@ impl Handler<ChangeMembership> for RaftNode {
         let timeout = self.timeout * 6;
         Box::pin(async move {
             let fut = async {
-                match msg {
-                    ChangeMembership::AddLearner { id, addr } => {
-                        raft.add_learner(id, BasicNode { addr }, true).await
-                    }
-                    ChangeMembership::Promote { id } => {
-                        raft.change_membership(
-                            ChangeMembers::AddVoterIds(BTreeSet::from([id])),
-                            false,
-                        )
-                        .await
-                    }
-                    ChangeMembership::Remove { id } => {
-                        let voter = raft
-                            .metrics()
-                            .borrow()
-                            .membership_config
-                            .membership()
-                            .voter_ids()
-                            .any(|v| v == id);
-                        let change = if voter {
-                            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
-                        } else {
-                            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
-                        };
-                        raft.change_membership(change, false).await
+                // The leader binds members to their stores with membership changes of its
+                // own (`raft::binding::bind_stores`), and openraft takes one at a time: a
+                // change refused as in progress is tried again (within the timeout).
+                loop {
+                    let r = change_membership_once(&raft, &msg).await;
+                    match &r {
+                        Err(openraft::error::RaftError::APIError(
+                            openraft::error::ClientWriteError::ChangeMembershipError(
+                                openraft::error::ChangeMembershipError::InProgress(_),
+                            ),
+                        )) => tokio::time::sleep(Duration::from_millis(50)).await,
+                        _ => return r,
                     }
                 }
             };
@@ -446,6 +434,65 @@ impl Handler<ChangeMembership> for RaftNode {
                 Err(_) => Err(timeout_error("membership change", timeout)),
             }
         })
+    }
+}
+
+/// One try of a membership change (`ChangeMembership`'s handler tries again while
+/// another change is in progress). A promotion first waits until the leader has bound
+/// the learner to its store: a voter whose answers do not count yet would weigh on the
+/// cell like one that is down.
+async fn change_membership_once(
+    raft: &Raft,
+    msg: &ChangeMembership,
+) -> Result<
+    openraft::raft::ClientWriteResponse<wire::raft::TypeConfig>,
+    openraft::error::RaftError<
+        wire::raft::TypeConfig,
+        openraft::error::ClientWriteError<wire::raft::TypeConfig>,
+    >,
+> {
+    match msg.clone() {
+        ChangeMembership::AddLearner { id, addr } => {
+            // Pending: its answers count once the leader binds it to the
+            // store it answers from (`raft::binding::bind_stores`).
+            let member = wire::raft::Member {
+                addr,
+                store: wire::raft::Binding::Pending,
+            };
+            raft.add_learner(id, member, true).await
+        }
+        ChangeMembership::Promote { id } => {
+            let mut metrics = raft.metrics();
+            for _ in 0..600 {
+                let pending = metrics
+                    .borrow_and_update()
+                    .membership_config
+                    .membership()
+                    .get_node(&id)
+                    .is_some_and(|m| m.store == wire::raft::Binding::Pending);
+                if !pending {
+                    break;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(100), metrics.changed()).await;
+            }
+            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+                .await
+        }
+        ChangeMembership::Remove { id } => {
+            let voter = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == id);
+            let change = if voter {
+                ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+            } else {
+                ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+            };
+            raft.change_membership(change, false).await
+        }
     }
 }
 
@@ -680,7 +727,8 @@ mod tests {
         let endpoint =
             wire::quic::client_endpoint(rustls(), "127.0.0.1:0".parse().unwrap()).unwrap();
         let peer_tls = wire::quic::client_config(rustls()).unwrap();
-        let network = PeerNetworkFactory::new(endpoint, peer_tls, 1, "test");
+        let network =
+            PeerNetworkFactory::new(endpoint, peer_tls, 1, "test", wire::raft::StoreId([1; 16]));
         let snaps = dir.path().join("snapshots");
         std::fs::create_dir_all(&snaps).unwrap();
         let sm = SmStore::open(&snaps, SnapshotSink::Direct(snaps.clone()), None).unwrap();
@@ -701,9 +749,7 @@ mod tests {
         .unwrap();
         raft.initialize(std::collections::BTreeMap::from([(
             1,
-            BasicNode {
-                addr: "127.0.0.1:1".into(),
-            },
+            wire::raft::Member::unbound("127.0.0.1:1"),
         )]))
         .await
         .unwrap();

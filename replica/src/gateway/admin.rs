@@ -246,6 +246,7 @@ impl Gateway {
                     id: l,
                     addr: String::new(),
                     voter: true,
+                    store: Default::default(),
                 }))
         });
         let (sessions, nodes) = {
@@ -285,6 +286,7 @@ impl Gateway {
             refused_by_limit: self.quotas.refusals(),
             recent_fsyncs,
             recent_fsync_p99_us,
+            store: Some(self.store),
         };
         (status, stats)
     }

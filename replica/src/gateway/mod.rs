@@ -102,6 +102,8 @@ pub struct Gateway {
     /// The highest candidate's term this replica stood at once for
     /// (`raft::network::stand_first`).
     pub stood_first: Arc<std::sync::atomic::AtomicU64>,
+    /// This replica's store (`raft::binding`): named in its hello to peers.
+    pub store: wire::raft::StoreId,
     /// Held while a snapshot sent by a peer is received and installed: one at a time in
     /// the replica, whichever connection it comes on (its bytes are held outside every
     /// connection's budget, bounded by `raft::network::SNAPSHOT_BYTES_MAX`).
@@ -238,6 +240,7 @@ pub async fn serve(endpoint: quinn::Endpoint, gw: Arc<Gateway>, bounds: ServeBou
                     conn,
                     gw.raft.clone(),
                     gw.id,
+                    gw.store,
                     gw.stood_first.clone(),
                     gw.snapshot_receiving.clone(),
                     budget,
@@ -280,6 +283,7 @@ impl wire::serve::Handler for Gateway {
                     protocol_version: wire::PROTOCOL_VERSION,
                     replica_id: self.id,
                     proxy: false,
+                    store: None,
                 }
             }),
             Err(e) => Err(e),
@@ -636,7 +640,7 @@ impl Gateway {
             } => self.check_sequencer(path, token, session).await,
             Op::CachedGet { path } => self.cached_get(&req, &me, &path).await,
             // The cell itself (admin.rs).
-            Op::Status => Ok(Reply::Status(self.status().await)),
+            Op::Status => Ok(Reply::Status(Box::new(self.status().await))),
             Op::Leadership => Ok(self.leadership()),
             Op::LeadershipAfter {
                 wait_ms,

@@ -27,8 +27,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use openraft::{BasicNode, RaftNetworkFactory};
+use openraft::RaftNetworkFactory;
 use tokio::time::Instant;
+use wire::raft::Member;
 use wire::raft::{NodeId, PeerState};
 
 use crate::raft::network::{PeerNetworkFactory, ProbeFailure};
@@ -107,7 +108,7 @@ pub async fn initialize_new_cell(
     raft: Raft,
     mut network: PeerNetworkFactory,
     self_id: NodeId,
-    members: BTreeMap<NodeId, BasicNode>,
+    members: BTreeMap<NodeId, Member>,
     started: Instant,
 ) {
     let ids: Vec<NodeId> = members.keys().copied().collect();

@@ -40,6 +40,7 @@ const VOTE_KEY: &[u8] = b"vote";
 const PURGED_KEY: &[u8] = b"last_purged";
 const COMMITTED_KEY: &[u8] = b"committed";
 const FORMAT_KEY: &[u8] = b"format";
+const STORE_KEY: &[u8] = b"store_id";
 
 /// The format of the log's entries: 2 since sessions record their owner
 /// (`Command::CreateSession { owner }`), 3 since writes are checked against ACLs at
@@ -55,8 +56,10 @@ const FORMAT_KEY: &[u8] = b"format";
 /// across its lines, and a log a 0.10 replica wrote must not be run by a 0.9 build (or the
 /// reverse) inside a cell: their elections, leases and snapshot RPCs differ, so the whole
 /// cell moves at once (protocol 10) and a store of the other line is refused at open;
-/// stores from before 2 carry no mark.
-pub const LOG_FORMAT: u32 = 6;
+/// stores from before 2 carry no mark. 7 since memberships bind each member to its store
+/// (`wire::raft::Member` replaced openraft's `BasicNode` in membership entries) and the
+/// store has an id ([`LogStore::store_id`]).
+pub const LOG_FORMAT: u32 = 7;
 
 /// Counters of the flusher, for status, metrics and benchmarks.
 #[derive(Debug)]
@@ -180,6 +183,8 @@ struct Inner {
     stats: Arc<FlushStats>,
     /// The test hooks, if on.
     hooks: Option<Arc<Hooks>>,
+    /// The store's id ([`LogStore::store_id`]).
+    store_id: wire::raft::StoreId,
 }
 
 /// The test hooks' state ([`TEST_HOOKS_ENV`]).
@@ -301,6 +306,8 @@ impl LogStore {
                     })?,
             ),
             None if log.is_empty()? && meta.is_empty()? => {
+                let store = wire::raft::StoreId::random(&mut rand::thread_rng());
+                meta.insert(STORE_KEY, &store.0[..])?;
                 meta.insert(FORMAT_KEY, &LOG_FORMAT.to_be_bytes()[..])?;
                 db.persist(PersistMode::SyncAll)?;
                 Some(LOG_FORMAT)
@@ -317,6 +324,16 @@ impl LogStore {
                 found.map_or("1 (no mark)".to_string(), |f| f.to_string()),
             );
         }
+        let store_id = match meta.get(STORE_KEY)? {
+            Some(v) => wire::raft::StoreId(
+                <[u8; 16]>::try_from(&v[..])
+                    .map_err(|_| anyhow::anyhow!("{}: unreadable store id", dir.display()))?,
+            ),
+            None => anyhow::bail!(
+                "{}: the store has no id (it was not made by this build)",
+                dir.display()
+            ),
+        };
         if let Some(hooks) = hooks.as_deref() {
             lose_unsynced(hooks, &db, &log, &meta)?;
         }
@@ -370,8 +387,15 @@ impl LogStore {
                 flush_tx,
                 stats,
                 hooks,
+                store_id,
             }),
         })
+    }
+
+    /// This store's id: given when the store was made, so a replica whose data was lost
+    /// comes back with another (`wire::raft::Binding`).
+    pub fn store_id(&self) -> wire::raft::StoreId {
+        self.inner.store_id
     }
 
     /// Flusher counters.

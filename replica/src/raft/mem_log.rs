@@ -26,15 +26,35 @@ struct State {
 }
 
 /// One replica's durable Raft state, kept in memory; cheap to clone (clones share it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MemLog {
     state: Arc<Mutex<State>>,
+    store_id: wire::raft::StoreId,
+}
+
+impl Default for MemLog {
+    fn default() -> MemLog {
+        MemLog::new()
+    }
 }
 
 impl MemLog {
-    /// An empty log.
+    /// An empty log, with a store id of its own.
     pub fn new() -> MemLog {
-        MemLog::default()
+        MemLog::with_store_id(wire::raft::StoreId::random(&mut rand::thread_rng()))
+    }
+
+    /// An empty log whose store has `id` (the simulation's, drawn from its seed).
+    pub fn with_store_id(id: wire::raft::StoreId) -> MemLog {
+        MemLog {
+            state: Arc::default(),
+            store_id: id,
+        }
+    }
+
+    /// This store's id (`LogStore::store_id`'s counterpart; a clone shares it).
+    pub fn store_id(&self) -> wire::raft::StoreId {
+        self.store_id
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {

@@ -9,6 +9,7 @@
 //! another openraft line touches those and nothing else (the actors' tests build
 //! openraft values too).
 
+pub mod binding;
 pub mod bootstrap;
 pub mod handover;
 pub mod log_store;

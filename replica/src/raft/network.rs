@@ -23,7 +23,7 @@
 //! to it closes at once instead of timing requests out until QUIC's idle timeout (3 s),
 //! and openraft's next request dials the new process.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,10 +37,12 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use tokio::sync::Mutex;
 use wire::hello::{Hello, HelloReply};
-use wire::raft::{NodeId, PeerRequest, PeerResponse, PeerState, SnapshotOffer, TypeConfig, Vote};
+use wire::raft::{
+    Binding, Member, NodeId, PeerRequest, PeerResponse, PeerState, SnapshotOffer, StoreId,
+    TypeConfig, Vote,
+};
 use wire::{frame, tls, PEER_FRAME_BYTES_MAX};
 
 use crate::raft::sm_store::{Snapshot, SnapshotData};
@@ -49,8 +51,20 @@ use crate::raft::Raft;
 /// Idle connections, by peer id and address (a member re-added at another address is
 /// dialed anew), each with when its peer's certificate was last checked: a connection
 /// taken from the pool is checked again only when a fresh one would be ([`Checked`]).
-type Pool =
-    Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<(quinn::Connection, Option<Checked>)>>>>;
+type Pool = Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<Held>>>>;
+
+/// A connection to a peer, when its certificate was last checked there, and the store its
+/// hello named (the same for every answer on it: a store changes only with the process).
+type Held = (quinn::Connection, Option<Checked>, Option<StoreId>);
+
+/// The stores members answered from while the membership did not bind them to those
+/// stores (unbound or pending), newest last: what the leader binds them to
+/// ([`crate::raft::binding::bind_stores`]).
+pub type SeenStores = Arc<std::sync::Mutex<BTreeMap<NodeId, StoreId>>>;
+
+/// Members whose answers were not counted, each with the store it answered from: logged
+/// once each.
+type Warned = Arc<std::sync::Mutex<BTreeSet<(NodeId, Option<StoreId>)>>>;
 
 /// Idle connections kept per peer; a client dropped when that many wait closes its own.
 const IDLE_PER_PEER_MAX: usize = 4;
@@ -70,6 +84,13 @@ pub struct PeerNetworkFactory {
     /// The highest term this replica stood again from ([`stand_again`]): once per term,
     /// however many voters refuse it alike.
     stood_again: Arc<AtomicU64>,
+    /// This replica's own store.
+    store: StoreId,
+    /// Stores that answered for members not bound to them.
+    seen: SeenStores,
+    /// Members whose answers were not counted, and the store they came from, each logged
+    /// once.
+    warned: Warned,
 }
 
 impl PeerNetworkFactory {
@@ -80,8 +101,12 @@ impl PeerNetworkFactory {
         peer_tls: quinn::ClientConfig,
         self_id: NodeId,
         cell: &str,
+        store: StoreId,
     ) -> Self {
         PeerNetworkFactory {
+            store,
+            seen: Arc::default(),
+            warned: Arc::default(),
             endpoint,
             peer_tls,
             self_id,
@@ -110,6 +135,12 @@ impl PeerNetworkFactory {
         self
     }
 
+    /// The stores members answered from while not bound to them, for the leader to bind
+    /// them ([`crate::raft::binding::bind_stores`]).
+    pub fn seen_stores(&self) -> SeenStores {
+        self.seen.clone()
+    }
+
     /// Connections dialed to peers so far (one per peer, plus one after each failure): a
     /// counter shared with every client, for `Status::peer_dials`.
     pub fn dials(&self) -> Arc<AtomicU64> {
@@ -127,12 +158,12 @@ impl PeerNetworkFactory {
 impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
         let idle = {
             let mut pool = self.pool.lock().expect("peer pool");
             let idle = pool.entry((target, node.addr.clone())).or_default();
             // The most recently returned first; closed ones are dropped on the way.
-            std::iter::from_fn(|| idle.pop()).find(|(c, _)| c.close_reason().is_none())
+            std::iter::from_fn(|| idle.pop()).find(|(c, _, _)| c.close_reason().is_none())
         };
         PeerClient {
             endpoint: self.endpoint.clone(),
@@ -148,6 +179,9 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             tls_files: self.tls_files.clone(),
             raft: self.raft.clone(),
             stood_again: self.stood_again.clone(),
+            seen: self.seen.clone(),
+            warned: self.warned.clone(),
+            store: self.store,
         }
     }
 }
@@ -160,15 +194,20 @@ pub struct PeerClient {
     addr: String,
     self_id: NodeId,
     cell: Arc<str>,
-    /// The connection, and when its peer's certificate was last checked: the files'
-    /// generation and the certificate's `notAfter` (kept with the connection in the pool).
-    conn: Mutex<Option<(quinn::Connection, Option<Checked>)>>,
+    /// The connection, when its peer's certificate was last checked (the files'
+    /// generation and the certificate's `notAfter`), and the store its hello named (kept
+    /// with the connection in the pool).
+    conn: Mutex<Option<Held>>,
     pool: Pool,
     dials: Arc<AtomicU64>,
     cert_checks: Arc<AtomicU64>,
     tls_files: Option<Arc<wire::tls::Reloading>>,
     raft: Arc<std::sync::OnceLock<Raft>>,
     stood_again: Arc<AtomicU64>,
+    seen: SeenStores,
+    warned: Warned,
+    /// This replica's own store.
+    store: StoreId,
 }
 
 /// When a peer's certificate was last checked on a connection: the TLS files'
@@ -178,7 +217,7 @@ type Checked = (u64, i64);
 impl Drop for PeerClient {
     /// Gives a live connection back to the pool for the next client of this peer.
     fn drop(&mut self) {
-        let Some((conn, checked)) = self.conn.get_mut().take() else {
+        let Some((conn, checked, store)) = self.conn.get_mut().take() else {
             return;
         };
         if conn.close_reason().is_some() {
@@ -187,7 +226,7 @@ impl Drop for PeerClient {
         let mut pool = self.pool.lock().expect("peer pool");
         let idle = pool.entry((self.target, self.addr.clone())).or_default();
         if idle.len() < IDLE_PER_PEER_MAX {
-            idle.push((conn, checked));
+            idle.push((conn, checked, store));
         }
     }
 }
@@ -202,12 +241,14 @@ enum CallError {
 }
 
 impl PeerClient {
-    async fn connection(&self) -> Result<quinn::Connection, CallError> {
+    /// The connection to the peer (dialed if there is none), and the store its hello
+    /// named.
+    async fn connection(&self) -> Result<(quinn::Connection, Option<StoreId>), CallError> {
         let mut guard = self.conn.lock().await;
-        if let Some((c, checked)) = guard.as_mut() {
+        if let Some((c, checked, store)) = guard.as_mut() {
             if c.close_reason().is_none() {
                 match self.recheck(c, checked) {
-                    Ok(()) => return Ok(c.clone()),
+                    Ok(()) => return Ok((c.clone(), *store)),
                     Err(e) => {
                         tracing::warn!(peer = self.target, "closing the connection to a peer: {e}");
                         c.close(wire::tls::CLOSE_CERTIFICATE.into(), e.as_bytes());
@@ -275,8 +316,8 @@ impl PeerClient {
                 }
                 None => None,
             };
-        *guard = Some((conn.clone(), checked));
-        Ok(conn)
+        *guard = Some((conn.clone(), checked, hello.store));
+        Ok((conn, hello.store))
     }
 
     /// Checks the peer's certificate on `conn` again if the TLS files changed or its
@@ -307,8 +348,17 @@ impl PeerClient {
     }
 
     async fn call(&self, req: PeerRequest, ttl: Duration) -> Result<PeerResponse, CallError> {
+        self.call_from(req, ttl).await.map(|(r, _)| r)
+    }
+
+    /// [`PeerClient::call`], and the store that answered.
+    async fn call_from(
+        &self,
+        req: PeerRequest,
+        ttl: Duration,
+    ) -> Result<(PeerResponse, Option<StoreId>), CallError> {
         let fut = async {
-            let conn = self.connection().await?;
+            let (conn, store) = self.connection().await?;
             let (mut send, mut recv) = conn
                 .open_bi()
                 .await
@@ -319,6 +369,7 @@ impl PeerClient {
             let _ = send.finish();
             frame::read::<_, PeerResponse>(&mut recv, PEER_FRAME_BYTES_MAX)
                 .await
+                .map(|r| (r, store))
                 .map_err(|e| CallError::Network(e.to_string()))
         };
         match tokio::time::timeout(ttl, fut).await {
@@ -328,6 +379,66 @@ impl PeerClient {
                 self.target
             ))),
         }
+    }
+
+    /// Whether an answer from `store` counts for the target, by its binding in this
+    /// replica's effective membership ([`Binding::counts`]): if not, the reason, and the
+    /// answer must be taken as none (openraft then counts neither the acknowledgement nor
+    /// the vote). The store of a member not bound to it is recorded for the leader to
+    /// bind ([`PeerNetworkFactory::seen_stores`]).
+    fn admit(&self, store: Option<StoreId>) -> Result<(), String> {
+        let Some(raft) = self.raft.get() else {
+            return Err("the replica's Raft handle is not set yet".into());
+        };
+        let binding = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&self.target)
+            .map(|m| m.store);
+        // Not a member in this replica's membership: openraft counts its answers nowhere.
+        let Some(binding) = binding else {
+            return Ok(());
+        };
+        if let (Some(s), Binding::Unbound | Binding::Pending) = (store, binding) {
+            self.seen
+                .lock()
+                .expect("seen stores")
+                .insert(self.target, s);
+        }
+        if binding.counts(store) {
+            return Ok(());
+        }
+        let why = match (binding, store) {
+            (Binding::Pending, _) => format!(
+                "replica {} is not bound to a store yet (it answered from {}): its answers \
+                 count once the leader binds it",
+                self.target,
+                store.map_or("no store".into(), |s| format!("store {s}"))
+            ),
+            (Binding::Bound(b), _) => format!(
+                "replica {} answered from {}, and the cell binds it to store {b}: its data \
+                 was lost; nothing it says counts until it is replaced (lockctl member \
+                 remove, add-learner, promote)",
+                self.target,
+                store.map_or("no store".into(), |s| format!("store {s}"))
+            ),
+            (Binding::Unbound, _) => unreachable!("an unbound member's answers count"),
+        };
+        if self
+            .warned
+            .lock()
+            .expect("warned")
+            .insert((self.target, store))
+        {
+            if matches!(binding, Binding::Bound(_)) {
+                tracing::error!(peer = self.target, "{why}");
+            } else {
+                tracing::info!(peer = self.target, "{why}");
+            }
+        }
+        Err(why)
     }
 
     /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`.
@@ -455,11 +566,13 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         } else {
             None
         };
-        match self
-            .call(PeerRequest::AppendEntries(rpc), option.hard_ttl())
+        let (resp, store) = self
+            .call_from(PeerRequest::AppendEntries(rpc), option.hard_ttl())
             .await
-            .map_err(rpc_err)?
-        {
+            .map_err(rpc_err)?;
+        self.admit(store)
+            .map_err(|m| rpc_err(CallError::Unreachable(m)))?;
+        match resp {
             PeerResponse::AppendEntries(Ok(AppendEntriesResponse::Success))
                 if partial.is_some() =>
             {
@@ -532,11 +645,13 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let (vote, last_log_id) = (rpc.vote, rpc.last_log_id);
-        match self
-            .call(PeerRequest::Vote(rpc), option.hard_ttl())
+        let (resp, store) = self
+            .call_from(PeerRequest::Vote(rpc), option.hard_ttl())
             .await
-            .map_err(rpc_err)?
-        {
+            .map_err(rpc_err)?;
+        self.admit(store)
+            .map_err(|m| rpc_err(CallError::Unreachable(m)))?;
+        match resp {
             PeerResponse::Vote(Ok(r)) => {
                 // Once per term: two voters refusing alike would otherwise have it stand
                 // in the next term and at once in the one after.
@@ -545,7 +660,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                     && self.stood_again.fetch_max(term, Ordering::Relaxed) < term
                 {
                     if let Some(raft) = self.raft.get() {
-                        stand_now(raft, vote, self.target, &r).await;
+                        if crate::raft::binding::may_stand(raft, self.self_id, self.store) {
+                            stand_now(raft, vote, self.target, &r).await;
+                        }
                     }
                 }
                 Ok(r)
@@ -576,7 +693,7 @@ impl PeerClient {
         };
         let net = |m: String| stream_err(CallError::Network(m));
         let timed_out = |what: &str| net(format!("snapshot to {}: {what} timed out", self.target));
-        let conn = tokio::time::timeout(ttl, self.connection())
+        let (conn, store) = tokio::time::timeout(ttl, self.connection())
             .await
             .map_err(|_| timed_out("connecting"))?
             .map_err(stream_err)?;
@@ -619,6 +736,8 @@ impl PeerClient {
         .await
         .map_err(|_| timed_out("answer"))?
         .map_err(|e| net(e.to_string()))?;
+        self.admit(store)
+            .map_err(|m| stream_err(CallError::Unreachable(m)))?;
         match resp {
             PeerResponse::Snapshot(Ok(r)) => Ok(r),
             PeerResponse::Snapshot(Err(e)) => Err(stream_err(CallError::Unreachable(format!(
@@ -883,6 +1002,7 @@ pub async fn serve_peer(
     conn: quinn::Connection,
     raft: Raft,
     self_id: NodeId,
+    store: StoreId,
     stood_first: Arc<AtomicU64>,
     snapshots: Arc<Mutex<()>>,
     budget: frame::Budget,
@@ -896,6 +1016,7 @@ pub async fn serve_peer(
             protocol_version: wire::PROTOCOL_VERSION,
             replica_id: self_id,
             proxy: false,
+            store: Some(store),
         }),
         Err(e) => Err(e),
     };
@@ -934,6 +1055,7 @@ pub async fn serve_peer(
                     if let Ok(resp) = &resp {
                         let term = vote.leader_id.term;
                         if stand_first(&vote, last_log_id.as_ref(), self_id, resp)
+                            && crate::raft::binding::may_stand(&raft, self_id, store)
                             && stood_first.fetch_max(term, Ordering::Relaxed) < term
                         {
                             // Answered first; the check and the candidacy go on beside it.
@@ -952,6 +1074,22 @@ pub async fn serve_peer(
                     },
                     Some(held),
                 ),
+                // A replica the cell binds to another store never stands
+                // (`binding::guard_candidacy`): handed the leadership, it says no.
+                Ok((PeerRequest::TransferLeader(r), held))
+                    if *r.to_node_id() == self_id
+                        && !crate::raft::binding::may_stand(&raft, self_id, store) =>
+                {
+                    (
+                        PeerResponse::Refused(wire::Error::Unavailable {
+                            reason: format!(
+                                "replica {self_id}: the cell binds it to another store \
+                                 than its own (its data was lost); it does not stand"
+                            ),
+                        }),
+                        Some(held),
+                    )
+                }
                 Ok((PeerRequest::TransferLeader(r), held)) => (
                     PeerResponse::TransferLeader(
                         raft.handle_transfer_leader(r)

@@ -49,7 +49,7 @@ pub struct SnapshotData {
 }
 
 /// A snapshot: openraft's metadata and [`SnapshotData`].
-pub type Snapshot = openraft::Snapshot<LeaderId, NodeId, openraft::BasicNode, SnapshotData>;
+pub type Snapshot = openraft::Snapshot<LeaderId, NodeId, wire::raft::Member, SnapshotData>;
 
 /// What one applied batch changed.
 #[derive(Debug, Clone)]

@@ -1,11 +1,12 @@
 //! Snapshot files: written atomically, checksummed, a few kept as backups.
 //!
-//! Format: the magic `LKSNAP5\n` (2 since sessions record their owner, 3 since the state
+//! Format: the magic `LKSNAP6\n` (2 since sessions record their owner, 3 since the state
 //! holds ACLs, groups and admins, 4 since it records the prefixes the cell owns and each
 //! node's fencing token, 5 since openraft 0.10: its `SnapshotMeta` has no snapshot id, so
-//! [`SnapshotFile`] carries ours, and the metadata is openraft 0.10's; `LKSNAP4` is still
-//! read, so backups of 0.9 builds restore; a file of another version is refused with an
-//! error naming both), a big-endian CRC-32 of the body, the body's length as a
+//! [`SnapshotFile`] carries ours, and the metadata is openraft 0.10's; 6 since the
+//! membership binds each member to its store (`wire::raft::Member`); `LKSNAP4` and
+//! `LKSNAP5` are still read, their members unbound, so older builds' backups restore; a
+//! file of another version is refused with an error naming both), a big-endian CRC-32 of the body, the body's length as a
 //! big-endian u64, then the body: postcard of [`SnapshotFile`]. A file is written under a
 //! temporary name, fsynced, renamed into place, and the directory is fsynced, so a crash
 //! leaves either the old set of snapshots or the new one, never a torn file. A file whose
@@ -18,7 +19,35 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use wire::raft::SnapshotMeta;
 
-const MAGIC: &[u8; 8] = b"LKSNAP5\n";
+const MAGIC: &[u8; 8] = b"LKSNAP6\n";
+
+/// The format before: [`SnapshotFile`] with openraft's `BasicNode` (an address only) as
+/// the membership's node type. Still read (not written), its members unbound.
+const MAGIC_V5: &[u8; 8] = b"LKSNAP5\n";
+
+/// A membership of the formats before [`MAGIC`] (members by address only).
+type LegacyMembership =
+    openraft::StoredMembership<wire::raft::LeaderId, wire::raft::NodeId, openraft::BasicNode>;
+
+/// An `LKSNAP5` body ([`MAGIC_V5`]).
+#[derive(Deserialize)]
+struct FileV5 {
+    meta: openraft::SnapshotMeta<wire::raft::LeaderId, wire::raft::NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+    id: String,
+}
+
+/// A membership of an older format with the same members and voters, each unbound.
+fn unbound(m: LegacyMembership) -> Result<wire::raft::StoredMembership, String> {
+    let nodes: std::collections::BTreeMap<_, _> = m
+        .membership()
+        .nodes()
+        .map(|(id, n)| (*id, wire::raft::Member::unbound(n.addr.clone())))
+        .collect();
+    let configs = m.membership().get_joint_config().clone();
+    let membership = openraft::Membership::new(configs, nodes).map_err(|e| e.to_string())?;
+    Ok(openraft::StoredMembership::new(*m.log_id(), membership))
+}
 
 /// The format before: openraft 0.9's `SnapshotMeta` (last log id, membership, snapshot id)
 /// and the data. Still read (not written), so that a backup taken by a 0.9 build seeds a
@@ -31,7 +60,7 @@ const MAGIC_V4: &[u8; 8] = b"LKSNAP4\n";
 #[derive(Deserialize)]
 struct FileV4 {
     last_log_id: Option<wire::raft::LogId>,
-    last_membership: wire::raft::StoredMembership,
+    last_membership: LegacyMembership,
     snapshot_id: String,
     data: Vec<u8>,
 }
@@ -187,7 +216,8 @@ pub fn read(path: &Path) -> Result<SnapshotFile, String> {
 /// or more bytes than its head says (a partial copy), a checksum that does not match.
 pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
     let v4 = bytes.len() >= 8 && bytes[..8] == MAGIC_V4[..];
-    if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] && !v4 {
+    let v5 = bytes.len() >= 8 && bytes[..8] == MAGIC_V5[..];
+    if bytes.len() >= 8 && bytes[..6] == MAGIC[..6] && bytes[..8] != MAGIC[..] && !v4 && !v5 {
         return Err(format!(
             "{what}: snapshot format {:?}, this build reads {:?} (written by another build; \
              move the data directory aside and let the replica catch up from its peers)",
@@ -195,7 +225,7 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
             String::from_utf8_lossy(&MAGIC[..7]),
         ));
     }
-    if bytes.len() < 20 || (&bytes[..8] != MAGIC && !v4) {
+    if bytes.len() < 20 || (&bytes[..8] != MAGIC && !v4 && !v5) {
         return Err(format!("{what}: not a snapshot file"));
     }
     let crc = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
@@ -217,10 +247,22 @@ pub fn from_bytes(bytes: &[u8], what: &str) -> Result<SnapshotFile, String> {
         return Ok(SnapshotFile {
             meta: SnapshotMeta {
                 last_log_id: f.last_log_id,
-                last_membership: f.last_membership,
+                last_membership: unbound(f.last_membership).map_err(|e| format!("{what}: {e}"))?,
             },
             data: f.data,
             id: f.snapshot_id,
+        });
+    }
+    if v5 {
+        let f: FileV5 = postcard::from_bytes(body).map_err(|e| format!("{what}: {e}"))?;
+        return Ok(SnapshotFile {
+            meta: SnapshotMeta {
+                last_log_id: f.meta.last_log_id,
+                last_membership: unbound(f.meta.last_membership)
+                    .map_err(|e| format!("{what}: {e}"))?,
+            },
+            data: f.data,
+            id: f.id,
         });
     }
     postcard::from_bytes(body).map_err(|e| format!("{what}: {e}"))
@@ -238,6 +280,7 @@ pub fn latest(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
             && magic[..6] == MAGIC[..6]
             && magic != *MAGIC
             && magic != *MAGIC_V4
+            && magic != *MAGIC_V5
         {
             return Err(std::io::Error::other(read(&path).err().unwrap_or_default()));
         }
@@ -306,15 +349,55 @@ mod tests {
         assert!(p.with_extension("corrupt").exists());
     }
 
+    /// A membership of two voters and a learner, by address only (the formats before
+    /// `LKSNAP6`), and what it reads back as: the same members, unbound.
+    fn legacy_membership() -> (LegacyMembership, wire::raft::StoredMembership) {
+        let log_id = Some(openraft::LogId::new(
+            wire::raft::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            3,
+        ));
+        let addr = |i: u64| format!("127.0.0.1:71{i:02}");
+        let voters = vec![std::collections::BTreeSet::from([1u64, 2])];
+        let old = openraft::Membership::new(
+            voters.clone(),
+            (1..=3u64)
+                .map(|i| (i, openraft::BasicNode::new(addr(i))))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+        .unwrap();
+        let new = openraft::Membership::new(
+            voters,
+            (1..=3u64)
+                .map(|i| (i, wire::raft::Member::unbound(addr(i))))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+        .unwrap();
+        (
+            openraft::StoredMembership::new(log_id, old),
+            openraft::StoredMembership::new(log_id, new),
+        )
+    }
+
+    fn framed(magic: &[u8; 8], body: &[u8]) -> Vec<u8> {
+        let mut bytes = magic.to_vec();
+        bytes.extend_from_slice(&crc32fast::hash(body).to_be_bytes());
+        bytes.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
     /// An `LKSNAP4` file (openraft 0.9's metadata with its snapshot id, then the data),
     /// as a 0.9 build wrote it (postcard of the same fields in the same order), reads back
-    /// with its id.
+    /// with its id, its members unbound.
     #[test]
     fn a_snapshot_of_the_format_before_reads_back_with_its_id() {
         #[derive(Serialize)]
         struct Meta09 {
             last_log_id: Option<wire::raft::LogId>,
-            last_membership: wire::raft::StoredMembership,
+            last_membership: LegacyMembership,
             snapshot_id: String,
         }
         #[derive(Serialize)]
@@ -322,24 +405,53 @@ mod tests {
             meta: Meta09,
             data: Vec<u8>,
         }
+        let (old, new) = legacy_membership();
         let m = meta(42);
         let body = postcard::to_allocvec(&File09 {
             meta: Meta09 {
                 last_log_id: m.last_log_id,
-                last_membership: m.last_membership.clone(),
+                last_membership: old,
                 snapshot_id: "restored-42".into(),
             },
             data: vec![7; 1000],
         })
         .unwrap();
-        let mut bytes = MAGIC_V4.to_vec();
-        bytes.extend_from_slice(&crc32fast::hash(&body).to_be_bytes());
-        bytes.extend_from_slice(&(body.len() as u64).to_be_bytes());
-        bytes.extend_from_slice(&body);
-        let f = from_bytes(&bytes, "old").unwrap();
+        let f = from_bytes(&framed(MAGIC_V4, &body), "old").unwrap();
         assert_eq!(f.id, "restored-42");
-        assert_eq!(f.meta, m);
+        assert_eq!(f.meta.last_log_id, m.last_log_id);
+        assert_eq!(f.meta.last_membership, new);
         assert_eq!(f.data, vec![7; 1000]);
+    }
+
+    /// An `LKSNAP5` file (members by address only) reads back with the same members and
+    /// voters, unbound: a backup of a build before stores were bound restores.
+    #[test]
+    fn a_snapshot_of_the_format_before_bindings_reads_back_unbound() {
+        #[derive(Serialize)]
+        struct File5 {
+            meta: openraft::SnapshotMeta<
+                wire::raft::LeaderId,
+                wire::raft::NodeId,
+                openraft::BasicNode,
+            >,
+            data: Vec<u8>,
+            id: String,
+        }
+        let (old, new) = legacy_membership();
+        let body = postcard::to_allocvec(&File5 {
+            meta: openraft::SnapshotMeta {
+                last_log_id: meta(9).last_log_id,
+                last_membership: old,
+            },
+            data: vec![5; 10],
+            id: "1-9-1".into(),
+        })
+        .unwrap();
+        let f = from_bytes(&framed(MAGIC_V5, &body), "v5").unwrap();
+        assert_eq!(f.id, "1-9-1");
+        assert_eq!(f.meta.last_membership, new);
+        assert_eq!(f.meta.last_log_id, meta(9).last_log_id);
+        assert_eq!(f.data, vec![5; 10]);
     }
 
     /// A snapshot of another format (an older build's `LKSNAP2`) is refused with an error
@@ -353,7 +465,7 @@ mod tests {
         bytes[..8].copy_from_slice(b"LKSNAP2\n");
         fs::write(&p, bytes).unwrap();
         let e = latest(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP5"), "{e}");
+        assert!(e.contains("LKSNAP2") && e.contains("LKSNAP6"), "{e}");
         assert!(p.exists(), "the file was moved");
     }
 }
