@@ -56,6 +56,10 @@ pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
         // as a follower and a new term is elected, whose log check keeps those entries.
         // Test: `cell_failover::a_leader_killed_before_its_fsync_loses_no_committed_write`.
         enable_leader_restore: Some(false),
+        // Off until `raft::binding::guard_candidacy` has looked at the membership: a
+        // replica whose store is not the one the cell binds it to must not stand, not
+        // even at the first tick (a single voter elects there without a timeout).
+        enable_elect: false,
         ..Default::default()
     };
     Ok(c.validate()?)
@@ -364,6 +368,7 @@ pub async fn run_on(
             raft.clone(),
             probe_network,
             cfg.id,
+            store_id,
             members,
             started,
         ));

@@ -582,58 +582,130 @@ fn a_replica_that_lost_its_log_but_kept_its_snapshot_never_stands() {
     });
 }
 
+/// A backup: a cell of three holding one node (`/from-the-backup`), its leader's
+/// snapshot file's bytes.
+async fn backup_of_a_small_cell() -> Vec<u8> {
+    let old = TestCell::start(Opts {
+        replicas: 3,
+        ..Opts::default()
+    });
+    let client = old.client().await;
+    let leader = old
+        .wait_settled_leader(&client, Duration::from_secs(20))
+        .await;
+    let s = client.open_session().await.unwrap();
+    s.create("/from-the-backup", b"kept".to_vec(), CreateMode::default())
+        .await
+        .unwrap();
+    let req = wire::types::Request {
+        session: 0,
+        request_id: 0,
+        ack_below: 0,
+        op: Op::Snapshot,
+    };
+    let taken = client
+        .call_at(old.addr(leader).parse().unwrap(), &req)
+        .await;
+    assert!(
+        matches!(taken, Ok(Reply::SnapshotTaken { .. })),
+        "{taken:?}"
+    );
+    let dir = replica::backup::snapshot_dir(&old.configs[&leader].1.data_dir);
+    let file = replica::raft::snapshot_file::latest(&dir)
+        .unwrap()
+        .expect("the leader's snapshot");
+    replica::raft::snapshot_file::to_bytes(&file.meta, &file.id, &file.data).unwrap()
+}
+
+/// In a cell seeded from a backup, a member that was down when the first leader bound
+/// the others still sees everyone unbound: as a candidate it would count any answer. An
+/// entry committed on the bound three, two of them down and the third wiped, the two
+/// members that were down and the wiped one are a majority: counting the wiped one's
+/// vote would elect a member without the entry (it did before an empty voter's vote
+/// stopped counting for an unbound member). Nobody is elected.
+#[test]
+fn a_stale_member_of_a_seeded_cell_does_not_count_a_wiped_members_vote() {
+    let _g = serial();
+    rt().block_on(async {
+        let backup = backup_of_a_small_cell().await;
+        let mut cell = TestCell::prepare(Opts::default());
+        let members = cell.member_addrs();
+        for id in 1..=5 {
+            let verified = replica::backup::verify(&backup, "the backup").unwrap();
+            replica::backup::seed(&cell.configs[&id].1.data_dir, id, verified, &members, 0)
+                .unwrap();
+        }
+        for id in 1..=3 {
+            cell.spawn(id);
+        }
+        let client = cell.client().await;
+        let leader = cell
+            .wait_leader(&client, Duration::from_secs(30), None)
+            .await;
+        let bound = wait_bound(&cell, &client, &[1, 2, 3]).await;
+        assert_eq!(bound[&4], Binding::Pending, "{bound:?}");
+        let s = client.open_session().await.unwrap();
+        s.create("/committed", b"on three".to_vec(), CreateMode::default())
+            .await
+            .unwrap();
+        let index = cell.statuses(&client).await[&leader].last_applied;
+        cell.wait_applied(&client, index, Duration::from_secs(10))
+            .await;
+        let wiped = (1..=3).find(|id| *id != leader).unwrap();
+        for id in 1..=3 {
+            cell.kill(id);
+        }
+        wipe(&cell, wiped);
+        for id in [wiped, 4, 5] {
+            cell.spawn(id);
+        }
+        let watch_until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < watch_until {
+            for id in [wiped, 4, 5] {
+                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
+                    assert_ne!(
+                        st.role,
+                        "Leader",
+                        "replica {id} was elected without the committed entry: {st:?}; logs in {}",
+                        cell.dir.path().display()
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            [4, 5].iter().any(|id| cell.log_of(*id).contains(&format!(
+                "replica {wiped} is unbound here and holds nothing"
+            ))),
+            "no candidate was refused the wiped replica's vote; logs in {}",
+            cell.dir.path().display()
+        );
+    });
+}
+
 /// A cell restored from a backup whose replica 1 was left empty and still has
-/// `bootstrap = true` (docs/operations.md, "Restoring a cell from a backup"): replica 1
-/// asks the other members before it initializes, finds seeded ones, and joins their cell
-/// instead of starting one of its own. Without the probe it initialized a cell at index 0
-/// at once and the two other empty members elected it (members 4 and 5, seeded, have slow
-/// election timers here, so that such a replica 1 always wins the race): the cell then
-/// served an empty namespace from replica 1 while 4 and 5 held the backup's.
+/// `bootstrap = true` (docs/operations.md, "Backups"): replica 1 asks the other members
+/// before it initializes, finds seeded ones, and joins their cell instead of starting one
+/// of its own. Without the probe it initialized a cell at index 0 at once, and when a
+/// majority of the members was left empty, they elected it and the cell served an empty
+/// namespace. Since members are bound to their stores, an empty member's vote does not
+/// count in a cell nobody has bound yet (it may be one whose data was lost), so a
+/// restored cell needs a majority seeded: here 3, 4 and 5 (with slow election timers, so
+/// that a replica 1 of its own cell would stand first), 1 and 2 empty. The restored
+/// cell's leader then binds every member to its store.
 #[test]
 fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
     let _g = serial();
     rt().block_on(async {
-        // The backup: a cell of three holding one node, its leader's snapshot file.
-        let backup = {
-            let old = TestCell::start(Opts {
-                replicas: 3,
-                ..Opts::default()
-            });
-            let client = old.client().await;
-            let leader = old
-                .wait_settled_leader(&client, Duration::from_secs(20))
-                .await;
-            let s = client.open_session().await.unwrap();
-            s.create("/from-the-backup", b"kept".to_vec(), CreateMode::default())
-                .await
-                .unwrap();
-            let req = wire::types::Request {
-                session: 0,
-                request_id: 0,
-                ack_below: 0,
-                op: Op::Snapshot,
-            };
-            let taken = client
-                .call_at(old.addr(leader).parse().unwrap(), &req)
-                .await;
-            assert!(
-                matches!(taken, Ok(Reply::SnapshotTaken { .. })),
-                "{taken:?}"
-            );
-            let dir = replica::backup::snapshot_dir(&old.configs[&leader].1.data_dir);
-            let file = replica::raft::snapshot_file::latest(&dir)
-                .unwrap()
-                .expect("the leader's snapshot");
-            replica::raft::snapshot_file::to_bytes(&file.meta, &file.id, &file.data).unwrap()
-        };
+        let backup = backup_of_a_small_cell().await;
 
-        // A new cell of five: 4 and 5 seeded, 1 (bootstrap = true), 2 and 3 left empty.
+        // A new cell of five: 3, 4 and 5 seeded, 1 (bootstrap = true) and 2 left empty.
         let mut cell = TestCell::prepare(Opts::default());
         let members = cell.member_addrs();
         // Slow timers, apart: standing in the same tick, 4 and 5 split the first term (4
         // elected, then deposed by 5's candidacy of the same term, which did not complete)
         // and an empty member that had caught up meanwhile won the next.
-        for (id, min) in [(4, 4_000), (5, 4_600)] {
+        for (id, min) in [(3, 3_400), (4, 4_000), (5, 4_600)] {
             let verified = replica::backup::verify(&backup, "the backup").unwrap();
             replica::backup::seed(&cell.configs[&id].1.data_dir, id, verified, &members, 0)
                 .unwrap();
@@ -643,7 +715,7 @@ fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
             cell.rewrite_config(id);
         }
         // The seeded members first, as docs/operations.md says to.
-        for id in [4, 5, 2, 3, 1] {
+        for id in [3, 4, 5, 2, 1] {
             cell.spawn(id);
         }
         let client = cell.client().await;
@@ -668,6 +740,7 @@ fn a_replica_told_to_bootstrap_beside_seeded_members_joins_their_cell() {
             log.contains("not initializing a new cell: member") && !log.contains(": initializing"),
             "replica 1 should have found a seeded member and not initialized:\n{log}"
         );
+        wait_bound(&cell, &client, &[1, 2, 3, 4, 5]).await;
     });
 }
 

@@ -20,8 +20,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use openraft::{ChangeMembers, Membership, ServerState};
-use wire::raft::{Binding, Member, NodeId, StoreId};
+use openraft::{ChangeMembers, Membership, Precondition, ServerState};
+use wire::raft::{Binding, LogId, Member, NodeId, StoreId, StoredMembership};
 
 use crate::raft::network::SeenStores;
 use crate::raft::Raft;
@@ -46,21 +46,30 @@ pub fn may_stand(raft: &Raft, id: NodeId, own: StoreId) -> bool {
 
 /// The members a leader (replica `id`, store `own`) binds now under membership `m`,
 /// having heard the stores in `seen`: a member unbound or pending is bound to the store
-/// it answered from; an unbound member not heard from becomes pending (so once anyone is
-/// bound, no unbound member's answers count). Bound members are left as they are: a
-/// member bound to a store that is gone is replaced by an admin, never rebound here.
+/// it answered from under `m` itself (an answer heard under an earlier membership may
+/// come from a store the member no longer has: removed and added back, it is heard
+/// again); an unbound member not heard from becomes pending (so once anyone is bound, no
+/// unbound member's answers count). Bound members are left as they are: a member bound
+/// to a store that is gone is replaced by an admin, never rebound here. Nothing while
+/// `m` is a joint configuration: openraft's second step of an admin's change must not
+/// find another change in its way.
 pub fn bindings_to_make(
     id: NodeId,
     own: StoreId,
-    m: &Membership<NodeId, Member>,
-    seen: &BTreeMap<NodeId, StoreId>,
+    m: &StoredMembership,
+    seen: &BTreeMap<NodeId, (StoreId, Option<LogId>)>,
 ) -> BTreeMap<NodeId, Member> {
     let mut out = BTreeMap::new();
-    for (nid, n) in m.nodes() {
+    if m.membership().get_joint_config().len() > 1 {
+        return out;
+    }
+    for (nid, n) in m.membership().nodes() {
         let heard = if *nid == id {
             Some(own)
         } else {
-            seen.get(nid).copied()
+            seen.get(nid)
+                .filter(|(_, under)| under == m.log_id())
+                .map(|(s, _)| *s)
         };
         let store = match (n.store, heard) {
             (Binding::Unbound | Binding::Pending, Some(s)) => Binding::Bound(s),
@@ -105,7 +114,7 @@ pub async fn bind_stores(raft: Raft, id: NodeId, own: StoreId, seen: SeenStores)
         }
         let changes = {
             let seen = seen.lock().expect("seen stores");
-            bindings_to_make(id, own, membership.membership(), &seen)
+            bindings_to_make(id, own, &membership, &seen)
         };
         if changes.is_empty() {
             continue;
@@ -115,13 +124,24 @@ pub async fn bind_stores(raft: Raft, id: NodeId, own: StoreId, seen: SeenStores)
             .map(|(n, m)| format!("{n}: {}", m.store))
             .collect();
         let change = ChangeMembers::SetNodes(changes);
+        // Only onto the membership it was decided under: an admin's change in between
+        // (a member removed, say) must not be undone by this one.
+        let unchanged = Precondition::LastMembershipLogId {
+            last_membership_log_id: *membership.log_id(),
+        };
         match tokio::time::timeout(
             Duration::from_secs(5),
-            raft.change_membership(change, false),
+            raft.change_membership_if(change, false, [unchanged]),
         )
         .await
         {
             Ok(Ok(_)) => tracing::info!(bound = ?shown, "members bound to their stores"),
+            Ok(Err(openraft::error::RaftError::APIError(
+                openraft::error::ClientWriteError::PreconditionFailed(_)
+                | openraft::error::ClientWriteError::ChangeMembershipError(
+                    openraft::error::ChangeMembershipError::InProgress(_),
+                ),
+            ))) => {}
             Ok(Err(e)) => {
                 tracing::warn!(bound = ?shown, "binding members to their stores: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -183,6 +203,27 @@ mod tests {
         StoreId([b; 16])
     }
 
+    fn stored(bindings: &[Binding], at: u64) -> StoredMembership {
+        let log_id = openraft::LogId::new(
+            wire::raft::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            at,
+        );
+        openraft::StoredMembership::new(Some(log_id), membership(bindings))
+    }
+
+    fn heard(
+        stores: &[(NodeId, StoreId)],
+        m: &StoredMembership,
+    ) -> BTreeMap<NodeId, (StoreId, Option<LogId>)> {
+        stores
+            .iter()
+            .map(|(n, s)| (*n, (*s, *m.log_id())))
+            .collect()
+    }
+
     fn membership(bindings: &[Binding]) -> Membership<NodeId, Member> {
         let nodes: BTreeMap<NodeId, Member> = bindings
             .iter()
@@ -218,8 +259,8 @@ mod tests {
     /// touched, even when heard from another store.
     #[test]
     fn the_leader_binds_what_it_heard_and_leaves_bound_members_alone() {
-        let m = membership(&[Binding::Unbound; 5]);
-        let seen = BTreeMap::from([(2, store(2)), (3, store(3))]);
+        let m = stored(&[Binding::Unbound; 5], 3);
+        let seen = heard(&[(2, store(2)), (3, store(3))], &m);
         let out = bindings_to_make(1, store(1), &m, &seen);
         let got: Vec<(NodeId, Binding)> = out.iter().map(|(n, m)| (*n, m.store)).collect();
         assert_eq!(
@@ -234,21 +275,47 @@ mod tests {
         );
         assert_eq!(out[&4].addr, "127.0.0.1:7103");
 
-        let m = membership(&[
+        let bindings = [
             Binding::Bound(store(1)),
             Binding::Bound(store(2)),
             Binding::Bound(store(3)),
             Binding::Pending,
             Binding::Pending,
-        ]);
+        ];
+        let m = stored(&bindings, 9);
         // 3 answers from another store (wiped): left alone; 4 heard: bound; 5 not yet.
-        let seen = BTreeMap::from([(3, store(33)), (4, store(4))]);
+        let mut seen = heard(&[(3, store(33)), (4, store(4))], &m);
         let out = bindings_to_make(1, store(1), &m, &seen);
         let got: Vec<(NodeId, Binding)> = out.iter().map(|(n, m)| (*n, m.store)).collect();
         assert_eq!(got, vec![(4, Binding::Bound(store(4)))]);
+        // 5 heard under an earlier membership (before it was removed and added back, say):
+        // that store is not bound; heard again under this one, it is.
+        let earlier = stored(&bindings, 7);
+        seen.insert(5, (store(55), *earlier.log_id()));
+        let out = bindings_to_make(1, store(1), &m, &seen);
+        assert!(!out.contains_key(&5), "{out:?}");
+        seen.insert(5, (store(5), *m.log_id()));
+        let out = bindings_to_make(1, store(1), &m, &seen);
+        assert_eq!(out[&5].store, Binding::Bound(store(5)));
 
-        let m = membership(&[Binding::Bound(store(1)); 1]);
+        let m = stored(&[Binding::Bound(store(1)); 1], 2);
         assert!(bindings_to_make(1, store(1), &m, &BTreeMap::new()).is_empty());
+
+        // A joint configuration (an admin's change half done): nothing.
+        let nodes: BTreeMap<NodeId, Member> = (1..=3)
+            .map(|i| (i, Member::unbound(format!("127.0.0.1:{i}"))))
+            .collect();
+        let joint = Membership::new(
+            vec![
+                std::collections::BTreeSet::from([1, 2]),
+                std::collections::BTreeSet::from([1, 2, 3]),
+            ],
+            nodes,
+        )
+        .unwrap();
+        let joint = openraft::StoredMembership::new(*m.log_id(), joint);
+        let seen = heard(&[(2, store(2)), (3, store(3))], &joint);
+        assert!(bindings_to_make(1, store(1), &joint, &seen).is_empty());
     }
 
     /// A replica bound to another store may not stand; bound to its own, pending,

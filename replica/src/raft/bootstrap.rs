@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use openraft::RaftNetworkFactory;
 use tokio::time::Instant;
-use wire::raft::Member;
+use wire::raft::{Binding, Member, StoreId};
 use wire::raft::{NodeId, PeerState};
 
 use crate::raft::network::{PeerNetworkFactory, ProbeFailure};
@@ -108,6 +108,7 @@ pub async fn initialize_new_cell(
     raft: Raft,
     mut network: PeerNetworkFactory,
     self_id: NodeId,
+    own: StoreId,
     members: BTreeMap<NodeId, Member>,
     started: Instant,
 ) {
@@ -133,11 +134,15 @@ pub async fn initialize_new_cell(
             let id = *id;
             probes.push(async move { (id, client.probe(PROBE_TIMEOUT).await) });
         }
-        let answers: BTreeMap<NodeId, Result<PeerState, ProbeFailure>> =
+        let answered: BTreeMap<NodeId, Result<(PeerState, Option<StoreId>), ProbeFailure>> =
             futures::future::join_all(probes)
                 .await
                 .into_iter()
                 .collect();
+        let answers: BTreeMap<NodeId, Result<PeerState, ProbeFailure>> = answered
+            .iter()
+            .map(|(id, a)| (*id, a.clone().map(|(s, _)| s)))
+            .collect();
         let not_empty = || {
             answers
                 .iter()
@@ -158,8 +163,30 @@ pub async fn initialize_new_cell(
                         "members did not answer; a majority did, each empty"
                     );
                 }
+                // Each member bound to the store it answered from, those that did not
+                // answer pending (`raft::binding`): a new cell has no unbound member.
+                let members: BTreeMap<NodeId, Member> = members
+                    .iter()
+                    .map(|(id, m)| {
+                        let store = if *id == self_id {
+                            Binding::Bound(own)
+                        } else {
+                            match &answered.get(id) {
+                                Some(Ok((_, Some(s)))) => Binding::Bound(*s),
+                                _ => Binding::Pending,
+                            }
+                        };
+                        (
+                            *id,
+                            Member {
+                                addr: m.addr.clone(),
+                                store,
+                            },
+                        )
+                    })
+                    .collect();
                 tracing::info!(?members, "initializing a new cell");
-                if let Err(e) = raft.initialize(members).await {
+                if let Err(e) = raft.initialize(members.clone()).await {
                     // `NotAllowed`: a leader reached this replica first.
                     tracing::info!("not initializing a new cell: {e}");
                 }

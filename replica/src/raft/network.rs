@@ -57,10 +57,12 @@ type Pool = Arc<std::sync::Mutex<HashMap<(NodeId, String), Vec<Held>>>>;
 /// hello named (the same for every answer on it: a store changes only with the process).
 type Held = (quinn::Connection, Option<Checked>, Option<StoreId>);
 
-/// The stores members answered from while the membership did not bind them to those
-/// stores (unbound or pending), newest last: what the leader binds them to
-/// ([`crate::raft::binding::bind_stores`]).
-pub type SeenStores = Arc<std::sync::Mutex<BTreeMap<NodeId, StoreId>>>;
+/// The store each member last answered from while the membership did not bind it
+/// (unbound or pending), with the log id of the effective membership it was heard under:
+/// what the leader binds it to ([`crate::raft::binding::bind_stores`]), only under that
+/// same membership (an answer heard before a member was removed and added back says
+/// nothing about the store it has now).
+pub type SeenStores = Arc<std::sync::Mutex<BTreeMap<NodeId, (StoreId, Option<wire::raft::LogId>)>>>;
 
 /// Members whose answers were not counted, each with the store it answered from: logged
 /// once each.
@@ -385,30 +387,42 @@ impl PeerClient {
     /// replica's effective membership ([`Binding::counts`]): if not, the reason, and the
     /// answer must be taken as none (openraft then counts neither the acknowledgement nor
     /// the vote). The store of a member not bound to it is recorded for the leader to
-    /// bind ([`PeerNetworkFactory::seen_stores`]).
-    fn admit(&self, store: Option<StoreId>) -> Result<(), String> {
+    /// bind ([`PeerNetworkFactory::seen_stores`]). Returns the binding it was counted by
+    /// (`None`: not a member here).
+    fn admit(&self, store: Option<StoreId>) -> Result<Option<Binding>, String> {
         let Some(raft) = self.raft.get() else {
             return Err("the replica's Raft handle is not set yet".into());
         };
-        let binding = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&self.target)
-            .map(|m| m.store);
+        let (binding, membership_id) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            let membership = &m.membership_config;
+            (
+                membership
+                    .membership()
+                    .get_node(&self.target)
+                    .map(|m| m.store),
+                *membership.log_id(),
+            )
+        };
         // Not a member in this replica's membership: openraft counts its answers nowhere.
         let Some(binding) = binding else {
-            return Ok(());
+            self.seen.lock().expect("seen stores").remove(&self.target);
+            return Ok(None);
         };
-        if let (Some(s), Binding::Unbound | Binding::Pending) = (store, binding) {
-            self.seen
-                .lock()
-                .expect("seen stores")
-                .insert(self.target, s);
+        {
+            let mut seen = self.seen.lock().expect("seen stores");
+            match (store, binding) {
+                (Some(s), Binding::Unbound | Binding::Pending) => {
+                    seen.insert(self.target, (s, membership_id));
+                }
+                _ => {
+                    seen.remove(&self.target);
+                }
+            }
         }
         if binding.counts(store) {
-            return Ok(());
+            return Ok(Some(binding));
         }
         let why = match (binding, store) {
             (Binding::Pending, _) => format!(
@@ -441,11 +455,12 @@ impl PeerClient {
         Err(why)
     }
 
-    /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`.
-    pub async fn probe(&self, ttl: Duration) -> Result<PeerState, ProbeFailure> {
-        match self.call(PeerRequest::Probe, ttl).await {
-            Ok(PeerResponse::Probe(s)) => Ok(s),
-            Ok(PeerResponse::Refused(e)) => Err(ProbeFailure::Refused(e.to_string())),
+    /// Asks the peer what it holds ([`PeerRequest::Probe`]) within `ttl`; with the store
+    /// it answered from.
+    pub async fn probe(&self, ttl: Duration) -> Result<(PeerState, Option<StoreId>), ProbeFailure> {
+        match self.call_from(PeerRequest::Probe, ttl).await {
+            Ok((PeerResponse::Probe(s), store)) => Ok((s, store)),
+            Ok((PeerResponse::Refused(e), _)) => Err(ProbeFailure::Refused(e.to_string())),
             Ok(_) => Err(ProbeFailure::Refused(
                 "answered the probe with something else".into(),
             )),
@@ -649,9 +664,24 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             .call_from(PeerRequest::Vote(rpc), option.hard_ttl())
             .await
             .map_err(rpc_err)?;
-        self.admit(store)
+        let binding = self
+            .admit(store)
             .map_err(|m| rpc_err(CallError::Unreachable(m)))?;
         match resp {
+            // Only a cell seeded from a backup has unbound members (a new cell's are bound
+            // or pending from its first entry), and each of them holds the seeded snapshot
+            // at least: an empty one may be a replica whose data was lost, and to a
+            // candidate whose log is older than the cell's first binding, it looks unbound
+            // still. Its vote does not count (docs/architecture.md, "A replica whose data
+            // was lost").
+            PeerResponse::Vote(Ok(r))
+                if binding == Some(Binding::Unbound) && r.last_log_id.is_none() =>
+            {
+                Err(rpc_err(CallError::Unreachable(format!(
+                    "replica {} is unbound here and holds nothing: its vote does not count",
+                    self.target
+                ))))
+            }
             PeerResponse::Vote(Ok(r)) => {
                 // Once per term: two voters refusing alike would otherwise have it stand
                 // in the next term and at once in the one after.
