@@ -610,10 +610,32 @@ pub fn seed(
         last_log_id: Some(log_id),
         last_membership: state.membership.clone(),
     };
+    // The store first (its id made now): a replica refuses to start on snapshots beside
+    // a log store it has to make anew, as that is what a lost log looks like
+    // (`server::refuse_snapshots_without_their_log`).
+    let logs = log_dir(data_dir);
+    let logs_existed = logs.exists();
+    let remove_logs = || {
+        if logs_existed {
+            if let Ok(entries) = std::fs::read_dir(&logs) {
+                for entry in entries.flatten() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&logs);
+        }
+    };
+    drop(crate::raft::log_store::LogStore::open(&logs).map_err(|e| {
+        remove_logs();
+        format!("{}: {e}", logs.display())
+    })?);
     let dir = snapshot_dir(data_dir);
     let existed = dir.exists();
     let id = format!("{SEEDED_ID_PREFIX}{index}");
     snapshot_file::write(&dir, &meta, &id, &data).map_err(|e| {
+        remove_logs();
         // Nothing half-written left behind (the directory was empty): the restore can be
         // run again once the cause is fixed.
         if existed {

@@ -27,6 +27,38 @@ use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SmStore, SnapshotSink};
 use crate::raft::Raft;
 
+/// Refuses to start where the log store would be made anew (its directory missing or
+/// empty) while snapshots remain: the log was lost (a disk of its own, a directory
+/// deleted) and the snapshots were not. A new store there would start from an old
+/// snapshot whose membership may still show this replica unbound or pending, and vote and
+/// stand as a member it no longer is (docs/architecture.md, "A replica whose data was
+/// lost"). A restore makes the log store before it writes its snapshot
+/// (`backup::seed`), so a seeded replica's first start is not refused.
+fn refuse_snapshots_without_their_log(
+    log_dir: &std::path::Path,
+    snap_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let log_is_new = match std::fs::read_dir(log_dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => anyhow::bail!("{}: {e}", log_dir.display()),
+    };
+    let snapshots = crate::raft::snapshot_file::list(snap_dir)?;
+    if log_is_new && !snapshots.is_empty() {
+        anyhow::bail!(
+            "{} holds no Raft log but {} holds {} snapshot(s): this replica's log was lost, \
+             and its snapshots alone must not make it a member again. Move the whole data \
+             directory aside, start the replica empty (bootstrap = false), and replace it in \
+             the cell: lockctl member remove <id>, then add-learner and promote \
+             (docs/operations.md, \"A replica whose data was lost\")",
+            log_dir.display(),
+            snap_dir.display(),
+            snapshots.len()
+        );
+    }
+    Ok(())
+}
+
 /// openraft's configuration from ours.
 pub fn raft_config(cfg: &ReplicaConfig) -> anyhow::Result<openraft::Config> {
     let r = &cfg.raft;
@@ -96,6 +128,9 @@ pub async fn run_on(
     let started = tokio::time::Instant::now();
     let log_dir = crate::backup::log_dir(&cfg.data_dir);
     let snap_dir = crate::backup::snapshot_dir(&cfg.data_dir);
+    if plumbing.memory_log.is_none() {
+        refuse_snapshots_without_their_log(&log_dir, &snap_dir)?;
+    }
     std::fs::create_dir_all(&log_dir)?;
     std::fs::create_dir_all(&snap_dir)?;
 
