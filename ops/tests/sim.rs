@@ -123,8 +123,8 @@ fn simulated_cell_survives_seeded_faults() {
     );
     println!("FIGURE faultsuite sim replay: seed {last} again: same faults, history identical");
 
-    // Seed s opens with fault kinds 3s..3s+2 (mod 11), so four consecutive seeds cover
-    // all eleven (the schedule is a function of the seed: this holds or fails every time).
+    // Seed s opens with fault kinds 3s..3s+2 (mod 12), so four consecutive seeds cover
+    // all twelve (the schedule is a function of the seed: this holds or fails every time).
     assert!(
         kinds.len() as u64 >= (3 * seeds).min(ops::faults::sim::SIM_FAULTS.len() as u64),
         "kinds injected: {kinds:?}"

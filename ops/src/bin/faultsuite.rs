@@ -341,6 +341,10 @@ fn outer(cli: Cli) -> anyhow::Result<ExitCode> {
         "kill-proxy runs only in the simulation tier (faultsuite sim): this tier runs no proxy"
     );
     anyhow::ensure!(
+        !cli.faults.contains(&Fault::Wipe),
+        "wipe runs only in the simulation tier (faultsuite sim)"
+    );
+    anyhow::ensure!(
         !cli.faults.contains(&Fault::Move),
         "move runs only in the simulation tier (faultsuite sim --moves): this tier runs one cell"
     );

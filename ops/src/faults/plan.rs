@@ -43,6 +43,11 @@ pub enum Fault {
     /// after a seeded step as a killed mover would be, to be finished by the next move.
     /// Simulation tier only, with `faultsuite sim --moves` (a second cell and a directory).
     Move,
+    /// A follower's data lost: it restarts under its own id with an empty store, which
+    /// the cell does not count (its membership binds the id to the store that was lost),
+    /// and after a while it is replaced under the same id (removed, added back as a
+    /// learner, caught up, promoted). Simulation tier only.
+    Wipe,
 }
 
 impl Fault {

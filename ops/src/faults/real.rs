@@ -352,6 +352,9 @@ async fn nemesis(cell: &mut Cell, client: &Client, run: &Run, rng: &mut StdRng) 
             (Fault::Move, _) => {
                 target = "one cell in this tier: skipped".into();
             }
+            (Fault::Wipe, _) => {
+                target = "simulation tier only: skipped".into();
+            }
             (_, None) => {
                 target = "no leader: skipped".into();
             }

@@ -223,11 +223,23 @@ struct Slot {
     log: MemLog,
 }
 
-/// Where a `member` fault stands.
+/// Where a `member` (or `wipe`) fault stands.
 #[derive(Debug, Clone, Copy)]
 enum MemberStep {
-    /// Waiting for the removal of `old`, which runs on host `host`.
-    Removing { host: usize, old: u64 },
+    /// `wipe`: host `host` restarted as replica `old` with an empty store; its removal is
+    /// asked for at `remove_at`.
+    Wiped {
+        host: usize,
+        old: u64,
+        remove_at: Duration,
+    },
+    /// Waiting for the removal of `old`, which runs on host `host`; `same_id`: it comes
+    /// back under `old` (`wipe`), not under a new id (`member`).
+    Removing {
+        host: usize,
+        old: u64,
+        same_id: bool,
+    },
     /// The host restarted as a new replica; waiting for it to be added and promoted.
     Adding,
 }
@@ -245,6 +257,16 @@ struct Active {
 }
 
 const MAX_LATENCY: Duration = Duration::from_millis(5);
+
+/// The store id of host `host`'s `generation`th store (0 at the start; a `member` or
+/// `wipe` fault gives the host a new one): drawn from neither the clock nor the thread's
+/// generator, so that a seed replays alike.
+fn store_id(host: usize, generation: u64) -> wire::store::StoreId {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(host as u64).to_be_bytes());
+    b[8..].copy_from_slice(&generation.to_be_bytes());
+    wire::store::StoreId(b)
+}
 
 /// turmoil's step: every host's clock moves on by this much per step.
 const TICK: Duration = Duration::from_millis(1);
@@ -351,7 +373,7 @@ pub fn run_seed(plan: &SimPlan, out: &Path) -> anyhow::Result<Verdict> {
         )?;
         let slot = Arc::new(Mutex::new(Slot {
             cfg,
-            log: MemLog::new(),
+            log: MemLog::with_store_id(store_id(i, 0)),
         }));
         slots.push(slot.clone());
         let seed = plan.seed;

@@ -127,7 +127,7 @@ pub(super) fn add_hosts(
             election,
             plan.lease_ms,
         )?;
-        let log = MemLog::new();
+        let log = MemLog::with_store_id(super::store_id(100 + i, 0));
         let seed = plan.seed;
         sim.host(b_host(i), move || {
             let cfg = cfg.clone();

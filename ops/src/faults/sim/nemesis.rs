@@ -19,8 +19,9 @@ use super::{
 };
 use crate::faults::plan::{Fault, Injected};
 
-/// The faults the simulation injects: the namespace tier's and the proxy's crash.
-pub const SIM_FAULTS: [Fault; 11] = [
+/// The faults the simulation injects: the namespace tier's, the proxy's crash and a
+/// follower's lost data.
+pub const SIM_FAULTS: [Fault; 12] = [
     Fault::KillProxy,
     Fault::KillLeader,
     Fault::KillFollower,
@@ -32,6 +33,7 @@ pub const SIM_FAULTS: [Fault; 11] = [
     Fault::Slow,
     Fault::ClientCut,
     Fault::Member,
+    Fault::Wipe,
 ];
 
 /// Every host of the simulation (with `moves`, the second cell's and the directory's).
@@ -151,7 +153,9 @@ fn inject(
             sim.crash(PROXY);
             (PROXY.into(), Some(PROXY.into()))
         }
-        Fault::Member | Fault::Move => unreachable!("{fault:?} is driven by `nemesis`"),
+        Fault::Member | Fault::Wipe | Fault::Move => {
+            unreachable!("{fault:?} is driven by `nemesis`")
+        }
     };
     (target, crashed, None)
 }
@@ -167,6 +171,8 @@ pub(super) fn nemesis(
     out: &Path,
 ) -> anyhow::Result<Vec<Injected>> {
     let mut next_id = REPLICAS as u64 + 1;
+    // Stores made so far by `member` and `wipe` (each host's first is generation 0).
+    let mut generation = 0u64;
     let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6e656d65_73697300);
     let mut log = Vec::new();
     let mut active: Option<Active> = None;
@@ -224,7 +230,44 @@ pub(super) fn nemesis(
             if let Some(step) = a.member {
                 let result = shared.lock().expect("shared").admin_result.take();
                 match (step, result) {
-                    (MemberStep::Removing { host: h, old }, Some(Ok(()))) => {
+                    (
+                        MemberStep::Wiped {
+                            host: h,
+                            old,
+                            remove_at,
+                        },
+                        None,
+                    ) if now >= remove_at => {
+                        shared.lock().expect("shared").admin = Some(Admin::Remove(old));
+                        a.member = Some(MemberStep::Removing {
+                            host: h,
+                            old,
+                            same_id: true,
+                        });
+                    }
+                    (
+                        MemberStep::Removing {
+                            host: h,
+                            old,
+                            same_id: true,
+                        },
+                        Some(Ok(())),
+                    ) => {
+                        // Removed: its wiped store comes back under its own id.
+                        a.member = Some(MemberStep::Adding);
+                        shared.lock().expect("shared").admin = Some(Admin::Add {
+                            id: old,
+                            addr: addrs[h - 1],
+                        });
+                    }
+                    (
+                        MemberStep::Removing {
+                            host: h,
+                            old,
+                            same_id: false,
+                        },
+                        Some(Ok(())),
+                    ) => {
                         // Removed: the host starts again as a new, empty replica.
                         let new = next_id;
                         next_id += 1;
@@ -234,7 +277,8 @@ pub(super) fn nemesis(
                             slot.cfg.id = new;
                             slot.cfg.bootstrap = false;
                             slot.cfg.data_dir = out.join(format!("data-{new}"));
-                            slot.log = MemLog::new();
+                            generation += 1;
+                            slot.log = MemLog::with_store_id(super::store_id(h, generation));
                         }
                         sim.bounce(host(h).as_str());
                         a.target = format!("{}: replica {old} replaced by {new}", host(h));
@@ -245,6 +289,9 @@ pub(super) fn nemesis(
                         });
                     }
                     (MemberStep::Adding, Some(Ok(()))) => done = Some(None),
+                    (MemberStep::Wiped { .. }, Some(Ok(()))) => {
+                        done = Some(Some("an answer to a change not asked for yet".into()))
+                    }
                     (_, Some(Err(e))) => done = Some(Some(e)),
                     (_, None) if now >= a.until => {
                         done = Some(Some(format!("timed out: {step:?}")));
@@ -268,7 +315,7 @@ pub(super) fn nemesis(
         }
         if bag.is_empty() {
             // Rounds of every kind in a seeded order. The first round of seed `s` opens
-            // with kinds 3s, 3s+1 and 3s+2 (mod 11, in a seeded order), so any four
+            // with kinds 3s, 3s+1 and 3s+2 (mod 12, in a seeded order), so any four
             // consecutive seeds open with every kind between them.
             bag = kinds.clone();
             bag.shuffle(&mut rng);
@@ -286,6 +333,8 @@ pub(super) fn nemesis(
             Fault::Slow => hold.max(Duration::from_millis(plan.lease_ms * 3 / 2)),
             // The longest a membership change may take.
             Fault::Member => Duration::from_secs(15),
+            // A moment uncounted, then a membership change's longest, as above.
+            Fault::Wipe => Duration::from_secs(15),
             // Short enough that the proxied clients' sessions outlive it: they renew
             // every third of a lease, through the proxy's once-a-second batch, so a cut
             // longer than about half a lease costs a proxied keeper its session (the
@@ -346,7 +395,47 @@ pub(super) fn nemesis(
                 until: now + hold,
                 crashed: None,
                 paused: None,
-                member: Some(MemberStep::Removing { host: h, old }),
+                member: Some(MemberStep::Removing {
+                    host: h,
+                    old,
+                    same_id: false,
+                }),
+            });
+            continue;
+        }
+        if fault == Fault::Wipe {
+            // A follower's store is lost: its host restarts it under its id with an
+            // empty store (and snapshot directory); `Wiped` asks for its removal a little
+            // later, and it is added back under its id.
+            let Some(l) = leader else {
+                bag.insert(0, fault);
+                continue;
+            };
+            let followers: Vec<usize> = (1..=REPLICAS).filter(|h| *h != l).collect();
+            let h = *followers.choose(&mut rng).expect("four followers");
+            sim.crash(host(h).as_str());
+            let old = {
+                let mut slot = slots[h - 1].lock().expect("slot");
+                generation += 1;
+                slot.log = MemLog::with_store_id(super::store_id(h, generation));
+                slot.cfg.data_dir = out.join(format!("data-{}-wiped-{generation}", slot.cfg.id));
+                slot.cfg.bootstrap = false;
+                slot.cfg.id
+            };
+            sim.bounce(host(h).as_str());
+            let uncounted = Duration::from_millis(rng.gen_range(500..1_500));
+            active = Some(Active {
+                fault,
+                target: format!("{}: replica {old} wiped", host(h)),
+                from: now,
+                until: now + hold,
+                crashed: None,
+                paused: None,
+                member: Some(MemberStep::Wiped {
+                    host: h,
+                    old,
+                    remove_at: now + uncounted,
+                }),
             });
             continue;
         }
