@@ -154,8 +154,10 @@ pub async fn bind_stores(raft: Raft, id: NodeId, own: StoreId, seen: SeenStores)
 }
 
 /// Keeps openraft's own elections off while the effective membership binds this replica
-/// (`id`) to another store than its own (`own`), and on otherwise; says so once each
-/// time it turns. Starts with them off until it has looked. Ends when Raft stops.
+/// (`id`) to another store than its own (`own`), or is empty (openraft's first metrics
+/// are a placeholder without one; a replica in no membership cannot stand anyway), and
+/// on otherwise; says so once each time it turns. Elections start off
+/// (`server::raft_config`) until it has looked. Ends when Raft stops.
 /// Our own election triggers (`network::stand_now` and the others) and a leader
 /// hand-over ask [`may_stand`] themselves: openraft's `trigger().elect()` and its
 /// leadership transfer do not look at this switch.
@@ -163,18 +165,22 @@ pub async fn guard_candidacy(raft: Raft, id: NodeId, own: StoreId) {
     raft.runtime_config().elect(false);
     let mut metrics = raft.metrics();
     let mut allowed = None;
+    // Whether elections are off because the membership binds this id elsewhere.
+    let mut refused = false;
     loop {
-        let (may, bound) = {
+        let (may, bound, known) = {
             let m = metrics.borrow_and_update();
             let membership = m.membership_config.membership();
+            let known = membership.nodes().next().is_some();
             (
-                may_stand_in(membership, id, own),
+                known && may_stand_in(membership, id, own),
                 membership.get_node(&id).map(|n| n.store),
+                known,
             )
         };
         if allowed != Some(may) {
             raft.runtime_config().elect(may);
-            if !may {
+            if !may && known {
                 tracing::error!(
                     store = %own,
                     bound = ?bound,
@@ -183,9 +189,10 @@ pub async fn guard_candidacy(raft: Raft, id: NodeId, own: StoreId) {
                      does not count its answers, until it is replaced (lockctl member \
                      remove {id}, then add-learner and promote; docs/operations.md)"
                 );
-            } else if allowed.is_some() {
+            } else if may && refused {
                 tracing::info!(store = %own, "replica {id} may stand for election again");
             }
+            refused = !may && known;
             allowed = Some(may);
         }
         if metrics.changed().await.is_err() {
