@@ -521,7 +521,9 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// Seeds the empty data directory of replica `id` of a new cell with `backup`'s state, the
 /// cell's voters being `members` (id → address). Started, the replica holds the backup's
 /// state at its log index, with `members` as the cell's membership. Seed every member's
-/// directory alike (same backup, members and bump: the result is the same bytes): a
+/// directory alike (same backup, members and bump: the snapshot is the same bytes, but
+/// each directory also gets a log store of its own, with its own store id, so a snapshot
+/// file copied into another directory does not seed it: that replica refuses to start): a
 /// member left empty and started with `bootstrap` would initialize a cell of its own,
 /// which the other empty members could elect, and the seeded ones would take its entries
 /// at indices they hold as committed for their own (openraft skips them): two states.

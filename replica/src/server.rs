@@ -27,8 +27,8 @@ use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SmStore, SnapshotSink};
 use crate::raft::Raft;
 
-/// Refuses to start where the log store would be made anew (its directory missing or
-/// empty) while snapshots remain: the log was lost (a disk of its own, a directory
+/// Refuses to start where the log store would be made anew (no fjall database in its
+/// directory: missing, empty, or a fresh volume's) while snapshots remain: the log was lost (a disk of its own, a directory
 /// deleted) and the snapshots were not. A new store there would start from an old
 /// snapshot whose membership may still show this replica unbound or pending, and vote and
 /// stand as a member it no longer is (docs/architecture.md, "A replica whose data was
@@ -38,19 +38,18 @@ fn refuse_snapshots_without_their_log(
     log_dir: &std::path::Path,
     snap_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let log_is_new = match std::fs::read_dir(log_dir) {
-        Ok(mut entries) => entries.next().is_none(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(e) => anyhow::bail!("{}: {e}", log_dir.display()),
-    };
+    let log_is_new =
+        !LogStore::exists(log_dir).map_err(|e| anyhow::anyhow!("{}: {e}", log_dir.display()))?;
     let snapshots = crate::raft::snapshot_file::list(snap_dir)?;
     if log_is_new && !snapshots.is_empty() {
         anyhow::bail!(
             "{} holds no Raft log but {} holds {} snapshot(s): this replica's log was lost, \
-             and its snapshots alone must not make it a member again. Move the whole data \
-             directory aside, start the replica empty (bootstrap = false), and replace it in \
-             the cell: lockctl member remove <id>, then add-learner and promote \
-             (docs/operations.md, \"A replica whose data was lost\")",
+             and its snapshots alone must not make it a member again. Empty the data \
+             directory (keep a copy for a post-mortem), start the replica empty (bootstrap \
+             = false), and replace it in the cell: lockctl member remove <id>, then \
+             add-learner and promote (docs/operations.md, \"A replica whose data was \
+             lost\"). If the directory was seeded by hand or by an older build's restore, \
+             run this build's lockctl snapshot restore into an empty directory instead",
             log_dir.display(),
             snap_dir.display(),
             snapshots.len()

@@ -279,6 +279,24 @@ async fn wait_bound(
     }
 }
 
+/// For 10 s (several election timeouts, 1-2 s each by default), none of `ids` leads.
+async fn assert_nobody_elected(cell: &TestCell, client: &client_sdk::Client, ids: &[u64]) {
+    let watch_until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < watch_until {
+        for id in ids {
+            if let Ok(st) = client.status_of(cell.addr(*id).parse().unwrap()).await {
+                assert_ne!(
+                    st.role,
+                    "Leader",
+                    "replica {id} was elected without the committed entry: {st:?}; logs in {}",
+                    cell.dir.path().display()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Replaces member `id` under its own id, as docs/operations.md says for a replica
 /// whose data was lost: removed, added back as a learner (bound to the store it answers
 /// from once the leader hears it), promoted.
@@ -455,20 +473,7 @@ fn a_replica_whose_data_was_lost_does_not_vote_a_committed_entry_away() {
             cell.spawn(id);
         }
         // Several election timeouts (1-2 s each by default): no leader among the three.
-        let watch_until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < watch_until {
-            for id in [wiped, behind[0], behind[1]] {
-                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
-                    assert_ne!(
-                        st.role,
-                        "Leader",
-                        "replica {id} was elected without the committed entry: {st:?}; logs in {}",
-                        cell.dir.path().display()
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        assert_nobody_elected(&cell, &client, &[wiped, behind[0], behind[1]]).await;
         assert!(
             behind.iter().any(|id| cell
                 .log_of(*id)
@@ -501,7 +506,8 @@ fn a_replica_whose_data_was_lost_does_not_vote_a_committed_entry_away() {
 /// its own, a directory deleted) refuses to start: a new store beside an old snapshot
 /// would start from that snapshot's membership, which may show it unbound or pending
 /// (every seeded cell's first snapshot does), and vote and stand as the member it no
-/// longer is. It says what to do and creates nothing (the next start refuses alike);
+/// longer is. It says what to do and creates nothing (the next start refuses alike, also
+/// with the log directory a fresh volume's, holding only `lost+found`);
 /// with its whole data directory moved aside it starts, as a store the cell does not
 /// count until it is replaced.
 #[test]
@@ -536,6 +542,10 @@ fn a_replica_that_lost_its_log_but_kept_its_snapshot_refuses_to_start() {
         let log_dir = data_dir.join("log");
         std::fs::remove_dir_all(&log_dir).expect("remove the log");
         for attempt in 0..2 {
+            if attempt == 1 {
+                // The log on a volume of its own, formatted anew: not empty, no store.
+                std::fs::create_dir_all(log_dir.join("lost+found")).unwrap();
+            }
             cell.spawn(victim);
             let deadline = Instant::now() + Duration::from_secs(20);
             let status = loop {
@@ -556,7 +566,7 @@ fn a_replica_that_lost_its_log_but_kept_its_snapshot_refuses_to_start() {
                 cell.dir.path().display()
             );
             assert!(
-                !log_dir.exists(),
+                !replica::raft::log_store::LogStore::exists(&log_dir).unwrap(),
                 "start {attempt}: the refused start made a log store"
             );
         }
@@ -658,20 +668,7 @@ fn a_stale_member_of_a_seeded_cell_does_not_count_a_wiped_members_vote() {
         for id in [wiped, 4, 5] {
             cell.spawn(id);
         }
-        let watch_until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < watch_until {
-            for id in [wiped, 4, 5] {
-                if let Ok(st) = client.status_of(cell.addr(id).parse().unwrap()).await {
-                    assert_ne!(
-                        st.role,
-                        "Leader",
-                        "replica {id} was elected without the committed entry: {st:?}; logs in {}",
-                        cell.dir.path().display()
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        assert_nobody_elected(&cell, &client, &[wiped, 4, 5]).await;
         assert!(
             [4, 5].iter().any(|id| cell.log_of(*id).contains(&format!(
                 "replica {wiped} is unbound here and holds nothing"

@@ -42,6 +42,10 @@ const COMMITTED_KEY: &[u8] = b"committed";
 const FORMAT_KEY: &[u8] = b"format";
 const STORE_KEY: &[u8] = b"store_id";
 
+/// The file fjall looks for to tell a database it recovers from one it makes
+/// (`fjall::file::VERSION_MARKER`, not exported): [`LogStore::exists`] looks for it too.
+const FJALL_VERSION_FILE: &str = "version";
+
 /// The format of the log's entries: 2 since sessions record their owner
 /// (`Command::CreateSession { owner }`), 3 since writes are checked against ACLs at
 /// apply (an older log replayed under the new rules could answer differently than it
@@ -390,6 +394,13 @@ impl LogStore {
                 store_id,
             }),
         })
+    }
+
+    /// Whether `dir` holds a log store already (fjall's database in it), rather than a
+    /// directory opening it would make one in: an empty directory, a missing one, or a
+    /// freshly formatted volume's (`lost+found`) hold none.
+    pub fn exists(dir: &std::path::Path) -> std::io::Result<bool> {
+        dir.join(FJALL_VERSION_FILE).try_exists()
     }
 
     /// This store's id: given when the store was made, so a replica whose data was lost
@@ -759,6 +770,23 @@ mod tests {
             ),
             payload: openraft::EntryPayload::Blank,
         }
+    }
+
+    /// A store exists once opened, and not before, whatever else its directory holds.
+    #[test]
+    fn a_store_exists_once_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        assert!(!LogStore::exists(&log).unwrap());
+        std::fs::create_dir_all(log.join("lost+found")).unwrap();
+        assert!(!LogStore::exists(&log).unwrap());
+        let id = LogStore::open(&log).unwrap().store_id();
+        assert!(LogStore::exists(&log).unwrap());
+        assert_eq!(
+            LogStore::open(&log).unwrap().store_id(),
+            id,
+            "the id is kept"
+        );
     }
 
     /// A new store is marked with this build's format and opens again; a store with
