@@ -27,6 +27,12 @@ use crate::raft::read_gate::ReadGate;
 use crate::raft::sm_store::{SmStore, SnapshotSink};
 use crate::raft::Raft;
 
+/// The Raft log a replica runs on: fjall on disk, or the simulation's in memory.
+enum Log {
+    Disk(LogStore),
+    Memory(MemLog),
+}
+
 /// Refuses to start where the log store would be made anew (no fjall database in its
 /// directory: missing, empty, or a fresh volume's) while snapshots remain: the log was lost (a disk of its own, a directory
 /// deleted) and the snapshots were not. A new store there would start from an old
@@ -183,8 +189,8 @@ pub async fn run_on(
     let state = sm_store.shared();
     let snapshot_stats = sm_store.snapshot_stats();
     // The log store first: its id goes in every answer to a peer.
-    let log_store = match &plumbing.memory_log {
-        Some(_) => None,
+    let log = match plumbing.memory_log {
+        Some(log) => Log::Memory(log),
         None => {
             // A slow disk and a power loss on demand, for tests only
             // (`LogStore::open_with_hook`).
@@ -194,13 +200,12 @@ pub async fn run_on(
             if hook.is_some() {
                 tracing::warn!("test hooks on: the log's fsyncs stall as the data directory's test-sync-stall-ms asks, and a power loss is emulated at start if test-lose-unsynced exists");
             }
-            Some(LogStore::open_with_hook(&log_dir, hook)?)
+            Log::Disk(LogStore::open_with_hook(&log_dir, hook)?)
         }
     };
-    let store_id = match (&plumbing.memory_log, &log_store) {
-        (Some(log), _) => log.store_id(),
-        (None, Some(s)) => s.store_id(),
-        (None, None) => unreachable!("a log store was opened"),
+    let store_id = match &log {
+        Log::Memory(log) => log.store_id(),
+        Log::Disk(log) => log.store_id(),
     };
     tracing::info!(store = %store_id, "this replica's store");
     let network = PeerNetworkFactory::new(endpoint.clone(), peer_tls, cfg.id, &cell, store_id)
@@ -211,17 +216,16 @@ pub async fn run_on(
     let raft_slot = network.raft_slot();
     let peer_certificate_checks = network.cert_checks();
     let config = Arc::new(raft_config(&cfg)?);
-    let (raft, log_stats) = match (plumbing.memory_log, log_store) {
-        (Some(log), _) => {
+    let (raft, log_stats) = match log {
+        Log::Memory(log) => {
             let raft = Raft::new(cfg.id, config, network, log, sm_store).await?;
             (raft, Arc::default())
         }
-        (None, Some(log_store)) => {
+        Log::Disk(log_store) => {
             let log_stats = log_store.stats();
             let raft = Raft::new(cfg.id, config, network, log_store, sm_store).await?;
             (raft, log_stats)
         }
-        (None, None) => unreachable!("a log store was opened"),
     };
 
     let _ = raft_slot.set(raft.clone());

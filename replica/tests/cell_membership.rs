@@ -263,9 +263,9 @@ async fn wait_bound(
             let bound: BTreeMap<u64, Binding> =
                 leader.members.iter().map(|m| (m.id, m.store)).collect();
             if ids.iter().all(|id| {
-                st.get(id).is_some_and(|s| {
-                    s.store.is_some() && bound.get(id) == Some(&Binding::Bound(s.store.unwrap()))
-                })
+                st.get(id)
+                    .and_then(|s| s.store)
+                    .is_some_and(|s| bound.get(id) == Some(&Binding::Bound(s)))
             }) {
                 return bound;
             }
@@ -277,6 +277,21 @@ async fn wait_bound(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Asks replica `id` to take a snapshot now (`Op::Snapshot`).
+async fn snapshot_now(
+    client: &client_sdk::Client,
+    cell: &TestCell,
+    id: u64,
+) -> Result<Reply, client_sdk::Error> {
+    let req = wire::types::Request {
+        session: 0,
+        request_id: 0,
+        ack_below: 0,
+        op: Op::Snapshot,
+    };
+    client.call_at(cell.addr(id).parse().unwrap(), &req).await
 }
 
 /// For 10 s (several election timeouts, 1-2 s each by default), none of `ids` leads.
@@ -527,14 +542,7 @@ fn a_replica_that_lost_its_log_but_kept_its_snapshot_refuses_to_start() {
                 .unwrap();
         }
         let victim = (1..=5).find(|id| *id != leader).unwrap();
-        let req = wire::types::Request {
-            session: 0,
-            request_id: 0,
-            ack_below: 0,
-            op: Op::Snapshot,
-        };
-        client
-            .call_at(cell.addr(victim).parse().unwrap(), &req)
+        snapshot_now(&client, &cell, victim)
             .await
             .expect("the victim's snapshot");
         cell.kill(victim);
@@ -606,15 +614,7 @@ async fn backup_of_a_small_cell() -> Vec<u8> {
     s.create("/from-the-backup", b"kept".to_vec(), CreateMode::default())
         .await
         .unwrap();
-    let req = wire::types::Request {
-        session: 0,
-        request_id: 0,
-        ack_below: 0,
-        op: Op::Snapshot,
-    };
-    let taken = client
-        .call_at(old.addr(leader).parse().unwrap(), &req)
-        .await;
+    let taken = snapshot_now(&client, &old, leader).await;
     assert!(
         matches!(taken, Ok(Reply::SnapshotTaken { .. })),
         "{taken:?}"

@@ -61,7 +61,7 @@ type Held = (quinn::Connection, Option<Checked>, Option<StoreId>);
 /// (unbound or pending), with the log id of the effective membership it was heard under:
 /// what the leader binds it to ([`crate::raft::binding::bind_stores`]), only under that
 /// same membership (an answer heard before a member was removed and added back says
-/// nothing about the store it has now).
+/// nothing about the store it has now, so an old entry needs no removing).
 pub type SeenStores = Arc<std::sync::Mutex<BTreeMap<NodeId, (StoreId, Option<wire::raft::LogId>)>>>;
 
 /// Members whose answers were not counted, each with the store it answered from: logged
@@ -407,19 +407,15 @@ impl PeerClient {
         };
         // Not a member in this replica's membership: openraft counts its answers nowhere.
         let Some(binding) = binding else {
-            self.seen.lock().expect("seen stores").remove(&self.target);
             return Ok(None);
         };
-        {
-            let mut seen = self.seen.lock().expect("seen stores");
-            match (store, binding) {
-                (Some(s), Binding::Unbound | Binding::Pending) => {
-                    seen.insert(self.target, (s, membership_id));
-                }
-                _ => {
-                    seen.remove(&self.target);
-                }
-            }
+        // Only for a member not bound yet: a bound one's answers (nearly all, on the
+        // commit path) take no lock here.
+        if let (Some(s), Binding::Unbound | Binding::Pending) = (store, binding) {
+            self.seen
+                .lock()
+                .expect("seen stores")
+                .insert(self.target, (s, membership_id));
         }
         if binding.counts(store) {
             return Ok(Some(binding));

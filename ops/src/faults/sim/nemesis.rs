@@ -62,6 +62,12 @@ fn heal_network(sim: &mut turmoil::Sim<'_>, with_moves: bool) {
     }
 }
 
+/// A host other than `leader`'s, drawn from `rng`.
+fn follower_of(leader: usize, rng: &mut StdRng) -> usize {
+    let others: Vec<usize> = (1..=REPLICAS).filter(|h| *h != leader).collect();
+    *others.choose(rng).expect("four followers")
+}
+
 /// Injects `fault`; returns what it hit and the host it crashed, if any.
 fn inject(
     sim: &mut turmoil::Sim<'_>,
@@ -73,10 +79,7 @@ fn inject(
 ) -> (String, Option<String>, Option<Arc<AtomicBool>>) {
     let all_hosts = || all_hosts(with_moves);
     let leader = leader.unwrap_or_else(|| rng.gen_range(1..=REPLICAS));
-    let follower = {
-        let others: Vec<usize> = (1..=REPLICAS).filter(|i| *i != leader).collect();
-        *others.choose(rng).expect("four followers")
-    };
+    let follower = follower_of(leader, rng);
     let replicas: Vec<String> = (1..=REPLICAS).map(host).collect();
     let (target, crashed) = match fault {
         Fault::KillLeader | Fault::KillFollower => {
@@ -384,8 +387,7 @@ pub(super) fn nemesis(
                 bag.insert(0, fault);
                 continue;
             };
-            let followers: Vec<usize> = (1..=REPLICAS).filter(|h| *h != l).collect();
-            let h = *followers.choose(&mut rng).expect("four followers");
+            let h = follower_of(l, &mut rng);
             let old = slots[h - 1].lock().expect("slot").cfg.id;
             shared.lock().expect("shared").admin = Some(Admin::Remove(old));
             active = Some(Active {
@@ -411,8 +413,7 @@ pub(super) fn nemesis(
                 bag.insert(0, fault);
                 continue;
             };
-            let followers: Vec<usize> = (1..=REPLICAS).filter(|h| *h != l).collect();
-            let h = *followers.choose(&mut rng).expect("four followers");
+            let h = follower_of(l, &mut rng);
             sim.crash(host(h).as_str());
             let old = {
                 let mut slot = slots[h - 1].lock().expect("slot");
